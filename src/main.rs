@@ -1,0 +1,3 @@
+//! The `netclaim` binary.
+
+fn main() {}

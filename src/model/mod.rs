@@ -1,0 +1,1 @@
+//! Domain vocabulary shared by every module: pure data, no I/O.
