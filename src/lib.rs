@@ -10,4 +10,8 @@
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
+pub mod cli;
+pub mod host;
+pub mod inventory;
 pub mod model;
+pub mod telemetry;

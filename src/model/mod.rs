@@ -1,1 +1,4 @@
 //! Domain vocabulary shared by every module: pure data, no I/O.
+
+pub mod device;
+pub mod names;

@@ -1,0 +1,27 @@
+# The entry points for people and CI. `.ci/run` calls `make lint` and `make test`.
+CARGO ?= cargo
+
+.PHONY: run setup build lint test bench
+
+# First command of the README: install what is needed, build, show this node's devices.
+run: setup
+	$(CARGO) build --release --bin netclaim
+	./target/release/netclaim inventory
+
+setup:
+	./scripts/setup.sh
+
+build:
+	$(CARGO) build --all-targets
+
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+# The whole suite: unit, in-process, root integration (throwaway netns), e2e.
+# Must run as root; it ends with nextest's summary line.
+test: setup
+	$(CARGO) nextest run --no-fail-fast
+
+bench:
+	$(CARGO) bench

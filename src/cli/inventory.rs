@@ -1,0 +1,187 @@
+//! `netclaim inventory`: discover, select and print the slices this node would publish.
+
+use std::io::{self, Write};
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::{InventoryArgs, OutputFormat, SharingModeArg};
+use crate::host::discovery::{self, DiscoveryError};
+use crate::host::sysfs::Sysfs;
+use crate::inventory::slices::{PoolIdentity, build_slices};
+use crate::inventory::{Inventory, InventoryError, Selection, SharingMode};
+use crate::model::device::{Device, Sharing};
+use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
+
+/// Why `netclaim inventory` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryCommandError {
+    /// The selection flags are invalid.
+    #[error(transparent)]
+    Selection(#[from] InventoryError),
+    /// Discovery failed.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// No node name was given and the host name could not be read.
+    #[error("no --node-name and the host name is unreadable ({path}): {source}")]
+    HostName {
+        /// Where the host name was read from.
+        path: &'static str,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The async runtime could not start.
+    #[error("starting the async runtime: {0}")]
+    Runtime(#[source] io::Error),
+    /// Serialising the output failed.
+    #[error("encoding {format} output: {message}")]
+    Encode {
+        /// `json` or `yaml`.
+        format: &'static str,
+        /// The encoder's message.
+        message: String,
+    },
+    /// Writing to stdout failed.
+    #[error("writing output: {0}")]
+    Write(#[from] io::Error),
+}
+
+/// The generation `inventory` prints; the daemon continues from the pool's existing one.
+const PREVIEW_GENERATION: i64 = 1;
+
+const HOSTNAME_PATH: &str = "/proc/sys/kernel/hostname";
+
+/// Runs the command, writing to `out`.
+pub fn run(args: &InventoryArgs, out: &mut impl Write) -> Result<(), InventoryCommandError> {
+    let mode = match args.selection.sharing_mode {
+        // Without an API server there is nothing to read back; show what `auto` starts with.
+        SharingModeArg::Auto | SharingModeArg::Capacity => SharingMode::Capacity,
+        SharingModeArg::Slots => SharingMode::Slots,
+    };
+    let selection = Selection::new(
+        &args.selection.include_interfaces,
+        &args.selection.exclude_interfaces,
+        &args.selection.shared_parents,
+        mode,
+    )?;
+    let node = match &args.node_name {
+        Some(node) => node.clone(),
+        None => default_node_name()?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(InventoryCommandError::Runtime)?;
+    let sysfs = Sysfs::new(&args.sysfs_root);
+    let interfaces = runtime.block_on(discovery::discover(&sysfs))?;
+    let inventory = Inventory::build(&interfaces, &selection);
+    let pool =
+        PoolIdentity { driver: args.driver_name.clone(), node, generation: PREVIEW_GENERATION };
+    let slices = build_slices(&pool, &inventory.devices);
+    match args.output {
+        OutputFormat::Json => write_json(&slices, out),
+        OutputFormat::Yaml => write_yaml(&slices, out),
+        OutputFormat::Table => write_table(&inventory, out),
+    }
+}
+
+/// `$NODE_NAME` (the downward-API convention of DaemonSets), else the kernel host name.
+fn default_node_name() -> Result<String, InventoryCommandError> {
+    if let Some(node) = std::env::var("NODE_NAME").ok().filter(|node| !node.is_empty()) {
+        return Ok(node);
+    }
+    std::fs::read_to_string(HOSTNAME_PATH)
+        .map(|name| name.trim().to_ascii_lowercase())
+        .map_err(|source| InventoryCommandError::HostName { path: HOSTNAME_PATH, source })
+}
+
+fn write_json(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": slices });
+    serde_json::to_writer_pretty(&mut *out, &list).map_err(|err| {
+        InventoryCommandError::Encode { format: "json", message: err.to_string() }
+    })?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn write_yaml(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
+    for slice in slices {
+        let text = serde_yaml::to_string(slice).map_err(|err| InventoryCommandError::Encode {
+            format: "yaml",
+            message: err.to_string(),
+        })?;
+        write!(out, "---\n{text}")?;
+    }
+    Ok(())
+}
+
+fn write_table(inventory: &Inventory, out: &mut impl Write) -> Result<(), InventoryCommandError> {
+    let header = ["NAME", "INTERFACE", "TYPE", "SHARING", "PCI", "NUMA", "MTU", "STATE"];
+    let rows: Vec<[String; 8]> = inventory.devices.iter().map(table_row).collect();
+    write_columns(&header, &rows, out)?;
+    if rows.is_empty() {
+        writeln!(out, "(no devices to publish)")?;
+    }
+    if !inventory.skipped.is_empty() {
+        writeln!(out, "\nNot published:")?;
+        let rows: Vec<[String; 2]> = inventory
+            .skipped
+            .iter()
+            .map(|skipped| [skipped.if_name.clone(), skipped.reason.to_string()])
+            .collect();
+        write_columns(&["INTERFACE", "REASON"], &rows, out)?;
+    }
+    Ok(())
+}
+
+fn table_row(device: &Device) -> [String; 8] {
+    let text = |name: &str| {
+        device
+            .string_attribute(&format!("{ATTRIBUTE_DOMAIN}/{name}"))
+            .map_or_else(|| "-".to_owned(), str::to_owned)
+    };
+    let number = |name: &str| {
+        device
+            .int_attribute(&format!("{ATTRIBUTE_DOMAIN}/{name}"))
+            .map_or_else(|| "-".to_owned(), |value| value.to_string())
+    };
+    let sharing = match &device.sharing {
+        Sharing::Exclusive => "exclusive".to_owned(),
+        Sharing::Shared { capacity } => format!("shared ({capacity})"),
+        Sharing::Slot { index, .. } => format!("slot {index}"),
+    };
+    [
+        device.name.clone(),
+        device.if_name.clone(),
+        device.device_type.as_str().to_owned(),
+        sharing,
+        text(attr::PCI_ADDRESS),
+        number(attr::NUMA_NODE),
+        number(attr::MTU),
+        text(attr::OPER_STATE),
+    ]
+}
+
+fn write_columns<const N: usize>(
+    header: &[&str; N],
+    rows: &[[String; N]],
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> =
+            cells.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        padded.join("  ").trim_end().to_owned()
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for row in rows {
+        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}

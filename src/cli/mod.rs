@@ -1,0 +1,241 @@
+//! Command-line interface: flags, environment variables and their validation (DESIGN §1).
+//!
+//! Every flag of a subcommand also reads `NETCLAIM_<FLAG>` from the environment. Parse
+//! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2.
+
+pub mod inventory;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::inventory::naming;
+use crate::model::names::DEFAULT_DRIVER_NAME;
+
+/// netclaim: pod network interfaces through Kubernetes DRA, without CNI.
+#[derive(Debug, Parser)]
+#[command(name = "netclaim", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log line format (level from RUST_LOG, default info).
+    #[arg(long, global = true, env = "NETCLAIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the ResourceSlices this node would publish, without any cluster.
+    Inventory(InventoryArgs),
+    /// Print version and supported API versions.
+    Version,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `--sharing-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SharingModeArg {
+    /// Consumable capacity, falling back to slots when the API server drops it.
+    Auto,
+    /// Consumable capacity (Kubernetes 1.36+, or 1.34/1.35 with DRAConsumableCapacity).
+    Capacity,
+    /// N exclusive slot devices per shared parent.
+    Slots,
+}
+
+/// Device-selection flags shared by `netclaim node` and `netclaim inventory`.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceSelectionArgs {
+    /// Comma list of interface-name globs to publish (default: every non-virtual
+    /// interface). A pattern here also admits virtual interfaces (veth, vxlan, ...).
+    #[arg(long, env = "NETCLAIM_INCLUDE_INTERFACES", value_delimiter = ',', value_name = "GLOBS")]
+    pub include_interfaces: Vec<String>,
+
+    /// Comma list of interface-name globs never to publish for exclusive use.
+    #[arg(long, env = "NETCLAIM_EXCLUDE_INTERFACES", value_delimiter = ',', value_name = "GLOBS")]
+    pub exclude_interfaces: Vec<String>,
+
+    /// Comma list of host interfaces (names or PCI addresses) published as shared parents
+    /// for macvlan/ipvlan.
+    #[arg(long, env = "NETCLAIM_SHARED_PARENTS", value_delimiter = ',', value_name = "INTERFACES")]
+    pub shared_parents: Vec<String>,
+
+    /// How shared parents are published.
+    #[arg(long, env = "NETCLAIM_SHARING_MODE", value_enum, default_value_t = SharingModeArg::Auto)]
+    pub sharing_mode: SharingModeArg,
+}
+
+/// Flags of `netclaim inventory`.
+#[derive(Debug, Clone, Args)]
+pub struct InventoryArgs {
+    /// Device selection, as for `netclaim node`.
+    #[command(flatten)]
+    pub selection: DeviceSelectionArgs,
+
+    /// Node name, also the pool name (default: $NODE_NAME, else the host name).
+    #[arg(long, env = "NETCLAIM_NODE_NAME", value_parser = parse_node_name)]
+    pub node_name: Option<String>,
+
+    /// DRA driver name.
+    #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
+    pub driver_name: String,
+
+    /// Output format.
+    #[arg(short, long, env = "NETCLAIM_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+
+    /// Root of the sysfs tree to read (for tests and for inspecting another mount).
+    #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
+    pub sysfs_root: PathBuf,
+}
+
+/// Output format of `netclaim inventory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// ResourceSlices as YAML documents.
+    Yaml,
+    /// ResourceSlices as a JSON `List`.
+    Json,
+    /// A table for people, with the reason for every interface left out.
+    Table,
+}
+
+/// A Kubernetes node name: a DNS subdomain.
+fn parse_node_name(value: &str) -> Result<String, String> {
+    if naming::is_dns_subdomain(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("must be a lowercase DNS subdomain (RFC 1123)".to_owned())
+    }
+}
+
+/// A DRA driver name: a lowercase DNS subdomain of at most 63 characters.
+fn parse_driver_name(value: &str) -> Result<String, String> {
+    if value.len() <= 63 && naming::is_dns_subdomain(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("must be a lowercase DNS subdomain of at most 63 characters".to_owned())
+    }
+}
+
+/// Outcome of command-line parsing.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Run this.
+    Run(Cli),
+    /// Print this (help or version) to stdout and exit 0.
+    Print(String),
+    /// Print this one line to stderr and exit 2.
+    Invalid(String),
+}
+
+/// Parses the command line; errors become one line that names the flag or value.
+pub fn parse<I, T>(args: I) -> Parsed
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::error::ErrorKind;
+    match Cli::try_parse_from(args) {
+        Ok(cli) => Parsed::Run(cli),
+        Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            Parsed::Print(err.to_string())
+        }
+        Err(err) => Parsed::Invalid(one_line(&err.to_string())),
+    }
+}
+
+/// clap's message is several lines (usage, tips); keep the line that names the problem and
+/// the list of accepted values when there is one.
+fn one_line(message: &str) -> String {
+    let mut lines = message.lines().map(str::trim).filter(|line| !line.is_empty());
+    let mut summary = lines.next().unwrap_or("error: invalid command line").to_owned();
+    if let Some(values) = lines.find(|line| line.starts_with("[possible values:")) {
+        summary.push(' ');
+        summary.push_str(values);
+    }
+    if !summary.starts_with("error:") {
+        summary.insert_str(0, "error: ");
+    }
+    summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(args: &[&str]) -> String {
+        match parse(std::iter::once("netclaim").chain(args.iter().copied())) {
+            Parsed::Invalid(line) => line,
+            other => panic!("expected an error for {args:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_flags_are_named_on_one_line() {
+        let line = invalid(&["inventory", "--bogus"]);
+        assert!(line.contains("--bogus"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn invalid_values_are_named_with_the_accepted_ones() {
+        let line = invalid(&["inventory", "-o", "xml"]);
+        assert!(line.contains("xml") && line.contains("--output"), "{line}");
+        assert!(line.contains("yaml"), "{line}");
+        let line = invalid(&["inventory", "--sharing-mode", "sometimes"]);
+        assert!(line.contains("sometimes") && line.contains("--sharing-mode"), "{line}");
+        let line = invalid(&["inventory", "--driver-name", "Not_A_Name"]);
+        assert!(line.contains("Not_A_Name") && line.contains("--driver-name"), "{line}");
+        let line = invalid(&["inventory", "--node-name", "node_1"]);
+        assert!(line.contains("node_1") && line.contains("--node-name"), "{line}");
+    }
+
+    #[test]
+    fn comma_lists_split_into_values() {
+        let Parsed::Run(cli) = parse([
+            "netclaim",
+            "inventory",
+            "--shared-parents",
+            "eth1,eth2",
+            "--include-interfaces=ens*,enp*",
+        ]) else {
+            panic!("valid command line rejected");
+        };
+        let Command::Inventory(args) = cli.command else { panic!("wrong subcommand") };
+        assert_eq!(args.selection.shared_parents, ["eth1", "eth2"]);
+        assert_eq!(args.selection.include_interfaces, ["ens*", "enp*"]);
+        assert_eq!(args.driver_name, "netclaim.dev");
+        assert_eq!(args.output, OutputFormat::Table);
+    }
+
+    #[test]
+    fn help_and_version_are_printed_not_errors() {
+        assert!(
+            matches!(parse(["netclaim", "--help"]), Parsed::Print(text) if text.contains("inventory"))
+        );
+        assert!(
+            matches!(parse(["netclaim", "inventory", "--help"]), Parsed::Print(text) if text.contains("--shared-parents"))
+        );
+        assert!(
+            matches!(parse(["netclaim", "--version"]), Parsed::Print(text) if text.contains("netclaim"))
+        );
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

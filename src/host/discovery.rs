@@ -1,0 +1,251 @@
+//! Host interface discovery: a netlink dump of links, addresses and default routes, joined
+//! with sysfs facts into [`HostInterface`]s.
+//!
+//! The netlink socket is bound to the network namespace of the thread that creates it, so
+//! discovery describes the namespace of the calling thread (the host, for the daemon).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use futures::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
+use netlink_packet_route::link::{
+    InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, State,
+};
+use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteType};
+use rtnetlink::{Handle, RouteMessageBuilder};
+
+use super::sysfs::{Sysfs, SysfsError};
+use crate::model::device::{Controller, HostInterface, LinkKind, MacAddress, OperState};
+
+/// `RT_TABLE_MAIN`: default routes elsewhere (policy routing tables) do not make an
+/// interface the node's uplink.
+const MAIN_TABLE: u32 = 254;
+
+/// A discovery step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// Opening the netlink socket failed.
+    #[error("opening a netlink route socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// A netlink dump failed.
+    #[error("netlink dump of {what} failed: {source}")]
+    Dump {
+        /// `links`, `addresses` or `routes`.
+        what: &'static str,
+        /// The netlink error (carries the errno).
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// Reading sysfs failed.
+    #[error(transparent)]
+    Sysfs(#[from] SysfsError),
+}
+
+/// Discovers the interfaces of the calling thread's network namespace.
+///
+/// Must run inside a tokio runtime (the netlink connection is driven by a spawned task).
+pub async fn discover(sysfs: &Sysfs) -> Result<Vec<HostInterface>, DiscoveryError> {
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(DiscoveryError::Socket)?;
+    let driver = tokio::spawn(connection);
+    let result = discover_with(&handle, sysfs).await;
+    driver.abort();
+    result
+}
+
+/// Discovery over an existing netlink handle.
+pub async fn discover_with(
+    handle: &Handle,
+    sysfs: &Sysfs,
+) -> Result<Vec<HostInterface>, DiscoveryError> {
+    let links: Vec<LinkMessage> = handle
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|source| DiscoveryError::Dump { what: "links", source })?;
+    let addresses: Vec<AddressMessage> = handle
+        .address()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|source| DiscoveryError::Dump { what: "addresses", source })?;
+    let mut routes: Vec<RouteMessage> = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|source| DiscoveryError::Dump { what: "routes", source })?;
+    let v6_routes: Vec<RouteMessage> = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|source| DiscoveryError::Dump { what: "routes", source })?;
+    routes.extend(v6_routes);
+
+    let mut interfaces = interfaces_from_messages(&links, &addresses, &routes);
+    let mut present = Vec::with_capacity(interfaces.len());
+    for mut interface in interfaces.drain(..) {
+        if let Some(hardware) = sysfs.hardware(&interface.name)? {
+            interface.hardware = hardware;
+            present.push(interface);
+        } else {
+            // Gone since the dump: the link event that removed it triggers a new inventory.
+            tracing::debug!(interface = %interface.name, "no sysfs entry; skipped");
+        }
+    }
+    Ok(present)
+}
+
+/// Joins the three netlink dumps into interfaces (sysfs facts not filled in yet).
+#[must_use]
+pub fn interfaces_from_messages(
+    links: &[LinkMessage],
+    addresses: &[AddressMessage],
+    routes: &[RouteMessage],
+) -> Vec<HostInterface> {
+    let default_route_indexes = default_route_interfaces(routes);
+    let mut global_addresses: HashMap<u32, Vec<String>> = HashMap::new();
+    for message in addresses {
+        if message.header.scope != AddressScope::Universe {
+            continue;
+        }
+        let address = message.attributes.iter().find_map(|attribute| match attribute {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let address = address.or_else(|| {
+            message.attributes.iter().find_map(|attribute| match attribute {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            })
+        });
+        if let Some(address) = address.filter(is_node_address) {
+            global_addresses
+                .entry(message.header.index)
+                .or_default()
+                .push(format!("{address}/{}", message.header.prefix_len));
+        }
+    }
+
+    let parsed: Vec<(HostInterface, Option<u32>)> = links
+        .iter()
+        .filter_map(|link| {
+            let controller = link.attributes.iter().find_map(|attribute| match attribute {
+                LinkAttribute::Controller(index) => Some(*index),
+                _ => None,
+            });
+            interface_from_link(link).map(|interface| (interface, controller))
+        })
+        .collect();
+    let by_index: HashMap<u32, (String, Option<LinkKind>)> = parsed
+        .iter()
+        .map(|(interface, _)| (interface.index, (interface.name.clone(), interface.kind.clone())))
+        .collect();
+    let mut interfaces = Vec::with_capacity(parsed.len());
+    for (mut interface, controller) in parsed {
+        interface.has_default_route = default_route_indexes.contains(&interface.index);
+        interface.global_addresses = global_addresses.remove(&interface.index).unwrap_or_default();
+        interface.controller = controller.map(|index| match by_index.get(&index) {
+            Some((name, kind)) => Controller { name: name.clone(), kind: kind.clone() },
+            None => Controller { name: format!("ifindex {index}"), kind: None },
+        });
+        interfaces.push(interface);
+    }
+    interfaces
+}
+
+/// Addresses that make an interface "the node's": global scope, excluding the IPv6
+/// link-local range some kernels report with universe scope on odd configurations.
+fn is_node_address(address: &IpAddr) -> bool {
+    match address {
+        IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
+        IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
+    }
+}
+
+/// One interface from an `RTM_NEWLINK` message; `None` for a message without a name.
+#[must_use]
+pub fn interface_from_link(link: &LinkMessage) -> Option<HostInterface> {
+    let name = link.attributes.iter().find_map(|attribute| match attribute {
+        LinkAttribute::IfName(name) => Some(name.clone()),
+        _ => None,
+    })?;
+    let mut interface = HostInterface::new(link.header.index, &name, 0);
+    interface.loopback = link.header.flags.contains(LinkFlags::Loopback);
+    for attribute in &link.attributes {
+        match attribute {
+            LinkAttribute::Address(bytes) if bytes.iter().any(|b| *b != 0) => {
+                interface.mac = Some(MacAddress(bytes.clone()));
+            }
+            LinkAttribute::Mtu(mtu) => interface.mtu = *mtu,
+            LinkAttribute::MinMtu(mtu) => interface.min_mtu = Some(*mtu),
+            LinkAttribute::MaxMtu(mtu) => interface.max_mtu = Some(*mtu),
+            LinkAttribute::Carrier(carrier) => interface.carrier = Some(*carrier != 0),
+            LinkAttribute::OperState(state) => interface.oper_state = oper_state(*state),
+            LinkAttribute::LinkInfo(infos) => {
+                interface.kind = infos.iter().find_map(|info| match info {
+                    LinkInfo::Kind(kind) => Some(link_kind(kind)),
+                    _ => None,
+                });
+            }
+            _ => {}
+        }
+    }
+    Some(interface)
+}
+
+fn link_kind(kind: &InfoKind) -> LinkKind {
+    LinkKind::from_kernel(&kind.to_string())
+}
+
+fn oper_state(state: State) -> OperState {
+    match state {
+        State::NotPresent => OperState::NotPresent,
+        State::Down => OperState::Down,
+        State::LowerLayerDown => OperState::LowerLayerDown,
+        State::Testing => OperState::Testing,
+        State::Dormant => OperState::Dormant,
+        State::Up => OperState::Up,
+        _ => OperState::Unknown,
+    }
+}
+
+/// Interfaces that carry a unicast default route of the main table (IPv4 or IPv6), directly
+/// or as one next hop of a multipath route.
+fn default_route_interfaces(routes: &[RouteMessage]) -> HashSet<u32> {
+    let mut indexes = HashSet::new();
+    for route in routes {
+        let table = route
+            .attributes
+            .iter()
+            .find_map(|attribute| match attribute {
+                RouteAttribute::Table(table) => Some(*table),
+                _ => None,
+            })
+            .unwrap_or(u32::from(route.header.table));
+        if route.header.destination_prefix_length != 0
+            || route.header.kind != RouteType::Unicast
+            || table != MAIN_TABLE
+        {
+            continue;
+        }
+        for attribute in &route.attributes {
+            match attribute {
+                RouteAttribute::Oif(index) => {
+                    indexes.insert(*index);
+                }
+                RouteAttribute::MultiPath(hops) => {
+                    indexes.extend(hops.iter().map(|hop| hop.interface_index));
+                }
+                _ => {}
+            }
+        }
+    }
+    indexes
+}

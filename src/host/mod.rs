@@ -1,0 +1,4 @@
+//! Kernel adapters: the only code that talks to netlink, sysfs and network namespaces.
+
+pub mod discovery;
+pub mod sysfs;

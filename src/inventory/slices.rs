@@ -1,0 +1,120 @@
+//! Devices → `resource.k8s.io/v1` ResourceSlices of one pool (pool = node name).
+//!
+//! A pool may span several slices (at most 128 devices each); every slice of one generation
+//! carries the same `generation` and `resourceSliceCount`, which is how consumers tell a
+//! complete pool from a half-written one.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, Device as ApiDevice, DeviceAttribute, DeviceCapacity, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::naming;
+use crate::model::device::{AttributeValue, Device, Sharing};
+use crate::model::names::{CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE};
+
+/// Identity of the pool a node publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolIdentity {
+    /// DRA driver name.
+    pub driver: String,
+    /// Node name, also the pool name.
+    pub node: String,
+    /// Pool generation.
+    pub generation: i64,
+}
+
+/// Deterministic name of slice `index` of a node's pool: `<node>-<driver>-<index>` with dots
+/// turned into dashes, as one DNS label (a long node name is cut and hashed; the index stays
+/// readable at the end).
+#[must_use]
+pub fn slice_name(pool: &PoolIdentity, index: usize) -> String {
+    let suffix = format!("-{index}");
+    let prefix = format!("{}-{}", pool.node, pool.driver).replace('.', "-");
+    let prefix = naming::fit_label(&prefix, naming::MAX_LABEL_LEN - suffix.len());
+    format!("{prefix}{suffix}")
+}
+
+/// Builds the pool's slices: devices sorted by name, split at 128.
+///
+/// An empty inventory still yields one empty slice, so consumers see the pool (and its
+/// generation) and know this node has nothing to offer rather than nothing published yet.
+#[must_use]
+pub fn build_slices(pool: &PoolIdentity, devices: &[Device]) -> Vec<ResourceSlice> {
+    let mut sorted: Vec<&Device> = devices.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let chunks: Vec<&[&Device]> =
+        if sorted.is_empty() { vec![&[]] } else { sorted.chunks(MAX_DEVICES_PER_SLICE).collect() };
+    // A node has at most a few thousand interfaces; the count always fits.
+    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(index, chunk)| ResourceSlice {
+            metadata: ObjectMeta { name: Some(slice_name(pool, index)), ..ObjectMeta::default() },
+            spec: ResourceSliceSpec {
+                driver: pool.driver.clone(),
+                node_name: Some(pool.node.clone()),
+                pool: ResourcePool {
+                    name: pool.node.clone(),
+                    generation: pool.generation,
+                    resource_slice_count: count,
+                },
+                devices: Some(chunk.iter().map(|device| api_device(device)).collect()),
+                ..ResourceSliceSpec::default()
+            },
+        })
+        .collect()
+}
+
+/// One device in API form.
+#[must_use]
+pub fn api_device(device: &Device) -> ApiDevice {
+    let attributes: BTreeMap<String, DeviceAttribute> =
+        device.attributes.iter().map(|(key, value)| (key.clone(), api_attribute(value))).collect();
+    let (allow_multiple_allocations, capacity) = match device.sharing {
+        Sharing::Shared { capacity } => (
+            Some(true),
+            Some(BTreeMap::from([(
+                CAPACITY_INTERFACES.to_owned(),
+                DeviceCapacity {
+                    value: Quantity(capacity.to_string()),
+                    // One allocation is one sub-interface: a request that names no amount
+                    // consumes 1, and no other amount is accepted, so a claim can neither take
+                    // 0 (unbounded sharing) nor reserve slots it will not use.
+                    request_policy: Some(CapacityRequestPolicy {
+                        default: Some(Quantity("1".to_owned())),
+                        valid_values: Some(vec![Quantity("1".to_owned())]),
+                        valid_range: None,
+                    }),
+                },
+            )])),
+        ),
+        Sharing::Exclusive | Sharing::Slot { .. } => (None, None),
+    };
+    ApiDevice {
+        name: device.name.clone(),
+        attributes: Some(attributes),
+        allow_multiple_allocations,
+        capacity,
+        ..ApiDevice::default()
+    }
+}
+
+fn api_attribute(value: &AttributeValue) -> DeviceAttribute {
+    match value {
+        AttributeValue::String(text) => {
+            DeviceAttribute { string: Some(text.clone()), ..DeviceAttribute::default() }
+        }
+        AttributeValue::Int(number) => {
+            DeviceAttribute { int: Some(*number), ..DeviceAttribute::default() }
+        }
+        AttributeValue::Bool(flag) => {
+            DeviceAttribute { bool: Some(*flag), ..DeviceAttribute::default() }
+        }
+    }
+}

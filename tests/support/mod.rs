@@ -1,0 +1,104 @@
+//! Shared helpers of the privileged integration tests: root checks and throwaway network
+//! namespaces with generated names, removed on drop even when the test fails.
+//!
+//! Tests build their topologies with `ip` (iproute2): the product never execs it, but a test
+//! may, and it keeps the test's setup independent of the code under test.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Whether the privileged tier can run. Without root it prints a visible skip line, unless
+/// `CI` is set: there a missing privilege is a failure, so the tier can never silently vanish.
+pub(crate) fn require_root(test: &str) -> bool {
+    // The effective uid, from procfs (no libc call needed).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let is_root = status
+        .lines()
+        .find(|line| line.starts_with("Uid:"))
+        .and_then(|line| line.split_whitespace().nth(2))
+        == Some("0");
+    if is_root {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "{test}: needs root, and CI must run it as root");
+    println!("SKIPPED: {test} needs root");
+    false
+}
+
+/// A short unique prefix for names in this process (interface names are ≤ 15 bytes).
+pub(crate) fn unique_prefix() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mixed = (std::process::id() << 12) ^ (nanos >> 8) ^ count.wrapping_mul(0x9e37);
+    format!("nc{:06x}", mixed & 0x00ff_ffff)
+}
+
+/// Runs a command and returns its output, panicking with stderr when it fails.
+pub(crate) fn run(program: &str, args: &[&str]) -> Output {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("spawning {program} {args:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A network namespace created for one test and deleted (with every link in it) on drop.
+pub(crate) struct Netns {
+    /// Its name under /run/netns.
+    pub(crate) name: String,
+    /// Prefix for interface names created inside it.
+    pub(crate) prefix: String,
+}
+
+impl Netns {
+    /// Creates a fresh namespace with loopback up.
+    pub(crate) fn new() -> Self {
+        let prefix = unique_prefix();
+        let name = format!("{prefix}-ns");
+        run("ip", &["netns", "add", &name]);
+        let netns = Self { name, prefix };
+        netns.ip(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    /// An interface name inside this namespace: `<prefix><suffix>`.
+    pub(crate) fn ifname(&self, suffix: &str) -> String {
+        let name = format!("{}{suffix}", self.prefix);
+        assert!(name.len() <= 15, "interface name {name} too long");
+        name
+    }
+
+    /// `ip -n <ns> <args>`.
+    pub(crate) fn ip(&self, args: &[&str]) -> Output {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Runs `program args` inside the namespace with its own sysfs (`ip netns exec`).
+    pub(crate) fn exec(&self, program: &str, args: &[&str]) -> Output {
+        let mut full = vec!["netns", "exec", self.name.as_str(), program];
+        full.extend_from_slice(args);
+        Command::new("ip")
+            .args(&full)
+            .output()
+            .unwrap_or_else(|err| panic!("spawning ip netns exec {program}: {err}"))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys every virtual link inside it.
+        let _ignored = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
