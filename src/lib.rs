@@ -13,5 +13,8 @@
 pub mod cli;
 pub mod host;
 pub mod inventory;
+pub mod k8s;
+pub mod metrics;
 pub mod model;
+pub mod node;
 pub mod telemetry;

@@ -25,6 +25,19 @@ fn main() -> ExitCode {
         }
     };
     telemetry::init(cli.log_format);
+    if let Command::Node(args) = &cli.command {
+        return match cli::node::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) if err.is_usage() => {
+                eprintln!("error: {err}");
+                ExitCode::from(EXIT_USAGE)
+            }
+            Err(err) => {
+                eprintln!("error: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -39,6 +52,7 @@ fn run(command: Command) -> anyhow::Result<()> {
     let mut out = stdout.lock();
     match command {
         Command::Inventory(args) => cli::inventory::run(&args, &mut out)?,
+        Command::Node(args) => cli::node::run(&args)?,
         Command::Version => {
             writeln!(out, "netclaim {}", env!("CARGO_PKG_VERSION"))?;
             writeln!(out, "resource API: resource.k8s.io/v1 (Kubernetes 1.34+)")?;

@@ -4,6 +4,7 @@
 //! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2.
 
 pub mod inventory;
+pub mod node;
 
 use std::path::PathBuf;
 
@@ -28,6 +29,8 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the node daemon: publish this node's devices as ResourceSlices.
+    Node(NodeArgs),
     /// Print the ResourceSlices this node would publish, without any cluster.
     Inventory(InventoryArgs),
     /// Print version and supported API versions.
@@ -96,6 +99,34 @@ pub struct InventoryArgs {
     pub output: OutputFormat,
 
     /// Root of the sysfs tree to read (for tests and for inspecting another mount).
+    #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
+    pub sysfs_root: PathBuf,
+}
+
+/// Flags of `netclaim node`.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// Device selection.
+    #[command(flatten)]
+    pub selection: DeviceSelectionArgs,
+
+    /// Node name, also the pool name (required; $NODE_NAME is read too).
+    #[arg(long, env = "NETCLAIM_NODE_NAME", value_parser = parse_node_name)]
+    pub node_name: Option<String>,
+
+    /// DRA driver name.
+    #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
+    pub driver_name: String,
+
+    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG).
+    #[arg(long, env = "NETCLAIM_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "NETCLAIM_METRICS_ADDRESS", default_value = "0.0.0.0:9178")]
+    pub metrics_address: std::net::SocketAddr,
+
+    /// Root of the sysfs tree to read.
     #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
     pub sysfs_root: PathBuf,
 }

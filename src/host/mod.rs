@@ -1,4 +1,5 @@
 //! Kernel adapters: the only code that talks to netlink, sysfs and network namespaces.
 
 pub mod discovery;
+pub mod link_events;
 pub mod sysfs;

@@ -5,6 +5,7 @@
 //! can answer "why is my NIC not there?").
 
 pub mod naming;
+pub mod publish;
 pub mod slices;
 
 use std::collections::{BTreeMap, HashMap};
@@ -212,7 +213,7 @@ impl Inventory {
             match outcome {
                 Ok(devices) => inventory.devices.extend(devices),
                 Err(reason) => {
-                    inventory.skipped.push(Skipped { if_name: interface.name.clone(), reason })
+                    inventory.skipped.push(Skipped { if_name: interface.name.clone(), reason });
                 }
             }
         }

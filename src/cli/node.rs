@@ -1,0 +1,82 @@
+//! `netclaim node`: turn the flags into a [`NodeConfig`] and run the daemon.
+
+use super::{NodeArgs, SharingModeArg};
+use crate::inventory::publish::RequestedSharing;
+use crate::inventory::{InventoryError, Selection, SharingMode};
+use crate::node::{self, NodeConfig, NodeError};
+
+/// Why `netclaim node` could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeCommandError {
+    /// Neither `--node-name`, `NETCLAIM_NODE_NAME` nor `NODE_NAME` is set.
+    #[error("--node-name is required (or NETCLAIM_NODE_NAME / NODE_NAME)")]
+    MissingNodeName,
+    /// `NODE_NAME` is not a DNS subdomain.
+    #[error("invalid NODE_NAME {0:?}: must be a lowercase DNS subdomain (RFC 1123)")]
+    InvalidNodeName(String),
+    /// Bad interface patterns.
+    #[error(transparent)]
+    Selection(#[from] InventoryError),
+    /// The async runtime could not start.
+    #[error("starting the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The daemon failed.
+    #[error(transparent)]
+    Daemon(#[from] NodeError),
+}
+
+impl NodeCommandError {
+    /// Whether this is a usage error (exit code 2) rather than a runtime failure.
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::MissingNodeName | Self::InvalidNodeName(_) | Self::Selection(_))
+    }
+}
+
+/// Builds the configuration from the flags (no I/O).
+pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
+    let node_name = if let Some(name) = &args.node_name {
+        name.clone()
+    } else {
+        let name = std::env::var("NODE_NAME").map_err(|_| NodeCommandError::MissingNodeName)?;
+        if !crate::inventory::naming::is_dns_subdomain(&name) {
+            return Err(NodeCommandError::InvalidNodeName(name));
+        }
+        name
+    };
+    let sharing = match args.selection.sharing_mode {
+        SharingModeArg::Auto => RequestedSharing::Auto,
+        SharingModeArg::Capacity => RequestedSharing::Capacity,
+        SharingModeArg::Slots => RequestedSharing::Slots,
+    };
+    let selection = Selection::new(
+        &args.selection.include_interfaces,
+        &args.selection.exclude_interfaces,
+        &args.selection.shared_parents,
+        SharingMode::Capacity,
+    )?;
+    Ok(NodeConfig {
+        node_name,
+        driver_name: args.driver_name.clone(),
+        kubeconfig: args.kubeconfig.clone(),
+        selection,
+        sharing,
+        metrics_address: args.metrics_address,
+        sysfs_root: args.sysfs_root.clone(),
+    })
+}
+
+/// Runs the daemon on a multi-threaded runtime until SIGTERM/SIGINT.
+pub fn run(args: &NodeArgs) -> Result<(), NodeCommandError> {
+    let config = config(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("netclaim-worker")
+        .build()
+        .map_err(NodeCommandError::Runtime)?;
+    runtime.block_on(node::run(config))?;
+    // Background tasks (watch, netlink) end with the runtime; do not wait for them.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! Keeping a node's pool of ResourceSlices equal to its inventory: generations, stale slices,
+//! read-back of every write and the fallback to slot devices.
+//!
+//! The publisher talks to the API through the [`SliceApi`] port, so this logic is tested
+//! against an in-memory fake; `k8s::resource_slices` is the real adapter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::slices::{PoolIdentity, build_slices};
+use super::{Inventory, Selection, SharingMode};
+use crate::model::device::{Device, HostInterface};
+
+/// A failed API call, as the port reports it.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} ResourceSlice {name}: {message}")]
+pub struct SliceApiError {
+    /// `list`, `apply` or `delete`.
+    pub operation: &'static str,
+    /// Slice name (empty for list).
+    pub name: String,
+    /// HTTP status code, when the server answered.
+    pub code: Option<u16>,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// The API operations the publisher needs: this node's and driver's slices only.
+pub trait SliceApi: Send + Sync {
+    /// Lists the slices of this node and driver.
+    fn list(&self) -> impl Future<Output = Result<Vec<ResourceSlice>, SliceApiError>> + Send;
+    /// Server-side applies one slice and returns it as the server stored it.
+    fn apply(
+        &self,
+        slice: &ResourceSlice,
+    ) -> impl Future<Output = Result<ResourceSlice, SliceApiError>> + Send;
+    /// Deletes one slice; deleting a missing slice succeeds.
+    fn delete(&self, name: &str) -> impl Future<Output = Result<(), SliceApiError>> + Send;
+}
+
+/// What `--sharing-mode` asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestedSharing {
+    /// Capacity, falling back to slots when the server drops it.
+    Auto,
+    /// Capacity only; a server that drops it is reported, not worked around.
+    Capacity,
+    /// Slots only.
+    Slots,
+}
+
+/// What one [`Publisher::sync`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Slices written (server-side apply calls).
+    pub applied: usize,
+    /// Stale slices deleted.
+    pub deleted: usize,
+    /// The generation now published.
+    pub generation: i64,
+    /// Devices now published.
+    pub devices: usize,
+    /// The server dropped `allowMultipleAllocations`/`capacity` for the first time; the text
+    /// says what happened and what the publisher did about it.
+    pub capacity_dropped: Option<String>,
+}
+
+/// Publishes one node's pool.
+#[derive(Debug)]
+pub struct Publisher<A> {
+    api: A,
+    pool: PoolIdentity,
+    selection: Selection,
+    requested: RequestedSharing,
+    owner: Option<OwnerReference>,
+    started: bool,
+    /// Devices of the last successful publication.
+    published_devices: Option<Vec<Device>>,
+    /// Specs as the server stored them, by slice name: the reference for "was it changed
+    /// behind our back".
+    stored: BTreeMap<String, ResourceSliceSpec>,
+    /// Devices kept published although discovery no longer sees them (moved into a pod).
+    retained: BTreeMap<String, Device>,
+    capacity_drop_reported: bool,
+}
+
+impl<A: SliceApi> Publisher<A> {
+    /// A publisher for `pool` (its generation is replaced at start by the existing one + 1).
+    pub fn new(
+        api: A,
+        pool: PoolIdentity,
+        selection: Selection,
+        requested: RequestedSharing,
+        owner: Option<OwnerReference>,
+    ) -> Self {
+        let selection = match requested {
+            RequestedSharing::Slots => selection.with_sharing_mode(SharingMode::Slots),
+            RequestedSharing::Auto | RequestedSharing::Capacity => {
+                selection.with_sharing_mode(SharingMode::Capacity)
+            }
+        };
+        Self {
+            api,
+            pool,
+            selection,
+            requested,
+            owner,
+            started: false,
+            published_devices: None,
+            stored: BTreeMap::new(),
+            retained: BTreeMap::new(),
+            capacity_drop_reported: false,
+        }
+    }
+
+    /// The port, for callers that need it (tests).
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
+    /// The generation last published (or about to be, before the first sync).
+    #[must_use]
+    pub fn generation(&self) -> i64 {
+        self.pool.generation
+    }
+
+    /// The sharing mode in effect (after a fallback, `Slots`).
+    #[must_use]
+    pub fn sharing_mode(&self) -> SharingMode {
+        self.selection.sharing_mode()
+    }
+
+    /// Devices that must stay published while discovery cannot see them (a NIC moved into a
+    /// pod's namespace disappears from the host dump). Keyed by interface name.
+    pub fn set_retained(&mut self, devices: Vec<Device>) {
+        self.retained = devices.into_iter().map(|d| (d.if_name.clone(), d)).collect();
+    }
+
+    /// Names of the slices this publisher wrote last.
+    #[must_use]
+    pub fn slice_names(&self) -> BTreeSet<String> {
+        self.stored.keys().cloned().collect()
+    }
+
+    /// Whether a slice seen on a watch differs from what we stored (or is ours and gone).
+    #[must_use]
+    pub fn needs_repair(&self, name: &str, seen: Option<&ResourceSliceSpec>) -> bool {
+        match (self.stored.get(name), seen) {
+            (Some(stored), Some(seen)) => stored != seen,
+            (Some(_), None) => true,
+            // Not ours at this generation: a leftover that the next sync deletes.
+            (None, Some(seen)) => seen.pool.generation < self.pool.generation,
+            (None, None) => false,
+        }
+    }
+
+    /// Makes the pool match `interfaces`. Writes only when the devices changed since the
+    /// last publication, or when `force` (a slice was changed or deleted behind our back).
+    pub async fn sync(
+        &mut self,
+        interfaces: &[HostInterface],
+        force: bool,
+    ) -> Result<SyncReport, SliceApiError> {
+        if !self.started {
+            let existing = self.api.list().await?;
+            let highest = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+            self.pool.generation = highest + 1;
+            self.started = true;
+        }
+        let devices = self.devices_for(interfaces);
+        let changed = self.published_devices.as_ref() != Some(&devices);
+        if !changed && !force {
+            return Ok(SyncReport {
+                generation: self.pool.generation,
+                devices: devices.len(),
+                ..SyncReport::default()
+            });
+        }
+        if changed && self.published_devices.is_some() {
+            self.pool.generation += 1;
+        }
+        let mut report = self.write(&devices).await?;
+        if let Some(message) = report.capacity_dropped.clone()
+            && self.requested == RequestedSharing::Auto
+            && self.selection.sharing_mode() == SharingMode::Capacity
+        {
+            self.selection = self.selection.clone().with_sharing_mode(SharingMode::Slots);
+            let devices = self.devices_for(interfaces);
+            self.pool.generation += 1;
+            let again = self.write(&devices).await?;
+            report.applied += again.applied;
+            report.deleted += again.deleted;
+            report.generation = again.generation;
+            report.devices = again.devices;
+            report.capacity_dropped = Some(format!(
+                "{message}; --sharing-mode auto: shared parents are now published as slot \
+                     devices"
+            ));
+        }
+        Ok(report)
+    }
+
+    fn devices_for(&self, interfaces: &[HostInterface]) -> Vec<Device> {
+        let mut devices = Inventory::build(interfaces, &self.selection).devices;
+        let seen: BTreeSet<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
+        let names: BTreeSet<String> = devices.iter().map(|d| d.name.clone()).collect();
+        for device in self.retained.values() {
+            if !seen.contains(device.if_name.as_str()) && !names.contains(&device.name) {
+                devices.push(device.clone());
+            }
+        }
+        devices.sort_by(|a, b| a.name.cmp(&b.name));
+        devices
+    }
+
+    async fn write(&mut self, devices: &[Device]) -> Result<SyncReport, SliceApiError> {
+        let mut slices = build_slices(&self.pool, devices);
+        if let Some(owner) = &self.owner {
+            for slice in &mut slices {
+                slice.metadata.owner_references = Some(vec![owner.clone()]);
+            }
+        }
+        let mut report = SyncReport {
+            generation: self.pool.generation,
+            devices: devices.len(),
+            ..SyncReport::default()
+        };
+        let mut stored = BTreeMap::new();
+        for slice in &slices {
+            let written = self.api.apply(slice).await?;
+            report.applied += 1;
+            if let Some(message) = self.dropped_sharing_fields(slice, &written) {
+                report.capacity_dropped.get_or_insert(message);
+            }
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            stored.insert(name, written.spec);
+        }
+        // Stale slices go only after the new generation is complete, so consumers never see a
+        // pool with fewer slices than its resourceSliceCount promises.
+        let existing = self.api.list().await?;
+        for slice in existing {
+            let Some(name) = slice.metadata.name else { continue };
+            if !stored.contains_key(&name) {
+                self.api.delete(&name).await?;
+                report.deleted += 1;
+            }
+        }
+        self.stored = stored;
+        self.published_devices = Some(devices.to_vec());
+        if report.capacity_dropped.is_some() {
+            if self.capacity_drop_reported {
+                report.capacity_dropped = None;
+            } else {
+                self.capacity_drop_reported = true;
+            }
+        }
+        Ok(report)
+    }
+
+    /// The read-back check: a shared device that came back without
+    /// `allowMultipleAllocations` or `capacity` means the API server has the
+    /// DRAConsumableCapacity feature off and silently dropped the fields.
+    #[expect(clippy::unused_self, reason = "a method so it reads as part of the write")]
+    fn dropped_sharing_fields(
+        &self,
+        sent: &ResourceSlice,
+        stored: &ResourceSlice,
+    ) -> Option<String> {
+        let stored_devices: BTreeMap<&str, _> = stored
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|device| (device.name.as_str(), device))
+            .collect();
+        let dropped: Vec<&str> = sent
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .filter(|device| device.allow_multiple_allocations == Some(true))
+            .filter(|device| {
+                stored_devices.get(device.name.as_str()).is_none_or(|back| {
+                    back.allow_multiple_allocations != Some(true) || back.capacity.is_none()
+                })
+            })
+            .map(|device| device.name.as_str())
+            .collect();
+        (!dropped.is_empty()).then(|| {
+            format!(
+                "the API server dropped allowMultipleAllocations/capacity of shared device(s) {} \
+                 (feature DRAConsumableCapacity is off: Kubernetes 1.36+, or the gate on 1.34/1.35)",
+                dropped.join(", ")
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,243 @@
+//! Publisher behaviour against an in-memory API: generations, splitting, stale slices,
+//! repairs and the capacity read-back.
+
+use std::sync::Mutex;
+
+use super::*;
+use crate::model::device::{HardwareFacts, LinkKind, PciFacts, SriovRole};
+
+/// An in-memory ResourceSlice store with call counters; can behave like an API server whose
+/// DRAConsumableCapacity feature is off.
+#[derive(Default)]
+struct FakeApi {
+    slices: Mutex<BTreeMap<String, ResourceSlice>>,
+    applies: Mutex<usize>,
+    deletes: Mutex<usize>,
+    drop_capacity: bool,
+}
+
+impl SliceApi for &FakeApi {
+    async fn list(&self) -> Result<Vec<ResourceSlice>, SliceApiError> {
+        Ok(self.slices.lock().unwrap().values().cloned().collect())
+    }
+
+    async fn apply(&self, slice: &ResourceSlice) -> Result<ResourceSlice, SliceApiError> {
+        let mut stored = slice.clone();
+        if self.drop_capacity {
+            for device in stored.spec.devices.iter_mut().flatten() {
+                device.allow_multiple_allocations = None;
+                device.capacity = None;
+            }
+        }
+        *self.applies.lock().unwrap() += 1;
+        let name = slice.metadata.name.clone().unwrap();
+        self.slices.lock().unwrap().insert(name, stored.clone());
+        Ok(stored)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), SliceApiError> {
+        *self.deletes.lock().unwrap() += 1;
+        self.slices.lock().unwrap().remove(name);
+        Ok(())
+    }
+}
+
+impl FakeApi {
+    fn generations(&self) -> BTreeSet<i64> {
+        self.slices.lock().unwrap().values().map(|s| s.spec.pool.generation).collect()
+    }
+
+    fn device_count(&self) -> usize {
+        self.slices.lock().unwrap().values().map(|s| s.spec.devices.as_ref().unwrap().len()).sum()
+    }
+
+    fn applies(&self) -> usize {
+        *self.applies.lock().unwrap()
+    }
+}
+
+fn pool() -> PoolIdentity {
+    PoolIdentity { driver: "netclaim.dev".to_owned(), node: "node-a".to_owned(), generation: 0 }
+}
+
+fn nics(count: u32) -> Vec<HostInterface> {
+    (0..count)
+        .map(|i| {
+            let mut interface = HostInterface::new(i + 10, &format!("ens{i}"), 1500);
+            interface.hardware = HardwareFacts {
+                has_device: true,
+                pci: Some(PciFacts {
+                    address: format!("0000:{:02x}:{:02x}.{}", i / 256, (i / 8) % 32, i % 8)
+                        .parse()
+                        .unwrap(),
+                    vendor: None,
+                    device: None,
+                    numa_node: None,
+                    pcie_root: None,
+                    sriov: SriovRole::None,
+                }),
+                driver: Some("ixgbe".to_owned()),
+                speed_mbps: None,
+            };
+            interface
+        })
+        .collect()
+}
+
+fn veth(name: &str) -> HostInterface {
+    let mut interface = HostInterface::new(99, name, 1500);
+    interface.kind = Some(LinkKind::Veth);
+    interface
+}
+
+fn publisher<'a>(
+    api: &'a FakeApi,
+    shared: &[&str],
+    requested: RequestedSharing,
+) -> Publisher<&'a FakeApi> {
+    let shared: Vec<String> = shared.iter().map(|s| (*s).to_owned()).collect();
+    let selection = Selection::new(&[], &[], &shared, SharingMode::Capacity).unwrap();
+    Publisher::new(api, pool(), selection, requested, None)
+}
+
+#[tokio::test]
+async fn first_publication_continues_after_the_existing_generation() {
+    let api = FakeApi::default();
+    let mut old = build_slices(&PoolIdentity { generation: 41, ..pool() }, &[]);
+    old[0].metadata.name = Some("node-a-netclaim-dev-7".to_owned());
+    api.slices.lock().unwrap().insert("node-a-netclaim-dev-7".to_owned(), old.remove(0));
+
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let report = publisher.sync(&nics(3), false).await.unwrap();
+    assert_eq!(report.generation, 42);
+    assert_eq!(report.applied, 1);
+    assert_eq!(report.deleted, 1, "the leftover slice of the old generation is removed");
+    assert_eq!(api.generations(), BTreeSet::from([42]));
+    assert_eq!(api.device_count(), 3);
+}
+
+#[tokio::test]
+async fn unchanged_inventory_writes_nothing_and_changes_bump_the_generation() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    publisher.sync(&nics(2), false).await.unwrap();
+    let writes = api.applies();
+    let report = publisher.sync(&nics(2), false).await.unwrap();
+    assert_eq!((report.applied, report.generation), (0, 1));
+    assert_eq!(api.applies(), writes);
+
+    let mut changed = nics(2);
+    changed[1].mtu = 9000;
+    let report = publisher.sync(&changed, false).await.unwrap();
+    assert_eq!((report.applied, report.generation), (1, 2));
+    assert_eq!(api.generations(), BTreeSet::from([2]));
+}
+
+#[tokio::test]
+async fn a_large_pool_is_split_and_shrinks_cleanly() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let report = publisher.sync(&nics(300), false).await.unwrap();
+    assert_eq!(report.applied, 3);
+    assert_eq!(api.device_count(), 300);
+    for slice in api.slices.lock().unwrap().values() {
+        assert_eq!(slice.spec.pool.resource_slice_count, 3);
+    }
+    let report = publisher.sync(&nics(100), false).await.unwrap();
+    assert_eq!((report.applied, report.deleted), (1, 2));
+    assert_eq!(api.device_count(), 100);
+    assert_eq!(api.slices.lock().unwrap().len(), 1);
+    assert_eq!(api.generations(), BTreeSet::from([2]));
+}
+
+#[tokio::test]
+async fn a_deleted_or_edited_slice_is_repaired() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    publisher.sync(&nics(2), false).await.unwrap();
+    let name = publisher.slice_names().into_iter().next().unwrap();
+    let stored = api.slices.lock().unwrap().get(&name).unwrap().spec.clone();
+    assert!(!publisher.needs_repair(&name, Some(&stored)), "our own write is not a change");
+
+    let mut edited = stored.clone();
+    edited.devices.as_mut().unwrap().pop();
+    assert!(publisher.needs_repair(&name, Some(&edited)));
+    api.slices.lock().unwrap().remove(&name);
+    assert!(publisher.needs_repair(&name, None));
+
+    let report = publisher.sync(&nics(2), true).await.unwrap();
+    assert_eq!(report.applied, 1);
+    assert_eq!(report.generation, 1, "a repair republishes the same generation");
+    assert_eq!(api.device_count(), 2);
+}
+
+#[tokio::test]
+async fn dropped_capacity_is_reported_once_and_auto_falls_back_to_slots() {
+    let api = FakeApi { drop_capacity: true, ..FakeApi::default() };
+    let mut publisher = publisher(&api, &["veth0"], RequestedSharing::Auto);
+    let report = publisher.sync(&[veth("veth0")], false).await.unwrap();
+    let message = report.capacity_dropped.expect("the drop is reported");
+    assert!(message.contains("veth0") && message.contains("slot"), "{message}");
+    assert_eq!(publisher.sharing_mode(), SharingMode::Slots);
+    assert_eq!(api.device_count(), 32, "32 slot devices replace the shared one");
+    assert_eq!(api.generations(), BTreeSet::from([2]));
+
+    let mut changed = veth("veth0");
+    changed.mtu = 1400;
+    let report = publisher.sync(&[changed], false).await.unwrap();
+    assert_eq!(report.capacity_dropped, None, "said once");
+}
+
+#[tokio::test]
+async fn capacity_mode_reports_but_does_not_fall_back() {
+    let api = FakeApi { drop_capacity: true, ..FakeApi::default() };
+    let mut publisher = publisher(&api, &["veth0"], RequestedSharing::Capacity);
+    let report = publisher.sync(&[veth("veth0")], false).await.unwrap();
+    assert!(report.capacity_dropped.is_some());
+    assert_eq!(publisher.sharing_mode(), SharingMode::Capacity);
+    assert_eq!(api.device_count(), 1);
+}
+
+#[tokio::test]
+async fn a_working_server_keeps_capacity() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &["veth0"], RequestedSharing::Auto);
+    let report = publisher.sync(&[veth("veth0")], false).await.unwrap();
+    assert_eq!(report.capacity_dropped, None);
+    assert_eq!(publisher.sharing_mode(), SharingMode::Capacity);
+}
+
+#[tokio::test]
+async fn devices_moved_into_pods_stay_published() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let all = nics(3);
+    publisher.sync(&all, false).await.unwrap();
+    let moved =
+        Inventory::build(&all[..1], &Selection::new(&[], &[], &[], SharingMode::Capacity).unwrap())
+            .devices;
+    publisher.set_retained(moved);
+    let report = publisher.sync(&all[1..], false).await.unwrap();
+    assert_eq!(report.applied, 0, "nothing changed from the pool's point of view");
+    assert_eq!(api.device_count(), 3);
+}
+
+#[tokio::test]
+async fn the_owner_reference_is_set_on_every_slice() {
+    let api = FakeApi::default();
+    let owner = OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Node".to_owned(),
+        name: "node-a".to_owned(),
+        uid: "uid-1".to_owned(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    };
+    let selection = Selection::new(&[], &[], &[], SharingMode::Capacity).unwrap();
+    let mut publisher =
+        Publisher::new(&api, pool(), selection, RequestedSharing::Auto, Some(owner));
+    publisher.sync(&nics(200), false).await.unwrap();
+    for slice in api.slices.lock().unwrap().values() {
+        assert_eq!(slice.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+    }
+}

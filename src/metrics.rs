@@ -1,0 +1,174 @@
+//! Prometheus metrics of the node daemon (DESIGN §1) and the HTTP endpoint that serves
+//! them with `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Label set `{result}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+/// The daemon's metric families.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `netclaim_devices_published`.
+    pub devices_published: Gauge,
+    /// `netclaim_pool_generation`.
+    pub pool_generation: Gauge<i64, AtomicI64>,
+    /// `netclaim_slice_writes_total{result}`: server-side apply calls.
+    pub slice_writes: Family<ResultLabel, Counter>,
+    /// `netclaim_slice_syncs_total{result}`: publication rounds.
+    pub slice_syncs: Family<ResultLabel, Counter>,
+    /// `netclaim_consumable_capacity_dropped`: 1 once the API server dropped consumable
+    /// capacity from our shared devices.
+    pub capacity_dropped: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every family.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("netclaim");
+        let devices_published = Gauge::default();
+        registry.register(
+            "devices_published",
+            "Devices in this node's pool",
+            devices_published.clone(),
+        );
+        let pool_generation = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "pool_generation",
+            "Generation of this node's pool",
+            pool_generation.clone(),
+        );
+        let slice_writes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "slice_writes",
+            "ResourceSlice server-side apply calls",
+            slice_writes.clone(),
+        );
+        let slice_syncs = Family::<ResultLabel, Counter>::default();
+        registry.register("slice_syncs", "ResourceSlice publication rounds", slice_syncs.clone());
+        let capacity_dropped = Gauge::default();
+        registry.register(
+            "consumable_capacity_dropped",
+            "1 when the API server dropped allowMultipleAllocations/capacity (feature off)",
+            capacity_dropped.clone(),
+        );
+        Self {
+            registry,
+            devices_published,
+            pool_generation,
+            slice_writes,
+            slice_syncs,
+            capacity_dropped,
+        }
+    }
+
+    /// The text exposition format.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _infallible = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// Shared health state: live as long as the process serves, ready once the daemon said so.
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    /// Marks the daemon ready (or not).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether `/readyz` answers 200.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// A failure to serve the metrics endpoint.
+#[derive(Debug, thiserror::Error)]
+#[error("metrics endpoint on {address}: {source}")]
+pub struct MetricsServerError {
+    /// The address.
+    pub address: SocketAddr,
+    /// The I/O error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+#[derive(Clone)]
+struct Endpoint {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// Binds `address` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+/// Returns the bound address (port 0 picks a free one) and the serving task.
+pub async fn serve(
+    address: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsServerError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| MetricsServerError { address, source })?;
+    let bound = listener.local_addr().map_err(|source| MetricsServerError { address, source })?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz_handler))
+        .with_state(Endpoint { metrics, health });
+    let task = tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            tracing::error!(%err, "metrics endpoint stopped");
+        }
+    });
+    Ok((bound, task))
+}
+
+async fn metrics_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        endpoint.metrics.encode(),
+    )
+}
+
+async fn readyz_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
+    if endpoint.health.is_ready() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}

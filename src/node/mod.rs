@@ -1,0 +1,293 @@
+//! `netclaim node`: the node daemon's composition root. Builds the adapters, runs the
+//! ResourceSlice publisher with its triggers (netlink events, slice watch), serves metrics,
+//! and shuts down on SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::host::discovery::{self, DiscoveryError};
+use crate::host::link_events;
+use crate::host::sysfs::Sysfs;
+use crate::inventory::publish::{Publisher, RequestedSharing, SliceApiError};
+use crate::inventory::slices::PoolIdentity;
+use crate::inventory::{InventoryError, Selection, SharingMode};
+use crate::k8s::events::NodeEvents;
+use crate::k8s::resource_slices::{KubeSlices, SliceEvent};
+use crate::k8s::{self, ClientError};
+use crate::metrics::{Health, Metrics, MetricsServerError, ResultLabel};
+
+/// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
+/// coming up, SR-IOV VFs being created) settles into one publication.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Longest a continuous burst can postpone a publication.
+const MAX_DELAY: Duration = Duration::from_secs(1);
+/// Retry bounds after a failed publication (API server down, conflict).
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Settings of the node daemon, validated by the CLI.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Node name, also the pool name.
+    pub node_name: String,
+    /// DRA driver name (also the field manager).
+    pub driver_name: String,
+    /// Kubeconfig file; `None` for in-cluster or `KUBECONFIG`.
+    pub kubeconfig: Option<PathBuf>,
+    /// Interface selection.
+    pub selection: Selection,
+    /// What `--sharing-mode` asked for.
+    pub sharing: RequestedSharing,
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub metrics_address: SocketAddr,
+    /// Sysfs root.
+    pub sysfs_root: PathBuf,
+}
+
+/// A fatal daemon error.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// No API client.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Bad selection.
+    #[error(transparent)]
+    Selection(#[from] InventoryError),
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Metrics(#[from] MetricsServerError),
+    /// The netlink event subscription failed.
+    #[error("subscribing to netlink link events: {0}")]
+    LinkEvents(#[source] std::io::Error),
+    /// Installing a signal handler failed.
+    #[error("installing the {signal} handler: {source}")]
+    Signal {
+        /// Which signal.
+        signal: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why one publication round failed (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    #[error(transparent)]
+    Api(#[from] SliceApiError),
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
+    let (stop_sender, stop) = watch::channel(false);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| NodeError::Signal { signal: "SIGTERM", source })?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|source| NodeError::Signal { signal: "SIGINT", source })?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        let _ignored = stop_sender.send(true);
+    });
+    run_until(config, stop).await
+}
+
+/// Runs the daemon until `stop` turns true.
+pub async fn run_until(
+    config: NodeConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), NodeError> {
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let mut metrics_stop = stop.clone();
+    let (bound, metrics_task) = crate::metrics::serve(
+        config.metrics_address,
+        metrics.clone(),
+        health.clone(),
+        async move {
+            let _ignored = metrics_stop.wait_for(|stopped| *stopped).await;
+        },
+    )
+    .await?;
+    tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
+
+    let client = k8s::client(config.kubeconfig.as_deref()).await?;
+    let node_uid = node_uid(&client, &config.node_name).await;
+    let owner = node_uid.clone().map(|uid| OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Node".to_owned(),
+        name: config.node_name.clone(),
+        uid,
+        controller: Some(true),
+        ..OwnerReference::default()
+    });
+    let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
+    let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
+    let mut slice_events = Box::pin(slices.watch());
+    let pool = PoolIdentity {
+        driver: config.driver_name.clone(),
+        node: config.node_name.clone(),
+        generation: 0,
+    };
+    let mut publisher =
+        Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
+    let mut link_changes = link_events::subscribe().map_err(NodeError::LinkEvents)?;
+    let sysfs = Sysfs::new(&config.sysfs_root);
+
+    // Publish at once, then on triggers.
+    let mut due: Option<Instant> = Some(Instant::now());
+    let mut first_trigger: Option<Instant> = None;
+    let mut force = false;
+    let mut retry_delay = RETRY_MIN;
+    let mut relisted: Option<Vec<String>> = None;
+    loop {
+        let sleep_until = due.unwrap_or_else(|| Instant::now() + Duration::from_hours(1));
+        tokio::select! {
+            _ = stop.wait_for(|stopped| *stopped) => break,
+            Some(()) = link_changes.recv() => {
+                schedule(&mut due, &mut first_trigger);
+            }
+            Some(event) = slice_events.next() => {
+                if handle_slice_event(&publisher, event, &mut relisted) {
+                    force = true;
+                    schedule(&mut due, &mut first_trigger);
+                }
+            }
+            () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
+                due = None;
+                first_trigger = None;
+                match publish_round(&mut publisher, &sysfs, force, &metrics, &events).await {
+                    Ok(()) => {
+                        force = false;
+                        retry_delay = RETRY_MIN;
+                        health.set_ready(true);
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, retry_in = ?retry_delay, "publishing ResourceSlices failed");
+                        metrics.slice_syncs.get_or_create(&ResultLabel { result: "error" }).inc();
+                        due = Some(Instant::now() + retry_delay);
+                        retry_delay = (retry_delay * 2).min(RETRY_MAX);
+                    }
+                }
+            }
+        }
+    }
+    // Slices stay: kubelet removes a node's slices itself once the driver is gone for good,
+    // and a restart continues at the next generation without an empty window.
+    health.set_ready(false);
+    let _ignored = tokio::time::timeout(Duration::from_secs(1), metrics_task).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Debounces a trigger: publish `DEBOUNCE` after the last one, at most `MAX_DELAY` after the
+/// first of a burst.
+fn schedule(due: &mut Option<Instant>, first_trigger: &mut Option<Instant>) {
+    let now = Instant::now();
+    let first = *first_trigger.get_or_insert(now);
+    *due = Some((now + DEBOUNCE).min(first + MAX_DELAY));
+}
+
+/// Whether a watch event means our slices must be rewritten.
+fn handle_slice_event<A: crate::inventory::publish::SliceApi>(
+    publisher: &Publisher<A>,
+    event: SliceEvent,
+    relisted: &mut Option<Vec<String>>,
+) -> bool {
+    match event {
+        SliceEvent::Present(slice) => {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            if let Some(seen) = relisted.as_mut() {
+                seen.push(name.clone());
+            }
+            let repair = publisher.needs_repair(&name, Some(&slice.spec));
+            if repair {
+                tracing::info!(slice = %name, "slice changed behind our back; republishing");
+            }
+            repair
+        }
+        SliceEvent::Deleted(name) => {
+            let repair = publisher.needs_repair(&name, None);
+            if repair {
+                tracing::info!(slice = %name, "slice deleted; republishing");
+            }
+            repair
+        }
+        SliceEvent::Relisting => {
+            *relisted = Some(Vec::new());
+            false
+        }
+        SliceEvent::Relisted => {
+            let seen = relisted.take().unwrap_or_default();
+            publisher.slice_names().iter().any(|name| !seen.contains(name))
+        }
+        SliceEvent::Error(message) => {
+            tracing::debug!(%message, "slice watch error (retrying)");
+            false
+        }
+    }
+}
+
+async fn publish_round<A: crate::inventory::publish::SliceApi>(
+    publisher: &mut Publisher<A>,
+    sysfs: &Sysfs,
+    force: bool,
+    metrics: &Metrics,
+    events: &NodeEvents,
+) -> Result<(), RoundError> {
+    let interfaces = discovery::discover(sysfs).await?;
+    let report = publisher.sync(&interfaces, force).await?;
+    metrics
+        .slice_writes
+        .get_or_create(&ResultLabel { result: "success" })
+        .inc_by(report.applied as u64);
+    metrics.slice_syncs.get_or_create(&ResultLabel { result: "success" }).inc();
+    metrics.devices_published.set(i64::try_from(report.devices).unwrap_or(i64::MAX));
+    metrics.pool_generation.set(report.generation);
+    if report.applied > 0 || report.deleted > 0 {
+        tracing::info!(
+            generation = report.generation,
+            devices = report.devices,
+            written = report.applied,
+            deleted = report.deleted,
+            "published ResourceSlices"
+        );
+    }
+    if let Some(message) = report.capacity_dropped {
+        metrics.capacity_dropped.set(1);
+        tracing::warn!("{message}");
+        events.warn("ConsumableCapacityUnsupported", "PublishResourceSlices", message).await;
+    }
+    if publisher.sharing_mode() == SharingMode::Slots {
+        tracing::debug!("shared parents published as slots");
+    }
+    Ok(())
+}
+
+/// The Node's uid, for owner references (slices are garbage-collected with their Node).
+async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    match nodes.get_opt(node).await {
+        Ok(Some(found)) => found.metadata.uid,
+        Ok(None) => {
+            tracing::warn!(node, "Node object not found; slices get no owner reference");
+            None
+        }
+        Err(err) => {
+            tracing::warn!(node, %err, "reading the Node failed; slices get no owner reference");
+            None
+        }
+    }
+}
