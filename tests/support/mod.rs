@@ -96,6 +96,83 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Runs `work` on a dedicated OS thread that has entered this namespace, on a
+    /// current-thread tokio runtime: every socket it opens (API clients, HTTP probes) lives in
+    /// the namespace, and no other thread's namespace changes.
+    pub(crate) fn block_on<F, Fut, T>(&self, work: F) -> T
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+        T: Send + 'static,
+    {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).expect("the namespace file exists");
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("entering the test namespace");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread runtime");
+            runtime.block_on(work())
+        })
+        .join()
+        .expect("the namespace thread finished")
+    }
+
+    /// Starts `program args` inside the namespace (with its own sysfs) as a child that is
+    /// killed when the returned guard drops.
+    pub(crate) fn spawn(&self, program: &str, args: &[&str], log: &std::path::Path) -> Child {
+        let mut full = vec!["netns", "exec", self.name.as_str(), program];
+        full.extend_from_slice(args);
+        let log_file = std::fs::File::create(log).expect("creating the child's log file");
+        let child = Command::new("ip")
+            .args(&full)
+            .env("RUST_LOG", "info")
+            .stdout(log_file.try_clone().expect("duplicating the log file"))
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawning {program}: {err}"));
+        Child { child }
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub(crate) struct Child {
+    /// The process (`ip netns exec` replaces itself with the program, so this is its pid).
+    pub(crate) child: std::process::Child,
+}
+
+impl Child {
+    /// Its pid.
+    pub(crate) fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pids fit in i32")
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for the exit; returns how long it took, or
+    /// `None` if it did not exit.
+    pub(crate) fn terminate(&mut self, limit: std::time::Duration) -> Option<std::time::Duration> {
+        let started = std::time::Instant::now();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::SIGTERM)
+            .expect("sending SIGTERM");
+        while started.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ignored = self.child.kill();
+        let _ignored = self.child.wait();
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         // Deleting the namespace destroys every virtual link inside it.

@@ -1,0 +1,281 @@
+//! Root integration tests of `netclaim node` against `netclaim dev --api-only`, both running
+//! inside a throwaway network namespace (the API server listens on that namespace's
+//! loopback; the test's own client runs on a thread that entered the namespace).
+
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams};
+use support::{Child, Netns, require_root};
+
+const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
+const API_LISTEN: &str = "127.0.0.1:16443";
+const METRICS_LISTEN: &str = "127.0.0.1:19178";
+/// Generous bound for "eventually" (the daemon reacts within a few hundred milliseconds; the
+/// bound only keeps a broken build from hanging).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Cluster {
+    netns: Netns,
+    dir: tempfile::TempDir,
+    _api: Child,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let netns = Netns::new();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let api = netns.spawn(
+            NETCLAIM,
+            &["dev", "--api-only", "--listen", API_LISTEN, "--kubeconfig-out", kubeconfig.to_str().unwrap()],
+            &dir.path().join("api.log"),
+        );
+        let deadline = Instant::now() + PATIENCE;
+        while !kubeconfig.exists() {
+            assert!(Instant::now() < deadline, "the API server did not write its kubeconfig");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { netns, dir, _api: api }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn start_node(&self, extra: &[&str], log_name: &str) -> Child {
+        let kubeconfig = self.kubeconfig();
+        let mut args = vec![
+            "node",
+            "--node-name",
+            "test-node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--metrics-address",
+            METRICS_LISTEN,
+        ];
+        args.extend_from_slice(extra);
+        self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log_name))
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    /// Lists the slices, from inside the namespace.
+    fn slices(&self) -> Vec<ResourceSlice> {
+        let kubeconfig = self.kubeconfig();
+        self.netns.block_on(move || async move {
+            let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
+            let api: Api<ResourceSlice> = Api::all(client);
+            api.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+        })
+    }
+
+    fn delete_slice(&self, name: &str) {
+        let kubeconfig = self.kubeconfig();
+        let name = name.to_owned();
+        self.netns.block_on(move || async move {
+            let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
+            let api: Api<ResourceSlice> = Api::all(client);
+            api.delete(&name, &DeleteParams::default()).await.unwrap();
+        });
+    }
+
+    /// Waits until `check` holds for the current slices; returns how long it took.
+    fn wait_for(&self, what: &str, node_log: &str, check: impl Fn(&[ResourceSlice]) -> bool) -> Duration {
+        let started = Instant::now();
+        loop {
+            if check(&self.slices()) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "timed out waiting for {what}\nslices: {:#?}\nnode log:\n{}\napi log:\n{}",
+                self.slices().iter().map(|s| (&s.metadata.name, s.spec.pool.generation)).collect::<Vec<_>>(),
+                self.log(node_log),
+                self.log("api.log"),
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One metric's value from the daemon's /metrics.
+    fn metric(&self, name: &str) -> f64 {
+        let name = name.to_owned();
+        self.netns.block_on(move || async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(METRICS_LISTEN).await.unwrap();
+            stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut body = String::new();
+            stream.read_to_string(&mut body).await.unwrap();
+            body.lines()
+                .find(|line| line.starts_with(&name))
+                .and_then(|line| line.rsplit(' ').next())
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0.0)
+        })
+    }
+}
+
+fn device<'a>(slices: &'a [ResourceSlice], if_name: &str) -> Option<&'a k8s_openapi::api::resource::v1::Device> {
+    slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).find(|d| {
+        d.attributes
+            .as_ref()
+            .and_then(|a| a.get("netclaim.dev/ifName"))
+            .and_then(|a| a.string.as_deref())
+            == Some(if_name)
+    })
+}
+
+fn mtu(slices: &[ResourceSlice], if_name: &str) -> Option<i64> {
+    device(slices, if_name)?.attributes.as_ref()?.get("netclaim.dev/mtu")?.int
+}
+
+fn generations(slices: &[ResourceSlice]) -> Vec<i64> {
+    slices.iter().map(|s| s.spec.pool.generation).collect()
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse().ok())
+        .unwrap_or(0)
+}
+
+fn veth(netns: &Netns, a: &str, b: &str) {
+    netns.ip(&["link", "add", a, "type", "veth", "peer", "name", b]);
+    netns.ip(&["link", "set", a, "up"]);
+    netns.ip(&["link", "set", b, "up"]);
+}
+
+fn write_batch(path: &Path, lines: &[String]) {
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn devices_appear_change_and_disappear() {
+    if !require_root("devices_appear_change_and_disappear") {
+        return;
+    }
+    let cluster = Cluster::start();
+    let netns = &cluster.netns;
+    let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+    veth(netns, &parent, &peer);
+    let include = format!("{}*", netns.prefix);
+    let _node = cluster.start_node(&["--shared-parents", &parent, "--include-interfaces", &include], "node.log");
+
+    let took = cluster.wait_for("the shared parent", "node.log", |s| device(s, &parent).is_some());
+    println!("published in {took:?}");
+    let slices = cluster.slices();
+    let published = device(&slices, &parent).unwrap();
+    assert_eq!(published.allow_multiple_allocations, Some(true));
+    assert_eq!(published.capacity.as_ref().unwrap()["netclaim.dev/interfaces"].value.0, "256");
+    assert_eq!(slices[0].spec.node_name.as_deref(), Some("test-node"));
+    let first_generation = slices[0].spec.pool.generation;
+
+    netns.ip(&["link", "set", &parent, "mtu", "9000"]);
+    let took = cluster.wait_for("the new MTU", "node.log", |s| mtu(s, &parent) == Some(9000));
+    println!("MTU change published in {took:?}");
+    assert!(generations(&cluster.slices()).iter().all(|g| *g > first_generation));
+
+    // An included veth end appears as an exclusive device, and goes when deleted.
+    let (extra, extra_peer) = (netns.ifname("x0"), netns.ifname("x1"));
+    veth(netns, &extra, &extra_peer);
+    cluster.wait_for("the new veth", "node.log", |s| device(s, &extra).is_some());
+    netns.ip(&["link", "del", &extra]);
+    let took = cluster.wait_for("the veth to go", "node.log", |s| device(s, &extra).is_none());
+    println!("removal published in {took:?}");
+}
+
+#[test]
+fn a_restart_continues_the_generation_and_a_deleted_slice_comes_back() {
+    if !require_root("a_restart_continues_the_generation_and_a_deleted_slice_comes_back") {
+        return;
+    }
+    let cluster = Cluster::start();
+    let netns = &cluster.netns;
+    let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+    veth(netns, &parent, &peer);
+    let mut node = cluster.start_node(&["--shared-parents", &parent], "node1.log");
+    cluster.wait_for("first publication", "node1.log", |s| device(s, &parent).is_some());
+    let before = generations(&cluster.slices())[0];
+
+    let exit = node.terminate(Duration::from_secs(10)).expect("SIGTERM stops the daemon");
+    println!("SIGTERM exit took {exit:?}");
+    assert!(cluster.log("node1.log").contains("stopped"), "{}", cluster.log("node1.log"));
+
+    let _node = cluster.start_node(&["--shared-parents", &parent], "node2.log");
+    cluster.wait_for("the next generation", "node2.log", |s| {
+        !s.is_empty() && generations(s).iter().all(|g| *g == before + 1)
+    });
+
+    let name = cluster.slices()[0].metadata.name.clone().unwrap();
+    cluster.delete_slice(&name);
+    let took = cluster.wait_for("the deleted slice to return", "node2.log", |s| {
+        s.iter().any(|slice| slice.metadata.name.as_deref() == Some(name.as_str()))
+    });
+    println!("deleted slice restored in {took:?}");
+}
+
+#[test]
+fn a_burst_of_link_changes_gives_a_handful_of_writes() {
+    if !require_root("a_burst_of_link_changes_gives_a_handful_of_writes") {
+        return;
+    }
+    let cluster = Cluster::start();
+    let netns = &cluster.netns;
+    let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+    veth(netns, &parent, &peer);
+    let node = cluster.start_node(&["--shared-parents", &parent], "node.log");
+    cluster.wait_for("first publication", "node.log", |s| device(s, &parent).is_some());
+    // Let the first round settle, then sample.
+    std::thread::sleep(Duration::from_millis(500));
+    let writes_before = cluster.metric("netclaim_slice_writes_total{result=\"success\"}");
+    println!("daemon RSS idle: {} KiB", rss_kib(node.pid()));
+
+    // 50 link changes in one `ip -batch` process: 50 MTU changes on the parent.
+    let batch = cluster.dir.path().join("burst.batch");
+    let lines: Vec<String> =
+        (0..50).map(|i| format!("link set {parent} mtu {}", 1400 + i)).collect();
+    write_batch(&batch, &lines);
+    netns.ip(&["-batch", batch.to_str().unwrap()]);
+    cluster.wait_for("the last MTU", "node.log", |s| mtu(s, &parent) == Some(1449));
+    std::thread::sleep(Duration::from_millis(500));
+    let writes = cluster.metric("netclaim_slice_writes_total{result=\"success\"}") - writes_before;
+    println!("slice writes for a burst of 50 link changes: {writes}");
+    assert!((1.0..=5.0).contains(&writes), "{writes} writes for one burst");
+}
+
+#[test]
+fn kubectl_shows_the_published_slices() {
+    if !require_root("kubectl_shows_the_published_slices") {
+        return;
+    }
+    let cluster = Cluster::start();
+    let netns = &cluster.netns;
+    let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+    veth(netns, &parent, &peer);
+    let _node = cluster.start_node(&["--shared-parents", &parent], "node.log");
+    cluster.wait_for("first publication", "node.log", |s| device(s, &parent).is_some());
+    let kubeconfig = cluster.kubeconfig();
+    let output = netns.exec(
+        "kubectl",
+        &["--kubeconfig", kubeconfig.to_str().unwrap(), "get", "resourceslices", "-o", "yaml"],
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains(&parent) && text.contains("allowMultipleAllocations: true"), "{text}");
+}
