@@ -9,7 +9,7 @@
 //! file (flock) keeps a second daemon off the same state dir. See
 //! `docs/decisions/0002-state-store.md` for why this and not an embedded database.
 
-// LEASES_PLACEHOLDER
+mod leases;
 
 #[cfg(test)]
 mod tests;
@@ -171,19 +171,7 @@ impl Store {
             .mode(0o600)
             .open(&lock_path)
             .map_err(io_err("open", &lock_path))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::Locked { path: lock_path });
-            }
-            Err(fs::TryLockError::Error(source)) => {
-                return Err(StoreError::Io {
-                    op: "lock",
-                    path: lock_path,
-                    source,
-                });
-            }
-        }
+        lock_with_patience(&lock, &lock_path)?;
         let store = Store {
             root,
             _lock: lock,
@@ -374,6 +362,35 @@ fn decode_record<R: Record>(path: &Path, bytes: &[u8]) -> Result<(String, R, boo
     }
     let record = serde_json::from_value(data).map_err(corrupt)?;
     Ok((envelope.key, record, envelope.version < R::VERSION))
+}
+
+/// How long `open` waits for the lock. A previous daemon may still be exiting, and a fork in
+/// this process (the fd is `O_CLOEXEC`, but a forked child holds the lock until it execs)
+/// holds it for a moment.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn lock_with_patience(lock: &File, path: &Path) -> Result<(), StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(fs::TryLockError::Error(source)) => {
+                return Err(StoreError::Io {
+                    op: "lock",
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+    }
 }
 
 fn read_dir_paths(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {

@@ -208,6 +208,54 @@ fn stale_temp_files_are_removed_at_open() {
 
 // ---- crash test: a child process writes in a loop, the parent kill -9s it ----
 
+/// Runs `test` of this test binary as a child with `envs`, waits until it printed its first
+/// `ack` line, lets it run `extra_micros` longer, then kills it with SIGKILL. Returns the
+/// lines it printed and whether the kill interrupted it (rather than finding it exited).
+pub(super) fn run_child_and_kill(
+    test: &str,
+    envs: &[(&str, String)],
+    extra_micros: u64,
+) -> (Vec<String>, bool) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let started = Instant::now();
+    while !lines.iter().any(|l: &String| l.starts_with("ack ")) {
+        match rx.recv_timeout(Duration::from_secs(30).saturating_sub(started.elapsed())) {
+            Ok(line) => lines.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("child printed no ack within 30 s ({e}); output: {lines:?}");
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_micros(extra_micros));
+    // Child::kill sends SIGKILL on Unix.
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    lines.extend(rx.try_iter());
+    (
+        lines,
+        std::os::unix::process::ExitStatusExt::signal(&status) == Some(9),
+    )
+}
+
 /// Set in the child: the state dir to write to.
 const CRASH_CHILD_ENV: &str = "NETCLAIM_STORE_CRASH_CHILD_DIR";
 const CRASH_KEYS: u64 = 8;
@@ -270,35 +318,22 @@ fn kill_9_at_random_moments_never_leaves_a_torn_record() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut acked: HashMap<String, u64> = HashMap::new();
     let mut total_acks = 0usize;
     let mut rounds_killed_mid_run = 0;
     let rounds = 40;
     let mut rng = fastrand::Rng::with_seed(0x6e65_7463_6c61_696d);
     for round in 0..rounds {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "store::tests::kill_9_at_random_moments_never_leaves_a_torn_record",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CRASH_CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_micros(rng.u64(2_000..60_000)));
-        // Child::kill sends SIGKILL on Unix.
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
-        let killed = std::os::unix::process::ExitStatusExt::signal(&status) == Some(9);
+        let envs = [(CRASH_CHILD_ENV, dir.path().to_string_lossy().into_owned())];
+        let (lines, killed) = run_child_and_kill(
+            "store::tests::kill_9_at_random_moments_never_leaves_a_torn_record",
+            &envs,
+            rng.u64(0..30_000),
+        );
         if killed {
             rounds_killed_mid_run += 1;
         }
-        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-            let line = line.unwrap();
+        for line in lines {
             let mut parts = line.split_whitespace();
             if parts.next() == Some("ack") {
                 let key = parts.next().unwrap().to_owned();
@@ -357,4 +392,3 @@ fn kill_9_at_random_moments_never_leaves_a_torn_record() {
         "children wrote too little to test anything: {total_acks} acks"
     );
 }
-
