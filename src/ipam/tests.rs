@@ -1,3 +1,5 @@
+//! IPAM tests: unit cases, and property tests of the allocator against an independent oracle.
+
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -1,3 +1,5 @@
+//! Store tests: round trips, migration fixtures, locking, and the kill -9 crash test.
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

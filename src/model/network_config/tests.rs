@@ -1,3 +1,5 @@
+//! Table tests for `NetworkConfig`: one accept and one reject row per rule, plus merge tests.
+
 use serde_json::{Value, json};
 
 use super::*;
@@ -533,6 +535,19 @@ fn cases() -> Vec<Case> {
             shared(),
             json!({"ipam": {"addresses": ["fd00:10::5/64"]},
             "routes": [{"destination": "fd00:20::/64", "gateway": "fd00:10::1"}]}),
+        ),
+        accept(
+            "IPv6 link-local gateway",
+            shared(),
+            json!({
+            "routes": [{"destination": "::/0", "gateway": "fe80::1", "metric": 100}]}),
+        ),
+        reject(
+            "IPv6 gateway outside every subnet",
+            shared(),
+            json!({"ipam": {"addresses": ["fd00:10::5/64"]},
+            "routes": [{"destination": "fd00:20::/64", "gateway": "fd00:11::1"}]}),
+            "routes[0].gateway",
         ),
         reject(
             "destination with host bits",

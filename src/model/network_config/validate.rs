@@ -543,7 +543,10 @@ fn resolve_routes(
                         },
                     ));
                 }
-                if !connected.iter().any(|net| net.contains(gw)) {
+                // Every IPv6 interface has a link-local address, so fe80::/10 is always
+                // connected (routers advertise themselves from link-local, RFC 4861 §4.2).
+                let link_local = matches!(gw, IpAddr::V6(v6) if v6.is_unicast_link_local());
+                if !link_local && !connected.iter().any(|net| net.contains(gw)) {
                     let list: Vec<String> = connected.iter().map(ToString::to_string).collect();
                     return Err(invalid(
                         &path,
