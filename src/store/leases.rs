@@ -27,7 +27,7 @@ impl LeaseStore for Store {
                     Ok(lease)
                 } else {
                     Err(StoreError::KeyMismatch {
-                        path: self.kind_dir::<Lease>().join(&key),
+                        kind: Lease::KIND,
                         key,
                     })
                 }
@@ -110,9 +110,13 @@ mod tests {
             a.address,
             "a's address is free again"
         );
-        let file = dir.path().join(Lease::KIND).join("10.77.0.3.json");
-        let text = std::fs::read_to_string(&file).unwrap();
-        assert!(text.contains("\"claimUid\":\"b\""), "{text}");
+        // The journal is readable JSON: the lease is keyed by its address.
+        let text = std::fs::read_to_string(dir.path().join("journal")).unwrap();
+        assert!(
+            text.contains(r#""kind":"ipam-leases","key":"10.77.0.3""#),
+            "{text}"
+        );
+        assert!(text.contains(r#""claimUid":"b""#), "{text}");
     }
 
     #[test]

@@ -1,42 +1,64 @@
-//! Durable, crash-safe record store under the state dir: one JSON file per record, replaced
-//! atomically, with a versioned envelope and a migration path.
+//! Durable, crash-safe record store under the state dir: an append-only, checksummed journal
+//! with one `fdatasync` per commit, an in-memory index, and a versioned format with a
+//! migration path.
 //!
-//! Layout: `<state-dir>/<kind>/<encoded key>.json`, each file
-//! `{"version": N, "key": "...", "data": {...}}`. A write goes to a temp file in the same
-//! directory, is fsynced, renamed over the record and the directory is fsynced, so after a
-//! `kill -9` (or a power loss) a record is either its old or its new value, never torn, and a
-//! `put` that returned is on disk. Temp files left by a crash are removed at open. A `LOCK`
-//! file (flock) keeps a second daemon off the same state dir. See
-//! `docs/decisions/0002-state-store.md` for why this and not an embedded database.
+//! Layout: `<state-dir>/journal` (and `<state-dir>/LOCK`). The first line is a header
+//! `{"format":"netclaim-state","version":1}`; every further line is one committed batch,
+//! `<16 hex digits of SHA-256> <json>\n`, the JSON being `{"ops":[...]}` with `put`
+//! (`kind`, `key`, record `version`, `data`) and `remove` (`kind`, `key`) operations.
+//!
+//! A commit appends one line and `fdatasync`s before returning, so an acknowledged record
+//! survives `kill -9` and power loss, and a batch is all or nothing: a `kill -9` in the
+//! middle of an append leaves a last line without its newline, which the next open drops
+//! (and truncates). A complete line whose checksum does not match is corruption and fails
+//! the open, naming the offset: silently forgetting a lease could give its address to a
+//! second claim. When the journal grows past twice its live size it is compacted (written
+//! to a temp file, fsynced, renamed over the journal, directory fsynced). A `LOCK` file
+//! (flock) keeps a second daemon off the same state dir. Why this and not one file per
+//! record or an embedded database: `docs/decisions/0002-state-store.md`.
+//!
+//! All calls block on disk I/O: async callers use `spawn_blocking`.
 
 mod leases;
 
 #[cfg(test)]
 mod tests;
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 /// Name of the lock file in the state dir.
 const LOCK_FILE: &str = "LOCK";
-/// Records end in this; anything else in a kind directory is ignored or cleaned.
-const RECORD_SUFFIX: &str = ".json";
-/// Temp files start with this (a leading dot can never come out of [`encode_key`]).
-const TEMP_PREFIX: &str = ".tmp.";
-/// Longest encoded key: leaves room for the suffix within `NAME_MAX` (255).
-const MAX_ENCODED_KEY: usize = 200;
+/// Name of the journal in the state dir.
+const JOURNAL_FILE: &str = "journal";
+/// Compaction writes here first.
+const JOURNAL_TEMP: &str = "journal.tmp";
+/// The `format` of the header line.
+const FORMAT_NAME: &str = "netclaim-state";
+/// The journal format written by this build.
+pub const FORMAT_VERSION: u32 = 1;
+/// Compact only past this size, so a small state is never rewritten on every commit.
+const COMPACT_MIN_BYTES: u64 = 256 * 1024;
+/// Hex digits of the SHA-256 prefix that guards each line.
+const CHECKSUM_HEX: usize = 16;
+/// How long `open` waits for the lock. A previous daemon may still be exiting, and a fork
+/// in this process (the fd is `O_CLOEXEC`, but a forked child holds the lock until it
+/// execs) holds it for a moment.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
-/// A kind of record kept in the store, with its on-disk schema version.
+/// A kind of record kept in the store, with its schema version.
 pub trait Record: Serialize + DeserializeOwned {
-    /// Directory of this kind under the state dir (`claims`, `ipam-leases`).
+    /// Name of this kind (`claims`, `ipam-leases`); keys are unique per kind.
     const KIND: &'static str;
     /// Version of the `data` schema written now.
     const VERSION: u32;
@@ -47,15 +69,6 @@ pub trait Record: Serialize + DeserializeOwned {
         let _ = data;
         Err(format!("no migration from version {from}"))
     }
-}
-
-/// The envelope around every record on disk.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Envelope<D> {
-    version: u32,
-    key: String,
-    data: D,
 }
 
 /// Why a store operation failed.
@@ -78,22 +91,36 @@ pub enum StoreError {
         /// The lock file.
         path: PathBuf,
     },
-    /// A record file does not decode.
-    #[error("corrupt record {path}: {source}")]
+    /// The journal is damaged (not just a torn last line).
+    #[error("corrupt journal {path} at byte {offset}: {reason}")]
     Corrupt {
-        /// The record file.
+        /// The journal.
         path: PathBuf,
+        /// Where the bad line starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The journal was written by a newer netclaim.
+    #[error(
+        "journal {path} has format version {version}, newer than {FORMAT_VERSION} (downgrade?)"
+    )]
+    NewerFormat {
+        /// The journal.
+        path: PathBuf,
+        /// Its format version.
+        version: u32,
+    },
+    /// A record does not decode into its type.
+    #[error("decode {kind} record {key:?}: {source}")]
+    Decode {
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
         /// The decoder's message.
         #[source]
         source: serde_json::Error,
-    },
-    /// A record file's key does not match its name.
-    #[error("record {path} holds key {key:?}, which does not match its file name")]
-    KeyMismatch {
-        /// The record file.
-        path: PathBuf,
-        /// The key inside.
-        key: String,
     },
     /// A record could not be encoded.
     #[error("encode {kind} record {key:?}: {source}")]
@@ -107,32 +134,48 @@ pub enum StoreError {
         source: serde_json::Error,
     },
     /// A record written by a newer netclaim.
-    #[error("record {path} has version {version}, newer than {supported} (downgrade?)")]
+    #[error("{kind} record {key:?} has version {version}, newer than {supported} (downgrade?)")]
     NewerVersion {
-        /// The record file.
-        path: PathBuf,
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
         /// Its version.
         version: u32,
         /// The newest this build reads.
         supported: u32,
     },
     /// A migration step failed.
-    #[error("migrate record {path} from version {from}: {reason}")]
+    #[error("migrate {kind} record {key:?} from version {from}: {reason}")]
     Migrate {
-        /// The record file.
-        path: PathBuf,
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
         /// The version the failing step starts from.
         from: u32,
         /// What went wrong.
         reason: String,
     },
-    /// A key that cannot be stored.
-    #[error("invalid record key {key:?}: {reason}")]
-    InvalidKey {
+    /// A record's key does not fit its content (checked by record kinds that derive keys).
+    #[error("{kind} record {key:?} does not match its content")]
+    KeyMismatch {
+        /// Record kind.
+        kind: &'static str,
         /// The key.
         key: String,
-        /// Why.
-        reason: &'static str,
+    },
+    /// An empty key.
+    #[error("empty {kind} record key")]
+    EmptyKey {
+        /// Record kind.
+        kind: &'static str,
+    },
+    /// A failed append could not be rolled back; the store refuses further writes.
+    #[error("journal {path} is in an unknown state after a failed write; restart to recover")]
+    Poisoned {
+        /// The journal.
+        path: PathBuf,
     },
 }
 
@@ -144,18 +187,124 @@ fn io_err<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> Sto
     }
 }
 
+/// The journal header line.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format: String,
+    version: u32,
+}
+
+/// One operation of a committed batch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum Op {
+    Put {
+        kind: String,
+        key: String,
+        version: u32,
+        data: Value,
+    },
+    Remove {
+        kind: String,
+        key: String,
+    },
+}
+
+/// One journal line.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    ops: Vec<Op>,
+}
+
+/// A record as held in memory: its schema version and raw data.
+#[derive(Debug, Clone)]
+struct Stored {
+    version: u32,
+    data: Value,
+    /// Encoded size, for the compaction threshold.
+    bytes: u64,
+}
+
+/// Changes committed together: all or none survive a crash.
+#[derive(Debug, Default)]
+pub struct Batch {
+    ops: Vec<Op>,
+}
+
+impl Batch {
+    /// An empty batch.
+    #[must_use]
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Adds a create-or-replace of `key`.
+    pub fn put<R: Record>(&mut self, key: &str, record: &R) -> Result<&mut Batch, StoreError> {
+        check_key::<R>(key)?;
+        let data = serde_json::to_value(record).map_err(|source| StoreError::Encode {
+            kind: R::KIND,
+            key: key.to_owned(),
+            source,
+        })?;
+        self.ops.push(Op::Put {
+            kind: R::KIND.to_owned(),
+            key: key.to_owned(),
+            version: R::VERSION,
+            data,
+        });
+        Ok(self)
+    }
+
+    /// Adds a removal of `key` (a no-op if there is none).
+    pub fn remove<R: Record>(&mut self, key: &str) -> Result<&mut Batch, StoreError> {
+        check_key::<R>(key)?;
+        self.ops.push(Op::Remove {
+            kind: R::KIND.to_owned(),
+            key: key.to_owned(),
+        });
+        Ok(self)
+    }
+
+    /// Whether the batch holds no change.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+fn check_key<R: Record>(key: &str) -> Result<(), StoreError> {
+    if key.is_empty() {
+        Err(StoreError::EmptyKey { kind: R::KIND })
+    } else {
+        Ok(())
+    }
+}
+
+/// The open journal and the state it describes.
+#[derive(Debug)]
+struct Journal {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    records: BTreeMap<(String, String), Stored>,
+    live_bytes: u64,
+    poisoned: bool,
+}
+
 /// The state dir, opened and locked for this process.
 #[derive(Debug)]
 pub struct Store {
     root: PathBuf,
     /// Held (flock) for the life of the store; released by the kernel even on `kill -9`.
     _lock: File,
-    temp_counter: AtomicU64,
+    journal: Mutex<Journal>,
 }
 
 impl Store {
-    /// Opens (creating if needed, mode 0700) and locks the state dir, and removes temp
-    /// files a crash left behind.
+    /// Opens (creating if needed, mode 0700) and locks the state dir, and loads the
+    /// journal, dropping a torn last line.
     pub fn open(root: impl Into<PathBuf>) -> Result<Store, StoreError> {
         let root = root.into();
         fs::DirBuilder::new()
@@ -172,13 +321,28 @@ impl Store {
             .open(&lock_path)
             .map_err(io_err("open", &lock_path))?;
         lock_with_patience(&lock, &lock_path)?;
-        let store = Store {
+        let temp = root.join(JOURNAL_TEMP);
+        match fs::remove_file(&temp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(StoreError::Io {
+                    op: "remove",
+                    path: temp,
+                    source,
+                });
+            }
+        }
+        let path = root.join(JOURNAL_FILE);
+        if !path.exists() {
+            write_snapshot(&root, &BTreeMap::new())?;
+        }
+        let journal = load_journal(path)?;
+        Ok(Store {
             root,
             _lock: lock,
-            temp_counter: AtomicU64::new(0),
-        };
-        store.remove_stale_temp_files()?;
-        Ok(store)
+            journal: Mutex::new(journal),
+        })
     }
 
     /// The state dir.
@@ -187,195 +351,368 @@ impl Store {
         &self.root
     }
 
-    fn remove_stale_temp_files(&self) -> Result<(), StoreError> {
-        for kind_dir in read_dir_paths(&self.root)? {
-            if !kind_dir.is_dir() {
-                continue;
-            }
-            let mut removed = false;
-            for path in read_dir_paths(&kind_dir)? {
-                if file_name(&path).starts_with(TEMP_PREFIX) {
-                    fs::remove_file(&path).map_err(io_err("remove", &path))?;
-                    removed = true;
-                }
-            }
-            if removed {
-                sync_dir(&kind_dir)?;
+    fn lock_journal(&self) -> MutexGuard<'_, Journal> {
+        // A panic while holding the lock cannot leave the journal half-applied: memory is
+        // updated only after a successful append, so the data is still consistent.
+        self.journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Commits a batch durably: when this returns, every change survives `kill -9` and
+    /// power loss; after a crash during the call, either all or none of them do.
+    pub fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut journal = self.lock_journal();
+        journal.append(&batch.ops)?;
+        journal.apply(batch.ops);
+        if journal.len > COMPACT_MIN_BYTES && journal.len > 2 * journal.live_bytes {
+            // The commit is already durable; a failed compaction only leaves a longer
+            // journal, retried on the next commit.
+            if let Err(e) = journal.compact(&self.root) {
+                tracing::warn!(error = %e, "state journal compaction failed");
             }
         }
         Ok(())
     }
 
-    fn kind_dir<R: Record>(&self) -> PathBuf {
-        self.root.join(R::KIND)
-    }
-
-    fn ensure_kind_dir<R: Record>(&self) -> Result<PathBuf, StoreError> {
-        let dir = self.kind_dir::<R>();
-        if !dir.is_dir() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .map_err(io_err("create", &dir))?;
-            // The new directory entry must itself be durable before records in it are.
-            sync_dir(&self.root)?;
-        }
-        Ok(dir)
-    }
-
-    fn record_path<R: Record>(&self, key: &str) -> Result<PathBuf, StoreError> {
-        Ok(self
-            .kind_dir::<R>()
-            .join(format!("{}{RECORD_SUFFIX}", encode_key(key)?)))
-    }
-
-    /// Writes (creates or replaces) a record durably: when this returns, the record
-    /// survives `kill -9` and power loss.
+    /// Writes (creates or replaces) one record durably.
     pub fn put<R: Record>(&self, key: &str, record: &R) -> Result<(), StoreError> {
-        let path = self.record_path::<R>(key)?;
-        let envelope = Envelope {
-            version: R::VERSION,
-            key: key.to_owned(),
-            data: record,
-        };
-        let bytes = serde_json::to_vec(&envelope).map_err(|source| StoreError::Encode {
-            kind: R::KIND,
-            key: key.to_owned(),
-            source,
-        })?;
-        let dir = self.ensure_kind_dir::<R>()?;
-        self.replace_file(&dir, &path, &bytes)
+        let mut batch = Batch::new();
+        batch.put(key, record)?;
+        self.commit(batch)
     }
 
-    fn replace_file(&self, dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-        let n = self.temp_counter.fetch_add(1, Ordering::Relaxed);
-        let temp = dir.join(format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
-        let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&temp)
-                .map_err(io_err("create", &temp))?;
-            file.write_all(bytes).map_err(io_err("write", &temp))?;
-            // Data must be on disk before the rename makes it visible under the real name.
-            file.sync_all().map_err(io_err("fsync", &temp))?;
-            fs::rename(&temp, path).map_err(io_err("rename", path))?;
-            // The rename itself is durable only once the directory is synced.
-            sync_dir(dir)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
+    /// Removes one record durably; `false` when there was none.
+    pub fn remove<R: Record>(&self, key: &str) -> Result<bool, StoreError> {
+        check_key::<R>(key)?;
+        if !self
+            .lock_journal()
+            .records
+            .contains_key(&(R::KIND.to_owned(), key.to_owned()))
+        {
+            return Ok(false);
         }
-        result
+        let mut batch = Batch::new();
+        batch.remove::<R>(key)?;
+        self.commit(batch)?;
+        Ok(true)
     }
 
     /// Reads one record (migrating an older version in memory).
     pub fn get<R: Record>(&self, key: &str) -> Result<Option<R>, StoreError> {
-        let path = self.record_path::<R>(key)?;
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    op: "read",
-                    path,
-                    source,
-                });
-            }
-        };
-        let (_, record, _) = decode_record::<R>(&path, &bytes)?;
-        Ok(Some(record))
+        let stored = self
+            .lock_journal()
+            .records
+            .get(&(R::KIND.to_owned(), key.to_owned()))
+            .cloned();
+        stored
+            .map(|s| decode_record::<R>(key, s).map(|(record, _)| record))
+            .transpose()
     }
 
-    /// Removes a record durably; `false` when there was none.
-    pub fn remove<R: Record>(&self, key: &str) -> Result<bool, StoreError> {
-        let path = self.record_path::<R>(key)?;
-        match fs::remove_file(&path) {
-            Ok(()) => {
-                sync_dir(&self.kind_dir::<R>())?;
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(StoreError::Io {
-                op: "remove",
-                path,
-                source,
-            }),
-        }
-    }
-
-    /// Loads every record of a kind, sorted by key. Records of an older version are migrated
-    /// and written back, so each migration runs once. A record that does not decode fails
-    /// the load: forgetting it could hand its address to a second claim.
+    /// Every record of a kind, sorted by key. Records of an older version are migrated and
+    /// written back, so each migration runs once.
     pub fn load_all<R: Record>(&self) -> Result<Vec<(String, R)>, StoreError> {
-        let dir = self.kind_dir::<R>();
-        if !dir.is_dir() {
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::new();
-        for path in read_dir_paths(&dir)? {
-            let name = file_name(&path);
-            let Some(stem) = name.strip_suffix(RECORD_SUFFIX) else {
-                continue;
-            };
-            if name.starts_with('.') {
-                continue;
-            }
-            let bytes = fs::read(&path).map_err(io_err("read", &path))?;
-            let (key, record, migrated) = decode_record::<R>(&path, &bytes)?;
-            if decode_key(stem).as_deref() != Some(key.as_str()) {
-                return Err(StoreError::KeyMismatch { path, key });
-            }
+        let stored: Vec<(String, Stored)> = {
+            let journal = self.lock_journal();
+            journal
+                .records
+                .range((R::KIND.to_owned(), String::new())..)
+                .take_while(|((kind, _), _)| kind == R::KIND)
+                .map(|((_, key), s)| (key.clone(), s.clone()))
+                .collect()
+        };
+        let mut out = Vec::with_capacity(stored.len());
+        let mut upgrades = Batch::new();
+        for (key, s) in stored {
+            let (record, migrated) = decode_record::<R>(&key, s)?;
             if migrated {
-                self.put(&key, &record)?;
+                upgrades.put(&key, &record)?;
             }
             out.push((key, record));
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        self.commit(upgrades)?;
         Ok(out)
     }
 }
 
-/// Decodes a record file: `(key, record, whether it was migrated)`.
-fn decode_record<R: Record>(path: &Path, bytes: &[u8]) -> Result<(String, R, bool), StoreError> {
-    let corrupt = |source| StoreError::Corrupt {
-        path: path.to_path_buf(),
+impl Journal {
+    /// Appends one line and makes it durable; on failure the journal is cut back to its
+    /// previous length so no partial line sits before later commits.
+    fn append(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        let json =
+            serde_json::to_string(&EntryRef { ops }).map_err(|source| StoreError::Encode {
+                kind: "journal",
+                key: String::new(),
+                source,
+            })?;
+        let line = encode_line(&json);
+        let result = self
+            .file
+            .write_all(line.as_bytes())
+            .map_err(io_err("append", &self.path))
+            // fdatasync: the appended bytes and the new size, not the timestamps.
+            .and_then(|()| {
+                self.file
+                    .sync_data()
+                    .map_err(io_err("fdatasync", &self.path))
+            });
+        match result {
+            Ok(()) => {
+                self.len += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                if self
+                    .file
+                    .set_len(self.len)
+                    .and_then(|()| self.file.sync_data())
+                    .is_err()
+                {
+                    self.poisoned = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn apply(&mut self, ops: Vec<Op>) {
+        for op in ops {
+            match op {
+                Op::Put {
+                    kind,
+                    key,
+                    version,
+                    data,
+                } => {
+                    let bytes = encoded_size(&data);
+                    self.live_bytes += bytes;
+                    if let Some(old) = self.records.insert(
+                        (kind, key),
+                        Stored {
+                            version,
+                            data,
+                            bytes,
+                        },
+                    ) {
+                        self.live_bytes -= old.bytes;
+                    }
+                }
+                Op::Remove { kind, key } => {
+                    if let Some(old) = self.records.remove(&(kind, key)) {
+                        self.live_bytes -= old.bytes;
+                    }
+                }
+            }
+        }
+    }
+
+    fn compact(&mut self, root: &Path) -> Result<(), StoreError> {
+        let len = write_snapshot(root, &self.records)?;
+        self.file = open_append(&self.path)?;
+        self.len = len;
+        Ok(())
+    }
+}
+
+/// Serialises a borrowed batch the same way as [`Entry`].
+#[derive(Serialize)]
+struct EntryRef<'a> {
+    ops: &'a [Op],
+}
+
+fn encoded_size(data: &Value) -> u64 {
+    // Key and envelope overhead are small next to the data; this only steers compaction.
+    serde_json::to_string(data).map_or(0, |s| s.len() as u64) + 64
+}
+
+fn checksum(json: &str) -> String {
+    let digest = Sha256::digest(json.as_bytes());
+    digest
+        .iter()
+        .take(CHECKSUM_HEX / 2)
+        .fold(String::with_capacity(CHECKSUM_HEX), |mut s, b| {
+            use std::fmt::Write as _;
+            // Writing to a String cannot fail.
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// `<checksum> <json>\n`
+fn encode_line(json: &str) -> String {
+    format!("{} {json}\n", checksum(json))
+}
+
+/// Writes a complete journal holding `records` to the temp file and renames it over the
+/// journal; returns its length.
+fn write_snapshot(
+    root: &Path,
+    records: &BTreeMap<(String, String), Stored>,
+) -> Result<u64, StoreError> {
+    let temp = root.join(JOURNAL_TEMP);
+    let path = root.join(JOURNAL_FILE);
+    let mut text = serde_json::to_string(&Header {
+        format: FORMAT_NAME.to_owned(),
+        version: FORMAT_VERSION,
+    })
+    .map_err(|source| StoreError::Encode {
+        kind: "journal",
+        key: String::new(),
         source,
+    })?;
+    text.push('\n');
+    for ((kind, key), stored) in records {
+        let ops = [Op::Put {
+            kind: kind.clone(),
+            key: key.clone(),
+            version: stored.version,
+            data: stored.data.clone(),
+        }];
+        let json = serde_json::to_string(&EntryRef { ops: &ops }).map_err(|source| {
+            StoreError::Encode {
+                kind: "journal",
+                key: key.clone(),
+                source,
+            }
+        })?;
+        text.push_str(&encode_line(&json));
+    }
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(io_err("create", &temp))?;
+        file.write_all(text.as_bytes())
+            .map_err(io_err("write", &temp))?;
+        // Data must be on disk before the rename makes it the journal.
+        file.sync_all().map_err(io_err("fsync", &temp))?;
+        fs::rename(&temp, &path).map_err(io_err("rename", &path))?;
+        // The rename itself is durable only once the directory is synced.
+        File::open(root)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync", root))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result.map(|()| text.len() as u64)
+}
+
+fn open_append(path: &Path) -> Result<File, StoreError> {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(io_err("open", path))
+}
+
+/// Reads the journal: header, then committed lines; a last line without its newline is a
+/// torn append and is cut off.
+fn load_journal(path: PathBuf) -> Result<Journal, StoreError> {
+    let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+    let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
+        path: path.clone(),
+        offset: offset as u64,
+        reason,
     };
-    let envelope: Envelope<Value> = serde_json::from_slice(bytes).map_err(corrupt)?;
-    if envelope.version > R::VERSION {
+    let header_end = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| corrupt(0, "no header line".to_owned()))?;
+    let header: Header = serde_json::from_slice(&bytes[..header_end])
+        .map_err(|e| corrupt(0, format!("header: {e}")))?;
+    if header.format != FORMAT_NAME {
+        return Err(corrupt(0, format!("header format {:?}", header.format)));
+    }
+    if header.version > FORMAT_VERSION {
+        return Err(StoreError::NewerFormat {
+            path,
+            version: header.version,
+        });
+    }
+    // Format version 1 is the first; a later format adds its upgrade step here.
+    let mut journal = Journal {
+        file: open_append(&path)?,
+        path: path.clone(),
+        len: 0,
+        records: BTreeMap::new(),
+        live_bytes: 0,
+        poisoned: false,
+    };
+    let mut offset = header_end + 1;
+    while offset < bytes.len() {
+        let Some(newline) = bytes[offset..].iter().position(|b| *b == b'\n') else {
+            break; // torn last append: never acknowledged
+        };
+        let line = std::str::from_utf8(&bytes[offset..offset + newline])
+            .map_err(|e| corrupt(offset, format!("not UTF-8: {e}")))?;
+        let (sum, json) = line
+            .split_once(' ')
+            .ok_or_else(|| corrupt(offset, "no checksum".to_owned()))?;
+        if sum != checksum(json) {
+            return Err(corrupt(offset, "checksum mismatch".to_owned()));
+        }
+        let entry: Entry =
+            serde_json::from_str(json).map_err(|e| corrupt(offset, e.to_string()))?;
+        journal.apply(entry.ops);
+        offset += newline + 1;
+    }
+    if offset < bytes.len() {
+        journal
+            .file
+            .set_len(offset as u64)
+            .and_then(|()| journal.file.sync_data())
+            .map_err(io_err("truncate", &path))?;
+    }
+    journal.len = offset as u64;
+    Ok(journal)
+}
+
+/// Decodes a stored record: `(record, whether it was migrated)`.
+fn decode_record<R: Record>(key: &str, stored: Stored) -> Result<(R, bool), StoreError> {
+    if stored.version > R::VERSION {
         return Err(StoreError::NewerVersion {
-            path: path.to_path_buf(),
-            version: envelope.version,
+            kind: R::KIND,
+            key: key.to_owned(),
+            version: stored.version,
             supported: R::VERSION,
         });
     }
-    let mut data = envelope.data;
-    for from in envelope.version..R::VERSION {
+    let mut data = stored.data;
+    for from in stored.version..R::VERSION {
         data = R::migrate(from, data).map_err(|reason| StoreError::Migrate {
-            path: path.to_path_buf(),
+            kind: R::KIND,
+            key: key.to_owned(),
             from,
             reason,
         })?;
     }
-    let record = serde_json::from_value(data).map_err(corrupt)?;
-    Ok((envelope.key, record, envelope.version < R::VERSION))
+    let record = serde_json::from_value(data).map_err(|source| StoreError::Decode {
+        kind: R::KIND,
+        key: key.to_owned(),
+        source,
+    })?;
+    Ok((record, stored.version < R::VERSION))
 }
 
-/// How long `open` waits for the lock. A previous daemon may still be exiting, and a fork in
-/// this process (the fd is `O_CLOEXEC`, but a forked child holds the lock until it execs)
-/// holds it for a moment.
-const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
-
 fn lock_with_patience(lock: &File, path: &Path) -> Result<(), StoreError> {
-    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    let deadline = Instant::now() + LOCK_PATIENCE;
     loop {
         match lock.try_lock() {
             Ok(()) => return Ok(()),
-            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+            Err(fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
             }
             Err(fs::TryLockError::WouldBlock) => {
                 return Err(StoreError::Locked {
@@ -391,66 +728,4 @@ fn lock_with_patience(lock: &File, path: &Path) -> Result<(), StoreError> {
             }
         }
     }
-}
-
-fn read_dir_paths(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    fs::read_dir(dir)
-        .map_err(io_err("list", dir))?
-        .map(|entry| entry.map(|e| e.path()).map_err(io_err("list", dir)))
-        .collect()
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync", dir))
-}
-
-/// Keys become file names: `[A-Za-z0-9_-]` and inner dots stay, every other byte is `%XX`,
-/// so any key (a claim UID, `10.10.1.0/24/10.10.1.5`) maps to one safe name and back.
-fn encode_key(key: &str) -> Result<String, StoreError> {
-    if key.is_empty() {
-        return Err(StoreError::InvalidKey {
-            key: key.to_owned(),
-            reason: "empty",
-        });
-    }
-    let mut out = String::with_capacity(key.len());
-    for (i, byte) in key.bytes().enumerate() {
-        let plain =
-            byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || (byte == b'.' && i > 0);
-        if plain {
-            out.push(char::from(byte));
-        } else {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-    if out.len() > MAX_ENCODED_KEY {
-        return Err(StoreError::InvalidKey {
-            key: key.to_owned(),
-            reason: "too long",
-        });
-    }
-    Ok(out)
-}
-
-fn decode_key(name: &str) -> Option<String> {
-    let mut bytes = Vec::with_capacity(name.len());
-    let mut iter = name.bytes();
-    while let Some(b) = iter.next() {
-        if b == b'%' {
-            let hex = [iter.next()?, iter.next()?];
-            bytes.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-        } else {
-            bytes.push(b);
-        }
-    }
-    String::from_utf8(bytes).ok()
 }

@@ -68,10 +68,11 @@ fn records_survive_reopen_sorted_by_key() {
     let dir = tempfile::tempdir().unwrap();
     let keys = [
         "10.10.1.0/24/10.10.1.5",
-        "fd00:10::/64/fd00:10::5",
+        "fd00:10::5",
         "uid/req:x",
         "ünï cödé",
         ".hidden",
+        "a\nb",
     ];
     {
         let store = Store::open(dir.path()).unwrap();
@@ -90,24 +91,32 @@ fn records_survive_reopen_sorted_by_key() {
     for (key, record) in loaded {
         assert_eq!(record.claim, key);
     }
-    // File names stay inside the kind directory and never start with a dot.
-    for entry in fs::read_dir(dir.path().join(Lease::KIND)).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        assert!(!name.starts_with('.') && !name.contains('/'), "{name}");
-    }
+}
+
+/// Another record kind, to check that kinds do not see each other's keys.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Other(u32);
+
+impl Record for Other {
+    const KIND: &'static str = "test-other";
+    const VERSION: u32 = 1;
 }
 
 #[test]
-fn key_encoding_round_trips_and_rejects_bad_keys() {
-    for key in ["a", "a.b", ".a", "%", "a/b:c d", "ü", "-_."] {
-        let encoded = encode_key(key).unwrap();
-        assert!(!encoded.starts_with('.'), "{encoded}");
-        assert_eq!(decode_key(&encoded).as_deref(), Some(key));
-    }
-    assert!(matches!(encode_key(""), Err(StoreError::InvalidKey { .. })));
+fn kinds_are_separate_and_empty_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.put("k", &lease("c", "10.0.0.1")).unwrap();
+    store.put("k", &Other(7)).unwrap();
+    assert!(store.remove::<Other>("k").unwrap());
+    assert_eq!(
+        store.get::<Lease>("k").unwrap(),
+        Some(lease("c", "10.0.0.1"))
+    );
+    assert!(store.load_all::<Other>().unwrap().is_empty());
     assert!(matches!(
-        encode_key(&"/".repeat(100)),
-        Err(StoreError::InvalidKey { .. })
+        store.put("", &Other(1)),
+        Err(StoreError::EmptyKey { .. })
     ));
 }
 
@@ -121,94 +130,222 @@ fn second_open_of_the_same_dir_is_refused_until_the_first_closes() {
     Store::open(dir.path()).expect("lock released");
 }
 
+/// Writes a journal by hand: the header, then one committed line per JSON entry.
+fn write_journal(dir: &Path, header: &str, entries: &[&str]) -> PathBuf {
+    let mut text = format!("{header}\n");
+    for entry in entries {
+        text.push_str(&encode_line(entry));
+    }
+    let path = dir.join(JOURNAL_FILE);
+    fs::write(&path, text).unwrap();
+    path
+}
+
+const HEADER_V1: &str = r#"{"format":"netclaim-state","version":1}"#;
+
 #[test]
 fn v0_fixture_migrates_to_the_current_version_and_is_written_back() {
     let dir = tempfile::tempdir().unwrap();
-    let kind_dir = dir.path().join(Lease::KIND);
-    fs::create_dir_all(&kind_dir).unwrap();
-    // Written by "version 0" of this record kind.
-    fs::write(
-        kind_dir.join("old.json"),
-        r#"{"version":0,"key":"old","data":{"owner":"uid-0","ip":"10.0.0.9"}}"#,
-    )
-    .unwrap();
-    fs::write(
-        kind_dir.join("mid.json"),
-        r#"{"version":1,"key":"mid","data":{"claim":"uid-1","ip":"10.0.0.8"}}"#,
-    )
-    .unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let loaded = store.load_all::<Lease>().unwrap();
-    assert_eq!(
-        loaded,
-        vec![
-            (
-                "mid".into(),
-                Lease {
-                    claim: "uid-1".into(),
-                    request: "default".into(),
-                    ip: "10.0.0.8".into()
-                }
-            ),
-            (
-                "old".into(),
-                Lease {
-                    claim: "uid-0".into(),
-                    request: "default".into(),
-                    ip: "10.0.0.9".into()
-                }
-            ),
-        ]
+    // Records written by "version 0" and "version 1" of this record kind.
+    write_journal(
+        dir.path(),
+        HEADER_V1,
+        &[
+            r#"{"ops":[{"op":"put","kind":"test-leases","key":"old","version":0,"data":{"owner":"uid-0","ip":"10.0.0.9"}}]}"#,
+            r#"{"ops":[{"op":"put","kind":"test-leases","key":"mid","version":1,"data":{"claim":"uid-1","ip":"10.0.0.8"}}]}"#,
+        ],
     );
-    let on_disk: Value =
-        serde_json::from_slice(&fs::read(kind_dir.join("old.json")).unwrap()).unwrap();
-    assert_eq!(on_disk["version"], json!(Lease::VERSION));
-    assert_eq!(on_disk["data"]["claim"], json!("uid-0"));
+    let expected = vec![
+        (
+            "mid".to_owned(),
+            Lease {
+                claim: "uid-1".into(),
+                request: "default".into(),
+                ip: "10.0.0.8".into(),
+            },
+        ),
+        (
+            "old".to_owned(),
+            Lease {
+                claim: "uid-0".into(),
+                request: "default".into(),
+                ip: "10.0.0.9".into(),
+            },
+        ),
+    ];
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.get::<Lease>("old").unwrap(),
+            Some(expected[1].1.clone())
+        );
+        assert_eq!(store.load_all::<Lease>().unwrap(), expected);
+    }
+    let text = fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    let last: Value =
+        serde_json::from_str(text.lines().last().unwrap().split_once(' ').unwrap().1).unwrap();
+    assert_eq!(
+        last["ops"].as_array().unwrap().len(),
+        2,
+        "both upgrades in one batch: {last}"
+    );
+    assert!(
+        last["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|op| op["version"] == json!(Lease::VERSION))
+    );
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.load_all::<Lease>().unwrap(), expected);
 }
 
 #[test]
-fn newer_version_and_broken_migration_and_corruption_are_errors_naming_the_file() {
-    let cases = [
-        (r#"{"version":3,"key":"k","data":{}}"#, "newer than"),
+fn newer_versions_broken_migrations_and_corruption_are_named_errors() {
+    let put = |version: u32, data: &str| {
+        format!(
+            r#"{{"ops":[{{"op":"put","kind":"test-leases","key":"k","version":{version},"data":{data}}}]}}"#
+        )
+    };
+    // (header, entries, extra bytes appended raw, expected error text at open or load)
+    let good = put(2, r#"{"claim":"c","request":"r","ip":"x"}"#);
+    let cases: Vec<(&str, Vec<String>, String, &str)> = vec![
+        (HEADER_V1, vec![put(3, "{}")], String::new(), "newer than 2"),
         (
-            r#"{"version":0,"key":"k","data":{"ip":"x"}}"#,
+            HEADER_V1,
+            vec![put(0, r#"{"ip":"x"}"#)],
+            String::new(),
             "v0 record without owner",
         ),
         (
-            r#"{"version":2,"key":"k","data":{"claim":"c","request":"r","ip":"x"}"#,
-            "corrupt record",
+            HEADER_V1,
+            vec![put(2, r#"{"claim":"c"}"#)],
+            String::new(),
+            "missing field",
         ),
         (
-            r#"{"version":2,"key":"other","data":{"claim":"c","request":"r","ip":"x"}}"#,
-            "does not match",
+            r#"{"format":"netclaim-state","version":2}"#,
+            vec![],
+            String::new(),
+            "format version 2",
         ),
+        (
+            r#"{"format":"other","version":1}"#,
+            vec![],
+            String::new(),
+            "header format",
+        ),
+        // A complete line with a bad checksum is corruption, even when it is the last.
+        (
+            HEADER_V1,
+            vec![good.clone()],
+            format!("0000000000000000 {good}\n"),
+            "checksum mismatch",
+        ),
+        (HEADER_V1, vec![], "garbage\n".to_owned(), "no checksum"),
     ];
-    for (content, expected) in cases {
+    for (header, entries, raw, expected) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let kind_dir = dir.path().join(Lease::KIND);
-        fs::create_dir_all(&kind_dir).unwrap();
-        fs::write(kind_dir.join("k.json"), content).unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        let err = store.load_all::<Lease>().expect_err(expected).to_string();
-        assert!(err.contains(expected) && err.contains("k.json"), "{err}");
+        let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+        let path = write_journal(dir.path(), header, &entries);
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(raw.as_bytes()).unwrap();
+        let err = match Store::open(dir.path()) {
+            Err(e) => e.to_string(),
+            Ok(store) => store.load_all::<Lease>().expect_err(expected).to_string(),
+        };
+        assert!(err.contains(expected), "expected {expected:?} in: {err}");
     }
 }
 
 #[test]
-fn stale_temp_files_are_removed_at_open() {
+fn a_torn_last_line_is_dropped_and_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let mut batch = Batch::new();
+        batch
+            .put("a", &lease("a", "10.0.0.1"))
+            .unwrap()
+            .put("b", &lease("b", "10.0.0.2"))
+            .unwrap();
+        store.commit(batch).unwrap();
+        let mut batch = Batch::new();
+        batch
+            .put("c", &lease("c", "10.0.0.3"))
+            .unwrap()
+            .remove::<Lease>("a")
+            .unwrap();
+        store.commit(batch).unwrap();
+    }
+    let path = dir.path().join(JOURNAL_FILE);
+    let full = fs::read(&path).unwrap();
+    let second_line_start = full[..full.len() - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    // Every cut inside the last batch loses the whole batch and nothing else.
+    for cut in [
+        second_line_start + 1,
+        second_line_start + 30,
+        full.len() - 1,
+    ] {
+        fs::write(&path, &full[..cut]).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let keys: Vec<String> = store
+            .load_all::<Lease>()
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["a", "b"], "cut at {cut}");
+        drop(store);
+        assert_eq!(
+            fs::read(&path).unwrap().len(),
+            second_line_start,
+            "torn line truncated"
+        );
+    }
+}
+
+#[test]
+fn compaction_keeps_the_records_and_shrinks_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let big = "x".repeat(4000);
+    for i in 0..400 {
+        store
+            .put(&format!("k{}", i % 4), &lease(&format!("{i}"), &big))
+            .unwrap();
+    }
+    store.put("gone", &lease("g", "1")).unwrap();
+    store.remove::<Lease>("gone").unwrap();
+    let len = fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len();
+    assert!(
+        len < 2 * COMPACT_MIN_BYTES,
+        "journal was not compacted: {len} bytes"
+    );
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    let loaded = store.load_all::<Lease>().unwrap();
+    let claims: Vec<&str> = loaded.iter().map(|(_, l)| l.claim.as_str()).collect();
+    assert_eq!(claims, ["396", "397", "398", "399"]);
+}
+
+#[test]
+fn a_stale_compaction_temp_file_is_removed_at_open() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = Store::open(dir.path()).unwrap();
         store.put("a", &lease("uid", "10.0.0.1")).unwrap();
     }
-    let stale = dir.path().join(Lease::KIND).join(".tmp.1234.0");
-    fs::write(&stale, b"{\"version\":2,").unwrap();
+    let stale = dir.path().join(JOURNAL_TEMP);
+    fs::write(&stale, b"{\"format\":").unwrap();
     let store = Store::open(dir.path()).unwrap();
     assert!(!stale.exists());
     assert_eq!(store.load_all::<Lease>().unwrap().len(), 1);
 }
-
-// ---- crash test: a child process writes in a loop, the parent kill -9s it ----
 
 /// Runs `test` of this test binary as a child with `envs`, waits until it printed its first
 /// `ack` line, lets it run `extra_micros` longer, then kills it with SIGKILL. Returns the
@@ -370,17 +507,10 @@ fn kill_9_at_random_moments_never_leaves_a_torn_record() {
                 "round {round}: {key} acked at {seq}, loaded {found:?}"
             );
         }
-        let leftovers = fs::read_dir(dir.path().join(CrashRecord::KIND)).map_or(0, |d| {
-            d.filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with('.')
-            })
-            .count()
-        });
-        assert_eq!(leftovers, 0, "round {round}: temp files survived open");
+        assert!(
+            !dir.path().join(JOURNAL_TEMP).exists(),
+            "round {round}: temp journal survived open"
+        );
     }
     eprintln!(
         "crash test: {rounds} rounds, {rounds_killed_mid_run} killed mid-run, {total_acks} acknowledged writes"
