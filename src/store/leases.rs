@@ -177,7 +177,7 @@ mod tests {
             let (lines, _) = crate::store::tests::run_child_and_kill(
                 "store::leases::tests::kill_9_never_gives_one_address_to_two_claims",
                 &envs,
-                rng.u64(0..60_000),
+                crate::store::tests::KillAt::AfterFirstAck(rng.u64(0..60_000)),
             );
             for line in lines {
                 let parts: Vec<&str> = line.split_whitespace().collect();
