@@ -275,6 +275,18 @@ pub enum ConfigSource {
     Claim,
 }
 
+impl ConfigSource {
+    /// Parses `DeviceAllocationConfiguration.source` (`FromClass` / `FromClaim`).
+    #[must_use]
+    pub fn from_api(source: &str) -> Option<ConfigSource> {
+        match source {
+            "FromClass" => Some(ConfigSource::Class),
+            "FromClaim" => Some(ConfigSource::Claim),
+            _ => None,
+        }
+    }
+}
+
 /// One entry of `status.allocation.devices.config` for this driver.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigEntry {

@@ -978,3 +978,16 @@ fn mac_parse_and_display_are_inverse() {
         assert!(bad.parse::<MacAddr>().is_err(), "{bad}");
     }
 }
+
+#[test]
+fn config_source_parses_the_api_names() {
+    assert_eq!(
+        ConfigSource::from_api("FromClass"),
+        Some(ConfigSource::Class)
+    );
+    assert_eq!(
+        ConfigSource::from_api("FromClaim"),
+        Some(ConfigSource::Claim)
+    );
+    assert_eq!(ConfigSource::from_api("fromclaim"), None);
+}
