@@ -2,7 +2,7 @@
 //! without CNI.
 //!
 //! The life of a claim: the node daemon publishes the node's NICs as DRA devices
-//! (`inventory` → ResourceSlices), kubelet asks it to prepare allocated claims (`kubelet`,
+//! (`inventory` → `ResourceSlices`), kubelet asks it to prepare allocated claims (`kubelet`,
 //! `claims`), the container runtime announces the pod sandbox through NRI (`nri`), the driver
 //! attaches the planned interfaces with netlink (`podnet`, `host`) and reports the result in
 //! the claim status (`k8s`).
@@ -13,8 +13,10 @@
 pub mod cli;
 pub mod host;
 pub mod inventory;
+pub mod ipam;
 pub mod k8s;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod store;
 pub mod telemetry;

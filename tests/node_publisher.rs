@@ -34,7 +34,14 @@ impl Cluster {
         let kubeconfig = dir.path().join("kubeconfig");
         let api = netns.spawn(
             NETCLAIM,
-            &["dev", "--api-only", "--listen", API_LISTEN, "--kubeconfig-out", kubeconfig.to_str().unwrap()],
+            &[
+                "dev",
+                "--api-only",
+                "--listen",
+                API_LISTEN,
+                "--kubeconfig-out",
+                kubeconfig.to_str().unwrap(),
+            ],
             &dir.path().join("api.log"),
         );
         let deadline = Instant::now() + PATIENCE;
@@ -89,7 +96,12 @@ impl Cluster {
     }
 
     /// Waits until `check` holds for the current slices; returns how long it took.
-    fn wait_for(&self, what: &str, node_log: &str, check: impl Fn(&[ResourceSlice]) -> bool) -> Duration {
+    fn wait_for(
+        &self,
+        what: &str,
+        node_log: &str,
+        check: impl Fn(&[ResourceSlice]) -> bool,
+    ) -> Duration {
         let started = Instant::now();
         loop {
             if check(&self.slices()) {
@@ -98,7 +110,10 @@ impl Cluster {
             assert!(
                 started.elapsed() < PATIENCE,
                 "timed out waiting for {what}\nslices: {:#?}\nnode log:\n{}\napi log:\n{}",
-                self.slices().iter().map(|s| (&s.metadata.name, s.spec.pool.generation)).collect::<Vec<_>>(),
+                self.slices()
+                    .iter()
+                    .map(|s| (&s.metadata.name, s.spec.pool.generation))
+                    .collect::<Vec<_>>(),
                 self.log(node_log),
                 self.log("api.log"),
             );
@@ -127,7 +142,10 @@ impl Cluster {
     }
 }
 
-fn device<'a>(slices: &'a [ResourceSlice], if_name: &str) -> Option<&'a k8s_openapi::api::resource::v1::Device> {
+fn device<'a>(
+    slices: &'a [ResourceSlice],
+    if_name: &str,
+) -> Option<&'a k8s_openapi::api::resource::v1::Device> {
     slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).find(|d| {
         d.attributes
             .as_ref()
@@ -175,7 +193,8 @@ fn devices_appear_change_and_disappear() {
     let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
     veth(netns, &parent, &peer);
     let include = format!("{}*", netns.prefix);
-    let _node = cluster.start_node(&["--shared-parents", &parent, "--include-interfaces", &include], "node.log");
+    let _node = cluster
+        .start_node(&["--shared-parents", &parent, "--include-interfaces", &include], "node.log");
 
     let took = cluster.wait_for("the shared parent", "node.log", |s| device(s, &parent).is_some());
     println!("published in {took:?}");

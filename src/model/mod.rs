@@ -2,3 +2,4 @@
 
 pub mod device;
 pub mod names;
+pub mod network_config;

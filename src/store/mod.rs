@@ -1,0 +1,638 @@
+//! Durable, crash-safe record store under the state dir: an append-only, checksummed journal
+//! with one `fdatasync` per commit, an in-memory index, and a versioned format with a
+//! migration path.
+//!
+//! Layout: `<state-dir>/journal` (and `<state-dir>/LOCK`). The first line is a header
+//! `{"format":"netclaim-state","version":1}`; every further line is one committed batch,
+//! `<16 hex digits of SHA-256> <json>\n`, the JSON being `{"ops":[...]}` with `put`
+//! (`kind`, `key`, record `version`, `data`) and `remove` (`kind`, `key`) operations.
+//!
+//! A commit appends one line and `fdatasync`s before returning, so an acknowledged record
+//! survives `kill -9` and power loss, and a batch is all or nothing: a `kill -9` in the
+//! middle of an append leaves a last line without its newline, which the next open drops
+//! (and truncates). A complete line whose checksum does not match is corruption and fails
+//! the open, naming the offset: silently forgetting a lease could give its address to a
+//! second claim. When the journal grows past twice its live size it is compacted (written
+//! to a temp file, fsynced, renamed over the journal, directory fsynced). A `LOCK` file
+//! (flock) keeps a second daemon off the same state dir. Why this and not one file per
+//! record or an embedded database: `docs/decisions/0002-state-store.md`.
+//!
+//! All calls block on disk I/O: async callers use `spawn_blocking`.
+
+mod leases;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Name of the lock file in the state dir.
+const LOCK_FILE: &str = "LOCK";
+/// Name of the journal in the state dir.
+const JOURNAL_FILE: &str = "journal";
+/// Compaction writes here first.
+const JOURNAL_TEMP: &str = "journal.tmp";
+/// The `format` of the header line.
+const FORMAT_NAME: &str = "netclaim-state";
+/// The journal format written by this build.
+pub const FORMAT_VERSION: u32 = 1;
+/// Compact only past this size, so a small state is never rewritten on every commit.
+const COMPACT_MIN_BYTES: u64 = 256 * 1024;
+/// Hex digits of the SHA-256 prefix that guards each line.
+const CHECKSUM_HEX: usize = 16;
+/// How long `open` waits for the lock. A previous daemon may still be exiting, and a fork
+/// in this process (the fd is `O_CLOEXEC`, but a forked child holds the lock until it
+/// execs) holds it for a moment.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// A kind of record kept in the store, with its schema version.
+pub trait Record: Serialize + DeserializeOwned {
+    /// Name of this kind (`claims`, `ipam-leases`); keys are unique per kind.
+    const KIND: &'static str;
+    /// Version of the `data` schema written now.
+    const VERSION: u32;
+
+    /// Upgrades `data` written at version `from` (< [`Record::VERSION`]) to version
+    /// `from + 1`. The store applies it step by step on load and writes the result back.
+    fn migrate(from: u32, data: Value) -> Result<Value, String> {
+        let _ = data;
+        Err(format!("no migration from version {from}"))
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file system call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another process holds the state dir.
+    #[error("state dir {path} is locked by another process")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The journal is damaged (not just a torn last line).
+    #[error("corrupt journal {path} at byte {offset}: {reason}")]
+    Corrupt {
+        /// The journal.
+        path: PathBuf,
+        /// Where the bad line starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The journal was written by a newer netclaim.
+    #[error(
+        "journal {path} has format version {version}, newer than {FORMAT_VERSION} (downgrade?)"
+    )]
+    NewerFormat {
+        /// The journal.
+        path: PathBuf,
+        /// Its format version.
+        version: u32,
+    },
+    /// A record does not decode into its type.
+    #[error("decode {kind} record {key:?}: {source}")]
+    Decode {
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
+        /// The decoder's message.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A record could not be encoded.
+    #[error("encode {kind} record {key:?}: {source}")]
+    Encode {
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
+        /// The encoder's message.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A record written by a newer netclaim.
+    #[error("{kind} record {key:?} has version {version}, newer than {supported} (downgrade?)")]
+    NewerVersion {
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
+        /// Its version.
+        version: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// A migration step failed.
+    #[error("migrate {kind} record {key:?} from version {from}: {reason}")]
+    Migrate {
+        /// Record kind.
+        kind: &'static str,
+        /// Record key.
+        key: String,
+        /// The version the failing step starts from.
+        from: u32,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A record's key does not fit its content (checked by record kinds that derive keys).
+    #[error("{kind} record {key:?} does not match its content")]
+    KeyMismatch {
+        /// Record kind.
+        kind: &'static str,
+        /// The key.
+        key: String,
+    },
+    /// An empty key.
+    #[error("empty {kind} record key")]
+    EmptyKey {
+        /// Record kind.
+        kind: &'static str,
+    },
+    /// A failed append could not be rolled back; the store refuses further writes.
+    #[error("journal {path} is in an unknown state after a failed write; restart to recover")]
+    Poisoned {
+        /// The journal.
+        path: PathBuf,
+    },
+}
+
+fn io_err<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> StoreError + 'p {
+    move |source| StoreError::Io { op, path: path.to_path_buf(), source }
+}
+
+/// The journal header line.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format: String,
+    version: u32,
+}
+
+/// One operation of a committed batch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum Op {
+    Put { kind: String, key: String, version: u32, data: Value },
+    Remove { kind: String, key: String },
+}
+
+/// One journal line.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    ops: Vec<Op>,
+}
+
+/// A record as held in memory: its schema version and raw data.
+#[derive(Debug, Clone)]
+struct Stored {
+    version: u32,
+    data: Value,
+    /// Encoded size, for the compaction threshold.
+    bytes: u64,
+}
+
+/// Changes committed together: all or none survive a crash.
+#[derive(Debug, Default)]
+pub struct Batch {
+    ops: Vec<Op>,
+}
+
+impl Batch {
+    /// An empty batch.
+    #[must_use]
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Adds a create-or-replace of `key`.
+    pub fn put<R: Record>(&mut self, key: &str, record: &R) -> Result<&mut Batch, StoreError> {
+        check_key::<R>(key)?;
+        let data = serde_json::to_value(record).map_err(|source| StoreError::Encode {
+            kind: R::KIND,
+            key: key.to_owned(),
+            source,
+        })?;
+        self.ops.push(Op::Put {
+            kind: R::KIND.to_owned(),
+            key: key.to_owned(),
+            version: R::VERSION,
+            data,
+        });
+        Ok(self)
+    }
+
+    /// Adds a removal of `key` (a no-op if there is none).
+    pub fn remove<R: Record>(&mut self, key: &str) -> Result<&mut Batch, StoreError> {
+        check_key::<R>(key)?;
+        self.ops.push(Op::Remove { kind: R::KIND.to_owned(), key: key.to_owned() });
+        Ok(self)
+    }
+
+    /// Whether the batch holds no change.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+fn check_key<R: Record>(key: &str) -> Result<(), StoreError> {
+    if key.is_empty() { Err(StoreError::EmptyKey { kind: R::KIND }) } else { Ok(()) }
+}
+
+/// The open journal and the state it describes.
+#[derive(Debug)]
+struct Journal {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    records: BTreeMap<(String, String), Stored>,
+    live_bytes: u64,
+    poisoned: bool,
+}
+
+/// The state dir, opened and locked for this process.
+#[derive(Debug)]
+pub struct Store {
+    root: PathBuf,
+    /// Held (flock) for the life of the store; released by the kernel even on `kill -9`.
+    _lock: File,
+    journal: Mutex<Journal>,
+}
+
+impl Store {
+    /// Opens (creating if needed, mode 0700) and locks the state dir, and loads the
+    /// journal, dropping a torn last line.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Store, StoreError> {
+        let root = root.into();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(io_err("create", &root))?;
+        let lock_path = root.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(io_err("open", &lock_path))?;
+        lock_with_patience(&lock, &lock_path)?;
+        let temp = root.join(JOURNAL_TEMP);
+        match fs::remove_file(&temp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(StoreError::Io { op: "remove", path: temp, source });
+            }
+        }
+        let path = root.join(JOURNAL_FILE);
+        if !path.exists() {
+            write_snapshot(&root, &BTreeMap::new())?;
+        }
+        let journal = load_journal(path)?;
+        Ok(Store { root, _lock: lock, journal: Mutex::new(journal) })
+    }
+
+    /// The state dir.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn lock_journal(&self) -> MutexGuard<'_, Journal> {
+        // A panic while holding the lock cannot leave the journal half-applied: memory is
+        // updated only after a successful append, so the data is still consistent.
+        self.journal.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Commits a batch durably: when this returns, every change survives `kill -9` and
+    /// power loss; after a crash during the call, either all or none of them do.
+    pub fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut journal = self.lock_journal();
+        journal.append(&batch.ops)?;
+        journal.apply(batch.ops);
+        if journal.len > COMPACT_MIN_BYTES && journal.len > 2 * journal.live_bytes {
+            // The commit is already durable; a failed compaction only leaves a longer
+            // journal, retried on the next commit.
+            if let Err(e) = journal.compact(&self.root) {
+                tracing::warn!(error = %e, "state journal compaction failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes (creates or replaces) one record durably.
+    pub fn put<R: Record>(&self, key: &str, record: &R) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        batch.put(key, record)?;
+        self.commit(batch)
+    }
+
+    /// Removes one record durably; `false` when there was none.
+    pub fn remove<R: Record>(&self, key: &str) -> Result<bool, StoreError> {
+        check_key::<R>(key)?;
+        if !self.lock_journal().records.contains_key(&(R::KIND.to_owned(), key.to_owned())) {
+            return Ok(false);
+        }
+        let mut batch = Batch::new();
+        batch.remove::<R>(key)?;
+        self.commit(batch)?;
+        Ok(true)
+    }
+
+    /// Reads one record (migrating an older version in memory).
+    pub fn get<R: Record>(&self, key: &str) -> Result<Option<R>, StoreError> {
+        let stored =
+            self.lock_journal().records.get(&(R::KIND.to_owned(), key.to_owned())).cloned();
+        stored.map(|s| decode_record::<R>(key, s).map(|(record, _)| record)).transpose()
+    }
+
+    /// Every record of a kind, sorted by key. Records of an older version are migrated and
+    /// written back, so each migration runs once.
+    pub fn load_all<R: Record>(&self) -> Result<Vec<(String, R)>, StoreError> {
+        let stored: Vec<(String, Stored)> = {
+            let journal = self.lock_journal();
+            journal
+                .records
+                .range((R::KIND.to_owned(), String::new())..)
+                .take_while(|((kind, _), _)| kind == R::KIND)
+                .map(|((_, key), s)| (key.clone(), s.clone()))
+                .collect()
+        };
+        let mut out = Vec::with_capacity(stored.len());
+        let mut upgrades = Batch::new();
+        for (key, s) in stored {
+            let (record, migrated) = decode_record::<R>(&key, s)?;
+            if migrated {
+                upgrades.put(&key, &record)?;
+            }
+            out.push((key, record));
+        }
+        self.commit(upgrades)?;
+        Ok(out)
+    }
+}
+
+impl Journal {
+    /// Appends one line and makes it durable; on failure the journal is cut back to its
+    /// previous length so no partial line sits before later commits.
+    fn append(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned { path: self.path.clone() });
+        }
+        let json = serde_json::to_string(&EntryRef { ops })
+            .map_err(|source| StoreError::Encode { kind: "journal", key: String::new(), source })?;
+        let line = encode_line(&json);
+        let result = self
+            .file
+            .write_all(line.as_bytes())
+            .map_err(io_err("append", &self.path))
+            // fdatasync: the appended bytes and the new size, not the timestamps.
+            .and_then(|()| self.file.sync_data().map_err(io_err("fdatasync", &self.path)));
+        match result {
+            Ok(()) => {
+                self.len += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                if self.file.set_len(self.len).and_then(|()| self.file.sync_data()).is_err() {
+                    self.poisoned = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn apply(&mut self, ops: Vec<Op>) {
+        for op in ops {
+            match op {
+                Op::Put { kind, key, version, data } => {
+                    let bytes = encoded_size(&data);
+                    self.live_bytes += bytes;
+                    if let Some(old) =
+                        self.records.insert((kind, key), Stored { version, data, bytes })
+                    {
+                        self.live_bytes -= old.bytes;
+                    }
+                }
+                Op::Remove { kind, key } => {
+                    if let Some(old) = self.records.remove(&(kind, key)) {
+                        self.live_bytes -= old.bytes;
+                    }
+                }
+            }
+        }
+    }
+
+    fn compact(&mut self, root: &Path) -> Result<(), StoreError> {
+        let len = write_snapshot(root, &self.records)?;
+        self.file = open_append(&self.path)?;
+        self.len = len;
+        Ok(())
+    }
+}
+
+/// Serialises a borrowed batch the same way as [`Entry`].
+#[derive(Serialize)]
+struct EntryRef<'a> {
+    ops: &'a [Op],
+}
+
+fn encoded_size(data: &Value) -> u64 {
+    // Key and envelope overhead are small next to the data; this only steers compaction.
+    serde_json::to_string(data).map_or(0, |s| s.len() as u64) + 64
+}
+
+fn checksum(json: &str) -> String {
+    let digest = Sha256::digest(json.as_bytes());
+    digest.iter().take(CHECKSUM_HEX / 2).fold(String::with_capacity(CHECKSUM_HEX), |mut s, b| {
+        use std::fmt::Write as _;
+        // Writing to a String cannot fail.
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// `<checksum> <json>\n`
+fn encode_line(json: &str) -> String {
+    format!("{} {json}\n", checksum(json))
+}
+
+/// Writes a complete journal holding `records` to the temp file and renames it over the
+/// journal; returns its length.
+fn write_snapshot(
+    root: &Path,
+    records: &BTreeMap<(String, String), Stored>,
+) -> Result<u64, StoreError> {
+    let temp = root.join(JOURNAL_TEMP);
+    let path = root.join(JOURNAL_FILE);
+    let mut text =
+        serde_json::to_string(&Header { format: FORMAT_NAME.to_owned(), version: FORMAT_VERSION })
+            .map_err(|source| StoreError::Encode { kind: "journal", key: String::new(), source })?;
+    text.push('\n');
+    for ((kind, key), stored) in records {
+        let ops = [Op::Put {
+            kind: kind.clone(),
+            key: key.clone(),
+            version: stored.version,
+            data: stored.data.clone(),
+        }];
+        let json = serde_json::to_string(&EntryRef { ops: &ops })
+            .map_err(|source| StoreError::Encode { kind: "journal", key: key.clone(), source })?;
+        text.push_str(&encode_line(&json));
+    }
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(io_err("create", &temp))?;
+        file.write_all(text.as_bytes()).map_err(io_err("write", &temp))?;
+        // Data must be on disk before the rename makes it the journal.
+        file.sync_all().map_err(io_err("fsync", &temp))?;
+        fs::rename(&temp, &path).map_err(io_err("rename", &path))?;
+        // The rename itself is durable only once the directory is synced.
+        File::open(root).and_then(|d| d.sync_all()).map_err(io_err("fsync", root))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result.map(|()| text.len() as u64)
+}
+
+fn open_append(path: &Path) -> Result<File, StoreError> {
+    OpenOptions::new().append(true).open(path).map_err(io_err("open", path))
+}
+
+/// Reads the journal: header, then committed lines; a last line without its newline is a
+/// torn append and is cut off.
+fn load_journal(path: PathBuf) -> Result<Journal, StoreError> {
+    let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+    let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
+        path: path.clone(),
+        offset: offset as u64,
+        reason,
+    };
+    let header_end = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| corrupt(0, "no header line".to_owned()))?;
+    let header: Header = serde_json::from_slice(&bytes[..header_end])
+        .map_err(|e| corrupt(0, format!("header: {e}")))?;
+    if header.format != FORMAT_NAME {
+        return Err(corrupt(0, format!("header format {:?}", header.format)));
+    }
+    if header.version > FORMAT_VERSION {
+        return Err(StoreError::NewerFormat { path, version: header.version });
+    }
+    // Format version 1 is the first; a later format adds its upgrade step here.
+    let mut journal = Journal {
+        file: open_append(&path)?,
+        path: path.clone(),
+        len: 0,
+        records: BTreeMap::new(),
+        live_bytes: 0,
+        poisoned: false,
+    };
+    let mut offset = header_end + 1;
+    while offset < bytes.len() {
+        let Some(newline) = bytes[offset..].iter().position(|b| *b == b'\n') else {
+            break; // torn last append: never acknowledged
+        };
+        let line = std::str::from_utf8(&bytes[offset..offset + newline])
+            .map_err(|e| corrupt(offset, format!("not UTF-8: {e}")))?;
+        let (sum, json) =
+            line.split_once(' ').ok_or_else(|| corrupt(offset, "no checksum".to_owned()))?;
+        if sum != checksum(json) {
+            return Err(corrupt(offset, "checksum mismatch".to_owned()));
+        }
+        let entry: Entry =
+            serde_json::from_str(json).map_err(|e| corrupt(offset, e.to_string()))?;
+        journal.apply(entry.ops);
+        offset += newline + 1;
+    }
+    if offset < bytes.len() {
+        journal
+            .file
+            .set_len(offset as u64)
+            .and_then(|()| journal.file.sync_data())
+            .map_err(io_err("truncate", &path))?;
+    }
+    journal.len = offset as u64;
+    Ok(journal)
+}
+
+/// Decodes a stored record: `(record, whether it was migrated)`.
+fn decode_record<R: Record>(key: &str, stored: Stored) -> Result<(R, bool), StoreError> {
+    if stored.version > R::VERSION {
+        return Err(StoreError::NewerVersion {
+            kind: R::KIND,
+            key: key.to_owned(),
+            version: stored.version,
+            supported: R::VERSION,
+        });
+    }
+    let mut data = stored.data;
+    for from in stored.version..R::VERSION {
+        data = R::migrate(from, data).map_err(|reason| StoreError::Migrate {
+            kind: R::KIND,
+            key: key.to_owned(),
+            from,
+            reason,
+        })?;
+    }
+    let record = serde_json::from_value(data).map_err(|source| StoreError::Decode {
+        kind: R::KIND,
+        key: key.to_owned(),
+        source,
+    })?;
+    Ok((record, stored.version < R::VERSION))
+}
+
+fn lock_with_patience(lock: &File, path: &Path) -> Result<(), StoreError> {
+    let deadline = Instant::now() + LOCK_PATIENCE;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked { path: path.to_path_buf() });
+            }
+            Err(fs::TryLockError::Error(source)) => {
+                return Err(StoreError::Io { op: "lock", path: path.to_path_buf(), source });
+            }
+        }
+    }
+}
