@@ -506,3 +506,237 @@ impl AsyncWrite for MuxConn {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    /// A ttrpc-shaped message (10-byte header with the body length) with a recognisable body.
+    fn ttrpc_message(stream_id: u32, body_len: usize) -> Vec<u8> {
+        let mut m = Vec::with_capacity(TTRPC_HEADER_LEN + body_len);
+        m.extend_from_slice(&u32::try_from(body_len).unwrap().to_be_bytes());
+        m.extend_from_slice(&stream_id.to_be_bytes());
+        m.extend_from_slice(&[1, 0]);
+        m.extend((0..body_len).map(|i| u8::try_from(i % 251).unwrap()));
+        m
+    }
+
+    fn raw_frame(conn: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = conn.to_be_bytes().to_vec();
+        f.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    async fn read_raw_frame(s: &mut UnixStream) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 8];
+        s.read_exact(&mut h).await.unwrap();
+        let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).await.unwrap();
+        (u32::from_be_bytes([h[0], h[1], h[2], h[3]]), p)
+    }
+
+    #[test]
+    fn messages_are_cut_like_go_bufio_writes_them() {
+        let sizes = |m: Vec<u8>| go_frames(m).iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(sizes(vec![0; 10]), [10]);
+        assert_eq!(sizes(vec![0; 4096]), [4096]);
+        assert_eq!(sizes(vec![0; 4097]), [4096, 1]);
+        assert_eq!(sizes(vec![0; 8192]), [4096, 4096]);
+        assert_eq!(sizes(vec![0; MAX_FRAME_PAYLOAD]), [4096, MAX_FRAME_PAYLOAD - 4096]);
+        let message = ttrpc_message(1, 10_000);
+        assert_eq!(go_frames(message.clone()).concat(), message);
+    }
+
+    #[tokio::test]
+    async fn large_message_goes_out_as_two_frames_and_arrives_whole() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut conn = mux.open(PLUGIN_SERVICE_CONN).unwrap();
+        let small = ttrpc_message(1, 20);
+        let large = ttrpc_message(3, 3 << 20);
+        // Written in odd pieces: the framer must find message boundaries itself.
+        let both = [small.clone(), large.clone()].concat();
+        let writer = tokio::spawn(async move {
+            for piece in both.chunks(7_777) {
+                conn.write_all(piece).await.unwrap();
+            }
+            conn
+        });
+        let frames: Vec<_> = tokio::time::timeout(WAIT, async {
+            let mut frames = Vec::new();
+            for _ in 0..3 {
+                frames.push(read_raw_frame(&mut peer).await);
+            }
+            frames
+        })
+        .await
+        .unwrap();
+        let _conn = writer.await.unwrap();
+        assert!(frames.iter().all(|(id, _)| *id == 1));
+        assert_eq!(frames[0].1, small);
+        assert_eq!(frames[1].1.len(), GO_BUFIO_SIZE);
+        assert_eq!(frames[2].1.len(), large.len() - GO_BUFIO_SIZE);
+        assert_eq!([frames[1].1.clone(), frames[2].1.clone()].concat(), large);
+    }
+
+    #[tokio::test]
+    async fn split_and_merged_frames_read_as_one_byte_stream() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut plugin = mux.open(PLUGIN_SERVICE_CONN).unwrap();
+        let mut runtime = mux.open(RUNTIME_SERVICE_CONN).unwrap();
+        let a = ttrpc_message(1, 50_000);
+        let b = ttrpc_message(2, 300);
+        // conn 1 gets `a` in 1-byte, 13-byte and large pieces; conn 2's bytes are interleaved;
+        // a frame for an unopened connection (7) is dropped.
+        let mut wire = Vec::new();
+        wire.extend(raw_frame(1, &a[..1]));
+        wire.extend(raw_frame(2, &b[..100]));
+        wire.extend(raw_frame(1, &a[1..14]));
+        wire.extend(raw_frame(7, b"ignored"));
+        wire.extend(raw_frame(1, &[]));
+        wire.extend(raw_frame(1, &a[14..]));
+        wire.extend(raw_frame(2, &b[100..]));
+        peer.write_all(&wire).await.unwrap();
+        let mut got_a = vec![0u8; a.len()];
+        let mut got_b = vec![0u8; b.len()];
+        tokio::time::timeout(WAIT, async {
+            plugin.read_exact(&mut got_a).await.unwrap();
+            runtime.read_exact(&mut got_b).await.unwrap();
+        })
+        .await
+        .unwrap();
+        assert_eq!(got_a, a);
+        assert_eq!(got_b, b);
+        drop(peer);
+        assert!(tokio::time::timeout(WAIT, mux.closed()).await.unwrap().is_ok());
+        // Clean EOF reaches the logical connections.
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(WAIT, plugin.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn peer_dying_mid_frame_is_an_error_not_a_hang() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut conn = mux.open(PLUGIN_SERVICE_CONN).unwrap();
+        let mut partial = 1u32.to_be_bytes().to_vec();
+        partial.extend_from_slice(&5000u32.to_be_bytes());
+        partial.extend_from_slice(&[0u8; 100]);
+        peer.write_all(&partial).await.unwrap();
+        drop(peer);
+        let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
+        assert!(
+            matches!(
+                closed,
+                Err(MuxError::TruncatedFrame {
+                    conn: 1,
+                    got: 100,
+                    want: 5000
+                })
+            ),
+            "{closed:?}"
+        );
+        let mut buf = Vec::new();
+        let n = tokio::time::timeout(WAIT, conn.read_to_end(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 0, "the logical connection ends at the failure");
+        assert!(matches!(mux.open(ConnId(3)), Err(MuxError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn peer_dying_mid_header_is_an_error() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        peer.write_all(&[0, 0, 0, 1, 0]).await.unwrap();
+        drop(peer);
+        let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
+        assert!(
+            matches!(closed, Err(MuxError::TruncatedFrame { conn: 0, got: 5, want: 8 })),
+            "{closed:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn oversized_frame_is_refused() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut header = 2u32.to_be_bytes().to_vec();
+        header.extend_from_slice(&u32::MAX.to_be_bytes());
+        peer.write_all(&header).await.unwrap();
+        let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
+        assert!(matches!(closed, Err(MuxError::FrameTooLarge { conn: 2, .. })), "{closed:?}");
+    }
+
+    #[tokio::test]
+    async fn connection_ids_are_checked() {
+        let (ours, _peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        assert!(matches!(mux.open(ConnId(0)), Err(MuxError::ReservedConnId)));
+        let _c = mux.open(PLUGIN_SERVICE_CONN).unwrap();
+        assert!(matches!(
+            mux.open(PLUGIN_SERVICE_CONN),
+            Err(MuxError::AlreadyOpen(PLUGIN_SERVICE_CONN))
+        ));
+    }
+
+    #[tokio::test]
+    async fn shutdown_flushes_queued_frames_then_closes_the_socket() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut conn = mux.open(RUNTIME_SERVICE_CONN).unwrap();
+        let message = ttrpc_message(1, 64);
+        conn.write_all(&message).await.unwrap();
+        let (id, payload) = tokio::time::timeout(WAIT, read_raw_frame(&mut peer))
+            .await
+            .unwrap();
+        assert_eq!((id, payload), (2, message));
+        mux.shutdown();
+        assert!(tokio::time::timeout(WAIT, mux.closed()).await.unwrap().is_ok());
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(WAIT, peer.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 0, "the peer sees EOF after shutdown");
+    }
+
+    #[tokio::test]
+    async fn two_muxes_carry_both_directions_with_back_pressure() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (left, right) = (Mux::new(a), Mux::new(b));
+        let mut l1 = left.open(PLUGIN_SERVICE_CONN).unwrap();
+        let mut r1 = right.open(PLUGIN_SERVICE_CONN).unwrap();
+        // Far more than all buffers together: the writer must wait for the reader.
+        let messages: Vec<_> = (0..40).map(|i| ttrpc_message(i, 100_000)).collect();
+        let expected = messages.concat();
+        let writer = tokio::spawn(async move {
+            for m in messages {
+                l1.write_all(&m).await.unwrap();
+            }
+            l1
+        });
+        let mut got = vec![0u8; expected.len()];
+        tokio::time::timeout(WAIT, r1.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got == expected);
+        let _l1 = writer.await.unwrap();
+    }
+}
