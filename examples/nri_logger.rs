@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use netclaim::nri::{
-    Container, Event, EventMask, HandlerError, Plugin, PluginHandler, PluginOptions,
-    PluginStatus, PodSandbox,
+    Container, Event, EventMask, HandlerError, Plugin, PluginHandler, PluginOptions, PluginStatus,
+    PodSandbox,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -61,7 +61,11 @@ struct Logger {
 impl PluginHandler for Logger {
     async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), HandlerError> {
         let names: Vec<_> = pods.iter().map(|p| p.name.as_str()).collect();
-        emit(&format!("synchronize pods={} names={}", pods.len(), names.join(",")));
+        emit(&format!(
+            "synchronize pods={} names={}",
+            pods.len(),
+            names.join(",")
+        ));
         Ok(())
     }
 
@@ -121,8 +125,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args = Args::parse();

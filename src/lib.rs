@@ -10,6 +10,6 @@
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
-pub mod model;
 pub mod cri;
+pub mod model;
 pub mod nri;

@@ -26,8 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf, ReadHalf,
-    WriteHalf,
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf, ReadHalf, WriteHalf,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -94,7 +93,9 @@ pub enum MuxError {
         len: usize,
     },
     /// A local writer produced a ttrpc message larger than ttrpc allows.
-    #[error("outgoing ttrpc message on connection {conn} has a {len}-byte body (limit {TTRPC_MAX_BODY})")]
+    #[error(
+        "outgoing ttrpc message on connection {conn} has a {len}-byte body (limit {TTRPC_MAX_BODY})"
+    )]
     MessageTooLarge {
         /// Connection the message was written to.
         conn: ConnId,
@@ -551,7 +552,10 @@ mod tests {
         assert_eq!(sizes(vec![0; 4096]), [4096]);
         assert_eq!(sizes(vec![0; 4097]), [4096, 1]);
         assert_eq!(sizes(vec![0; 8192]), [4096, 4096]);
-        assert_eq!(sizes(vec![0; MAX_FRAME_PAYLOAD]), [4096, MAX_FRAME_PAYLOAD - 4096]);
+        assert_eq!(
+            sizes(vec![0; MAX_FRAME_PAYLOAD]),
+            [4096, MAX_FRAME_PAYLOAD - 4096]
+        );
         let message = ttrpc_message(1, 10_000);
         assert_eq!(go_frames(message.clone()).concat(), message);
     }
@@ -618,7 +622,12 @@ mod tests {
         assert_eq!(got_a, a);
         assert_eq!(got_b, b);
         drop(peer);
-        assert!(tokio::time::timeout(WAIT, mux.closed()).await.unwrap().is_ok());
+        assert!(
+            tokio::time::timeout(WAIT, mux.closed())
+                .await
+                .unwrap()
+                .is_ok()
+        );
         // Clean EOF reaches the logical connections.
         let mut rest = Vec::new();
         let n = tokio::time::timeout(WAIT, plugin.read_to_end(&mut rest))
@@ -667,7 +676,14 @@ mod tests {
         drop(peer);
         let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
         assert!(
-            matches!(closed, Err(MuxError::TruncatedFrame { conn: 0, got: 5, want: 8 })),
+            matches!(
+                closed,
+                Err(MuxError::TruncatedFrame {
+                    conn: 0,
+                    got: 5,
+                    want: 8
+                })
+            ),
             "{closed:?}"
         );
     }
@@ -680,7 +696,10 @@ mod tests {
         header.extend_from_slice(&u32::MAX.to_be_bytes());
         peer.write_all(&header).await.unwrap();
         let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
-        assert!(matches!(closed, Err(MuxError::FrameTooLarge { conn: 2, .. })), "{closed:?}");
+        assert!(
+            matches!(closed, Err(MuxError::FrameTooLarge { conn: 2, .. })),
+            "{closed:?}"
+        );
     }
 
     #[tokio::test]
@@ -707,7 +726,12 @@ mod tests {
             .unwrap();
         assert_eq!((id, payload), (2, message));
         mux.shutdown();
-        assert!(tokio::time::timeout(WAIT, mux.closed()).await.unwrap().is_ok());
+        assert!(
+            tokio::time::timeout(WAIT, mux.closed())
+                .await
+                .unwrap()
+                .is_ok()
+        );
         let mut rest = Vec::new();
         let n = tokio::time::timeout(WAIT, peer.read_to_end(&mut rest))
             .await

@@ -270,7 +270,11 @@ impl<H: PluginHandler> Plugin<H> {
         let mut delay = self.options.reconnect_initial;
         loop {
             let outcome = self.run_once(&shutdown).await;
-            self.status.send_replace(PluginStatus::Disconnected);
+            self.status.send_if_modified(|s| {
+                let changed = *s != PluginStatus::Disconnected;
+                *s = PluginStatus::Disconnected;
+                changed
+            });
             match outcome {
                 Ok(SessionEnd::LocalShutdown) => return,
                 Ok(end) => {
@@ -326,15 +330,14 @@ impl<H: PluginHandler> Plugin<H> {
         let mut server = Server::new()
             .add_listener(listener)
             .register_service(api_ttrpc::create_plugin(Arc::clone(&session) as _));
-        server
-            .start()
-            .await
-            .map_err(|source| PluginError::Ttrpc {
-                op: "starting plugin service",
-                source,
-            })?;
+        server.start().await.map_err(|source| PluginError::Ttrpc {
+            op: "starting plugin service",
+            source,
+        })?;
 
-        let result = self.register_and_serve(&mux, runtime_conn, &session, shutdown).await;
+        let result = self
+            .register_and_serve(&mux, runtime_conn, &session, shutdown)
+            .await;
         let _ = server.shutdown().await;
         mux.shutdown();
         result
@@ -447,7 +450,11 @@ impl<H: PluginHandler> Session<H> {
                 )))
             }
             Err(_elapsed) => {
-                tracing::warn!(event = what, ?deadline, "NRI handler missed its deadline; it keeps running");
+                tracing::warn!(
+                    event = what,
+                    ?deadline,
+                    "NRI handler missed its deadline; it keeps running"
+                );
                 Err(ttrpc::Error::RpcStatus(get_status(
                     Code::DEADLINE_EXCEEDED,
                     format!("{what} handler did not finish within {deadline:?}"),
@@ -460,12 +467,17 @@ impl<H: PluginHandler> Session<H> {
         tracing::debug!(?event, %pod, netns = ?pod.netns_path, "NRI pod event");
         match event {
             Event::RunPodSandbox => {
-                self.call("RunPodSandbox", |h| async move { h.run_pod_sandbox(pod).await })
-                    .await
+                self.call(
+                    "RunPodSandbox",
+                    |h| async move { h.run_pod_sandbox(pod).await },
+                )
+                .await
             }
             Event::StopPodSandbox => {
-                self.call("StopPodSandbox", |h| async move { h.stop_pod_sandbox(pod).await })
-                    .await
+                self.call("StopPodSandbox", |h| async move {
+                    h.stop_pod_sandbox(pod).await
+                })
+                .await
             }
             Event::RemovePodSandbox => {
                 self.call("RemovePodSandbox", |h| async move {
@@ -545,7 +557,11 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
             }
             std::mem::take(&mut *pending)
         };
-        tracing::info!(pods = pods.len(), containers = req.containers.len(), "synchronizing with NRI runtime");
+        tracing::info!(
+            pods = pods.len(),
+            containers = req.containers.len(),
+            "synchronizing with NRI runtime"
+        );
         self.call("Synchronize", |h| async move { h.synchronize(pods).await })
             .await?;
         if let Some(info) = self
@@ -570,7 +586,8 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         _ctx: &TtrpcContext,
         req: api::RunPodSandboxRequest,
     ) -> ttrpc::Result<api::RunPodSandboxResponse> {
-        self.pod_event(Event::RunPodSandbox, pod_of(&req.pod)).await?;
+        self.pod_event(Event::RunPodSandbox, pod_of(&req.pod))
+            .await?;
         Ok(api::RunPodSandboxResponse::default())
     }
 
@@ -589,7 +606,8 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         _ctx: &TtrpcContext,
         req: api::StopPodSandboxRequest,
     ) -> ttrpc::Result<api::StopPodSandboxResponse> {
-        self.pod_event(Event::StopPodSandbox, pod_of(&req.pod)).await?;
+        self.pod_event(Event::StopPodSandbox, pod_of(&req.pod))
+            .await?;
         Ok(api::StopPodSandboxResponse::default())
     }
 
@@ -652,13 +670,19 @@ mod tests {
         assert!(PluginOptions::new("a_b.c+d-e", "00").is_ok());
         for idx in ["1", "100", "ab", "", "1x"] {
             assert!(
-                matches!(PluginOptions::new("x", idx), Err(PluginError::InvalidIndex(_))),
+                matches!(
+                    PluginOptions::new("x", idx),
+                    Err(PluginError::InvalidIndex(_))
+                ),
                 "{idx}"
             );
         }
         for name in ["", "has space", "slash/y", "ünï"] {
             assert!(
-                matches!(PluginOptions::new(name, "10"), Err(PluginError::InvalidName(_))),
+                matches!(
+                    PluginOptions::new(name, "10"),
+                    Err(PluginError::InvalidName(_))
+                ),
                 "{name}"
             );
         }

@@ -310,21 +310,30 @@ impl NriRuntime {
                     Event::RunPodSandbox => c
                         .run_pod_sandbox(
                             no_ctx(),
-                            &api::RunPodSandboxRequest { pod: pod(), ..Default::default() },
+                            &api::RunPodSandboxRequest {
+                                pod: pod(),
+                                ..Default::default()
+                            },
                         )
                         .await
                         .map(drop),
                     Event::StopPodSandbox => c
                         .stop_pod_sandbox(
                             no_ctx(),
-                            &api::StopPodSandboxRequest { pod: pod(), ..Default::default() },
+                            &api::StopPodSandboxRequest {
+                                pod: pod(),
+                                ..Default::default()
+                            },
                         )
                         .await
                         .map(drop),
                     _ => c
                         .remove_pod_sandbox(
                             no_ctx(),
-                            &api::RemovePodSandboxRequest { pod: pod(), ..Default::default() },
+                            &api::RemovePodSandboxRequest {
+                                pod: pod(),
+                                ..Default::default()
+                            },
                         )
                         .await
                         .map(drop),
@@ -394,12 +403,14 @@ async fn with_timeout<T>(
     timeout: Duration,
     call: impl Future<Output = ttrpc::Result<T>>,
 ) -> ttrpc::Result<T> {
-    tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
-        Err(ttrpc::Error::RpcStatus(get_status(
-            Code::DEADLINE_EXCEEDED,
-            format!("{TIMEOUT_MARK} after {timeout:?}"),
-        )))
-    })
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ttrpc::Error::RpcStatus(get_status(
+                Code::DEADLINE_EXCEEDED,
+                format!("{TIMEOUT_MARK} after {timeout:?}"),
+            )))
+        })
 }
 
 fn no_ctx() -> ttrpc::context::Context {
@@ -485,18 +496,18 @@ impl api_ttrpc::Runtime for RuntimeService {
 
 async fn serve_plugin(stream: UnixStream, shared: Arc<Shared>) {
     let mux = Mux::new(stream);
-    let (Ok(plugin_conn), Ok(runtime_conn)) =
-        (mux.open(PLUGIN_SERVICE_CONN), mux.open(RUNTIME_SERVICE_CONN))
-    else {
+    let (Ok(plugin_conn), Ok(runtime_conn)) = (
+        mux.open(PLUGIN_SERVICE_CONN),
+        mux.open(RUNTIME_SERVICE_CONN),
+    ) else {
         return;
     };
     let (reg_tx, reg_rx) = oneshot::channel();
     let service = Arc::new(RuntimeService {
         registration: Mutex::new(Some(reg_tx)),
     });
-    let listener = Listener::new(
-        futures::stream::iter([Ok(runtime_conn)]).chain(futures::stream::pending()),
-    );
+    let listener =
+        Listener::new(futures::stream::iter([Ok(runtime_conn)]).chain(futures::stream::pending()));
     let mut server = Server::new()
         .add_listener(listener)
         .register_service(api_ttrpc::create_runtime(service));
@@ -566,9 +577,12 @@ async fn configure_and_sync(
         NRI_version: options.protocol.nri_version().to_owned(),
         ..Default::default()
     };
-    let reply = with_timeout(options.request_timeout, client.configure(no_ctx(), &configure))
-        .await
-        .map_err(|e| format!("Configure failed: {e}"))?;
+    let reply = with_timeout(
+        options.request_timeout,
+        client.configure(no_ctx(), &configure),
+    )
+    .await
+    .map_err(|e| format!("Configure failed: {e}"))?;
     let valid = options.protocol.valid_events();
     let events = match u32::try_from(reply.events) {
         Ok(0) => valid,

@@ -182,7 +182,11 @@ impl From<&api::PodSandbox> for PodSandbox {
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             netns_path,
-            labels: pod.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            labels: pod
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             annotations: pod
                 .annotations
                 .iter()
@@ -200,7 +204,11 @@ impl From<&PodSandbox> for api::PodSandbox {
             uid: pod.uid.clone(),
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
-            labels: pod.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            labels: pod
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             annotations: pod
                 .annotations
                 .iter()
@@ -263,9 +271,18 @@ mod tests {
     fn bits_unknown_to_old_runtimes_are_dropped() {
         let mask = EventMask::POD_SANDBOX_LIFECYCLE.with(Event::UpdatePodSandbox);
         assert_eq!(mask.for_runtime(&NriVersion::Unknown), EventMask(0x7));
-        assert_eq!(mask.for_runtime(&NriVersion::parse("v0.8.0")), EventMask(0x7));
-        assert_eq!(mask.for_runtime(&NriVersion::parse("v0.12.2")), EventMask(0x807));
-        assert_eq!(EventMask(0xFFFF).for_runtime(&NriVersion::Unknown), EventMask(0x7FF));
+        assert_eq!(
+            mask.for_runtime(&NriVersion::parse("v0.8.0")),
+            EventMask(0x7)
+        );
+        assert_eq!(
+            mask.for_runtime(&NriVersion::parse("v0.12.2")),
+            EventMask(0x807)
+        );
+        assert_eq!(
+            EventMask(0xFFFF).for_runtime(&NriVersion::Unknown),
+            EventMask(0x7FF)
+        );
     }
 
     #[test]
@@ -274,7 +291,10 @@ mod tests {
         assert_eq!(NriVersion::parse("garbage"), NriVersion::Unknown);
         assert_eq!(
             NriVersion::parse("v0.12.2-rc.1"),
-            NriVersion::Known { major: 0, minor: 12 }
+            NriVersion::Known {
+                major: 0,
+                minor: 12
+            }
         );
         assert!(NriVersion::parse("1.0").at_least(0, 12));
         assert!(!NriVersion::parse("v0.11.0").at_least(0, 12));
