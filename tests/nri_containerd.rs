@@ -119,7 +119,7 @@ struct World {
     tools: Tools,
     bridge: String,
     containerd: Option<Child>,
-    plugin: Option<Child>,
+    plugins: Vec<Child>,
     lines: Option<mpsc::Receiver<String>>,
     /// Network namespaces containerd made for our pods (removed if a pod is left over).
     netns_paths: Vec<PathBuf>,
@@ -137,7 +137,7 @@ impl World {
             tools,
             bridge,
             containerd: None,
-            plugin: None,
+            plugins: Vec::new(),
             lines: None,
             netns_paths: Vec::new(),
         };
@@ -308,19 +308,13 @@ state = "{state}"
         assert!(status.success(), "ctr images import failed");
     }
 
-    fn start_plugin(&mut self, refuse_pod: &str) {
-        let log = fs::File::create(self.path("plugin.log")).unwrap();
+    /// Starts an `nri_logger` with `args`; its stdout lines arrive on the returned channel.
+    fn spawn_plugin(&mut self, log_name: &str, args: &[&str]) -> mpsc::Receiver<String> {
+        let log = fs::File::create(self.path(log_name)).unwrap();
         let mut child = Command::new(&self.tools.plugin)
             .arg("--socket")
             .arg(self.nri_socket())
-            .args([
-                "--index",
-                "50",
-                "--refuse-pod",
-                refuse_pod,
-                "--reconnect-max-ms",
-                "500",
-            ])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -328,37 +322,37 @@ state = "{state}"
             .expect("starting the nri_logger example");
         let stdout = child.stdout.take().expect("stdout is piped");
         let (tx, rx) = mpsc::channel();
+        let tag = log_name.trim_end_matches(".log").to_owned();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                println!("plugin: {line}");
+                println!("{tag}: {line}");
                 if tx.send(line).is_err() {
                     break;
                 }
             }
         });
-        self.plugin = Some(child);
-        self.lines = Some(rx);
+        self.plugins.push(child);
+        rx
+    }
+
+    fn start_plugin(&mut self, refuse_pod: &str) {
+        let args = [
+            "--index",
+            "50",
+            "--refuse-pod",
+            refuse_pod,
+            "--reconnect-max-ms",
+            "500",
+        ];
+        let lines = self.spawn_plugin("plugin.log", &args);
+        self.lines = Some(lines);
     }
 
     /// Waits for the plugin's next `EVENT` line that starts with `prefix`; earlier lines are
     /// skipped.
     fn expect_line(&self, prefix: &str) -> String {
-        let lines = self.lines.as_ref().expect("plugin started");
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("EVENT ")
-                        && rest.starts_with(prefix)
-                    {
-                        return rest.to_owned();
-                    }
-                }
-                Err(e) => panic!("no plugin line starting with {prefix:?}: {e}"),
-            }
-        }
+        expect_line(self.lines.as_ref().expect("plugin started"), prefix)
     }
 
     /// Stops and removes every sandbox of our containerd (ends the shims and pause processes
@@ -392,7 +386,7 @@ state = "{state}"
         {
             println!("{line}");
         }
-        for log in ["containerd.log", "plugin.log"] {
+        for log in ["containerd.log", "plugin.log", "big-plugin.log"] {
             let text = fs::read_to_string(self.path(log)).unwrap_or_default();
             let tail: Vec<_> = text.lines().rev().take(60).collect();
             println!("--- last lines of {log} ---");
@@ -403,9 +397,28 @@ state = "{state}"
     }
 }
 
+/// Waits for the next `EVENT` line starting with `prefix` on `lines`; earlier lines are
+/// skipped.
+fn expect_line(lines: &mpsc::Receiver<String>, prefix: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(rest) = line.strip_prefix("EVENT ")
+                    && rest.starts_with(prefix)
+                {
+                    return rest.to_owned();
+                }
+            }
+            Err(e) => panic!("no plugin line starting with {prefix:?}: {e}"),
+        }
+    }
+}
+
 impl Drop for World {
     fn drop(&mut self) {
-        if let Some(mut plugin) = self.plugin.take() {
+        for mut plugin in self.plugins.drain(..) {
             terminate(&mut plugin);
         }
         self.stop_containerd();
@@ -611,6 +624,14 @@ async fn scenario(world: &mut World) {
     assert!(configured.contains("events=0xf"), "{configured}");
     world.expect_line("synchronize pods=0");
     world.expect_line("status synchronized");
+
+    // A plugin whose RegisterPlugin message (~6 kB of name) is larger than the 4096 bytes a
+    // Go reader takes in one frame: registering proves containerd reads our frame split.
+    let long_name = format!("big{}", "x".repeat(6000));
+    let big = world.spawn_plugin("big-plugin.log", &["--index", "60", "--name", &long_name]);
+    expect_line(&big, "status synchronized");
+    let mut big_plugin = world.plugins.pop().expect("just started");
+    terminate(&mut big_plugin);
 
     let mut timings = Vec::new();
     let allowed = run_pod(world, &cri, &format!("allowed-{suffix}"), &mut timings).await;
