@@ -306,6 +306,25 @@ async fn large_synchronize_crosses_the_mux_intact() {
 }
 
 #[tokio::test]
+async fn split_synchronize_is_collected_into_one_call() {
+    let mut f = Fixture::start(RuntimeProtocol::V0_12, EventMask::POD_SANDBOX_LIFECYCLE).await;
+    drop(f.runtime.take());
+    let mut options = RuntimeOptions::new(&f.socket);
+    options.sync_chunk_pods = Some(3);
+    let runtime = NriRuntime::bind(options).unwrap();
+    let expected: Vec<String> = (0..10).map(|i| format!("chunked-{i:02}")).collect();
+    for name in &expected {
+        runtime.run_pod_sandbox(&pod(name)).await.unwrap();
+    }
+    // Four messages (3 + 3 + 3 + 1 pods); the plugin answers `more` to the first three and
+    // hands the handler all ten pods at once.
+    runtime.wait_for_plugins(1, WAIT).await.unwrap();
+    assert_eq!(f.next().await, Seen::Sync(expected));
+    f.runtime = Some(runtime);
+    f.stop().await;
+}
+
+#[tokio::test]
 async fn plugin_reconnects_after_the_runtime_restarts() {
     let mut f = Fixture::start(RuntimeProtocol::V0_12, EventMask::POD_SANDBOX_LIFECYCLE).await;
     let first = pod("before");

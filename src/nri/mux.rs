@@ -51,6 +51,8 @@ pub const GO_BUFIO_SIZE: usize = 4096;
 const CONN_PIPE_CAPACITY: usize = 256 * 1024;
 /// Frames queued for the socket writer before writers wait.
 const WRITE_QUEUE_FRAMES: usize = 64;
+/// How long a stopping multiplexer keeps writing queued frames to a slow peer.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A logical connection ID inside the multiplexed stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -350,6 +352,19 @@ async fn read_loop<R: AsyncRead>(
     cancel.cancel();
 }
 
+async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    conn: ConnId,
+    payload: &[u8],
+) -> io::Result<()> {
+    let len = u32::try_from(payload.len()).expect("frames are at most MAX_FRAME_PAYLOAD");
+    let mut buf = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+    buf.extend_from_slice(&conn.0.to_be_bytes());
+    buf.extend_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(payload);
+    writer.write_all(&buf).await
+}
+
 async fn write_loop<W: AsyncWrite>(
     writer: W,
     mut frames: mpsc::Receiver<(ConnId, Vec<u8>)>,
@@ -362,21 +377,33 @@ async fn write_loop<W: AsyncWrite>(
             let next = tokio::select! {
                 biased;
                 next = frames.recv() => next,
-                () = cancel.cancelled() => {
-                    // Flush whatever is already queued, then stop.
-                    frames.try_recv().ok()
-                }
+                () = cancel.cancelled() => break,
             };
             let Some((conn, payload)) = next else { break };
-            let len = u32::try_from(payload.len()).expect("frames are at most MAX_FRAME_PAYLOAD");
-            let mut buf = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
-            buf.extend_from_slice(&conn.0.to_be_bytes());
-            buf.extend_from_slice(&len.to_be_bytes());
-            buf.extend_from_slice(&payload);
-            writer.write_all(&buf).await?;
+            let write = write_frame(&mut writer, conn, &payload);
+            tokio::pin!(write);
+            tokio::select! {
+                written = &mut write => written?,
+                // Stopping while a peer does not read: finish this frame within the grace
+                // period (never leave half a frame), then give up.
+                () = cancel.cancelled() => {
+                    tokio::time::timeout(SHUTDOWN_GRACE, &mut write).await.map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, "peer stopped reading")
+                    })??;
+                    break;
+                }
+            }
         }
-        writer.flush().await?;
-        writer.shutdown().await
+        // Clean stop: frames already queued go out, within the grace period.
+        tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while let Ok((conn, payload)) = frames.try_recv() {
+                write_frame(&mut writer, conn, &payload).await?;
+            }
+            writer.flush().await?;
+            writer.shutdown().await
+        })
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer stopped reading"))?
     }
     .await;
     if let Err(err) = result {
@@ -738,6 +765,38 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(n, 0, "the peer sees EOF after shutdown");
+    }
+
+    #[tokio::test]
+    async fn shutdown_does_not_hang_on_a_peer_that_stopped_reading() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut conn = mux.open(PLUGIN_SERVICE_CONN).unwrap();
+        // Several MiB: more than the socket buffer and our pipes hold.
+        let writer = tokio::spawn(async move {
+            for i in 0..4 {
+                if conn.write_all(&ttrpc_message(i, 2 << 20)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        mux.shutdown();
+        assert!(
+            tokio::time::timeout(WAIT, mux.closed())
+                .await
+                .unwrap()
+                .is_ok()
+        );
+        // The stuck write is abandoned after the grace period: the local writer gets an error
+        // and the socket closes (the peer reads what was sent, then EOF).
+        tokio::time::timeout(WAIT, writer).await.unwrap().unwrap();
+        let mut sink = Vec::new();
+        tokio::time::timeout(WAIT, peer.read_to_end(&mut sink))
+            .await
+            .expect("socket closed after the grace period")
+            .unwrap();
+        assert!(sink.len() < 4 * (2 << 20), "not everything was delivered");
     }
 
     #[tokio::test]

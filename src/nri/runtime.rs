@@ -72,6 +72,10 @@ pub struct RuntimeOptions {
     pub registration_timeout: Duration,
     /// Time a plugin has to answer one request.
     pub request_timeout: Duration,
+    /// Most pods per `Synchronize` message; more pods are sent in several messages with
+    /// `more = true` on all but the last, as NRI 0.8+ runtimes do for large states. `None`
+    /// sends everything at once.
+    pub sync_chunk_pods: Option<usize>,
 }
 
 impl RuntimeOptions {
@@ -84,6 +88,7 @@ impl RuntimeOptions {
             protocol: RuntimeProtocol::V0_12,
             registration_timeout: DEFAULT_REGISTRATION_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            sync_chunk_pods: None,
         }
     }
 }
@@ -593,13 +598,27 @@ async fn configure_and_sync(
         .values()
         .map(api::PodSandbox::from)
         .collect();
-    let sync = api::SynchronizeRequest {
-        pods,
-        ..Default::default()
+    let chunk = options.sync_chunk_pods.unwrap_or(usize::MAX).max(1);
+    let chunks: Vec<&[api::PodSandbox]> = if pods.is_empty() {
+        vec![&[]]
+    } else {
+        pods.chunks(chunk).collect()
     };
-    with_timeout(options.request_timeout, client.synchronize(no_ctx(), &sync))
-        .await
-        .map_err(|e| format!("Synchronize failed: {e}"))?;
+    let last = chunks.len() - 1;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let more = i < last;
+        let sync = api::SynchronizeRequest {
+            pods: chunk.to_vec(),
+            more,
+            ..Default::default()
+        };
+        let reply = with_timeout(options.request_timeout, client.synchronize(no_ctx(), &sync))
+            .await
+            .map_err(|e| format!("Synchronize failed: {e}"))?;
+        if more && !reply.more {
+            return Err("plugin does not handle split sync requests".to_owned());
+        }
+    }
     Ok(RegisteredPlugin {
         name: registration.plugin_name,
         index: registration.plugin_idx,
