@@ -506,7 +506,15 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
             .filter(|ms| *ms > 0)
             .map_or(DEFAULT_REQUEST_TIMEOUT, Duration::from_millis);
         let nri_version = NriVersion::parse(&req.NRI_version);
-        let events = self.events.for_runtime(&nri_version);
+        let mut events = self.events.for_runtime(&nri_version);
+        if events == EventMask::EMPTY {
+            // On the wire 0 means "every event"; a plugin that asked for nothing the runtime
+            // knows gets the pod lifecycle instead.
+            tracing::warn!(
+                "no subscribed event is known to the runtime; subscribing to pod lifecycle"
+            );
+            events = EventMask::POD_SANDBOX_LIFECYCLE;
+        }
         if events != self.events {
             tracing::warn!(
                 wanted = format_args!("{:#x}", self.events.0),
@@ -530,8 +538,6 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         *self.runtime.lock().unwrap_or_else(PoisonError::into_inner) = Some(info.clone());
         self.status.send_replace(PluginStatus::Configured(info));
         Ok(api::ConfigureResponse {
-            // Never 0, which would mean "everything"; an empty set still asks for nothing
-            // beyond pod lifecycle, which is harmless.
             events: i32::try_from(events.0).expect("masks are below bit 15"),
             ..Default::default()
         })

@@ -171,7 +171,8 @@ pub struct NriRuntime {
 }
 
 impl NriRuntime {
-    /// Binds the socket (replacing a stale socket file) and starts accepting plugins.
+    /// Binds the socket (replacing a stale socket file) and starts accepting plugins. Must be
+    /// called inside a tokio runtime.
     pub fn bind(options: RuntimeOptions) -> Result<Self, RuntimeError> {
         let path = options.socket_path.clone();
         let bind_err = |source| RuntimeError::Bind {
