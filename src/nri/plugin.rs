@@ -74,7 +74,9 @@ pub trait PluginHandler: Send + Sync + 'static {
         pod: PodSandbox,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
-    /// A pod sandbox stopped. containerd 1.7 sends no netns path here.
+    /// A pod sandbox stopped. containerd 1.7 sends no netns path here, and sends neither
+    /// stop nor remove for sandboxes that existed before it restarted (its NRI layer only
+    /// tracks sandboxes it ran itself): reconcile those through [`Self::synchronize`].
     fn stop_pod_sandbox(
         &self,
         pod: PodSandbox,
