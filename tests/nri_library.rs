@@ -212,8 +212,15 @@ async fn bits_an_old_runtime_does_not_know_are_not_sent() {
     let f = Fixture::start(RuntimeProtocol::Legacy, events).await;
     assert_eq!(f.runtime().plugins()[0].events, EventMask(0x7));
     f.stop().await;
-    let f = Fixture::start(RuntimeProtocol::V0_12, events).await;
+    let mut f = Fixture::start(RuntimeProtocol::V0_12, events).await;
     assert_eq!(f.runtime().plugins()[0].events, EventMask(0x807));
+    // UpdatePodSandbox is answered without reaching the handler.
+    f.runtime()
+        .update_pod_sandbox(&pod("resized"))
+        .await
+        .unwrap();
+    assert!(f.seen.try_recv().is_err());
+    assert_eq!(f.runtime().plugins().len(), 1);
     f.stop().await;
 }
 

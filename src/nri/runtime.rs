@@ -246,6 +246,22 @@ impl NriRuntime {
         self.pod_event(Event::RemovePodSandbox, pod).await
     }
 
+    /// Announces a pod resource update (NRI 0.10+ only; a legacy runtime sends nothing).
+    pub async fn update_pod_sandbox(&self, pod: &PodSandbox) -> Result<(), RuntimeError> {
+        if self.shared.options.protocol == RuntimeProtocol::Legacy {
+            return Ok(());
+        }
+        let request = api::UpdatePodSandboxRequest {
+            pod: Some(api::PodSandbox::from(pod)).into(),
+            ..Default::default()
+        };
+        for plugin in self.subscribed(Event::UpdatePodSandbox) {
+            let call = plugin.client.update_pod_sandbox(no_ctx(), &request);
+            self.settle(&plugin, "UpdatePodSandbox", call).await?;
+        }
+        Ok(())
+    }
+
     /// Asks plugins whether `container` of `pod` may be created; an error is a refusal.
     pub async fn create_container(
         &self,
