@@ -11,6 +11,7 @@
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
 pub mod cli;
+pub mod cri;
 pub mod host;
 pub mod inventory;
 pub mod ipam;
@@ -18,5 +19,6 @@ pub mod k8s;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod nri;
 pub mod store;
 pub mod telemetry;
