@@ -6,6 +6,11 @@
 //! `/opt/netclaim-test/bin/kubelet-client`. Fails when it is missing and `CI` is set; prints
 //! `SKIPPED: …` and passes otherwise.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step fails the test"
+)]
+
 mod kubelet_support;
 
 use std::path::{Path, PathBuf};
@@ -27,8 +32,10 @@ use tokio_stream::wrappers::UnixListenerStream;
 const DRIVER: &str = "netclaim.dev";
 
 fn client_binary(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("NETCLAIM_KUBELET_CLIENT")
-        .map_or_else(|| PathBuf::from("/opt/netclaim-test/bin/kubelet-client"), PathBuf::from);
+    let path = std::env::var_os("NETCLAIM_KUBELET_CLIENT").map_or_else(
+        || PathBuf::from("/opt/netclaim-test/bin/kubelet-client"),
+        PathBuf::from,
+    );
     if path.is_file() {
         return Some(path);
     }
@@ -37,7 +44,10 @@ fn client_binary(test: &str) -> Option<PathBuf> {
         "{test}: grpc-go kubelet client {} is missing; run scripts/setup/grpc-go-client.sh",
         path.display()
     );
-    println!("SKIPPED: {test}: {} missing (run scripts/setup/grpc-go-client.sh)", path.display());
+    println!(
+        "SKIPPED: {test}: {} missing (run scripts/setup/grpc-go-client.sh)",
+        path.display()
+    );
     None
 }
 
@@ -59,7 +69,16 @@ async fn run_client(binary: &Path, registration: &Path, extra: &[&str]) -> Clien
     command
         .arg("-registration")
         .arg(registration)
-        .args(["-driver", DRIVER, "-claim-namespace", "ns", "-claim-name", "net", "-claim-uid", "uid-9"])
+        .args([
+            "-driver",
+            DRIVER,
+            "-claim-namespace",
+            "ns",
+            "-claim-name",
+            "net",
+            "-claim-uid",
+            "uid-9",
+        ])
         .args(extra);
     let output = tokio::task::spawn_blocking(move || command.output())
         .await
@@ -68,7 +87,9 @@ async fn run_client(binary: &Path, registration: &Path, extra: &[&str]) -> Clien
     let stdout = String::from_utf8(output.stdout).unwrap();
     let reports = stdout
         .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("bad report {line:?}: {e}")))
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("bad report {line:?}: {e}"))
+        })
         .collect();
     ClientRun {
         success: output.status.success(),
@@ -112,18 +133,26 @@ impl reg::registration_server::Registration for FixedInfo {
 async fn grpc_go_cannot_reach_a_plain_tonic_server() {
     // Proves the problem with the real client library: grpc-go's bare-path dial sends the
     // percent-encoded path as :authority and plain tonic resets the stream.
-    let Some(binary) = client_binary("grpc_go_cannot_reach_a_plain_tonic_server") else { return };
+    let Some(binary) = client_binary("grpc_go_cannot_reach_a_plain_tonic_server") else {
+        return;
+    };
     let dirs = PluginDirs::new(DRIVER);
     std::fs::create_dir_all(&dirs.registry).unwrap();
     let sock = dirs.registry.join("plain-reg.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(reg::registration_server::RegistrationServer::new(FixedInfo(String::new())))
+            .add_service(reg::registration_server::RegistrationServer::new(
+                FixedInfo(String::new()),
+            ))
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
     let run = run_client(&binary, &sock, &[]).await;
-    assert!(!run.success, "GetInfo must fail against plain tonic: {:?}", run.reports);
+    assert!(
+        !run.success,
+        "GetInfo must fail against plain tonic: {:?}",
+        run.reports
+    );
     let get_info = run.calls("GetInfo");
     let error = get_info[0]["error"].as_str().unwrap();
     assert!(error.contains("PROTOCOL_ERROR"), "{error}");
@@ -131,29 +160,48 @@ async fn grpc_go_cannot_reach_a_plain_tonic_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_go_registers_the_driver_and_reaches_both_dra_versions() {
-    let Some(binary) = client_binary("grpc_go_registers_the_driver_and_reaches_both_dra_versions") else {
+    let Some(binary) = client_binary("grpc_go_registers_the_driver_and_reaches_both_dra_versions")
+    else {
         return;
     };
     let dirs = PluginDirs::new(DRIVER);
-    let handle = KubeletPlugin::start(config(&dirs), Arc::new(UnavailablePreparer::new(DRIVER)), std::future::pending())
-        .await
-        .unwrap();
+    let handle = KubeletPlugin::start(
+        config(&dirs),
+        Arc::new(UnavailablePreparer::new(DRIVER)),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
     let run = run_client(&binary, handle.registration_socket(), &[]).await;
-    assert!(run.success, "client failed: {}\n{:?}", run.stderr, run.reports);
+    assert!(
+        run.success,
+        "client failed: {}\n{:?}",
+        run.stderr, run.reports
+    );
 
     let info = &run.calls("GetInfo")[0]["info"];
     assert_eq!(info["type"], "DRAPlugin");
     assert_eq!(info["name"], DRIVER);
     assert_eq!(info["endpoint"], handle.dra_socket().to_str().unwrap());
-    assert_eq!(info["supported_versions"], serde_json::json!(["v1.DRAPlugin", "v1beta1.DRAPlugin"]));
+    assert_eq!(
+        info["supported_versions"],
+        serde_json::json!(["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+    );
     assert_eq!(run.calls("NotifyRegistrationStatus")[0]["ok"], true);
 
     let prepares = run.calls("NodePrepareResources");
-    assert_eq!(prepares.len(), 4, "v1 and v1beta1, each by bare path and unix: target");
+    assert_eq!(
+        prepares.len(),
+        4,
+        "v1 and v1beta1, each by bare path and unix: target"
+    );
     for report in prepares {
         assert_eq!(report["ok"], true, "{report}");
         let error = report["claims"]["uid-9"]["error"].as_str().unwrap();
-        assert!(error.contains("ns/net (uid uid-9)") && error.contains("not available"), "{error}");
+        assert!(
+            error.contains("ns/net (uid uid-9)") && error.contains("not available"),
+            "{error}"
+        );
     }
     let unprepares = run.calls("NodeUnprepareResources");
     assert_eq!(unprepares.len(), 4);
@@ -190,18 +238,32 @@ impl ClaimPreparer for SharedDevice {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_go_sees_devices_and_share_id_only_on_v1() {
-    let Some(binary) = client_binary("grpc_go_sees_devices_and_share_id_only_on_v1") else { return };
+    let Some(binary) = client_binary("grpc_go_sees_devices_and_share_id_only_on_v1") else {
+        return;
+    };
     let dirs = PluginDirs::new(DRIVER);
-    let handle = KubeletPlugin::start(config(&dirs), Arc::new(SharedDevice), std::future::pending())
-        .await
-        .unwrap();
+    let handle = KubeletPlugin::start(
+        config(&dirs),
+        Arc::new(SharedDevice),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
     let run = run_client(&binary, handle.registration_socket(), &[]).await;
-    assert!(run.success, "client failed: {}\n{:?}", run.stderr, run.reports);
+    assert!(
+        run.success,
+        "client failed: {}\n{:?}",
+        run.stderr, run.reports
+    );
     for report in run.calls("NodePrepareResources") {
         let device = &report["claims"]["uid-9"]["devices"][0];
         assert_eq!(device["pool_name"], "node-a");
         assert_eq!(device["device_name"], "eth1");
-        let expected = if report["version"] == "v1" { serde_json::json!("0b6a7c1e") } else { Value::Null };
+        let expected = if report["version"] == "v1" {
+            serde_json::json!("0b6a7c1e")
+        } else {
+            Value::Null
+        };
         assert_eq!(device["share_id"], expected, "{report}");
     }
     handle.stop();
@@ -210,25 +272,50 @@ async fn grpc_go_sees_devices_and_share_id_only_on_v1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_go_registration_failure_makes_the_driver_register_again() {
-    let Some(binary) = client_binary("grpc_go_registration_failure_makes_the_driver_register_again") else {
+    let Some(binary) =
+        client_binary("grpc_go_registration_failure_makes_the_driver_register_again")
+    else {
         return;
     };
     let dirs = PluginDirs::new(DRIVER);
-    let handle = KubeletPlugin::start(config(&dirs), Arc::new(UnavailablePreparer::new(DRIVER)), std::future::pending())
-        .await
-        .unwrap();
+    let handle = KubeletPlugin::start(
+        config(&dirs),
+        Arc::new(UnavailablePreparer::new(DRIVER)),
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
     let sock = handle.registration_socket().to_owned();
     let inode = |p: &Path| {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).map(|m| (m.ino(), m.mtime_nsec())).ok()
     };
     let before = inode(&sock);
-    let run = run_client(&binary, &sock, &["-notify-error", "RegisterPlugin error -- plugin validation failed"]).await;
-    assert!(run.success, "client failed: {}\n{:?}", run.stderr, run.reports);
-    eventually("registration socket recreated", || inode(&sock).is_some_and(|now| Some(now) != before)).await;
+    let run = run_client(
+        &binary,
+        &sock,
+        &[
+            "-notify-error",
+            "RegisterPlugin error -- plugin validation failed",
+        ],
+    )
+    .await;
+    assert!(
+        run.success,
+        "client failed: {}\n{:?}",
+        run.stderr, run.reports
+    );
+    eventually("registration socket recreated", || {
+        inode(&sock).is_some_and(|now| Some(now) != before)
+    })
+    .await;
     // Kubelet's next attempt (a new connection to the new socket) succeeds.
     let run = run_client(&binary, &sock, &[]).await;
-    assert!(run.success, "client failed: {}\n{:?}", run.stderr, run.reports);
+    assert!(
+        run.success,
+        "client failed: {}\n{:?}",
+        run.stderr, run.reports
+    );
     handle.stop();
     handle.wait().await.unwrap();
 }

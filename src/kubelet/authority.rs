@@ -200,7 +200,9 @@ impl ClientStreamRewriter {
                     self.position = if take == remaining {
                         Position::FrameStart
                     } else {
-                        Position::Forwarding { remaining: remaining - take }
+                        Position::Forwarding {
+                            remaining: remaining - take,
+                        }
                     };
                 }
                 Position::FrameStart => {
@@ -221,7 +223,8 @@ impl ClientStreamRewriter {
         if input.len() < FRAME_HEADER_LEN {
             return Ok(false);
         }
-        let length = usize::from(input[0]) << 16 | usize::from(input[1]) << 8 | usize::from(input[2]);
+        let length =
+            usize::from(input[0]) << 16 | usize::from(input[1]) << 8 | usize::from(input[2]);
         let frame_type = input[3];
         let flags = input[4];
         let stream_id = u32::from_be_bytes([input[5], input[6], input[7], input[8]]) & 0x7fff_ffff;
@@ -295,14 +298,17 @@ impl ClientStreamRewriter {
         let mut body = payload;
         let mut pad_len = 0;
         if flags & FLAG_PADDED != 0 {
-            let (&len, rest) = body.split_first().ok_or(malformed("PADDED without pad length"))?;
+            let (&len, rest) = body
+                .split_first()
+                .ok_or(malformed("PADDED without pad length"))?;
             pad_len = usize::from(len);
             body = rest;
         }
         let mut priority = None;
         if flags & FLAG_PRIORITY != 0 {
-            let (fields, rest) =
-                body.split_first_chunk::<5>().ok_or(malformed("PRIORITY fields truncated"))?;
+            let (fields, rest) = body
+                .split_first_chunk::<5>()
+                .ok_or(malformed("PRIORITY fields truncated"))?;
             priority = Some(*fields);
             body = rest;
         }
@@ -431,7 +437,10 @@ fn encode_string(bytes: &[u8], out: &mut Vec<u8>) {
 }
 
 fn put_frame_header(out: &mut BytesMut, length: usize, frame_type: u8, flags: u8, stream_id: u32) {
-    debug_assert!(length <= MAX_EMITTED_PAYLOAD, "frame payload fits the minimum max size");
+    debug_assert!(
+        length <= MAX_EMITTED_PAYLOAD,
+        "frame payload fits the minimum max size"
+    );
     let length = u32::try_from(length).unwrap_or(u32::MAX);
     out.put_slice(&length.to_be_bytes()[1..]);
     out.put_u8(frame_type);
@@ -446,13 +455,14 @@ mod tests {
 
     type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
 
+    /// "Indexed header field" representation of index 62, the first dynamic-table entry.
+    const INDEXED_62: u8 = 0x80 | 0x3e;
+
     fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
         let mut out = BytesMut::new();
         put_frame_header(&mut out, 0, frame_type, flags, stream_id);
-        let len = payload.len();
-        out[0] = (len >> 16) as u8;
-        out[1] = (len >> 8) as u8;
-        out[2] = len as u8;
+        let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+        out[..3].copy_from_slice(&len[1..]);
         out.extend_from_slice(payload);
         out.to_vec()
     }
@@ -461,7 +471,10 @@ mod tests {
         vec![
             (b":method".to_vec(), b"POST".to_vec()),
             (b":scheme".to_vec(), b"http".to_vec()),
-            (b":path".to_vec(), b"/pluginregistration.Registration/GetInfo".to_vec()),
+            (
+                b":path".to_vec(),
+                b"/pluginregistration.Registration/GetInfo".to_vec(),
+            ),
             (b":authority".to_vec(), authority.to_vec()),
             (b"content-type".to_vec(), b"application/grpc".to_vec()),
             (b"te".to_vec(), b"trailers".to_vec()),
@@ -483,17 +496,26 @@ mod tests {
     fn server_view(mut bytes: &[u8]) -> ServerView {
         assert!(bytes.starts_with(PREFACE));
         bytes = &bytes[PREFACE.len()..];
-        let mut view = ServerView { decoder: Decoder::new(), frames: vec![], header_lists: vec![] };
+        let mut view = ServerView {
+            decoder: Decoder::new(),
+            frames: vec![],
+            header_lists: vec![],
+        };
         let mut block = Vec::new();
         while !bytes.is_empty() {
-            let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+            let len =
+                usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
             let (ty, flags) = (bytes[3], bytes[4]);
             let sid = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]);
             let payload = bytes[9..9 + len].to_vec();
             bytes = &bytes[9 + len..];
             if ty == FRAME_HEADERS || ty == FRAME_CONTINUATION {
                 assert!(len <= MAX_EMITTED_PAYLOAD);
-                let skip = if ty == FRAME_HEADERS && flags & FLAG_PRIORITY != 0 { 5 } else { 0 };
+                let skip = if ty == FRAME_HEADERS && flags & FLAG_PRIORITY != 0 {
+                    5
+                } else {
+                    0
+                };
                 assert_eq!(flags & FLAG_PADDED, 0, "padding is dropped");
                 block.extend_from_slice(&payload[skip..]);
                 if flags & FLAG_END_HEADERS != 0 {
@@ -504,7 +526,10 @@ mod tests {
             view.frames.push((ty, flags, sid, payload));
         }
         // Every emitted field is never-indexed, so the server-side table stays empty.
-        assert_eq!(view.decoder.decode(&[0x80 | 62]).err(), Some(DecoderError::HeaderIndexOutOfBounds));
+        assert_eq!(
+            view.decoder.decode(&[INDEXED_62]).err(),
+            Some(DecoderError::HeaderIndexOutOfBounds)
+        );
         view
     }
 
@@ -519,8 +544,12 @@ mod tests {
 
     #[test]
     fn percent_encoded_socket_path_is_not_an_acceptable_authority() {
-        assert!(!is_acceptable_authority(b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock"));
-        assert!(!is_acceptable_authority(b"/var/lib/kubelet/plugins/x/dra.sock"));
+        assert!(!is_acceptable_authority(
+            b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock"
+        ));
+        assert!(!is_acceptable_authority(
+            b"/var/lib/kubelet/plugins/x/dra.sock"
+        ));
         assert!(is_acceptable_authority(b"localhost"));
         assert!(is_acceptable_authority(b"example.com:443"));
     }
@@ -531,7 +560,12 @@ mod tests {
         let headers = request_headers(b"%2Ftmp%2Fx%2Freg.sock");
         let mut input = PREFACE.to_vec();
         input.extend(frame(0x4, 0, 0, &[])); // SETTINGS
-        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &encode(&mut encoder, &headers)));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS,
+            1,
+            &encode(&mut encoder, &headers),
+        ));
         input.extend(frame(0x0, FLAG_END_STREAM, 1, b"\0\0\0\0\0")); // DATA
         let (rewriter, out) = run(&input);
         let view = server_view(&out);
@@ -540,7 +574,10 @@ mod tests {
         assert_eq!(view.header_lists, vec![expected]);
         assert_eq!(rewriter.rewritten_authorities(), 1);
         assert_eq!(view.frames[0], (0x4, 0, 0, vec![]));
-        assert_eq!(view.frames[2], (0x0, FLAG_END_STREAM, 1, b"\0\0\0\0\0".to_vec()));
+        assert_eq!(
+            view.frames[2],
+            (0x0, FLAG_END_STREAM, 1, b"\0\0\0\0\0".to_vec())
+        );
     }
 
     #[test]
@@ -548,7 +585,12 @@ mod tests {
         let mut encoder = Encoder::new();
         let headers = request_headers(b"localhost:50051");
         let mut input = PREFACE.to_vec();
-        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, 1, &encode(&mut encoder, &headers)));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            1,
+            &encode(&mut encoder, &headers),
+        ));
         let (rewriter, out) = run(&input);
         let view = server_view(&out);
         assert_eq!(view.header_lists, vec![headers]);
@@ -566,7 +608,10 @@ mod tests {
         second[2].1 = b"/pluginregistration.Registration/NotifyRegistrationStatus".to_vec();
         let block2 = encode(&mut encoder, &first);
         let block3 = encode(&mut encoder, &second);
-        assert!(block3.contains(&(0x80 | 62)), "second block references the dynamic table");
+        assert!(
+            block3.contains(&(INDEXED_62)),
+            "second block references the dynamic table"
+        );
         let mut input = PREFACE.to_vec();
         input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block2));
         input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 3, &block3));
@@ -590,7 +635,12 @@ mod tests {
         headers_payload.extend(a);
         headers_payload.extend([0, 0, 0]);
         let mut input = PREFACE.to_vec();
-        input.extend(frame(FRAME_HEADERS, FLAG_PADDED | FLAG_PRIORITY | FLAG_END_STREAM, 5, &headers_payload));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_PADDED | FLAG_PRIORITY | FLAG_END_STREAM,
+            5,
+            &headers_payload,
+        ));
         input.extend(frame(FRAME_CONTINUATION, 0, 5, b));
         input.extend(frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 5, c));
         let (_, out) = run(&input);
@@ -610,12 +660,20 @@ mod tests {
         let block = encode(&mut encoder, &headers);
         let mut input = PREFACE.to_vec();
         input.extend(frame(FRAME_HEADERS, 0, 1, &block[..16_000]));
-        input.extend(frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 1, &block[16_000..]));
+        input.extend(frame(
+            FRAME_CONTINUATION,
+            FLAG_END_HEADERS,
+            1,
+            &block[16_000..],
+        ));
         let (_, out) = run(&input);
         let view = server_view(&out);
         assert_eq!(view.header_lists[0][6].1.len(), 40_000);
         let types: Vec<u8> = view.frames.iter().map(|f| f.0).collect();
-        assert_eq!(types, vec![FRAME_HEADERS, FRAME_CONTINUATION, FRAME_CONTINUATION]);
+        assert_eq!(
+            types,
+            vec![FRAME_HEADERS, FRAME_CONTINUATION, FRAME_CONTINUATION]
+        );
     }
 
     #[test]
@@ -623,7 +681,12 @@ mod tests {
         let mut encoder = Encoder::new();
         let mut input = PREFACE.to_vec();
         input.extend(frame(0x4, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]));
-        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &encode(&mut encoder, &request_headers(b"%2Fs"))));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS,
+            1,
+            &encode(&mut encoder, &request_headers(b"%2Fs")),
+        ));
         input.extend(frame(0x0, FLAG_END_STREAM, 1, &[1; 300]));
         let (_, whole) = run(&input);
         let mut rewriter = ClientStreamRewriter::new();
@@ -646,12 +709,17 @@ mod tests {
         let mut input = PREFACE.to_vec();
         input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block));
         let mut second = vec![0x20]; // size update to 0
-        second.push(0x80 | 62);
+        second.push(INDEXED_62);
         input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 3, &second));
         let mut rewriter = ClientStreamRewriter::new();
         let mut out = BytesMut::new();
-        let err = rewriter.process(&mut BytesMut::from(&input[..]), &mut out).unwrap_err();
-        assert!(matches!(err, AuthorityRewriteError::Hpack { stream_id: 3, .. }), "{err}");
+        let err = rewriter
+            .process(&mut BytesMut::from(&input[..]), &mut out)
+            .unwrap_err();
+        assert!(
+            matches!(err, AuthorityRewriteError::Hpack { stream_id: 3, .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -664,13 +732,25 @@ mod tests {
         let err = ClientStreamRewriter::new()
             .process(&mut BytesMut::from(&input[..]), &mut BytesMut::new())
             .unwrap_err();
-        assert!(matches!(err, AuthorityRewriteError::InterruptedHeaderBlock { expected_stream: 1, frame_type: 0, .. }));
+        assert!(matches!(
+            err,
+            AuthorityRewriteError::InterruptedHeaderBlock {
+                expected_stream: 1,
+                frame_type: 0,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn oversized_padding_is_rejected() {
         let mut input = PREFACE.to_vec();
-        input.extend(frame(FRAME_HEADERS, FLAG_PADDED | FLAG_END_HEADERS, 1, &[9, 0x82]));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_PADDED | FLAG_END_HEADERS,
+            1,
+            &[9, 0x82],
+        ));
         let err = ClientStreamRewriter::new()
             .process(&mut BytesMut::from(&input[..]), &mut BytesMut::new())
             .unwrap_err();

@@ -20,7 +20,10 @@ pub struct DraService<P> {
 
 impl<P> Clone for DraService<P> {
     fn clone(&self) -> Self {
-        Self { preparer: Arc::clone(&self.preparer), call_timeout: self.call_timeout }
+        Self {
+            preparer: Arc::clone(&self.preparer),
+            call_timeout: self.call_timeout,
+        }
     }
 }
 
@@ -28,15 +31,20 @@ impl<P: ClaimPreparer> DraService<P> {
     /// A service answering through `preparer`; each call that takes longer than
     /// `call_timeout` is answered with per-claim errors instead.
     pub fn new(preparer: Arc<P>, call_timeout: Duration) -> Self {
-        Self { preparer, call_timeout }
+        Self {
+            preparer,
+            call_timeout,
+        }
     }
 
     /// The `v1.DRAPlugin` gRPC service.
+    #[must_use]
     pub fn v1_server(&self) -> v1::dra_plugin_server::DraPluginServer<Self> {
         v1::dra_plugin_server::DraPluginServer::new(self.clone())
     }
 
     /// The `v1beta1.DRAPlugin` gRPC service.
+    #[must_use]
     pub fn v1beta1_server(&self) -> v1beta1::dra_plugin_server::DraPluginServer<Self> {
         v1beta1::dra_plugin_server::DraPluginServer::new(self.clone())
     }
@@ -48,8 +56,7 @@ impl<P: ClaimPreparer> DraService<P> {
     ) -> HashMap<String, Result<Vec<PreparedDevice>, ClaimFailure>> {
         let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
         tracing::debug!(version, claims = ?uids, "NodePrepareResources");
-        let results =
-            tokio::time::timeout(self.call_timeout, self.preparer.prepare(claims)).await;
+        let results = tokio::time::timeout(self.call_timeout, self.preparer.prepare(claims)).await;
         complete_answers(uids, results, self.call_timeout, "prepare")
     }
 
@@ -74,12 +81,11 @@ fn complete_answers<T>(
     timeout: Duration,
     verb: &str,
 ) -> HashMap<String, Result<T, ClaimFailure>> {
-    let (mut results, timed_out) = match results {
-        Ok(results) => (results, false),
-        Err(_) => {
-            tracing::warn!(?timeout, verb, "claim call timed out");
-            (HashMap::new(), true)
-        }
+    let (mut results, timed_out) = if let Ok(results) = results {
+        (results, false)
+    } else {
+        tracing::warn!(?timeout, verb, "claim call timed out");
+        (HashMap::new(), true)
     };
     uids.into_iter()
         .map(|uid| {
@@ -104,7 +110,11 @@ fn claim_ref(namespace: String, name: String, uid: String) -> Result<ClaimRef, S
             )));
         }
     }
-    Ok(ClaimRef { namespace, name, uid })
+    Ok(ClaimRef {
+        namespace,
+        name,
+        uid,
+    })
 }
 
 macro_rules! dra_version {
@@ -139,7 +149,9 @@ macro_rules! dra_version {
                         (uid, answer)
                     })
                     .collect();
-                Ok(Response::new($version::NodePrepareResourcesResponse { claims }))
+                Ok(Response::new($version::NodePrepareResourcesResponse {
+                    claims,
+                }))
             }
 
             async fn node_unprepare_resources(
@@ -161,7 +173,9 @@ macro_rules! dra_version {
                         (uid, $version::NodeUnprepareResourceResponse { error })
                     })
                     .collect();
-                Ok(Response::new($version::NodeUnprepareResourcesResponse { claims }))
+                Ok(Response::new($version::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
             }
         }
     };
@@ -202,13 +216,20 @@ mod tests {
         assert_eq!(answers.len(), 2);
         assert_eq!(answers["a"], Ok(()));
         let err = answers["b"].as_ref().unwrap_err();
-        assert!(err.message.contains("claim b") && err.message.contains("no result"), "{err:?}");
+        assert!(
+            err.message.contains("claim b") && err.message.contains("no result"),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn empty_claim_field_is_named_in_the_error() {
         let err = claim_ref("ns".into(), "c".into(), String::new()).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(err.message().contains("field uid is empty"), "{}", err.message());
+        assert!(
+            err.message().contains("field uid is empty"),
+            "{}",
+            err.message()
+        );
     }
 }

@@ -164,7 +164,8 @@ impl KubeletPluginConfig {
     /// `<registry-dir>/<driver>-reg.sock`.
     #[must_use]
     pub fn registration_socket(&self) -> PathBuf {
-        self.registry_dir.join(format!("{}-reg.sock", self.driver_name))
+        self.registry_dir
+            .join(format!("{}-reg.sock", self.driver_name))
     }
 
     /// `<plugin-dir>/dra.sock`.
@@ -180,7 +181,8 @@ impl KubeletPluginConfig {
         let valid_label = |l: &str| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         };
@@ -190,9 +192,10 @@ impl KubeletPluginConfig {
                 reason: format!("{name:?} is not a DNS subdomain (lowercase, digits, '-', '.')"),
             });
         }
-        for (field, dir) in
-            [("kubelet-registry-dir", &self.registry_dir), ("kubelet-plugin-dir", &self.plugin_dir)]
-        {
+        for (field, dir) in [
+            ("kubelet-registry-dir", &self.registry_dir),
+            ("kubelet-plugin-dir", &self.plugin_dir),
+        ] {
             if !dir.is_absolute() {
                 return Err(KubeletError::InvalidConfig {
                     field,
@@ -205,7 +208,10 @@ impl KubeletPluginConfig {
             ("call-timeout", self.call_timeout),
         ] {
             if value.is_zero() {
-                return Err(KubeletError::InvalidConfig { field, reason: "must be positive".into() });
+                return Err(KubeletError::InvalidConfig {
+                    field,
+                    reason: "must be positive".into(),
+                });
             }
         }
         Ok(())
@@ -254,7 +260,10 @@ impl KubeletPlugin {
                 .await;
             remove_socket_if_ours(&dra_path, dra_identity);
             tracing::info!(path = %dra_path.display(), "DRA socket removed");
-            result.map_err(|source| KubeletError::Serve { path: dra_path, source })
+            result.map_err(|source| KubeletError::Serve {
+                path: dra_path,
+                source,
+            })
         });
 
         // Bound here so that a bind error is returned to the caller.
@@ -317,7 +326,12 @@ impl KubeletPluginHandle {
     /// Waits until both servers have stopped and their sockets are removed. If one fails, the
     /// other is stopped too and the first error is returned.
     pub async fn wait(self) -> Result<(), KubeletError> {
-        let Self { stop, mut dra_task, mut registration_task, .. } = self;
+        let Self {
+            stop,
+            mut dra_task,
+            mut registration_task,
+            ..
+        } = self;
         let (first, other) = tokio::select! {
             r = &mut dra_task => (r, registration_task),
             r = &mut registration_task => (r, dra_task),
@@ -340,12 +354,18 @@ mod tests {
             let err = config.validate().unwrap_err();
             assert!(err.to_string().contains("driver-name"), "{bad}: {err}");
         }
-        assert!(KubeletPluginConfig::new("netclaim.dev", "/r", "/p").validate().is_ok());
+        assert!(
+            KubeletPluginConfig::new("netclaim.dev", "/r", "/p")
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]
     fn relative_directories_are_rejected() {
-        let err = KubeletPluginConfig::new("netclaim.dev", "reg", "/p").validate().unwrap_err();
+        let err = KubeletPluginConfig::new("netclaim.dev", "reg", "/p")
+            .validate()
+            .unwrap_err();
         assert!(err.to_string().contains("kubelet-registry-dir"), "{err}");
     }
 
@@ -360,6 +380,9 @@ mod tests {
             config.registration_socket(),
             Path::new("/var/lib/kubelet/plugins_registry/netclaim.dev-reg.sock")
         );
-        assert_eq!(config.dra_socket(), Path::new("/var/lib/kubelet/plugins/netclaim.dev/dra.sock"));
+        assert_eq!(
+            config.dra_socket(),
+            Path::new("/var/lib/kubelet/plugins/netclaim.dev/dra.sock")
+        );
     }
 }

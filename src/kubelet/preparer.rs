@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-/// A ResourceClaim as kubelet names it in NodePrepareResources / NodeUnprepareResources.
+/// A `ResourceClaim` as kubelet names it in `NodePrepareResources` / `NodeUnprepareResources`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClaimRef {
     /// Namespace of the claim.
@@ -48,7 +48,9 @@ pub struct ClaimFailure {
 impl ClaimFailure {
     /// A failure with the given message.
     pub fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into() }
+        Self {
+            message: message.into(),
+        }
     }
 }
 
@@ -64,10 +66,10 @@ pub type UnprepareResults = HashMap<String, Result<(), ClaimFailure>>;
 /// idempotent (kubelet repeats calls after restarts), and unprepare of an unknown claim
 /// succeeds.
 pub trait ClaimPreparer: Send + Sync + 'static {
-    /// Prepares the claims (NodePrepareResources).
+    /// Prepares the claims (`NodePrepareResources`).
     fn prepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = PrepareResults> + Send;
 
-    /// Releases what [`ClaimPreparer::prepare`] did (NodeUnprepareResources).
+    /// Releases what [`ClaimPreparer::prepare`] did (`NodeUnprepareResources`).
     fn unprepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = UnprepareResults> + Send;
 }
 
@@ -83,7 +85,9 @@ pub struct UnavailablePreparer {
 impl UnavailablePreparer {
     /// A preparer that rejects every claim on behalf of `driver_name`.
     pub fn new(driver_name: impl Into<String>) -> Self {
-        Self { driver_name: driver_name.into() }
+        Self {
+            driver_name: driver_name.into(),
+        }
     }
 
     fn failure(&self, claim: &ClaimRef) -> ClaimFailure {
@@ -97,7 +101,10 @@ impl UnavailablePreparer {
 
 impl ClaimPreparer for UnavailablePreparer {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
-        claims.iter().map(|c| (c.uid.clone(), Err(self.failure(c)))).collect()
+        claims
+            .iter()
+            .map(|c| (c.uid.clone(), Err(self.failure(c))))
+            .collect()
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {

@@ -32,7 +32,7 @@ pub const SUPPORTED_DRA_SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugi
 /// stopped; kubelet closes its registration connection after each attempt.
 const SERVER_DRAIN: Duration = Duration::from_secs(5);
 /// Upper bound of the re-registration back-off.
-const MAX_REREGISTER_DELAY: Duration = Duration::from_secs(60);
+const MAX_REREGISTER_DELAY: Duration = Duration::from_mins(1);
 
 /// State shared between the gRPC handler and the loop that owns the socket.
 #[derive(Debug, Default)]
@@ -70,7 +70,9 @@ impl pluginregistration::registration_server::Registration for RegistrationServi
             tracing::info!(driver = %self.info.name, endpoint = %self.info.endpoint,
                 "kubelet registered the driver");
         } else {
-            self.events.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+            self.events
+                .consecutive_failures
+                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(driver = %self.info.name, error = %status.error,
                 "kubelet rejected the registration; registering again");
             self.events.rejected.notify_one();
@@ -123,9 +125,9 @@ pub(crate) async fn run_registration(
         tracing::info!(path = %settings.socket.display(), "registration socket ready");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tonic::transport::Server::builder()
-            .add_service(pluginregistration::registration_server::RegistrationServer::new(
-                service.clone(),
-            ))
+            .add_service(
+                pluginregistration::registration_server::RegistrationServer::new(service.clone()),
+            )
             .serve_with_incoming_shutdown(adapted_incoming(listener), async {
                 let _ = stop_rx.await;
             });
@@ -144,7 +146,10 @@ pub(crate) async fn run_registration(
                 Restart::SocketGone,
         };
         let _ = stop_tx.send(());
-        if tokio::time::timeout(SERVER_DRAIN, &mut server).await.is_err() {
+        if tokio::time::timeout(SERVER_DRAIN, &mut server)
+            .await
+            .is_err()
+        {
             tracing::warn!(path = %settings.socket.display(),
                 "registration connections still open after {SERVER_DRAIN:?}; dropping them");
         }
@@ -175,7 +180,8 @@ pub(crate) async fn run_registration(
 /// at most [`MAX_REREGISTER_DELAY`].
 fn reregister_delay(base: Duration, failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
-    base.saturating_mul(1 << doublings).min(MAX_REREGISTER_DELAY)
+    base.saturating_mul(1 << doublings)
+        .min(MAX_REREGISTER_DELAY)
 }
 
 #[cfg(test)]

@@ -35,7 +35,12 @@ pub struct AuthorityAdapter<S> {
 impl<S> AuthorityAdapter<S> {
     /// Wraps an accepted stream.
     pub fn new(inner: S) -> Self {
-        Self { inner, rewriter: ClientStreamRewriter::new(), raw: BytesMut::new(), ready: BytesMut::new() }
+        Self {
+            inner,
+            rewriter: ClientStreamRewriter::new(),
+            raw: BytesMut::new(),
+            ready: BytesMut::new(),
+        }
     }
 }
 
@@ -133,7 +138,12 @@ pub struct SocketIdentity {
 
 impl SocketIdentity {
     fn of(meta: &std::fs::Metadata) -> Self {
-        Self { dev: meta.dev(), ino: meta.ino(), mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec() }
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+        }
     }
 }
 
@@ -144,7 +154,10 @@ pub(crate) fn create_private_dir(dir: &Path) -> Result<(), KubeletError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| KubeletError::CreateDir { path: dir.to_owned(), source })
+        .map_err(|source| KubeletError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })
 }
 
 /// Binds a listening socket at `path` with mode 0600, replacing a stale socket left by an
@@ -153,46 +166,71 @@ pub(crate) fn bind_private_socket(
     path: &Path,
 ) -> Result<(UnixListener, SocketIdentity), KubeletError> {
     if path.as_os_str().len() > MAX_SOCKET_PATH {
-        return Err(KubeletError::SocketPathTooLong { path: path.to_owned(), max: MAX_SOCKET_PATH });
+        return Err(KubeletError::SocketPathTooLong {
+            path: path.to_owned(),
+            max: MAX_SOCKET_PATH,
+        });
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             tracing::info!(path = %path.display(), "removing stale socket");
-            std::fs::remove_file(path)
-                .map_err(|source| KubeletError::RemoveSocket { path: path.to_owned(), source })?;
+            std::fs::remove_file(path).map_err(|source| KubeletError::RemoveSocket {
+                path: path.to_owned(),
+                source,
+            })?;
         }
-        Ok(_) => return Err(KubeletError::NotASocket { path: path.to_owned() }),
+        Ok(_) => {
+            return Err(KubeletError::NotASocket {
+                path: path.to_owned(),
+            });
+        }
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-        Err(source) => return Err(KubeletError::Stat { path: path.to_owned(), source }),
+        Err(source) => {
+            return Err(KubeletError::Stat {
+                path: path.to_owned(),
+                source,
+            });
+        }
     }
-    let listener = UnixListener::bind(path)
-        .map_err(|source| KubeletError::Bind { path: path.to_owned(), source })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|source| KubeletError::Chmod { path: path.to_owned(), source })?;
-    let meta = std::fs::symlink_metadata(path)
-        .map_err(|source| KubeletError::Stat { path: path.to_owned(), source })?;
+    let listener = UnixListener::bind(path).map_err(|source| KubeletError::Bind {
+        path: path.to_owned(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        KubeletError::Chmod {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    let meta = std::fs::symlink_metadata(path).map_err(|source| KubeletError::Stat {
+        path: path.to_owned(),
+        source,
+    })?;
     Ok((listener, SocketIdentity::of(&meta)))
 }
 
 /// Whether `path` still is the socket we bound (not deleted, not replaced).
 pub(crate) fn socket_is_ours(path: &Path, identity: SocketIdentity) -> bool {
-    std::fs::symlink_metadata(path)
-        .is_ok_and(|meta| SocketIdentity::of(&meta) == identity)
+    std::fs::symlink_metadata(path).is_ok_and(|meta| SocketIdentity::of(&meta) == identity)
 }
 
 /// Removes the socket at `path` if it is still the one we bound; removal is how kubelet learns
 /// that the plugin is gone.
 pub(crate) fn remove_socket_if_ours(path: &Path, identity: SocketIdentity) {
-    if socket_is_ours(path, identity) {
-        if let Err(err) = std::fs::remove_file(path) {
-            tracing::warn!(path = %path.display(), error = %err, "cannot remove socket");
-        }
+    if socket_is_ours(path, identity)
+        && let Err(err) = std::fs::remove_file(path)
+    {
+        tracing::warn!(path = %path.display(), error = %err, "cannot remove socket");
     }
 }
 
 /// Resolves once `path` is no longer the socket we bound, checking every `interval`
 /// (one `lstat` per check).
-pub(crate) async fn socket_gone(path: PathBuf, identity: SocketIdentity, interval: std::time::Duration) {
+pub(crate) async fn socket_gone(
+    path: PathBuf,
+    identity: SocketIdentity,
+    interval: std::time::Duration,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -212,10 +250,16 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("a/b");
         create_private_dir(&dir).unwrap();
-        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         let sock = dir.join("x.sock");
         let (_listener, id) = bind_private_socket(&sock).unwrap();
-        assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert!(socket_is_ours(&sock, id));
         remove_socket_if_ours(&sock, id);
         assert!(!sock.exists());

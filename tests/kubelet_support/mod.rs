@@ -3,6 +3,10 @@
 //! sends), tonic clients over Unix sockets, and temp-dir plugin layouts.
 
 #![allow(dead_code, reason = "each test binary uses a different part")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test support: a failed step fails the calling test"
+)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,7 +25,11 @@ pub(crate) enum Outcome {
     /// The server closed the connection with GOAWAY and this error code.
     GoAway(u32),
     /// A complete response: the gRPC status from the trailers and the message bytes.
-    Response { grpc_status: String, grpc_message: String, message: Vec<u8> },
+    Response {
+        grpc_status: String,
+        grpc_message: String,
+        message: Vec<u8>,
+    },
 }
 
 /// A hand-driven HTTP/2 client connection speaking just enough gRPC for unary calls.
@@ -50,7 +58,13 @@ impl RawGrpcClient {
         let mut hello = PREFACE.to_vec();
         hello.extend(frame(0x4, 0, 0, &[]));
         stream.write_all(&hello).await.unwrap();
-        Self { stream, encoder: Encoder::new(), decoder: Decoder::new(), next_stream: 1, inbuf: vec![] }
+        Self {
+            stream,
+            encoder: Encoder::new(),
+            decoder: Decoder::new(),
+            next_stream: 1,
+            inbuf: vec![],
+        }
     }
 
     /// One unary call with the given `:authority`. The client's HPACK encoder indexes fields,
@@ -91,12 +105,11 @@ impl RawGrpcClient {
                     return Some((f[3], f[4], sid, f[9..].to_vec()));
                 }
             }
-            let mut buf = [0_u8; 16_384];
-            let n = self.stream.read(&mut buf).await.ok()?;
+            self.inbuf.reserve(16_384);
+            let n = self.stream.read_buf(&mut self.inbuf).await.ok()?;
             if n == 0 {
                 return None;
             }
-            self.inbuf.extend_from_slice(&buf[..n]);
         }
     }
 
@@ -110,10 +123,16 @@ impl RawGrpcClient {
             };
             match ty {
                 0x4 if flags & 0x1 == 0 => {
-                    self.stream.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap();
+                    self.stream
+                        .write_all(&frame(0x4, 0x1, 0, &[]))
+                        .await
+                        .unwrap();
                 }
                 0x6 if flags & 0x1 == 0 => {
-                    self.stream.write_all(&frame(0x6, 0x1, 0, &payload)).await.unwrap();
+                    self.stream
+                        .write_all(&frame(0x6, 0x1, 0, &payload))
+                        .await
+                        .unwrap();
                 }
                 0x7 => {
                     return Outcome::GoAway(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
@@ -122,7 +141,11 @@ impl RawGrpcClient {
                     return Outcome::Reset(u32::from_be_bytes(payload[..4].try_into().unwrap()));
                 }
                 0x1 if sid == stream_id => {
-                    assert_ne!(flags & 0x4, 0, "test client expects single-frame header blocks");
+                    assert_ne!(
+                        flags & 0x4,
+                        0,
+                        "test client expects single-frame header blocks"
+                    );
                     for (name, value) in self.decoder.decode(&payload).unwrap() {
                         match &name[..] {
                             b"grpc-status" => grpc_status = String::from_utf8(value).unwrap(),
@@ -144,8 +167,16 @@ impl RawGrpcClient {
             }
         }
         // Strip the gRPC length prefix.
-        let message = if message.len() >= 5 { message[5..].to_vec() } else { message };
-        Outcome::Response { grpc_status, grpc_message, message }
+        let message = if message.len() >= 5 {
+            message[5..].to_vec()
+        } else {
+            message
+        };
+        Outcome::Response {
+            grpc_status,
+            grpc_message,
+            message,
+        }
     }
 }
 
@@ -165,10 +196,17 @@ pub(crate) struct PluginDirs {
 impl PluginDirs {
     pub(crate) fn new(driver: &str) -> Self {
         // Short base path: socket paths must fit in 107 bytes.
-        let tmp = tempfile::Builder::new().prefix("nck").tempdir_in("/tmp").unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("nck")
+            .tempdir_in("/tmp")
+            .unwrap();
         let registry = tmp.path().join("registry");
         let plugin = tmp.path().join("plugins").join(driver);
-        Self { tmp, registry, plugin }
+        Self {
+            tmp,
+            registry,
+            plugin,
+        }
     }
 }
 
@@ -180,7 +218,9 @@ pub(crate) async fn tonic_channel(path: &Path) -> tonic::transport::Channel {
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let path = path.clone();
             async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(UnixStream::connect(path).await?))
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    UnixStream::connect(path).await?,
+                ))
             }
         }))
         .await
