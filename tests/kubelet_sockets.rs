@@ -418,3 +418,27 @@ async fn start_refuses_to_replace_a_file_that_is_not_a_socket() {
     );
     assert!(!dirs.registry.join("netclaim.dev-reg.sock").exists());
 }
+
+#[tokio::test]
+async fn shutdown_completes_while_kubelet_keeps_its_connections_open() {
+    // Kubelet holds its DRA connection for as long as the plugin is registered. Like grpc-go,
+    // tonic's client answers the server's GOAWAY/PING, so the server can close promptly.
+    let dirs = PluginDirs::new(DRIVER);
+    let handle = start_unavailable(&dirs).await;
+    let mut dra =
+        v1::dra_plugin_client::DraPluginClient::new(tonic_channel(handle.dra_socket()).await);
+    dra.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![] })
+        .await
+        .unwrap();
+    let mut registration = reg::registration_client::RegistrationClient::new(
+        tonic_channel(handle.registration_socket()).await,
+    );
+    registration.get_info(InfoRequest {}).await.unwrap();
+    handle.stop();
+    // Well below the 5 s after which the servers drop connections that do not close.
+    tokio::time::timeout(Duration::from_secs(4), handle.wait())
+        .await
+        .expect("graceful shutdown with live kubelet connections")
+        .unwrap();
+    drop((dra, registration));
+}

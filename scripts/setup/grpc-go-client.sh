@@ -35,9 +35,11 @@ A=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=/dev
 
 if [[ ! -f "$prefix/.unpacked" ]]; then
     # debian-archive-keyring holds the trixie signing keys on a bookworm machine.
-    retry apt-get update -qq
-    retry env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        debian-archive-keyring ca-certificates >/dev/null
+    if ! dpkg -s debian-archive-keyring >/dev/null 2>&1; then
+        retry apt-get update -qq
+        retry env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            debian-archive-keyring >/dev/null
+    fi
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
         > "$apt_dir/sources.list"
     mkdir -p "$apt_dir/cache/archives/partial"

@@ -365,6 +365,11 @@ impl ClientStreamRewriter {
                 }
                 let value: &[u8] = if &*name == b":authority" && !is_acceptable_authority(&value) {
                     rewritten = true;
+                    tracing::debug!(
+                        stream_id,
+                        authority = %String::from_utf8_lossy(&value),
+                        "replacing an :authority the http crate rejects with localhost"
+                    );
                     REPLACEMENT_AUTHORITY
                 } else {
                     &value
@@ -380,7 +385,6 @@ impl ClientStreamRewriter {
         }
         if rewritten {
             self.rewritten_authorities += 1;
-            tracing::debug!(stream_id, "replaced an :authority the http crate rejects");
         }
 
         let mut first_flags = 0;

@@ -250,20 +250,47 @@ impl KubeletPlugin {
         let service = DraService::new(preparer, config.call_timeout);
         let dra_path = dra_socket.clone();
         let mut dra_stop = stop_rx.clone();
+        // In-flight calls may take up to the call deadline; a client that never lets the
+        // connection close (no PING ack after GOAWAY) is dropped after that.
+        let drain = config.call_timeout + Duration::from_secs(5);
         let dra_task = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+            let server = tonic::transport::Server::builder()
                 .add_service(service.v1_server())
                 .add_service(service.v1beta1_server())
-                .serve_with_incoming_shutdown(adapted_incoming(dra_listener), async move {
-                    let _ = dra_stop.wait_for(|stop| *stop).await;
-                })
-                .await;
+                .serve_with_incoming_shutdown(adapted_incoming(dra_listener), async {
+                    let _ = stopped_rx.await;
+                });
+            tokio::pin!(server);
+            let result = tokio::select! {
+                result = &mut server => Some(result),
+                _ = dra_stop.wait_for(|stop| *stop) => None,
+            };
+            let result = if let Some(result) = result {
+                result
+                    .map_err(|source| KubeletError::Serve {
+                        path: dra_path.clone(),
+                        source,
+                    })
+                    .and(Err(KubeletError::ServerStopped {
+                        path: dra_path.clone(),
+                    }))
+            } else {
+                let _ = stopped_tx.send(());
+                if let Ok(result) = tokio::time::timeout(drain, &mut server).await {
+                    result.map_err(|source| KubeletError::Serve {
+                        path: dra_path.clone(),
+                        source,
+                    })
+                } else {
+                    tracing::warn!(path = %dra_path.display(),
+                        "DRA connections still open after {drain:?}; dropping them");
+                    Ok(())
+                }
+            };
             remove_socket_if_ours(&dra_path, dra_identity);
             tracing::info!(path = %dra_path.display(), "DRA socket removed");
-            result.map_err(|source| KubeletError::Serve {
-                path: dra_path,
-                source,
-            })
+            result
         });
 
         // Bound here so that a bind error is returned to the caller.

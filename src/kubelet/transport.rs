@@ -51,6 +51,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityAdapter<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             if !this.ready.is_empty() {
                 let n = buf.remaining().min(this.ready.len());
