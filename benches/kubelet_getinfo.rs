@@ -12,8 +12,10 @@ mod kubelet_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use criterion::{Criterion, criterion_group, criterion_main};
 use kubelet_support::{Outcome, RawGrpcClient, tonic_channel};
+use netclaim::kubelet::ClientStreamRewriter;
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
@@ -130,5 +132,82 @@ fn getinfo(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, getinfo);
+fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("small payload")
+        .to_be_bytes();
+    let mut out = len[1..].to_vec();
+    out.extend([frame_type, flags]);
+    out.extend(stream_id.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// CPU cost of the rewriter alone for kubelet's `GetInfo` request: the first request of a
+/// connection (literal fields, new decoder) and a later one (dynamic-table references).
+fn rewriter(c: &mut Criterion) {
+    let authority = b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fnetclaim.dev-reg.sock";
+    let headers: [(&[u8], &[u8]); 7] = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", GET_INFO.as_bytes()),
+        (b":authority", authority),
+        (b"content-type", b"application/grpc"),
+        (b"user-agent", b"grpc-go/1.64.0"),
+        (b"te", b"trailers"),
+    ];
+    // Encoded like grpc-go: Huffman strings, incremental indexing, table references.
+    let mut encoder = httlib_hpack::Encoder::default();
+    let mut encode = |out: &mut Vec<u8>| {
+        for (name, value) in headers {
+            let flags = httlib_hpack::Encoder::HUFFMAN_NAME
+                | httlib_hpack::Encoder::HUFFMAN_VALUE
+                | httlib_hpack::Encoder::WITH_INDEXING
+                | httlib_hpack::Encoder::BEST_FORMAT;
+            encoder
+                .encode((name.to_vec(), value.to_vec(), flags), out)
+                .expect("encodable");
+        }
+    };
+    let (mut first_block, mut later_block) = (Vec::new(), Vec::new());
+    encode(&mut first_block);
+    encode(&mut later_block);
+    let mut first = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    first.extend(frame(0x4, 0, 0, &[]));
+    first.extend(frame(0x1, 0x4, 1, &first_block));
+    first.extend(frame(0x0, 0x1, 1, &[0; 5]));
+    let mut later = frame(0x1, 0x4, 3, &later_block);
+    later.extend(frame(0x0, 0x1, 3, &[0; 5]));
+
+    let mut group = c.benchmark_group("authority_rewriter");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    group.bench_function("first_getinfo_of_a_connection", |b| {
+        b.iter(|| {
+            let mut rewriter = ClientStreamRewriter::new();
+            let mut output = BytesMut::with_capacity(512);
+            rewriter
+                .process(&mut BytesMut::from(&first[..]), &mut output)
+                .expect("valid input");
+            output
+        });
+    });
+    let mut rewriter = ClientStreamRewriter::new();
+    rewriter
+        .process(&mut BytesMut::from(&first[..]), &mut BytesMut::new())
+        .expect("valid input");
+    group.bench_function("later_getinfo_on_the_connection", |b| {
+        b.iter(|| {
+            let mut output = BytesMut::with_capacity(512);
+            rewriter
+                .process(&mut BytesMut::from(&later[..]), &mut output)
+                .expect("valid input");
+            output
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, rewriter, getinfo);
 criterion_main!(benches);

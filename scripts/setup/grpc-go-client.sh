@@ -10,7 +10,7 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-base=/opt/netclaim-test
+base="${NETCLAIM_TEST_PREFIX:-/opt/netclaim-test}"   # overridable for trying the script
 prefix="$base/go-grpc"             # unpacked debs
 apt_dir="$base/apt-trixie"         # private apt state (sources list, package lists, debs)
 gopath="$base/go-build"            # GOPATH for our own package

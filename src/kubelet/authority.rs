@@ -8,8 +8,8 @@
 //!
 //! How: [`ClientStreamRewriter`] is a pure byte transformer (no I/O). It passes the connection
 //! preface and every frame through untouched, except header blocks (`HEADERS` plus its
-//! `CONTINUATION`s): those are reassembled, decoded with an HPACK decoder that mirrors the
-//! client's encoder (dynamic table, size updates, Huffman), the authority is replaced by
+//! `CONTINUATION`s): those are reassembled, decoded with an HPACK decoder (`httlib-hpack`) that
+//! mirrors the client's encoder (dynamic table, size updates, Huffman), the authority is replaced by
 //! `localhost` when `http` would reject it, and the block is re-encoded with literals that are
 //! never indexed. Because *every* block is re-encoded that way, the server's HPACK dynamic table
 //! stays empty and can never disagree with the client's. Padding is dropped, the priority
@@ -18,9 +18,7 @@
 //! The server-to-client half is not touched at all.
 
 use bytes::{Buf, BufMut, BytesMut};
-use loona_hpack::Decoder;
-use loona_hpack::decoder::DecoderError;
-use loona_hpack::encoder::encode_integer_into;
+use httlib_hpack::{Decoder, DecoderError};
 
 /// The client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -29,12 +27,15 @@ const FRAME_HEADER_LEN: usize = 9;
 /// Largest frame payload we emit: the minimum value of `SETTINGS_MAX_FRAME_SIZE`.
 const MAX_EMITTED_PAYLOAD: usize = 16_384;
 /// Bound on one encoded header block (all fragments); kubelet's blocks are a few hundred bytes.
-pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
-/// Bound on one decoded header list (RFC 7541 §4.1 sizes: name + value + 32 per field).
-pub(crate) const MAX_DECODED_HEADER_LIST: usize = 1 << 20;
-/// Largest dynamic table the client may announce in a size update. The server (h2) advertises
-/// the default 4096 and the client may not exceed what it was told; the cap only bounds memory.
-const MAX_DYNAMIC_TABLE: usize = 64 * 1024;
+pub(crate) const MAX_HEADER_BLOCK: usize = 64 * 1024;
+/// Bound on one decoded header list (RFC 7541 §4.1 sizes: name + value + 32 per field): four
+/// times the 16 KiB `SETTINGS_MAX_HEADER_LIST_SIZE` that hyper's server (under tonic)
+/// advertises, so every list the server would accept gets through.
+pub(crate) const MAX_DECODED_HEADER_LIST: usize = 64 * 1024;
+/// Largest dynamic table the client may announce in a size update: the server's
+/// `SETTINGS_HEADER_TABLE_SIZE`, which h2 leaves at the protocol default and tonic does not
+/// change.
+const MAX_DYNAMIC_TABLE: u32 = 4096;
 /// What an unusable authority is replaced with (what grpc-go sends for `unix:` targets).
 pub(crate) const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 
@@ -144,11 +145,9 @@ impl ClientStreamRewriter {
     /// A rewriter for a fresh connection (expects the client preface first).
     #[must_use]
     pub fn new() -> Self {
-        let mut decoder = Decoder::new();
-        decoder.set_max_allowed_table_size(MAX_DYNAMIC_TABLE);
         Self {
             position: Position::Preface { matched: 0 },
-            decoder,
+            decoder: Decoder::with_dynamic_size(MAX_DYNAMIC_TABLE),
             open_block: None,
             rewritten_authorities: 0,
         }
@@ -354,16 +353,33 @@ impl ClientStreamRewriter {
         };
         let stream_id = block.stream_id;
 
-        let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
+        let mut remaining = block.fragment;
+        let mut encoded = Vec::with_capacity(remaining.len() + 64);
         let mut decoded_size = 0_usize;
         let mut rewritten = false;
-        self.decoder
-            .decode_with_cb(&block.fragment, |name, value| {
+        // One representation at a time (the capacity of `fields` bounds how many the decoder
+        // takes per call), so an oversized list is refused before it is materialised.
+        let mut fields = Vec::with_capacity(1);
+        while !remaining.is_empty() {
+            let before = remaining.len();
+            self.decoder
+                .decode_exact(&mut remaining, &mut fields)
+                .map_err(|source| AuthorityRewriteError::Hpack { stream_id, source })?;
+            if remaining.len() == before {
+                return Err(AuthorityRewriteError::Hpack {
+                    stream_id,
+                    source: DecoderError::InvalidInput,
+                });
+            }
+            for (name, value, _flags) in fields.drain(..) {
                 decoded_size = decoded_size.saturating_add(name.len() + value.len() + 32);
                 if decoded_size > MAX_DECODED_HEADER_LIST {
-                    return;
+                    return Err(AuthorityRewriteError::HeaderBlockTooLarge {
+                        stream_id,
+                        limit: MAX_DECODED_HEADER_LIST,
+                    });
                 }
-                let value: &[u8] = if &*name == b":authority" && !is_acceptable_authority(&value) {
+                let value: &[u8] = if name == b":authority" && !is_acceptable_authority(&value) {
                     rewritten = true;
                     tracing::debug!(
                         stream_id,
@@ -375,13 +391,7 @@ impl ClientStreamRewriter {
                     &value
                 };
                 encode_never_indexed(&name, value, &mut encoded);
-            })
-            .map_err(|source| AuthorityRewriteError::Hpack { stream_id, source })?;
-        if decoded_size > MAX_DECODED_HEADER_LIST {
-            return Err(AuthorityRewriteError::HeaderBlockTooLarge {
-                stream_id,
-                limit: MAX_DECODED_HEADER_LIST,
-            });
+            }
         }
         if rewritten {
             self.rewritten_authorities += 1;
@@ -434,10 +444,27 @@ fn encode_never_indexed(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
     encode_string(value, out);
 }
 
+/// A string literal without Huffman coding (RFC 7541 §5.2): H = 0, 7-bit prefix length.
 fn encode_string(bytes: &[u8], out: &mut Vec<u8>) {
-    // Writing into a Vec cannot fail.
-    let _ = encode_integer_into(bytes.len(), 7, 0, out);
+    encode_integer(bytes.len(), 7, 0, out);
     out.extend_from_slice(bytes);
+}
+
+/// An integer with an N-bit prefix (RFC 7541 §5.1); `flags` fills the bits above the prefix.
+fn encode_integer(value: usize, prefix_bits: u8, flags: u8, out: &mut Vec<u8>) {
+    let max_prefix = (1_usize << prefix_bits) - 1;
+    if value < max_prefix {
+        // Fits the prefix: `value < 2^prefix_bits ≤ 128`.
+        out.push(flags | u8::try_from(value).unwrap_or(u8::MAX));
+        return;
+    }
+    out.push(flags | u8::try_from(max_prefix).unwrap_or(u8::MAX));
+    let mut rest = value - max_prefix;
+    while rest >= 0x80 {
+        out.push(0x80 | u8::try_from(rest & 0x7f).unwrap_or(0));
+        rest >>= 7;
+    }
+    out.push(u8::try_from(rest).unwrap_or(0));
 }
 
 fn put_frame_header(out: &mut BytesMut, length: usize, frame_type: u8, flags: u8, stream_id: u32) {
@@ -455,7 +482,7 @@ fn put_frame_header(out: &mut BytesMut, length: usize, frame_type: u8, flags: u8
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loona_hpack::Encoder;
+    use httlib_hpack::Encoder;
 
     type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -485,8 +512,19 @@ mod tests {
         ]
     }
 
+    /// Encodes like grpc-go: Huffman strings, incremental indexing, table references.
     fn encode(encoder: &mut Encoder<'_>, headers: &HeaderList) -> Vec<u8> {
-        encoder.encode(headers.iter().map(|(n, v)| (&n[..], &v[..])))
+        let mut out = Vec::new();
+        for (name, value) in headers {
+            let flags = Encoder::HUFFMAN_NAME
+                | Encoder::HUFFMAN_VALUE
+                | Encoder::WITH_INDEXING
+                | Encoder::BEST_FORMAT;
+            encoder
+                .encode((name.clone(), value.clone(), flags), &mut out)
+                .unwrap();
+        }
+        out
     }
 
     /// Parses the rewriter's output frames; decodes header blocks with a fresh decoder that
@@ -501,7 +539,7 @@ mod tests {
         assert!(bytes.starts_with(PREFACE));
         bytes = &bytes[PREFACE.len()..];
         let mut view = ServerView {
-            decoder: Decoder::new(),
+            decoder: Decoder::default(),
             frames: vec![],
             header_lists: vec![],
         };
@@ -523,17 +561,21 @@ mod tests {
                 assert_eq!(flags & FLAG_PADDED, 0, "padding is dropped");
                 block.extend_from_slice(&payload[skip..]);
                 if flags & FLAG_END_HEADERS != 0 {
-                    view.header_lists.push(view.decoder.decode(&block).unwrap());
-                    block.clear();
+                    let mut fields = Vec::new();
+                    view.decoder.decode(&mut block, &mut fields).unwrap();
+                    assert!(fields.iter().all(|f| f.2 == Decoder::NEVER_INDEXED));
+                    view.header_lists
+                        .push(fields.into_iter().map(|(n, v, _)| (n, v)).collect());
                 }
             }
             view.frames.push((ty, flags, sid, payload));
         }
         // Every emitted field is never-indexed, so the server-side table stays empty.
-        assert_eq!(
-            view.decoder.decode(&[INDEXED_62]).err(),
-            Some(DecoderError::HeaderIndexOutOfBounds)
-        );
+        let err = view
+            .decoder
+            .decode(&mut vec![INDEXED_62], &mut Vec::new())
+            .unwrap_err();
+        assert_eq!(err, DecoderError::InvalidIndex);
         view
     }
 
@@ -544,6 +586,22 @@ mod tests {
         rewriter.process(&mut inbuf, &mut out).unwrap();
         assert!(inbuf.is_empty(), "all input consumed");
         (rewriter, out.to_vec())
+    }
+
+    #[test]
+    fn string_lengths_at_prefix_boundaries_round_trip() {
+        for len in [0, 1, 126, 127, 128, 254, 255, 16_383, 16_384, 40_000] {
+            let value = vec![b'v'; len];
+            let mut block = Vec::new();
+            encode_never_indexed(b"x-len", &value, &mut block);
+            let mut fields = Vec::new();
+            Decoder::default().decode(&mut block, &mut fields).unwrap();
+            assert_eq!(
+                fields,
+                vec![(b"x-len".to_vec(), value, Decoder::NEVER_INDEXED)],
+                "{len}"
+            );
+        }
     }
 
     #[test]
@@ -560,7 +618,7 @@ mod tests {
 
     #[test]
     fn percent_encoded_authority_is_replaced_and_other_headers_kept() {
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let headers = request_headers(b"%2Ftmp%2Fx%2Freg.sock");
         let mut input = PREFACE.to_vec();
         input.extend(frame(0x4, 0, 0, &[])); // SETTINGS
@@ -586,7 +644,7 @@ mod tests {
 
     #[test]
     fn valid_authority_is_left_alone() {
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let headers = request_headers(b"localhost:50051");
         let mut input = PREFACE.to_vec();
         input.extend(frame(
@@ -606,14 +664,15 @@ mod tests {
     fn dynamic_table_references_of_later_requests_are_resolved() {
         // The client's encoder indexes the first block's fields; the second block is then
         // mostly table references that only our mirror decoder can resolve.
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let first = request_headers(b"%2Fsock");
         let mut second = request_headers(b"%2Fsock");
         second[2].1 = b"/pluginregistration.Registration/NotifyRegistrationStatus".to_vec();
         let block2 = encode(&mut encoder, &first);
         let block3 = encode(&mut encoder, &second);
+        // An indexed field (high bit) with a one-byte index of 62 or more is a table reference.
         assert!(
-            block3.contains(&(INDEXED_62)),
+            block3.iter().any(|b| (INDEXED_62..0xff).contains(b)),
             "second block references the dynamic table"
         );
         let mut input = PREFACE.to_vec();
@@ -629,7 +688,7 @@ mod tests {
 
     #[test]
     fn padding_priority_and_continuation_are_handled() {
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let headers = request_headers(b"%2Fsock");
         let block = encode(&mut encoder, &headers);
         let (a, rest) = block.split_at(10);
@@ -658,7 +717,7 @@ mod tests {
 
     #[test]
     fn large_blocks_are_split_into_frames_of_at_most_16k() {
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let mut headers = request_headers(b"%2Fsock");
         headers.push((b"x-big".to_vec(), vec![b'a'; 40_000]));
         let block = encode(&mut encoder, &headers);
@@ -682,7 +741,7 @@ mod tests {
 
     #[test]
     fn input_arriving_byte_by_byte_gives_the_same_output() {
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let mut input = PREFACE.to_vec();
         input.extend(frame(0x4, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]));
         input.extend(frame(
@@ -708,7 +767,7 @@ mod tests {
     fn table_size_update_from_client_is_applied_to_the_mirror() {
         // A size update to 0 evicts everything: a later reference to index 62 must fail,
         // exactly as it would in the real server decoder.
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let block = encode(&mut encoder, &request_headers(b"%2Fs"));
         let mut input = PREFACE.to_vec();
         input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block));
@@ -728,7 +787,7 @@ mod tests {
 
     #[test]
     fn frame_between_headers_and_continuation_is_rejected() {
-        let mut encoder = Encoder::new();
+        let mut encoder = Encoder::default();
         let block = encode(&mut encoder, &request_headers(b"%2Fs"));
         let mut input = PREFACE.to_vec();
         input.extend(frame(FRAME_HEADERS, 0, 1, &block[..5]));

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use loona_hpack::{Decoder, Encoder};
+use httlib_hpack::{Decoder, Encoder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -60,8 +60,8 @@ impl RawGrpcClient {
         stream.write_all(&hello).await.unwrap();
         Self {
             stream,
-            encoder: Encoder::new(),
-            decoder: Decoder::new(),
+            encoder: Encoder::default(),
+            decoder: Decoder::default(),
             next_stream: 1,
             inbuf: vec![],
         }
@@ -81,7 +81,17 @@ impl RawGrpcClient {
             (b"user-agent", b"grpc-go/1.64.0"),
             (b"te", b"trailers"),
         ];
-        let block = self.encoder.encode(headers);
+        // Like grpc-go: Huffman strings, incremental indexing, references to the table.
+        let mut block = Vec::new();
+        for (name, value) in headers {
+            let flags = Encoder::HUFFMAN_NAME
+                | Encoder::HUFFMAN_VALUE
+                | Encoder::WITH_INDEXING
+                | Encoder::BEST_FORMAT;
+            self.encoder
+                .encode((name.to_vec(), value.to_vec(), flags), &mut block)
+                .unwrap();
+        }
         let mut grpc = vec![0];
         grpc.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
         grpc.extend_from_slice(message);
@@ -121,6 +131,14 @@ impl RawGrpcClient {
             let Some((ty, flags, sid, payload)) = self.read_frame().await else {
                 panic!("connection closed before stream {stream_id} ended");
             };
+            if ty == 0x0 && !payload.is_empty() {
+                // Give the connection window back, or the server stalls after 64 KiB.
+                let increment = u32::try_from(payload.len()).unwrap().to_be_bytes();
+                self.stream
+                    .write_all(&frame(0x8, 0, 0, &increment))
+                    .await
+                    .unwrap();
+            }
             match ty {
                 0x4 if flags & 0x1 == 0 => {
                     self.stream
@@ -146,7 +164,11 @@ impl RawGrpcClient {
                         0,
                         "test client expects single-frame header blocks"
                     );
-                    for (name, value) in self.decoder.decode(&payload).unwrap() {
+                    let mut fields = Vec::new();
+                    self.decoder
+                        .decode(&mut payload.clone(), &mut fields)
+                        .unwrap();
+                    for (name, value, _) in fields {
                         match &name[..] {
                             b"grpc-status" => grpc_status = String::from_utf8(value).unwrap(),
                             b"grpc-message" => grpc_message = String::from_utf8(value).unwrap(),
