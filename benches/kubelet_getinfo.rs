@@ -10,7 +10,7 @@
 mod kubelet_support;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -80,6 +80,54 @@ fn assert_ok(outcome: &Outcome) {
     );
 }
 
+/// Latencies of single calls, recorded next to criterion's own measurement.
+#[derive(Default)]
+struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    fn median(&mut self) -> Duration {
+        self.0.sort_unstable();
+        self.0.get(self.0.len() / 2).copied().unwrap_or_default()
+    }
+}
+
+/// Times `iters` calls of `timed` for criterion, each paired with a call of `other`; both
+/// calls' latencies are also logged. Load from other processes drifts over time (measured one
+/// after the other, the plain and adapter medians moved by ±40 % between runs), so the paired
+/// log, where both sides share every time window, is what compares them.
+fn interleaved(
+    iters: u64,
+    (timed, timed_log): (&mut dyn FnMut(), &mut Latencies),
+    (other, other_log): (&mut dyn FnMut(), &mut Latencies),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let start = Instant::now();
+        other();
+        let middle = Instant::now();
+        timed();
+        let elapsed = middle.elapsed();
+        other_log.0.push(middle - start);
+        timed_log.0.push(elapsed);
+        total += elapsed;
+    }
+    total
+}
+
+fn print_paired(client: &str, plain: &mut Latencies, adapter: &mut Latencies) {
+    let (p, a) = (plain.median(), adapter.median());
+    let overhead = a.as_secs_f64() - p.as_secs_f64();
+    println!(
+        "paired medians, {client}, {} calls each: plain {:.1} us, adapter {:.1} us, \
+         overhead {:+.1} us ({:+.1} %)",
+        plain.0.len(),
+        p.as_secs_f64() * 1e6,
+        a.as_secs_f64() * 1e6,
+        overhead * 1e6,
+        overhead / p.as_secs_f64() * 100.0
+    );
+}
+
 fn getinfo(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -101,34 +149,68 @@ fn getinfo(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(4))
         .warm_up_time(Duration::from_secs(1));
 
-    for (name, path) in [
-        ("tonic_client/plain", &plain),
-        ("tonic_client/adapter", &adapted),
-    ] {
-        let mut client =
-            reg::registration_client::RegistrationClient::new(rt.block_on(tonic_channel(path)));
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                rt.block_on(client.get_info(InfoRequest {}))
-                    .expect("GetInfo succeeds")
-            });
+    let mut tonic_plain =
+        reg::registration_client::RegistrationClient::new(rt.block_on(tonic_channel(&plain)));
+    let mut tonic_adapted =
+        reg::registration_client::RegistrationClient::new(rt.block_on(tonic_channel(&adapted)));
+    let mut call_tonic_plain = || {
+        rt.block_on(tonic_plain.get_info(InfoRequest {}))
+            .expect("GetInfo succeeds");
+    };
+    let mut call_tonic_adapted = || {
+        rt.block_on(tonic_adapted.get_info(InfoRequest {}))
+            .expect("GetInfo succeeds");
+    };
+    let (mut plain_log, mut adapter_log) = (Latencies::default(), Latencies::default());
+    group.bench_function("tonic_client/plain", |b| {
+        b.iter_custom(|n| {
+            interleaved(
+                n,
+                (&mut call_tonic_plain, &mut plain_log),
+                (&mut call_tonic_adapted, &mut adapter_log),
+            )
         });
-    }
+    });
+    group.bench_function("tonic_client/adapter", |b| {
+        b.iter_custom(|n| {
+            interleaved(
+                n,
+                (&mut call_tonic_adapted, &mut adapter_log),
+                (&mut call_tonic_plain, &mut plain_log),
+            )
+        });
+    });
+    print_paired("tonic client", &mut plain_log, &mut adapter_log);
 
     let mut raw_plain = rt.block_on(RawGrpcClient::connect(&plain));
-    group.bench_function("raw_client/plain_localhost", |b| {
-        b.iter(|| {
-            let outcome = rt.block_on(raw_plain.call("localhost", GET_INFO, &[]));
-            assert_ok(&outcome);
-        });
-    });
     let mut raw_adapted = rt.block_on(RawGrpcClient::connect(&adapted));
-    group.bench_function("raw_client/adapter_percent_encoded_path", |b| {
-        b.iter(|| {
-            let outcome = rt.block_on(raw_adapted.call(&percent_path, GET_INFO, &[]));
-            assert_ok(&outcome);
+    let mut call_raw_plain = || assert_ok(&rt.block_on(raw_plain.call("localhost", GET_INFO, &[])));
+    let mut call_raw_adapted =
+        || assert_ok(&rt.block_on(raw_adapted.call(&percent_path, GET_INFO, &[])));
+    let (mut plain_log, mut adapter_log) = (Latencies::default(), Latencies::default());
+    group.bench_function("raw_client/plain_localhost", |b| {
+        b.iter_custom(|n| {
+            interleaved(
+                n,
+                (&mut call_raw_plain, &mut plain_log),
+                (&mut call_raw_adapted, &mut adapter_log),
+            )
         });
     });
+    group.bench_function("raw_client/adapter_percent_encoded_path", |b| {
+        b.iter_custom(|n| {
+            interleaved(
+                n,
+                (&mut call_raw_adapted, &mut adapter_log),
+                (&mut call_raw_plain, &mut plain_log),
+            )
+        });
+    });
+    print_paired(
+        "raw client (adapter: percent-encoded path)",
+        &mut plain_log,
+        &mut adapter_log,
+    );
     group.finish();
 }
 
