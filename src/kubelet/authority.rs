@@ -820,6 +820,133 @@ mod tests {
         assert!(err.to_string().contains("padding"), "{err}");
     }
 
+    /// Deterministic pseudo-random numbers (no extra dependency for one test).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            usize::try_from(self.0 >> 33).unwrap() % n
+        }
+    }
+
+    #[test]
+    fn many_connections_with_random_encodings_and_splits_keep_every_header() {
+        let mut rng = Lcg(42);
+        let authorities: [&[u8]; 3] = [b"%2Fvar%2Flib%2Fx.sock", b"/var/lib/x.sock", b"localhost"];
+        let paths: [&[u8]; 3] = [
+            b"/a.B/C",
+            b"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            b"/x",
+        ];
+        for _connection in 0..200 {
+            let mut encoder = Encoder::default();
+            let mut input = PREFACE.to_vec();
+            let mut expected = Vec::new();
+            for request in 0..=rng.below(6) {
+                if rng.below(4) == 0 {
+                    // Shrink then regrow the table, as an encoder may at the start of a block.
+                    let size = u32::try_from(rng.below(4097)).unwrap();
+                    let mut update = Vec::new();
+                    encoder.update_max_dynamic_size(size, &mut update).unwrap();
+                    let mut headers = request_headers(authorities[rng.below(3)]);
+                    headers[2].1 = paths[rng.below(3)].to_vec();
+                    let mut block = update;
+                    block.extend(encode_with(&mut encoder, &headers, &mut rng));
+                    push_block(
+                        &mut input,
+                        &block,
+                        2 * u32::try_from(request).unwrap() + 1,
+                        &mut rng,
+                    );
+                    expected.push(rewritten(headers));
+                } else {
+                    let mut headers = request_headers(authorities[rng.below(3)]);
+                    headers[2].1 = paths[rng.below(3)].to_vec();
+                    headers.push((b"x-n".to_vec(), vec![b'n'; rng.below(300)]));
+                    let block = encode_with(&mut encoder, &headers, &mut rng);
+                    push_block(
+                        &mut input,
+                        &block,
+                        2 * u32::try_from(request).unwrap() + 1,
+                        &mut rng,
+                    );
+                    expected.push(rewritten(headers));
+                }
+                input.extend(frame(
+                    0x0,
+                    FLAG_END_STREAM,
+                    2 * u32::try_from(request).unwrap() + 1,
+                    b"\0\0\0\0\0",
+                ));
+            }
+            // Feed in random chunks.
+            let mut rewriter = ClientStreamRewriter::new();
+            let (mut inbuf, mut out) = (BytesMut::new(), BytesMut::new());
+            let mut rest = &input[..];
+            while !rest.is_empty() {
+                let (chunk, tail) = rest.split_at(1 + rng.below(rest.len().min(64)));
+                inbuf.extend_from_slice(chunk);
+                rewriter.process(&mut inbuf, &mut out).unwrap();
+                rest = tail;
+            }
+            assert!(inbuf.is_empty());
+            assert_eq!(server_view(&out).header_lists, expected);
+        }
+    }
+
+    fn encode_with(encoder: &mut Encoder<'_>, headers: &HeaderList, rng: &mut Lcg) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in headers {
+            let choices = [
+                Encoder::HUFFMAN_NAME
+                    | Encoder::HUFFMAN_VALUE
+                    | Encoder::WITH_INDEXING
+                    | Encoder::BEST_FORMAT,
+                Encoder::HUFFMAN_VALUE | Encoder::BEST_FORMAT,
+                Encoder::NEVER_INDEXED,
+                Encoder::WITH_INDEXING,
+            ];
+            let flags = choices[rng.below(choices.len())];
+            encoder
+                .encode((name.clone(), value.clone(), flags), &mut out)
+                .unwrap();
+        }
+        out
+    }
+
+    /// HEADERS plus CONTINUATIONs at random split points, sometimes padded.
+    fn push_block(input: &mut Vec<u8>, block: &[u8], stream_id: u32, rng: &mut Lcg) {
+        let first_len = block.len().min(1 + rng.below(block.len().max(1)));
+        let (first, mut rest) = block.split_at(first_len);
+        let end = if rest.is_empty() { FLAG_END_HEADERS } else { 0 };
+        if rng.below(2) == 0 {
+            let pad = u8::try_from(rng.below(20)).unwrap();
+            let mut payload = vec![pad];
+            payload.extend(first);
+            payload.extend(vec![0; usize::from(pad)]);
+            input.extend(frame(FRAME_HEADERS, FLAG_PADDED | end, stream_id, &payload));
+        } else {
+            input.extend(frame(FRAME_HEADERS, end, stream_id, first));
+        }
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(rest.len().min(1 + rng.below(40)));
+            let end = if tail.is_empty() { FLAG_END_HEADERS } else { 0 };
+            input.extend(frame(FRAME_CONTINUATION, end, stream_id, chunk));
+            rest = tail;
+        }
+    }
+
+    fn rewritten(mut headers: HeaderList) -> HeaderList {
+        if !is_acceptable_authority(&headers[3].1) {
+            headers[3].1 = REPLACEMENT_AUTHORITY.to_vec();
+        }
+        headers
+    }
+
     #[test]
     fn non_http2_bytes_pass_through_unchanged() {
         let input = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
