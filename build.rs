@@ -9,6 +9,7 @@ fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo always sets OUT_DIR"));
     nri_protos(&out_dir);
     cri_protos();
+    kubelet_protos();
 }
 
 /// NRI (`src/nri`): rust-protobuf messages and ttrpc stubs from `proto/nri/api.proto`.
@@ -45,4 +46,27 @@ fn cri_protos() {
         .build_server(false)
         .compile_fds(fds)
         .expect("tonic codegen failed on proto/cri/api.proto");
+}
+
+/// Kubelet plugin registration v1, DRA v1 and v1beta1, and DRA health v1alpha1
+/// (`src/kubelet/`). Parsed with `protox` (pure Rust) so a fresh machine needs no `protoc`;
+/// the generated code lands in `$OUT_DIR/kubelet_protos.rs` as one module tree.
+fn kubelet_protos() {
+    const PROTOS: [&str; 4] = [
+        "proto/pluginregistration/v1/registration.proto",
+        "proto/dra/v1/dra.proto",
+        "proto/dra/v1beta1/dra.proto",
+        "proto/dra-health/v1alpha1/health.proto",
+    ];
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors =
+        protox::compile(PROTOS, ["proto"]).expect("the kubelet protos under proto/ must compile");
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .include_file("kubelet_protos.rs")
+        .compile_fds(descriptors)
+        .expect("tonic codegen failed on the kubelet protos");
 }

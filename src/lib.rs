@@ -16,6 +16,7 @@ pub mod host;
 pub mod inventory;
 pub mod ipam;
 pub mod k8s;
+pub mod kubelet;
 pub mod metrics;
 pub mod model;
 pub mod node;
