@@ -1,0 +1,96 @@
+//! What one `ResourceClaim` asks of this driver on this node: the checks kubelet leaves to
+//! the driver (UID, single consumer), this driver's allocation results for this node's pool,
+//! and this driver's config entries of the allocation snapshot. Pure.
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::ClaimError;
+use crate::kubelet::ClaimRef;
+use crate::model::network_config::{ConfigEntry, ConfigSource};
+
+/// One device allocated to the claim by this driver in this node's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedResult {
+    /// Request name (`nic` or `nic/fast` for a `firstAvailable` sub-request).
+    pub request: String,
+    /// Pool (the node name).
+    pub pool: String,
+    /// Device name within the pool.
+    pub device: String,
+    /// `shareID` of a share of a device with `allowMultipleAllocations`.
+    pub share_id: Option<String>,
+}
+
+/// This driver's part of a claim's allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimAllocation {
+    /// Results for this driver and pool, in allocation order.
+    pub results: Vec<AllocatedResult>,
+    /// This driver's config entries (class and claim), in snapshot order.
+    pub config: Vec<ConfigEntry>,
+}
+
+/// Checks the claim read from the API against kubelet's reference and extracts what this
+/// driver (`driver`) must prepare on this node (`pool`).
+pub fn extract(
+    requested: &ClaimRef,
+    claim: &ResourceClaim,
+    driver: &str,
+    pool: &str,
+) -> Result<ClaimAllocation, ClaimError> {
+    let found_uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    if found_uid != requested.uid {
+        // A claim deleted and re-created under the same name: kubelet's claim is gone.
+        return Err(ClaimError::UidMismatch {
+            requested: requested.uid.clone(),
+            found: found_uid.to_owned(),
+        });
+    }
+    let status = claim.status.as_ref();
+    let consumers = status.and_then(|s| s.reserved_for.as_deref()).unwrap_or_default();
+    if consumers.len() > 1 {
+        // One network interface cannot sit in two pods' network namespaces.
+        return Err(ClaimError::SharedByPods {
+            consumers: consumers
+                .iter()
+                .map(|c| format!("{} {} (uid {})", c.resource, c.name, c.uid))
+                .collect(),
+        });
+    }
+    let Some(devices) = status.and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref())
+    else {
+        return Err(ClaimError::NotAllocated);
+    };
+    let results: Vec<AllocatedResult> = devices
+        .results
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.driver == driver && r.pool == pool)
+        .map(|r| AllocatedResult {
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+        })
+        .collect();
+    if results.is_empty() {
+        return Err(ClaimError::NoResults { driver: driver.to_owned(), pool: pool.to_owned() });
+    }
+    let mut config = Vec::new();
+    for (index, entry) in devices.config.as_deref().unwrap_or_default().iter().enumerate() {
+        // The snapshot holds every driver's config; other drivers' entries are not ours to
+        // judge (KEP-4381: a driver ignores opaque config it does not own).
+        let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let source = ConfigSource::from_api(&entry.source)
+            .ok_or_else(|| ClaimError::ConfigSource { index, value: entry.source.clone() })?;
+        config.push(ConfigEntry {
+            source,
+            requests: entry.requests.clone().unwrap_or_default(),
+            parameters: opaque.parameters.0.clone(),
+        });
+    }
+    Ok(ClaimAllocation { results, config })
+}

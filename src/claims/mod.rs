@@ -1,0 +1,509 @@
+//! NodePrepareResources / NodeUnprepareResources (DESIGN §5 steps 2 and 6): reads each
+//! claim, checks it, resolves its `NetworkConfig` against the allocated device, reserves its
+//! addresses, and persists the prepared claim that the attach step executes later.
+//!
+//! The service talks to the world through three ports: [`ClaimReader`] (the API),
+//! [`DeviceLookup`] (the node's inventory) and [`ClaimStore`] (durable state, also the
+//! IPAM's lease store). Claims of one request run concurrently (at most
+//! [`MAX_CONCURRENT_CLAIMS`]); calls for the same claim UID are serialised, so a repeated
+//! prepare waits for the first and returns its stored answer without an API call.
+//!
+//! Durability order: leases are written by the IPAM before the prepared claim; a crash in
+//! between leaves leases without a claim, which [`ClaimService::load`] releases at start
+//! (nothing was returned to kubelet, which will ask again).
+
+pub mod allocation;
+pub mod facts;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::StreamExt;
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde::{Deserialize, Serialize};
+
+use crate::ipam::{Ipam, IpamError, LeaseOwner, LeaseStore};
+use crate::kubelet::{
+    ClaimFailure, ClaimPreparer, ClaimRef, PrepareResults, PreparedDevice, UnprepareResults,
+};
+use crate::model::network_config::{
+    self, Addressing, ConfigError, DeviceFacts, MacvlanMode, ResolvedMode, ResolvedNetworkConfig,
+};
+
+use allocation::ClaimAllocation;
+
+/// Claims of one request prepared at the same time; kubelet sends one pod's claims, and a
+/// bound keeps a pathological request from opening unbounded API calls.
+pub const MAX_CONCURRENT_CLAIMS: usize = 16;
+
+/// Why the API could not give a claim.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The claim does not exist (deleted after kubelet looked).
+    #[error("ResourceClaim not found")]
+    NotFound,
+    /// The request failed (network, authorisation, server error).
+    #[error("reading the ResourceClaim: {0}")]
+    Failed(String),
+}
+
+/// Reads `ResourceClaim`s by namespace and name (a direct GET; DESIGN §10: no claim watch
+/// on nodes).
+pub trait ClaimReader: Send + Sync + 'static {
+    /// The claim as the API server has it now.
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<ResourceClaim, ReadError>> + Send;
+}
+
+/// Why an allocated device could not be looked up.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookupError {
+    /// This node publishes no device of that name (any more).
+    #[error("device {0:?} is not in this node's inventory")]
+    NotFound(String),
+    /// Discovering the node's interfaces failed.
+    #[error("discovering the node's interfaces: {0}")]
+    Failed(String),
+}
+
+/// Finds an allocated device in this node's current inventory.
+pub trait DeviceLookup: Send + Sync + 'static {
+    /// Facts of device `name` (a slot maps to its parent); child counts left at 0.
+    fn facts(&self, name: &str) -> impl Future<Output = Result<DeviceFacts, LookupError>> + Send;
+}
+
+/// Durable state of prepared claims; the same store keeps the IPAM's leases. Calls block on
+/// disk I/O (the service runs them on the blocking pool).
+pub trait ClaimStore: LeaseStore + Send + Sync + 'static {
+    /// Every prepared claim.
+    fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
+    /// Persists a prepared claim durably before returning.
+    fn save_claim(&self, claim: &PreparedClaim) -> Result<(), Self::Error>;
+    /// Forgets a prepared claim durably; a missing claim succeeds.
+    fn remove_claim(&self, uid: &str) -> Result<(), Self::Error>;
+}
+
+/// A claim as prepared: what kubelet got back and what the attach step needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    /// The claim's UID (the record key).
+    pub uid: String,
+    /// Namespace of the claim.
+    pub namespace: String,
+    /// Name of the claim.
+    pub name: String,
+    /// One entry per allocation result of this driver on this node.
+    pub devices: Vec<PreparedClaimDevice>,
+}
+
+/// One prepared device: the attachment's plan input (resolved config, host interface,
+/// addresses); the attach step derives its netlink steps from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaimDevice {
+    /// Request name of the allocation result.
+    pub request: String,
+    /// Pool of the device.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// `shareID` of a shared device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// Host interface (the parent for shared and slot devices).
+    pub if_name: String,
+    /// The validated config with defaults.
+    pub config: ResolvedNetworkConfig,
+    /// Interface addresses (static ones, or the pool lease), CIDR form with host bits.
+    pub addresses: Vec<IpNetwork>,
+}
+
+impl PreparedClaim {
+    /// The answer kubelet gets (the same on every repeat).
+    #[must_use]
+    pub fn kubelet_devices(&self) -> Vec<PreparedDevice> {
+        self.devices
+            .iter()
+            .map(|d| PreparedDevice {
+                request_names: vec![d.request.clone()],
+                pool_name: d.pool.clone(),
+                device_name: d.device.clone(),
+                cdi_device_ids: Vec::new(),
+                share_id: d.share_id.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Why one claim could not be prepared or unprepared; shown to the user prefixed with the
+/// claim's namespace/name.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The API read failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The claim in the API is not the one kubelet means.
+    #[error("uid mismatch: kubelet asked for uid {requested}, the API has uid {found:?}")]
+    UidMismatch {
+        /// UID from kubelet.
+        requested: String,
+        /// UID in the API.
+        found: String,
+    },
+    /// `status.reservedFor` lists more than one consumer.
+    #[error(
+        "status.reservedFor: reserved for {} consumers ({}); a network claim can serve only one pod",
+        consumers.len(), consumers.join(", ")
+    )]
+    SharedByPods {
+        /// The consumers.
+        consumers: Vec<String>,
+    },
+    /// No `status.allocation.devices`.
+    #[error("status.allocation: the claim is not allocated")]
+    NotAllocated,
+    /// No result for this driver and pool.
+    #[error("status.allocation.devices.results: no device of driver {driver} in pool {pool}")]
+    NoResults {
+        /// Our driver.
+        driver: String,
+        /// This node's pool.
+        pool: String,
+    },
+    /// A config entry of this driver has an unknown `source`.
+    #[error(
+        "status.allocation.devices.config[{index}].source: {value:?}: expected FromClass or FromClaim"
+    )]
+    ConfigSource {
+        /// Index in the snapshot.
+        index: usize,
+        /// The value.
+        value: String,
+    },
+    /// The allocated device is not on this node.
+    #[error("request {request}: {source}")]
+    Device {
+        /// Request name.
+        request: String,
+        /// The lookup error.
+        #[source]
+        source: LookupError,
+    },
+    /// The config is invalid for the device (names the field path).
+    #[error("request {request}, device {device}: {source}")]
+    Config {
+        /// Request name.
+        request: String,
+        /// Device name.
+        device: String,
+        /// The config error.
+        #[source]
+        source: ConfigError,
+    },
+    /// Address reservation failed.
+    #[error("request {request}: ipam.pool: {source}")]
+    Ipam {
+        /// Request name.
+        request: String,
+        /// The IPAM error.
+        #[source]
+        source: IpamError,
+    },
+    /// The state store failed.
+    #[error("persisting the prepared claim: {0}")]
+    Persist(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A blocking task died.
+    #[error("internal error: {0}")]
+    Task(String),
+}
+
+/// Why the service could not load its state.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Loading or cleaning up the leases failed.
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// Loading the prepared claims failed.
+    #[error("loading prepared claims: {0}")]
+    Claims(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Identity of this node's pool.
+#[derive(Debug, Clone)]
+pub struct ServiceIdentity {
+    /// Our driver name.
+    pub driver: String,
+    /// The node name (our pool name).
+    pub node: String,
+}
+
+struct State<S: LeaseStore> {
+    ipam: Ipam<S>,
+    prepared: HashMap<String, PreparedClaim>,
+}
+
+/// The claim preparer of the node daemon.
+pub struct ClaimService<R, D, S: LeaseStore> {
+    identity: ServiceIdentity,
+    reader: R,
+    devices: D,
+    state: Arc<Mutex<State<S>>>,
+    /// One async lock per claim UID in flight, so the same claim is never worked on twice
+    /// at once (kubelet may repeat a call that timed out while the first still runs).
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl<R, D, S: LeaseStore> std::fmt::Debug for ClaimService<R, D, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimService").field("identity", &self.identity).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State changes are applied only after the store accepted them, so a panic elsewhere
+    // while holding the lock leaves consistent data behind.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
+    /// Loads the leases and prepared claims from `store` (blocking) and releases leases no
+    /// prepared claim holds (a crash between the lease write and the claim write).
+    pub fn load(
+        identity: ServiceIdentity,
+        reader: R,
+        devices: D,
+        store: S,
+    ) -> Result<Self, LoadError> {
+        let claims = store.load_claims().map_err(|e| LoadError::Claims(Box::new(e)))?;
+        let mut ipam = Ipam::load(store)?;
+        let prepared: HashMap<String, PreparedClaim> =
+            claims.into_iter().map(|c| (c.uid.clone(), c)).collect();
+        let orphans: BTreeSet<String> = ipam
+            .leases()
+            .map(|l| l.owner.claim_uid.clone())
+            .filter(|uid| !prepared.contains_key(uid))
+            .collect();
+        for uid in orphans {
+            let released = ipam.release_claim(&uid)?;
+            tracing::info!(claim_uid = %uid, leases = released.len(),
+                "released leases of a claim whose preparation did not complete");
+        }
+        Ok(Self {
+            identity,
+            reader,
+            devices,
+            state: Arc::new(Mutex::new(State { ipam, prepared })),
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The prepared claim of `uid`, if any.
+    #[must_use]
+    pub fn prepared(&self, uid: &str) -> Option<PreparedClaim> {
+        lock(&self.state).prepared.get(uid).cloned()
+    }
+
+    /// UIDs of every prepared claim.
+    #[must_use]
+    pub fn prepared_uids(&self) -> Vec<String> {
+        let mut uids: Vec<String> = lock(&self.state).prepared.keys().cloned().collect();
+        uids.sort_unstable();
+        uids
+    }
+
+    /// Runs `work` holding the per-UID lock of `uid`.
+    async fn serialised<T>(&self, uid: &str, work: impl Future<Output = T>) -> T {
+        let gate = Arc::clone(lock(&self.in_flight).entry(uid.to_owned()).or_default());
+        let result = {
+            let _held = gate.lock().await;
+            work.await
+        };
+        let mut in_flight = lock(&self.in_flight);
+        // Clones are only made under this mutex: two references means ours and the map's.
+        if in_flight.get(uid).is_some_and(|g| Arc::strong_count(g) == 2) {
+            in_flight.remove(uid);
+        }
+        result
+    }
+
+    /// Prepares one claim (holding its UID lock).
+    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
+        self.serialised(&claim.uid, async {
+            if let Some(done) = lock(&self.state).prepared.get(&claim.uid) {
+                return Ok(done.kubelet_devices());
+            }
+            let object = self.reader.get(&claim.namespace, &claim.name).await?;
+            let allocation =
+                allocation::extract(claim, &object, &self.identity.driver, &self.identity.node)?;
+            let mut facts = Vec::with_capacity(allocation.results.len());
+            for result in &allocation.results {
+                let found = self.devices.facts(&result.device).await.map_err(|source| {
+                    ClaimError::Device { request: result.request.clone(), source }
+                })?;
+                facts.push(found);
+            }
+            let state = Arc::clone(&self.state);
+            let claim = claim.clone();
+            tokio::task::spawn_blocking(move || commit_prepare(&state, &claim, &allocation, facts))
+                .await
+                .map_err(|e| ClaimError::Task(e.to_string()))?
+        })
+        .await
+    }
+
+    /// Unprepares one claim (holding its UID lock): releases its addresses and forgets it.
+    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
+        self.serialised(&claim.uid, async {
+            let state = Arc::clone(&self.state);
+            let uid = claim.uid.clone();
+            tokio::task::spawn_blocking(move || commit_unprepare(&state, &uid))
+                .await
+                .map_err(|e| ClaimError::Task(e.to_string()))?
+        })
+        .await
+    }
+}
+
+/// Child counts of `if_name` from the claims already prepared on it: a macvlan parent takes
+/// one passthru child or any number of other children.
+fn add_planned_children(facts: &mut DeviceFacts, prepared: &HashMap<String, PreparedClaim>) {
+    for device in prepared.values().flat_map(|c| &c.devices) {
+        if device.if_name != facts.if_name {
+            continue;
+        }
+        match device.config.mode {
+            ResolvedMode::Macvlan { mode: MacvlanMode::Passthru } => facts.passthru_children += 1,
+            ResolvedMode::Macvlan { .. } | ResolvedMode::Ipvlan { .. } => {
+                facts.other_children += 1;
+            }
+            ResolvedMode::HostDevice | ResolvedMode::SriovVf => {}
+        }
+    }
+}
+
+/// Validates, reserves and persists under the state lock, so concurrent claims on one
+/// parent see each other's children and addresses.
+fn commit_prepare<S: ClaimStore>(
+    state: &Mutex<State<S>>,
+    claim: &ClaimRef,
+    allocation: &ClaimAllocation,
+    facts: Vec<DeviceFacts>,
+) -> Result<Vec<PreparedDevice>, ClaimError> {
+    let mut state = lock(state);
+    let state = &mut *state;
+    if let Some(done) = state.prepared.get(&claim.uid) {
+        return Ok(done.kubelet_devices());
+    }
+    let mut devices = Vec::with_capacity(allocation.results.len());
+    for (result, mut facts) in allocation.results.iter().zip(facts) {
+        add_planned_children(&mut facts, &state.prepared);
+        let config = network_config::resolve(&allocation.config, &result.request, &facts).map_err(
+            |source| ClaimError::Config {
+                request: result.request.clone(),
+                device: result.device.clone(),
+                source,
+            },
+        )?;
+        devices.push((result, facts, config));
+    }
+    let mut prepared = PreparedClaim {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace.clone(),
+        name: claim.name.clone(),
+        devices: Vec::with_capacity(devices.len()),
+    };
+    let outcome = (|| {
+        for (result, facts, config) in devices {
+            let addresses = match &config.addressing {
+                Addressing::None => Vec::new(),
+                Addressing::Static(addresses) => addresses.clone(),
+                Addressing::Pool(pool) => {
+                    let owner = LeaseOwner {
+                        claim_uid: claim.uid.clone(),
+                        request: result.request.clone(),
+                        device: result.device.clone(),
+                        share_id: result.share_id.clone(),
+                    };
+                    let lease = state.ipam.reserve(&owner, pool).map_err(|source| {
+                        ClaimError::Ipam { request: result.request.clone(), source }
+                    })?;
+                    vec![lease.interface_address()]
+                }
+            };
+            prepared.devices.push(PreparedClaimDevice {
+                request: result.request.clone(),
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                share_id: result.share_id.clone(),
+                if_name: facts.if_name,
+                config,
+                addresses,
+            });
+        }
+        state.ipam.store().save_claim(&prepared).map_err(|e| ClaimError::Persist(Box::new(e)))
+    })();
+    if let Err(err) = outcome {
+        // Give back what this attempt reserved; a failure here only keeps addresses busy
+        // until the next start releases leases without a claim.
+        if let Err(release) = state.ipam.release_claim(&claim.uid) {
+            tracing::warn!(claim = %claim, error = %release, "releasing leases after a failed prepare");
+        }
+        return Err(err);
+    }
+    let answer = prepared.kubelet_devices();
+    state.prepared.insert(prepared.uid.clone(), prepared);
+    Ok(answer)
+}
+
+fn commit_unprepare<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<(), ClaimError> {
+    let mut state = lock(state);
+    // Addresses first: a claim record without leases is re-released harmlessly on the next
+    // unprepare, while a lease without a claim is only released at the next start.
+    state
+        .ipam
+        .release_claim(uid)
+        .map_err(|source| ClaimError::Ipam { request: "*".to_owned(), source })?;
+    state.ipam.store().remove_claim(uid).map_err(|e| ClaimError::Persist(Box::new(e)))?;
+    state.prepared.remove(uid);
+    Ok(())
+}
+
+fn failure(claim: &ClaimRef, err: &ClaimError) -> ClaimFailure {
+    ClaimFailure::new(format!("claim {}/{}: {err}", claim.namespace, claim.name))
+}
+
+impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimPreparer for ClaimService<R, D, S> {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        futures::stream::iter(claims)
+            .map(|claim| async move {
+                let result = self.prepare_claim(&claim).await;
+                if let Err(err) = &result {
+                    tracing::warn!(claim = %claim, error = %err, "prepare failed");
+                }
+                (claim.uid.clone(), result.map_err(|e| failure(&claim, &e)))
+            })
+            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+            .collect()
+            .await
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        futures::stream::iter(claims)
+            .map(|claim| async move {
+                let result = self.unprepare_claim(&claim).await;
+                (claim.uid.clone(), result.map_err(|e| failure(&claim, &e)))
+            })
+            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+            .collect()
+            .await
+    }
+}

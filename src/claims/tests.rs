@@ -1,0 +1,513 @@
+//! Claim logic tests with an in-memory API, a fixed inventory and a real store in a temp dir.
+
+#![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
+    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim,
+    ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::model::network_config::{DeviceKind, Sharing};
+use crate::store::Store;
+
+const DRIVER: &str = "netclaim.dev";
+const NODE: &str = "node-a";
+
+/// Claims by namespace/name; counts GETs; an optional delay makes overlap observable.
+#[derive(Default)]
+struct FakeApi {
+    claims: Mutex<HashMap<(String, String), ResourceClaim>>,
+    gets: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    delay: Option<Duration>,
+}
+
+impl FakeApi {
+    fn put(&self, claim: ResourceClaim) {
+        let key = (claim.metadata.namespace.clone().unwrap(), claim.metadata.name.clone().unwrap());
+        self.claims.lock().unwrap().insert(key, claim);
+    }
+}
+
+impl ClaimReader for Arc<FakeApi> {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        if let Some(delay) = self.delay {
+            tokio::time::sleep(delay).await;
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.claims
+            .lock()
+            .unwrap()
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+            .ok_or(ReadError::NotFound)
+    }
+}
+
+/// `eth1` exclusive, `eth2` shared parent, `eth2-s0` a slot of `eth2`.
+struct FixedDevices;
+
+impl DeviceLookup for FixedDevices {
+    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
+        let (sharing, if_name) = match name {
+            "eth1" => (Sharing::Exclusive, "eth1"),
+            "eth2" => (Sharing::Shared, "eth2"),
+            "eth2-s0" => (Sharing::Slot, "eth2"),
+            _ => return Err(LookupError::NotFound(name.to_owned())),
+        };
+        Ok(DeviceFacts {
+            sharing,
+            kind: DeviceKind::Physical,
+            if_name: if_name.into(),
+            mtu: 1500,
+            min_mtu: 68,
+            max_mtu: 9000,
+            pf_mtu: None,
+            passthru_children: 0,
+            other_children: 0,
+        })
+    }
+}
+
+type Service = ClaimService<Arc<FakeApi>, FixedDevices, Arc<Store>>;
+
+fn service(api: &Arc<FakeApi>, dir: &std::path::Path) -> Service {
+    let store = Arc::new(Store::open(dir).unwrap());
+    ClaimService::load(
+        ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
+        Arc::clone(api),
+        FixedDevices,
+        store,
+    )
+    .unwrap()
+}
+
+fn result(request: &str, driver: &str, pool: &str, device: &str) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        request: request.into(),
+        driver: driver.into(),
+        pool: pool.into(),
+        device: device.into(),
+        ..Default::default()
+    }
+}
+
+fn config(
+    source: &str,
+    driver: &str,
+    requests: &[&str],
+    parameters: Value,
+) -> DeviceAllocationConfiguration {
+    DeviceAllocationConfiguration {
+        source: source.into(),
+        requests: if requests.is_empty() {
+            None
+        } else {
+            Some(requests.iter().map(|r| (*r).to_owned()).collect())
+        },
+        opaque: Some(OpaqueDeviceConfiguration {
+            driver: driver.into(),
+            parameters: RawExtension(parameters),
+        }),
+    }
+}
+
+fn params(extra: Value) -> Value {
+    let mut base = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+    base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    base
+}
+
+fn claim(
+    name: &str,
+    uid: &str,
+    results: Vec<DeviceRequestAllocationResult>,
+    configs: Vec<DeviceAllocationConfiguration>,
+) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: Some(configs),
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![consumer("pod-1")]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn consumer(name: &str) -> ResourceClaimConsumerReference {
+    ResourceClaimConsumerReference {
+        resource: "pods".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        ..Default::default()
+    }
+}
+
+fn reference(name: &str, uid: &str) -> ClaimRef {
+    ClaimRef { namespace: "default".into(), name: name.into(), uid: uid.into() }
+}
+
+fn simple_claim(name: &str, uid: &str) -> ResourceClaim {
+    claim(name, uid, vec![result("nic", DRIVER, NODE, "eth1")], vec![])
+}
+
+fn pool_config() -> Value {
+    params(json!({"mode": "macvlan", "ipam": {"pool": {"subnet": "10.9.0.0/24"}}}))
+}
+
+async fn prepare_one(service: &Service, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    let mut results = service.prepare(vec![claim.clone()]).await;
+    assert_eq!(results.len(), 1);
+    results.remove(&claim.uid).unwrap().map_err(|f| f.message)
+}
+
+#[tokio::test]
+async fn only_our_driver_and_pool_results_are_prepared_and_share_id_is_kept() {
+    let api = Arc::new(FakeApi::default());
+    let mut shared = result("shared", DRIVER, NODE, "eth2");
+    shared.share_id = Some("3f1c0c3e-0000-4000-8000-000000000001".into());
+    api.put(claim(
+        "mixed",
+        "u1",
+        vec![
+            result("gpu", "gpu.example.com", NODE, "gpu0"),
+            result("nic", DRIVER, "node-b", "eth1"),
+            result("nic", DRIVER, NODE, "eth1"),
+            shared,
+        ],
+        vec![config("FromClaim", DRIVER, &["shared"], params(json!({"mode": "macvlan"})))],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let devices = prepare_one(&service, &reference("mixed", "u1")).await.unwrap();
+    assert_eq!(
+        devices,
+        vec![
+            PreparedDevice {
+                request_names: vec!["nic".into()],
+                pool_name: NODE.into(),
+                device_name: "eth1".into(),
+                cdi_device_ids: vec![],
+                share_id: None,
+            },
+            PreparedDevice {
+                request_names: vec!["shared".into()],
+                pool_name: NODE.into(),
+                device_name: "eth2".into(),
+                cdi_device_ids: vec![],
+                share_id: Some("3f1c0c3e-0000-4000-8000-000000000001".into()),
+            },
+        ]
+    );
+    let stored = service.prepared("u1").unwrap();
+    assert_eq!(stored.devices[0].config.mode, ResolvedMode::HostDevice);
+    assert_eq!(stored.devices[1].config.mode.mode(), crate::model::network_config::Mode::Macvlan);
+}
+
+#[tokio::test]
+async fn a_claim_without_results_for_this_node_is_refused() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim("other", "u1", vec![result("nic", DRIVER, "node-b", "eth1")], vec![]));
+    let dir = tempfile::tempdir().unwrap();
+    let err = prepare_one(&service(&api, dir.path()), &reference("other", "u1")).await.unwrap_err();
+    assert!(err.starts_with("claim default/other: status.allocation.devices.results"), "{err}");
+    assert!(err.contains("pool node-a"), "{err}");
+}
+
+#[tokio::test]
+async fn reserved_for_two_pods_is_refused_with_the_reason() {
+    let api = Arc::new(FakeApi::default());
+    let mut shared = simple_claim("two", "u2");
+    shared.status.as_mut().unwrap().reserved_for = Some(vec![consumer("a"), consumer("b")]);
+    api.put(shared);
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let err = prepare_one(&service, &reference("two", "u2")).await.unwrap_err();
+    assert!(err.contains("reserved for 2 consumers"), "{err}");
+    assert!(err.contains("pods a (uid uid-a)") && err.contains("only one pod"), "{err}");
+    assert!(service.prepared("u2").is_none());
+}
+
+#[tokio::test]
+async fn uid_mismatch_and_missing_claims_are_named_errors() {
+    let api = Arc::new(FakeApi::default());
+    api.put(simple_claim("foo", "new-uid"));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let err = prepare_one(&service, &reference("foo", "old-uid")).await.unwrap_err();
+    assert!(err.starts_with("claim default/foo: uid mismatch"), "{err}");
+    assert!(err.contains("old-uid") && err.contains("new-uid"), "{err}");
+    let err = prepare_one(&service, &reference("gone", "u3")).await.unwrap_err();
+    assert_eq!(err, "claim default/gone: ResourceClaim not found");
+    let mut unallocated = simple_claim("pending", "u4");
+    unallocated.status.as_mut().unwrap().allocation = None;
+    api.put(unallocated);
+    let err = prepare_one(&service, &reference("pending", "u4")).await.unwrap_err();
+    assert!(err.contains("status.allocation: the claim is not allocated"), "{err}");
+    let err = {
+        api.put(claim("nodev", "u5", vec![result("nic", DRIVER, NODE, "eth9")], vec![]));
+        prepare_one(&service, &reference("nodev", "u5")).await.unwrap_err()
+    };
+    assert!(err.contains("request nic: device \"eth9\" is not in this node's inventory"), "{err}");
+}
+
+#[tokio::test]
+async fn config_merges_class_then_claim_entries_for_the_matching_request_only() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim(
+        "cfg",
+        "u1",
+        vec![result("a", DRIVER, NODE, "eth2"), result("b", DRIVER, NODE, "eth2-s0")],
+        vec![
+            // Claim entry listed first: class entries still apply first.
+            config("FromClaim", DRIVER, &["a"], params(json!({"interface": {"mtu": 1400}}))),
+            config(
+                "FromClass",
+                DRIVER,
+                &[],
+                params(json!({"mode": "macvlan", "interface": {"mtu": 1300, "name": "net1"}})),
+            ),
+            config("FromClaim", DRIVER, &["b"], params(json!({"mode": "ipvlan"}))),
+            // Another driver's entry is not ours to decode (it would fail strict decoding).
+            config("FromClaim", "other.example.com", &[], json!({"whatever": true})),
+        ],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("cfg", "u1")).await.unwrap();
+    let stored = service.prepared("u1").unwrap();
+    let a = &stored.devices[0];
+    assert_eq!(a.config.interface.mtu, 1400, "claim entry wins over class entry");
+    assert_eq!(a.config.interface.name.as_deref(), Some("net1"), "class field kept");
+    assert_eq!(a.config.mode.mode(), crate::model::network_config::Mode::Macvlan);
+    let b = &stored.devices[1];
+    assert_eq!(b.config.mode.mode(), crate::model::network_config::Mode::Ipvlan);
+    assert_eq!(b.config.interface.mtu, 1300, "entry for request a does not apply to b");
+    assert_eq!(b.if_name, "eth2", "a slot maps to its parent");
+}
+
+#[tokio::test]
+async fn invalid_config_names_the_field_and_reserves_nothing() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim(
+        "long",
+        "u1",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config(
+            "FromClaim",
+            DRIVER,
+            &[],
+            params(json!({
+                "mode": "macvlan",
+                "interface": {"name": "this-name-is-far-too-long"},
+                "ipam": {"pool": {"subnet": "10.9.0.0/24"}}
+            })),
+        )],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let err = prepare_one(&service, &reference("long", "u1")).await.unwrap_err();
+    assert!(
+        err.starts_with("claim default/long: request nic, device eth2: interface.name:"),
+        "{err}"
+    );
+    assert!(err.contains("this-name-is-far-too-long"), "{err}");
+    assert_eq!(lock(&service.state).ipam.leases().count(), 0);
+    // An unknown source of our own entry is an error naming the field.
+    api.put(claim(
+        "src",
+        "u2",
+        vec![result("nic", DRIVER, NODE, "eth1")],
+        vec![config("FromSomewhere", DRIVER, &[], params(json!({})))],
+    ));
+    let err = prepare_one(&service, &reference("src", "u2")).await.unwrap_err();
+    assert!(err.contains("status.allocation.devices.config[0].source: \"FromSomewhere\""), "{err}");
+}
+
+#[tokio::test]
+async fn passthru_takes_the_parent_alone_across_claims() {
+    let api = Arc::new(FakeApi::default());
+    let passthru = params(json!({"mode": "macvlan", "macvlan": {"mode": "passthru"}}));
+    api.put(claim(
+        "p1",
+        "u1",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config("FromClaim", DRIVER, &[], passthru.clone())],
+    ));
+    api.put(claim(
+        "p2",
+        "u2",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config("FromClaim", DRIVER, &[], passthru)],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("p1", "u1")).await.unwrap();
+    let err = prepare_one(&service, &reference("p2", "u2")).await.unwrap_err();
+    assert!(err.contains("macvlan.mode"), "{err}");
+}
+
+#[tokio::test]
+async fn repeated_prepare_returns_the_stored_answer_without_an_api_call() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim(
+        "ip",
+        "u1",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config("FromClaim", DRIVER, &[], pool_config())],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let first = prepare_one(&service, &reference("ip", "u1")).await.unwrap();
+    let address = service.prepared("u1").unwrap().devices[0].addresses.clone();
+    assert_eq!(address, vec!["10.9.0.1/24".parse().unwrap()]);
+    // Even a changed claim in the API does not change a prepared answer.
+    api.claims.lock().unwrap().clear();
+    let second = prepare_one(&service, &reference("ip", "u1")).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(api.gets.load(Ordering::SeqCst), 1);
+    // Same UID twice in one request (and concurrently): one GET, both answered.
+    let twice = service.prepare(vec![reference("ip", "u1"), reference("ip", "u1")]).await;
+    assert_eq!(twice["u1"].as_ref().unwrap(), &first);
+    assert_eq!(api.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_restarted_service_knows_its_claims_and_their_addresses() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim(
+        "ip",
+        "u1",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config("FromClaim", DRIVER, &[], pool_config())],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let first = {
+        let service = service(&api, dir.path());
+        prepare_one(&service, &reference("ip", "u1")).await.unwrap()
+    };
+    let service = service(&api, dir.path());
+    assert_eq!(service.prepared_uids(), vec!["u1".to_owned()]);
+    assert_eq!(prepare_one(&service, &reference("ip", "u1")).await.unwrap(), first);
+    assert_eq!(api.gets.load(Ordering::SeqCst), 1, "the restarted service made no API call");
+    assert_eq!(lock(&service.state).ipam.leases().count(), 1);
+}
+
+#[tokio::test]
+async fn leases_without_a_prepared_claim_are_released_at_load() {
+    let api = Arc::new(FakeApi::default());
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // A crash after the lease write and before the claim write leaves this behind.
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let mut ipam = Ipam::load(Arc::clone(&store)).unwrap();
+        let owner = LeaseOwner {
+            claim_uid: "half".into(),
+            request: "nic".into(),
+            device: "eth2".into(),
+            share_id: None,
+        };
+        let pool = crate::model::network_config::PoolSpec {
+            subnet: "10.9.0.0/24".parse().unwrap(),
+            range_start: "10.9.0.1".parse().unwrap(),
+            range_end: "10.9.0.254".parse().unwrap(),
+            gateway: None,
+            exclude: vec![],
+        };
+        ipam.reserve(&owner, &pool).unwrap();
+    }
+    let service = service(&api, dir.path());
+    assert_eq!(lock(&service.state).ipam.leases().count(), 0);
+}
+
+#[tokio::test]
+async fn unprepare_releases_addresses_and_unknown_claims_succeed() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim(
+        "ip",
+        "u1",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config("FromClaim", DRIVER, &[], pool_config())],
+    ));
+    api.put(claim(
+        "ip2",
+        "u2",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config("FromClaim", DRIVER, &[], pool_config())],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("ip", "u1")).await.unwrap();
+    let results = service.unprepare(vec![reference("ip", "u1"), reference("never", "u9")]).await;
+    assert_eq!(results.len(), 2);
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    assert!(service.prepared("u1").is_none());
+    assert_eq!(lock(&service.state).ipam.leases().count(), 0);
+    // The released address goes to the next claim; a second unprepare still succeeds.
+    prepare_one(&service, &reference("ip2", "u2")).await.unwrap();
+    assert_eq!(
+        service.prepared("u2").unwrap().devices[0].addresses,
+        vec!["10.9.0.1/24".parse().unwrap()]
+    );
+    assert!(service.unprepare(vec![reference("ip", "u1")]).await["u1"].is_ok());
+    // Forgotten durably.
+    drop(service);
+    let service = self::service(&api, dir.path());
+    assert_eq!(service.prepared_uids(), vec!["u2".to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_claims_in_one_request_run_concurrently_with_distinct_addresses() {
+    let api = Arc::new(FakeApi { delay: Some(Duration::from_millis(20)), ..FakeApi::default() });
+    let mut refs = Vec::new();
+    for i in 0..50 {
+        let name = format!("c{i}");
+        let uid = format!("u{i}");
+        api.put(claim(
+            &name,
+            &uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config("FromClaim", DRIVER, &[], pool_config())],
+        ));
+        refs.push(reference(&name, &uid));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let results = service.prepare(refs).await;
+    assert_eq!(results.len(), 50);
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    let max = api.max_in_flight.load(Ordering::SeqCst);
+    assert!(max > 1 && max <= MAX_CONCURRENT_CLAIMS, "GETs in flight at once: {max}");
+    let mut addresses: Vec<IpNetwork> = (0..50)
+        .flat_map(|i| service.prepared(&format!("u{i}")).unwrap().devices[0].addresses.clone())
+        .collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    assert_eq!(addresses.len(), 50, "every claim has its own address");
+}
