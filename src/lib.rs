@@ -11,3 +11,4 @@
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
 pub mod model;
+pub mod dev;

@@ -1,0 +1,1 @@
+//! Table tests of protocols.md §3 limits.

@@ -1,0 +1,5 @@
+//! `netclaim dev`: a single-node cluster in a box (DESIGN §8). This module holds the
+//! in-memory API server and the kubeconfig it hands to clients.
+
+pub mod apiserver;
+pub mod kubeconfig;
