@@ -2,7 +2,7 @@
 //! without CNI.
 //!
 //! The life of a claim: the node daemon publishes the node's NICs as DRA devices
-//! (`inventory` → ResourceSlices), kubelet asks it to prepare allocated claims (`kubelet`,
+//! (`inventory` → `ResourceSlices`), kubelet asks it to prepare allocated claims (`kubelet`,
 //! `claims`), the container runtime announces the pod sandbox through NRI (`nri`), the driver
 //! attaches the planned interfaces with netlink (`podnet`, `host`) and reports the result in
 //! the claim status (`k8s`).
@@ -10,5 +10,5 @@
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
-pub mod model;
 pub mod dev;
+pub mod model;

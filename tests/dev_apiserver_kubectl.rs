@@ -2,6 +2,10 @@
 //! --server-side, client-side apply, delete, get -w with a timeout, and the kubeconfig
 //! written by `dev::kubeconfig`. Without kubectl the tests print `SKIPPED` (and fail
 //! when `CI` is set).
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed setup step should panic"
+)]
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -9,11 +13,16 @@ use std::process::{Command, Output};
 use netclaim::dev::apiserver::{ApiServer, ServerOptions, start};
 
 fn kubectl_path() -> Option<PathBuf> {
-    let path = std::env::var_os("KUBECTL").map_or_else(|| PathBuf::from("/usr/bin/kubectl"), PathBuf::from);
+    let path = std::env::var_os("KUBECTL")
+        .map_or_else(|| PathBuf::from("/usr/bin/kubectl"), PathBuf::from);
     if path.exists() {
         return Some(path);
     }
-    assert!(std::env::var_os("CI").is_none(), "kubectl not found at {} and CI is set", path.display());
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "kubectl not found at {} and CI is set",
+        path.display()
+    );
     println!("SKIPPED: kubectl not found at {}", path.display());
     None
 }
@@ -28,13 +37,24 @@ impl Kubectl {
         let kubeconfig = self.dir.path().join("kubeconfig");
         let cache = self.dir.path().join("cache");
         let mut cmd = Command::new(&self.bin);
-        cmd.arg("--kubeconfig").arg(&kubeconfig).arg("--cache-dir").arg(&cache).args(args);
+        cmd.arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(args);
         cmd.env("HOME", self.dir.path());
-        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().expect("kubectl starts");
         if let Some(input) = stdin {
             use std::io::Write;
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
         } else {
             drop(child.stdin.take());
         }
@@ -45,27 +65,35 @@ impl Kubectl {
         let out = self.run(args, stdin);
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "kubectl {args:?} failed: {stdout}\n{stderr}");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {stdout}\n{stderr}"
+        );
         stdout
     }
 
     fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
         let out = self.run(args, stdin);
-        assert!(!out.status.success(), "kubectl {args:?} unexpectedly succeeded");
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} unexpectedly succeeded"
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 }
 
 async fn setup() -> Option<(ApiServer, Kubectl)> {
     let bin = kubectl_path()?;
-    let srv = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
+    let srv = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     netclaim::dev::kubeconfig::write(&dir.path().join("kubeconfig"), &srv.url()).unwrap();
     Some((srv, Kubectl { bin, dir }))
 }
 
-fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> impl std::future::Future<Output = T> {
-    async move { tokio::task::spawn_blocking(f).await.unwrap() }
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
 }
 
 const CLAIM: &str = r"
@@ -109,52 +137,122 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_get_apply_delete() {
-    let Some((srv, k)) = setup().await else { return };
+    let Some((srv, k)) = setup().await else {
+        return;
+    };
     let k = std::sync::Arc::new(k);
     let k2 = k.clone();
     blocking(move || {
         let k = k2;
-        assert!(k.ok(&["version", "-o", "json"], None).contains("\"minor\": \"35\""));
+        assert!(
+            k.ok(&["version", "-o", "json"], None)
+                .contains("\"minor\": \"35\"")
+        );
         let out = k.ok(&["create", "-f", "-"], Some(CLAIM));
-        assert!(out.contains("resourceclaim.resource.k8s.io/net created"), "{out}");
+        assert!(
+            out.contains("resourceclaim.resource.k8s.io/net created"),
+            "{out}"
+        );
         let err = k.fails(&["create", "-f", "-"], Some(CLAIM));
-        assert!(err.contains("AlreadyExists") || err.contains("already exists"), "{err}");
+        assert!(
+            err.contains("AlreadyExists") || err.contains("already exists"),
+            "{err}"
+        );
         let out = k.ok(&["get", "resourceclaims"], None);
         assert!(out.contains("NAME") && out.contains("net"), "{out}");
-        let out = k.ok(&["get", "resourceclaim", "net", "-o", "jsonpath={.spec.devices.requests[0].exactly.deviceClassName}"], None);
+        let out = k.ok(
+            &[
+                "get",
+                "resourceclaim",
+                "net",
+                "-o",
+                "jsonpath={.spec.devices.requests[0].exactly.deviceClassName}",
+            ],
+            None,
+        );
         assert_eq!(out, "netclaim");
 
         // Server-side apply, then an unchanged re-apply, then a change.
         let out = k.ok(&["apply", "--server-side", "-f", "-"], Some(SLICE));
         assert!(out.contains("serverside-applied"), "{out}");
-        let out = k.ok(&["get", "resourceslices", "-o", "yaml", "--show-managed-fields"], None);
-        assert!(out.contains("ifName") && out.contains("manager: kubectl"), "{out}");
+        let out = k.ok(
+            &[
+                "get",
+                "resourceslices",
+                "-o",
+                "yaml",
+                "--show-managed-fields",
+            ],
+            None,
+        );
+        assert!(
+            out.contains("ifName") && out.contains("manager: kubectl"),
+            "{out}"
+        );
         let changed = SLICE.replace("generation: 1", "generation: 2");
         k.ok(&["apply", "--server-side", "-f", "-"], Some(&changed));
-        let out = k.ok(&["get", "resourceslice", "node-1-netclaim.dev-0", "-o", "jsonpath={.spec.pool.generation}"], None);
+        let out = k.ok(
+            &[
+                "get",
+                "resourceslice",
+                "node-1-netclaim.dev-0",
+                "-o",
+                "jsonpath={.spec.pool.generation}",
+            ],
+            None,
+        );
         assert_eq!(out, "2");
-        let out = k.ok(&["get", "resourceslices", "--field-selector", "spec.nodeName=node-2", "-o", "name"], None);
+        let out = k.ok(
+            &[
+                "get",
+                "resourceslices",
+                "--field-selector",
+                "spec.nodeName=node-2",
+                "-o",
+                "name",
+            ],
+            None,
+        );
         assert_eq!(out, "");
 
         // Validation errors come back as 422 with the field.
-        let bad = SLICE.replace("name: eth1", "name: Eth_1").replace("node-1-netclaim.dev-0", "bad");
+        let bad = SLICE
+            .replace("name: eth1", "name: Eth_1")
+            .replace("node-1-netclaim.dev-0", "bad");
         let err = k.fails(&["apply", "--server-side", "-f", "-"], Some(&bad));
         assert!(err.contains("spec.devices[0].name"), "{err}");
         // Unknown fields are rejected with kubectl's default strict validation.
-        let unknown = SLICE.replace("  driver: netclaim.dev", "  driver: netclaim.dev\n  bogus: 1").replace("node-1-netclaim.dev-0", "unknown");
+        let unknown = SLICE
+            .replace(
+                "  driver: netclaim.dev",
+                "  driver: netclaim.dev\n  bogus: 1",
+            )
+            .replace("node-1-netclaim.dev-0", "unknown");
         let err = k.fails(&["create", "-f", "-"], Some(&unknown));
-        assert!(err.contains("unknown field") && err.contains("spec.bogus"), "{err}");
+        assert!(
+            err.contains("unknown field") && err.contains("spec.bogus"),
+            "{err}"
+        );
 
         // Our own kinds, by short name too, and client-side apply (merge patch).
         k.ok(&["create", "-f", "-"], Some(PODNET));
-        k.ok(&["apply", "-f", "-"], Some(&PODNET.replace("[eth1]", "[eth1, eth2]")));
-        let out = k.ok(&["get", "pn", "medianet", "-o", "jsonpath={.spec.parents}"], None);
+        k.ok(
+            &["apply", "-f", "-"],
+            Some(&PODNET.replace("[eth1]", "[eth1, eth2]")),
+        );
+        let out = k.ok(
+            &["get", "pn", "medianet", "-o", "jsonpath={.spec.parents}"],
+            None,
+        );
         assert_eq!(out, r#"["eth1","eth2"]"#);
 
         let out = k.ok(&["delete", "resourceclaim", "net"], None);
         assert!(out.contains("deleted"), "{out}");
         let err = k.fails(&["get", "resourceclaim", "net"], None);
-        assert!(err.contains("NotFound") || err.contains("not found"), "{err}");
+        assert!(
+            err.contains("NotFound") || err.contains("not found"),
+            "{err}"
+        );
     })
     .await;
     srv.shutdown().await.unwrap();
@@ -162,13 +260,18 @@ async fn kubectl_create_get_apply_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_watch_with_timeout() {
-    let Some((srv, k)) = setup().await else { return };
+    let Some((srv, k)) = setup().await else {
+        return;
+    };
     let k = std::sync::Arc::new(k);
     let watcher = {
         let k = k.clone();
         blocking(move || {
             let started = std::time::Instant::now();
-            let out = k.ok(&["get", "resourceslices", "-w", "--request-timeout=3s"], None);
+            let out = k.ok(
+                &["get", "resourceslices", "-w", "--request-timeout=3s"],
+                None,
+            );
             (out, started.elapsed())
         })
     };
@@ -180,4 +283,3 @@ async fn kubectl_get_watch_with_timeout() {
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     srv.shutdown().await.unwrap();
 }
-

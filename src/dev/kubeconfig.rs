@@ -29,9 +29,18 @@ pub fn render(server_url: &str) -> String {
 pub fn write(path: &Path, server_url: &str) -> Result<(), KubeconfigError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| KubeconfigError::Write { path: path.to_owned(), source };
+    let err = |source| KubeconfigError::Write {
+        path: path.to_owned(),
+        source,
+    };
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(err)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
     f.write_all(render(server_url).as_bytes()).map_err(err)?;
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
@@ -46,8 +55,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kubeconfig");
         write(&path, "http://127.0.0.1:1234").unwrap();
-        let v: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(v["clusters"][0]["cluster"]["server"], "http://127.0.0.1:1234");
+        let v: serde_json::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            v["clusters"][0]["cluster"]["server"],
+            "http://127.0.0.1:1234"
+        );
         assert_eq!(v["current-context"], "netclaim-dev");
     }
 }

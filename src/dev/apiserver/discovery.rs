@@ -1,5 +1,5 @@
 //! Discovery documents: `/version`, `/api`, `/apis`, group/version resource lists, and the
-//! OpenAPI v3 index and per-group-version documents kubectl reads to learn that the server
+//! `OpenAPI` v3 index and per-group-version documents kubectl reads to learn that the server
 //! validates fields itself (`fieldValidation`).
 
 use serde_json::{Value, json};
@@ -71,11 +71,23 @@ pub(crate) fn group(group: &str) -> Option<Value> {
     })
 }
 
-const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 /// `/api/v1` or `/apis/<group>/<version>`, if served.
 pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let rs: Vec<&ResourceInfo> = RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+    let rs: Vec<&ResourceInfo> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
     if rs.is_empty() {
         return None;
     }
@@ -99,16 +111,26 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
             }));
         }
     }
-    let gv = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    let gv = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
-/// The relative OpenAPI v3 path of a group/version (`api/v1`, `apis/resource.k8s.io/v1`).
+/// The relative `OpenAPI` v3 path of a group/version (`api/v1`, `apis/resource.k8s.io/v1`).
 fn openapi_gv_path(group: &str, version: &str) -> String {
-    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
 }
 
-/// Hash in the OpenAPI v3 URLs; changes with the crate version so caches refresh.
+/// Hash in the `OpenAPI` v3 URLs; changes with the crate version so caches refresh.
 fn openapi_hash() -> String {
     format!("netclaim-{}", env!("CARGO_PKG_VERSION").replace('.', "-"))
 }
@@ -118,7 +140,10 @@ pub(crate) fn openapi_index() -> Value {
     let mut paths = serde_json::Map::new();
     for (g, v) in group_versions() {
         let p = openapi_gv_path(g, v);
-        paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", openapi_hash())}));
+        paths.insert(
+            p.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", openapi_hash())}),
+        );
     }
     json!({"paths": paths})
 }
@@ -136,12 +161,18 @@ fn operation(r: &ResourceInfo, verb: &str, with_body: Option<&[&str]>) -> Value 
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{}", schema_name(r))}}}}},
     });
     if verb == "apply" {
-        op["parameters"].as_array_mut().expect("built as an array above").push(param("force"));
+        op["parameters"]
+            .as_array_mut()
+            .expect("built as an array above")
+            .push(param("force"));
     }
     if let Some(types) = with_body {
         let mut content = serde_json::Map::new();
         for t in types {
-            content.insert((*t).to_owned(), json!({"schema": {"$ref": format!("#/components/schemas/{}", schema_name(r))}}));
+            content.insert(
+                (*t).to_owned(),
+                json!({"schema": {"$ref": format!("#/components/schemas/{}", schema_name(r))}}),
+            );
         }
         op["requestBody"] = json!({"content": content, "required": true});
     }
@@ -163,19 +194,29 @@ pub(crate) fn openapi_group_version(gv_path: &str) -> Option<Value> {
         ["apis", g, v] => (*g, (*v).to_owned()),
         _ => return None,
     };
-    let rs: Vec<&ResourceInfo> = RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+    let rs: Vec<&ResourceInfo> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
     if rs.is_empty() {
         return None;
     }
     let mut paths = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
     for r in rs {
-        let ns = if r.namespaced { "namespaces/{namespace}/" } else { "" };
+        let ns = if r.namespaced {
+            "namespaces/{namespace}/"
+        } else {
+            ""
+        };
         let base = format!("{}/{ns}{}", r.path_prefix(), r.plural);
-        paths.insert(base.clone(), json!({
-            "get": operation(r, "list", None),
-            "post": operation(r, "post", Some(&["application/json", "application/yaml"])),
-        }));
+        paths.insert(
+            base.clone(),
+            json!({
+                "get": operation(r, "list", None),
+                "post": operation(r, "post", Some(&["application/json", "application/yaml"])),
+            }),
+        );
         let item = json!({
             "get": operation(r, "get", None),
             "put": operation(r, "put", Some(&["application/json", "application/yaml"])),

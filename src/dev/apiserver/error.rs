@@ -16,12 +16,20 @@ pub struct FieldError {
 impl FieldError {
     /// A value that breaks a rule.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueInvalid", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueInvalid",
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// A required value that is missing.
     pub fn required(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueRequired", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// A list or map with too many entries.
@@ -44,17 +52,29 @@ impl FieldError {
 
     /// A duplicate list entry.
     pub fn duplicate(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueDuplicate", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueDuplicate",
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// A value the field may not have (one-of violations, disallowed combinations).
     pub fn forbidden(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueForbidden", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueForbidden",
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// A value outside the allowed set.
     pub fn not_supported(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueNotSupported", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueNotSupported",
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -74,7 +94,12 @@ pub struct ApiError {
 
 impl ApiError {
     fn with(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn details(mut self, name: &str, group: &str, kind: &str) -> Self {
@@ -88,6 +113,7 @@ impl ApiError {
     }
 
     /// 404 for an object.
+    #[must_use]
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
         let qualified = qualified(group, plural);
         Self::with(404, "NotFound", format!("{qualified} \"{name}\" not found"))
@@ -95,8 +121,13 @@ impl ApiError {
     }
 
     /// 404 for a path that names no resource.
+    #[must_use]
     pub fn no_route(path: &str) -> Self {
-        Self::with(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+        Self::with(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
     }
 
     /// 405: the verb is not supported on this path.
@@ -104,14 +135,20 @@ impl ApiError {
         Self::with(405, "MethodNotAllowed", message)
     }
 
-    /// 409 AlreadyExists on create.
+    /// 409 `AlreadyExists` on create.
+    #[must_use]
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
         let qualified = qualified(group, plural);
-        Self::with(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists"))
-            .details(name, group, plural)
+        Self::with(
+            409,
+            "AlreadyExists",
+            format!("{qualified} \"{name}\" already exists"),
+        )
+        .details(name, group, plural)
     }
 
     /// 409 Conflict: a stale resourceVersion or a failed precondition.
+    #[must_use]
     pub fn conflict(group: &str, plural: &str, name: &str, why: &str) -> Self {
         let qualified = qualified(group, plural);
         Self::with(
@@ -123,12 +160,22 @@ impl ApiError {
     }
 
     /// 409 Conflict from server-side apply, one cause per conflicting field.
-    pub fn apply_conflict(group: &str, plural: &str, name: &str, conflicts: &[(String, String)]) -> Self {
+    #[must_use]
+    pub fn apply_conflict(
+        group: &str,
+        plural: &str,
+        name: &str,
+        conflicts: &[(String, String)],
+    ) -> Self {
         let lines: Vec<String> = conflicts
             .iter()
             .map(|(manager, field)| format!("conflict with \"{manager}\": .{field}"))
             .collect();
-        let message = format!("Apply failed with {} conflict(s): {}", conflicts.len(), lines.join("; "));
+        let message = format!(
+            "Apply failed with {} conflict(s): {}",
+            conflicts.len(),
+            lines.join("; ")
+        );
         let causes: Vec<Value> = conflicts
             .iter()
             .map(|(manager, field)| {
@@ -146,8 +193,12 @@ impl ApiError {
     }
 
     /// 422 Invalid with field causes.
+    #[must_use]
     pub fn invalid(kind: &str, group: &str, name: &str, errors: &[FieldError]) -> Self {
-        let summary: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
+        let summary: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
         let causes: Vec<Value> = errors
             .iter()
             .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
@@ -155,15 +206,25 @@ impl ApiError {
         let mut err = Self::with(
             422,
             "Invalid",
-            format!("{kind}.{group} \"{name}\" is invalid: [{}]", summary.join(", ")),
+            format!(
+                "{kind}.{group} \"{name}\" is invalid: [{}]",
+                summary.join(", ")
+            ),
         );
         err.details = Some(json!({"name": name, "group": group, "kind": kind, "causes": causes}));
         err
     }
 
     /// 415 for an unknown patch content type.
+    #[must_use]
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::with(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {content_type:?}"))
+        Self::with(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {content_type:?}"
+            ),
+        )
     }
 
     /// 500: an invariant of the server broke.
@@ -172,6 +233,7 @@ impl ApiError {
     }
 
     /// The `Status` object.
+    #[must_use]
     pub fn to_status(&self) -> Value {
         let mut status = json!({
             "kind": "Status",
@@ -190,5 +252,9 @@ impl ApiError {
 }
 
 fn qualified(group: &str, plural: &str) -> String {
-    if group.is_empty() { plural.to_owned() } else { format!("{plural}.{group}") }
+    if group.is_empty() {
+        plural.to_owned()
+    } else {
+        format!("{plural}.{group}")
+    }
 }

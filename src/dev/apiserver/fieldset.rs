@@ -165,13 +165,19 @@ fn value_element(item: &Value) -> String {
 
 /// Schema path of a child field (`spec.devices`), with `[]` for list items.
 fn child_schema(parent: &str, field: &str) -> String {
-    if parent.is_empty() { field.to_owned() } else { format!("{parent}.{field}") }
+    if parent.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{parent}.{field}")
+    }
 }
 
 /// The fields set in `obj`: every leaf, atomic value and list-map/set item.
 pub(crate) fn set_from_value(resource: &ResourceInfo, obj: &Value) -> FieldSet {
     let mut set = FieldSet::default();
-    let Some(map) = obj.as_object() else { return set };
+    let Some(map) = obj.as_object() else {
+        return set;
+    };
     for (k, v) in map {
         if k == "apiVersion" || k == "kind" {
             continue;
@@ -183,7 +189,10 @@ pub(crate) fn set_from_value(resource: &ResourceInfo, obj: &Value) -> FieldSet {
                     if SYSTEM_METADATA.contains(&mk.as_str()) {
                         continue;
                     }
-                    meta.children.insert(format!("f:{mk}"), node_set(resource, mv, &format!("metadata.{mk}")));
+                    meta.children.insert(
+                        format!("f:{mk}"),
+                        node_set(resource, mv, &format!("metadata.{mk}")),
+                    );
                 }
             }
             meta
@@ -204,16 +213,28 @@ fn node_set(resource: &ResourceInfo, v: &Value, schema: &str) -> FieldSet {
         Value::Object(m) if !m.is_empty() && !resource.is_atomic_object(schema) => {
             let mut set = FieldSet::default();
             for (k, child) in m {
-                set.children.insert(format!("f:{k}"), node_set(resource, child, &child_schema(schema, k)));
+                set.children.insert(
+                    format!("f:{k}"),
+                    node_set(resource, child, &child_schema(schema, k)),
+                );
             }
             set
         }
         Value::Array(items) if !items.is_empty() => match resource.list_type(schema) {
-            ListType::Atomic => FieldSet { member: true, children: BTreeMap::new() },
+            ListType::Atomic => FieldSet {
+                member: true,
+                children: BTreeMap::new(),
+            },
             ListType::Set => {
                 let mut set = FieldSet::default();
                 for item in items {
-                    set.children.insert(value_element(item), FieldSet { member: true, children: BTreeMap::new() });
+                    set.children.insert(
+                        value_element(item),
+                        FieldSet {
+                            member: true,
+                            children: BTreeMap::new(),
+                        },
+                    );
                 }
                 set
             }
@@ -228,12 +249,19 @@ fn node_set(resource: &ResourceInfo, v: &Value, schema: &str) -> FieldSet {
                 set
             }
         },
-        _ => FieldSet { member: true, children: BTreeMap::new() },
+        _ => FieldSet {
+            member: true,
+            children: BTreeMap::new(),
+        },
     }
 }
 
 /// The value at a field path, if present.
-pub(crate) fn value_at<'a>(resource: &ResourceInfo, obj: &'a Value, path: &[String]) -> Option<&'a Value> {
+pub(crate) fn value_at<'a>(
+    resource: &ResourceInfo,
+    obj: &'a Value,
+    path: &[String],
+) -> Option<&'a Value> {
     let mut cur = obj;
     for (i, el) in path.iter().enumerate() {
         cur = if let Some(field) = el.strip_prefix("f:") {
@@ -241,7 +269,9 @@ pub(crate) fn value_at<'a>(resource: &ResourceInfo, obj: &'a Value, path: &[Stri
         } else if let Some(key) = el.strip_prefix("k:") {
             let key: Map<String, Value> = serde_json::from_str(key).ok()?;
             let keys = key_fields_for(resource, &path[..=i]);
-            cur.as_array()?.iter().find(|item| item_has_key(item, &key, &keys))?
+            cur.as_array()?
+                .iter()
+                .find(|item| item_has_key(item, &key, &keys))?
         } else if let Some(val) = el.strip_prefix("v:") {
             let val: Value = serde_json::from_str(val).ok()?;
             cur.as_array()?.iter().find(|item| **item == val)?
@@ -253,19 +283,31 @@ pub(crate) fn value_at<'a>(resource: &ResourceInfo, obj: &'a Value, path: &[Stri
 }
 
 /// Removes the field, list item or set value at `path` (no-op when absent).
-pub(crate) fn remove_at(obj: &mut Value, path: &[String], key_fields: &dyn Fn(&[String]) -> Vec<String>) {
-    let Some((last, parent_path)) = path.split_last() else { return };
+pub(crate) fn remove_at(
+    obj: &mut Value,
+    path: &[String],
+    key_fields: &dyn Fn(&[String]) -> Vec<String>,
+) {
+    let Some((last, parent_path)) = path.split_last() else {
+        return;
+    };
     let mut cur = obj;
     for (i, el) in parent_path.iter().enumerate() {
         let next = if let Some(field) = el.strip_prefix("f:") {
             cur.get_mut(field)
         } else if let Some(key) = el.strip_prefix("k:") {
-            let Ok(key) = serde_json::from_str::<Map<String, Value>>(key) else { return };
+            let Ok(key) = serde_json::from_str::<Map<String, Value>>(key) else {
+                return;
+            };
             let keys = key_fields(&path[..=i]);
-            cur.as_array_mut().and_then(|a| a.iter_mut().find(|i| item_has_key(i, &key, &keys)))
+            cur.as_array_mut()
+                .and_then(|a| a.iter_mut().find(|i| item_has_key(i, &key, &keys)))
         } else if let Some(val) = el.strip_prefix("v:") {
-            let Ok(val) = serde_json::from_str::<Value>(val) else { return };
-            cur.as_array_mut().and_then(|a| a.iter_mut().find(|i| **i == val))
+            let Ok(val) = serde_json::from_str::<Value>(val) else {
+                return;
+            };
+            cur.as_array_mut()
+                .and_then(|a| a.iter_mut().find(|i| **i == val))
         } else {
             None
         };
@@ -279,13 +321,17 @@ pub(crate) fn remove_at(obj: &mut Value, path: &[String], key_fields: &dyn Fn(&[
             m.remove(field);
         }
     } else if let Some(key) = last.strip_prefix("k:") {
-        let Ok(key) = serde_json::from_str::<Map<String, Value>>(key) else { return };
+        let Ok(key) = serde_json::from_str::<Map<String, Value>>(key) else {
+            return;
+        };
         let keys = key_fields(path);
         if let Some(a) = cur.as_array_mut() {
             a.retain(|i| !item_has_key(i, &key, &keys));
         }
     } else if let Some(val) = last.strip_prefix("v:") {
-        let Ok(val) = serde_json::from_str::<Value>(val) else { return };
+        let Ok(val) = serde_json::from_str::<Value>(val) else {
+            return;
+        };
         if let Some(a) = cur.as_array_mut() {
             a.retain(|i| *i != val);
         }
@@ -382,9 +428,13 @@ pub(crate) fn display_path(path: &[String]) -> String {
             let parts: Vec<String> = serde_json::from_str::<Map<String, Value>>(k)
                 .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect())
                 .unwrap_or_default();
-            out.push_str(&format!("[{}]", parts.join(",")));
+            out.push('[');
+            out.push_str(&parts.join(","));
+            out.push(']');
         } else if let Some(v) = el.strip_prefix("v:") {
-            out.push_str(&format!("[={v}]"));
+            out.push_str("[=");
+            out.push_str(v);
+            out.push(']');
         }
     }
     out.trim_start_matches('.').to_owned()
@@ -418,7 +468,11 @@ mod tests {
             })
         );
         assert_eq!(FieldSet::from_fields_v1(&v1), set);
-        let item = vec!["f:status".to_owned(), "f:devices".to_owned(), "k:{\"device\":\"x\",\"driver\":\"d\",\"pool\":\"p\"}".to_owned()];
+        let item = vec![
+            "f:status".to_owned(),
+            "f:devices".to_owned(),
+            "k:{\"device\":\"x\",\"driver\":\"d\",\"pool\":\"p\"}".to_owned(),
+        ];
         assert!(set.contains(&item));
         assert_eq!(value_at(claims(), &obj, &item).unwrap()["device"], "x");
         let mut ip = item.clone();
@@ -436,7 +490,12 @@ mod tests {
             {"driver": "d", "pool": "p", "device": "x", "shareID": "u1", "data": {"b": 3}},
             {"driver": "d", "pool": "p", "device": "y"},
         ]});
-        let merged = merge(claims(), &json!({"status": live}), &json!({"status": applied}), "");
+        let merged = merge(
+            claims(),
+            &json!({"status": live}),
+            &json!({"status": applied}),
+            "",
+        );
         let devs = merged["status"]["devices"].as_array().unwrap();
         assert_eq!(devs.len(), 3);
         assert_eq!(devs[0]["data"], json!({"a": 1}));
@@ -451,8 +510,15 @@ mod tests {
             {"driver": "d", "pool": "p", "device": "x"},
             {"driver": "d", "pool": "p", "device": "x", "shareID": "u1"},
         ]}});
-        let path = vec!["f:status".to_owned(), "f:devices".to_owned(), "k:{\"device\":\"x\",\"driver\":\"d\",\"pool\":\"p\"}".to_owned()];
+        let path = vec![
+            "f:status".to_owned(),
+            "f:devices".to_owned(),
+            "k:{\"device\":\"x\",\"driver\":\"d\",\"pool\":\"p\"}".to_owned(),
+        ];
         remove_at(&mut obj, &path, &|p| key_fields_for(claims(), p));
-        assert_eq!(obj["status"]["devices"], json!([{"driver": "d", "pool": "p", "device": "x", "shareID": "u1"}]));
+        assert_eq!(
+            obj["status"]["devices"],
+            json!([{"driver": "d", "pool": "p", "device": "x", "shareID": "u1"}])
+        );
     }
 }

@@ -20,9 +20,9 @@ mod store;
 mod table;
 mod typed;
 mod validation;
-mod watch;
 #[cfg(test)]
 mod validation_tests;
+mod watch;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -71,7 +71,7 @@ pub struct ServerOptions {
     /// Watch duration when the client sets no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
     /// Behave like a 1.34/1.35 server with the `DRAConsumableCapacity` gate off: drop
-    /// `allowMultipleAllocations` and `capacity.*.requestPolicy` from ResourceSlices.
+    /// `allowMultipleAllocations` and `capacity.*.requestPolicy` from `ResourceSlices`.
     pub drop_consumable_capacity: bool,
     /// Largest request body accepted (the real server's limit is 3 MiB).
     pub max_body_bytes: usize,
@@ -82,7 +82,7 @@ impl Default for ServerOptions {
         Self {
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(10),
-            default_watch_timeout: Duration::from_secs(1800),
+            default_watch_timeout: Duration::from_mins(30),
             drop_consumable_capacity: false,
             max_body_bytes: 3 * 1024 * 1024,
         }
@@ -136,7 +136,10 @@ pub async fn serve(
 ) -> Result<(SocketAddr, JoinHandle<Result<(), ApiServerError>>), ApiServerError> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|source| ApiServerError::Bind { address: listen, source })?;
+        .map_err(|source| ApiServerError::Bind {
+            address: listen,
+            source,
+        })?;
     let addr = listener.local_addr().map_err(ApiServerError::LocalAddr)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
@@ -160,19 +163,29 @@ pub async fn serve(
 }
 
 /// Starts a server on `listen` and returns a handle that stops it.
-pub async fn start(listen: SocketAddr, options: ServerOptions) -> Result<ApiServer, ApiServerError> {
+pub async fn start(
+    listen: SocketAddr,
+    options: ServerOptions,
+) -> Result<ApiServer, ApiServerError> {
     let (tx, mut rx) = tokio::sync::watch::channel(false);
     let (addr, task) = serve(listen, options, async move {
         let _ = rx.wait_for(|stop| *stop).await;
     })
     .await?;
-    Ok(ApiServer { addr, shutdown: tx, task })
+    Ok(ApiServer {
+        addr,
+        shutdown: tx,
+        task,
+    })
 }
 
 fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Response {
     let mut resp = Response::new(Body::from(body.to_string()));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     for w in warnings {
         let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
         if let Ok(v) = HeaderValue::from_str(&text) {
@@ -186,10 +199,24 @@ fn error_response(err: &ApiError) -> Response {
     json_response(err.code, &err.to_status(), &[])
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap<String, String>>, req: Request) -> Response {
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    req: Request,
+) -> Response {
     let (accept, content_type, user_agent) = {
-        let header = |name: header::HeaderName| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
+        let header = |name: header::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        (
+            header(header::ACCEPT),
+            header(header::CONTENT_TYPE),
+            header(header::USER_AGENT),
+        )
     };
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
@@ -216,16 +243,33 @@ async fn handle(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap<S
     let result = rest::handle(&shared, &api_req);
     tracing::debug!(method = %method, path = %path, ok = result.is_ok(), "api request");
     match result {
-        Ok(ApiResponse::Json { code, body, warnings }) => json_response(code, &body, &warnings),
+        Ok(ApiResponse::Json {
+            code,
+            body,
+            warnings,
+        }) => json_response(code, &body, &warnings),
         Ok(ApiResponse::Watch(watch_req)) => {
             let (tx, rx) = mpsc::channel::<String>(256);
-            tokio::spawn(watch::run(shared.store.clone(), watch_req, tx, shared.shutdown.clone()));
+            tokio::spawn(watch::run(
+                shared.store.clone(),
+                watch_req,
+                tx,
+                shared.shutdown.clone(),
+            ));
             let stream = futures::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|line| (Ok::<_, std::convert::Infallible>(line), rx))
+                rx.recv()
+                    .await
+                    .map(|line| (Ok::<_, std::convert::Infallible>(line), rx))
             });
             let mut resp = Response::new(Body::from_stream(stream));
-            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            resp.headers_mut().insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp.headers_mut().insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
             resp
         }
         Err(e) => error_response(&e),

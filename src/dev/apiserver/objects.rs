@@ -33,7 +33,12 @@ fn now_plus(seconds: i64) -> String {
 
 /// The name and namespace of an object.
 pub(crate) fn key_of(obj: &Value) -> ObjectKey {
-    let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     (s("/metadata/namespace"), s("/metadata/name"))
 }
 
@@ -45,7 +50,7 @@ pub(crate) struct WriteContext<'a> {
     pub(crate) subresource: &'a str,
     /// Unknown-field handling.
     pub(crate) field_validation: FieldValidation,
-    /// Drop consumable-capacity fields from ResourceSlices, like a server with the
+    /// Drop consumable-capacity fields from `ResourceSlices`, like a server with the
     /// `DRAConsumableCapacity` gate off.
     pub(crate) drop_consumable_capacity: bool,
 }
@@ -63,18 +68,31 @@ pub(crate) struct Written {
 /// Checks `apiVersion`/`kind` of a body against the resource and fills them in.
 pub(crate) fn check_type_meta(resource: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     if !obj.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     let api_version = resource.api_version();
-    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-        if av != api_version {
-            return Err(ApiError::bad_request(format!("the API version in the data ({av}) does not match the expected API version ({api_version})")));
-        }
+    if let Some(av) = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        && av != api_version
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({av}) does not match the expected API version ({api_version})"
+        )));
     }
-    if let Some(kind) = obj.get("kind").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-        if kind != resource.kind {
-            return Err(ApiError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind ({})", resource.kind)));
-        }
+    if let Some(kind) = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        && kind != resource.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({kind}) does not match the expected kind ({})",
+            resource.kind
+        )));
     }
     obj["apiVersion"] = json!(api_version);
     obj["kind"] = json!(resource.kind);
@@ -85,12 +103,24 @@ pub(crate) fn check_type_meta(resource: &ResourceInfo, obj: &mut Value) -> Resul
 }
 
 /// Sets the namespace from the URL (checking a body namespace agrees).
-pub(crate) fn set_namespace(resource: &ResourceInfo, obj: &mut Value, url_ns: Option<&str>) -> Result<(), ApiError> {
-    let body_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default().to_owned();
+pub(crate) fn set_namespace(
+    resource: &ResourceInfo,
+    obj: &mut Value,
+    url_ns: Option<&str>,
+) -> Result<(), ApiError> {
+    let body_ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     if resource.namespaced {
-        let ns = url_ns.ok_or_else(|| ApiError::bad_request("a namespace is required for a namespaced resource"))?;
+        let ns = url_ns.ok_or_else(|| {
+            ApiError::bad_request("a namespace is required for a namespaced resource")
+        })?;
         if !body_ns.is_empty() && body_ns != ns {
-            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
         obj["metadata"]["namespace"] = json!(ns);
     } else if let Some(m) = obj["metadata"].as_object_mut() {
@@ -112,7 +142,10 @@ fn drop_consumable_capacity(resource: &ResourceInfo, obj: &mut Value) {
     if resource.kind != "ResourceSlice" {
         return;
     }
-    if let Some(devices) = obj.pointer_mut("/spec/devices").and_then(Value::as_array_mut) {
+    if let Some(devices) = obj
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+    {
         for d in devices {
             if let Some(m) = d.as_object_mut() {
                 m.remove("allowMultipleAllocations");
@@ -129,7 +162,10 @@ fn drop_consumable_capacity(resource: &ResourceInfo, obj: &mut Value) {
 }
 
 fn invalid(resource: &ResourceInfo, obj: &Value, errs: &[super::error::FieldError]) -> ApiError {
-    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     ApiError::invalid(resource.kind, resource.group_or_core(), name, errs)
 }
 
@@ -146,23 +182,47 @@ pub(crate) fn create(
         drop_consumable_capacity(resource, &mut obj);
     }
     let ts = now();
-    let meta = obj["metadata"].as_object_mut().ok_or_else(|| ApiError::internal("metadata is not an object"))?;
-    for f in ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "managedFields", "selfLink"] {
+    let meta = obj["metadata"]
+        .as_object_mut()
+        .ok_or_else(|| ApiError::internal("metadata is not an object"))?;
+    for f in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "managedFields",
+        "selfLink",
+    ] {
         meta.remove(f);
     }
     meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
     meta.insert("creationTimestamp".into(), json!(ts));
     meta.insert("generation".into(), json!(1));
-    let name_empty = meta.get("name").and_then(Value::as_str).is_none_or(str::is_empty);
-    let generate = meta.get("generateName").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let name_empty = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty);
+    let generate = meta
+        .get("generateName")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     if name_empty && !generate.is_empty() {
         // The real server appends 5 characters from an alphabet without vowels.
         const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
         let (ns, _) = key_of(&obj);
         loop {
-            let suffix: String = uuid::Uuid::new_v4().as_bytes()[..5].iter().map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char).collect();
+            let suffix: String = uuid::Uuid::new_v4().as_bytes()[..5]
+                .iter()
+                .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+                .collect();
             let candidate = format!("{generate}{suffix}");
-            if txn.get(resource, &(ns.clone(), candidate.clone())).is_none() {
+            if txn
+                .get(resource, &(ns.clone(), candidate.clone()))
+                .is_none()
+            {
                 obj["metadata"]["name"] = json!(candidate);
                 break;
             }
@@ -182,14 +242,32 @@ pub(crate) fn create(
     }
     let key = key_of(&obj);
     if txn.get(resource, &key).is_some() {
-        return Err(ApiError::already_exists(resource.group, resource.plural, &key.1));
+        return Err(ApiError::already_exists(
+            resource.group,
+            resource.plural,
+            &key.1,
+        ));
     }
     match applied_managed_fields {
         Some(mf) => obj["metadata"]["managedFields"] = mf,
-        None => apply::record_update(resource, None, &mut obj, &Writer { manager: ctx.manager, operation: Operation::Update, subresource: "", now: &ts }),
+        None => apply::record_update(
+            resource,
+            None,
+            &mut obj,
+            &Writer {
+                manager: ctx.manager,
+                operation: Operation::Update,
+                subresource: "",
+                now: &ts,
+            },
+        ),
     }
     let object = txn.put(resource, key, obj);
-    Ok(Written { object, created: true, warnings })
+    Ok(Written {
+        object,
+        created: true,
+        warnings,
+    })
 }
 
 /// Stores `candidate` as the new state of `old` (an update, patch or apply result):
@@ -232,7 +310,15 @@ pub(crate) fn update(
                 }
             }
         }
-        for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "namespace", "name"] {
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "namespace",
+            "name",
+        ] {
             match old["metadata"].get(f) {
                 Some(v) => n["metadata"][f] = v.clone(),
                 None => {
@@ -243,10 +329,26 @@ pub(crate) fn update(
             }
         }
         if old.pointer("/metadata/deletionTimestamp").is_some() {
-            let old_fin = old.pointer("/metadata/finalizers").and_then(Value::as_array).cloned().unwrap_or_default();
-            let new_fin = n.pointer("/metadata/finalizers").and_then(Value::as_array).cloned().unwrap_or_default();
+            let old_fin = old
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let new_fin = n
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             if new_fin.iter().any(|f| !old_fin.contains(f)) {
-                return Err(ApiError::invalid(resource.kind, resource.group_or_core(), &key_of(old).1, &[super::error::FieldError::forbidden("metadata.finalizers", "no new finalizers can be added if the object is being deleted")]));
+                return Err(ApiError::invalid(
+                    resource.kind,
+                    resource.group_or_core(),
+                    &key_of(old).1,
+                    &[super::error::FieldError::forbidden(
+                        "metadata.finalizers",
+                        "no new finalizers can be added if the object is being deleted",
+                    )],
+                ));
             }
         }
         n
@@ -263,7 +365,10 @@ pub(crate) fn update(
         return Err(invalid(resource, &new, &errs));
     }
     if spec_part(&new) != spec_part(old) {
-        let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+        let generation = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         new["metadata"]["generation"] = json!(generation + 1);
     }
     let ts = now();
@@ -274,28 +379,51 @@ pub(crate) fn update(
             resource,
             Some(old),
             &mut new,
-            &Writer { manager: ctx.manager, operation: Operation::Update, subresource: ctx.subresource, now: &ts },
+            &Writer {
+                manager: ctx.manager,
+                operation: Operation::Update,
+                subresource: ctx.subresource,
+                now: &ts,
+            },
         );
     }
-    if new.pointer("/metadata/managedFields").and_then(Value::as_array).is_some_and(Vec::is_empty) {
-        if let Some(m) = new["metadata"].as_object_mut() {
-            m.remove("managedFields");
-        }
+    if new
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty)
+        && let Some(m) = new["metadata"].as_object_mut()
+    {
+        m.remove("managedFields");
     }
     new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
     if new == **old {
-        return Ok(Written { object: old.clone(), created: false, warnings: std::mem::take(&mut warnings) });
+        return Ok(Written {
+            object: old.clone(),
+            created: false,
+            warnings: std::mem::take(&mut warnings),
+        });
     }
     let key = key_of(old);
     let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
-    let no_finalizers = new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(Vec::is_empty);
-    let grace_done = new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) == 0;
+    let no_finalizers = new
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty);
+    let grace_done = new
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+        == 0;
     let object = if deleting && no_finalizers && grace_done {
         txn.remove(resource, &key, new)
     } else {
         txn.put(resource, key, new)
     };
-    Ok(Written { object, created: false, warnings })
+    Ok(Written {
+        object,
+        created: false,
+        warnings,
+    })
 }
 
 /// Server-side apply of a parsed configuration to `live` (None: create).
@@ -315,31 +443,55 @@ pub(crate) fn server_side_apply(
             applied["status"] = s.clone();
         }
     } else {
-        if resource.has_status {
-            if let Some(m) = config.as_object_mut() {
-                m.remove("status");
-            }
+        if resource.has_status
+            && let Some(m) = config.as_object_mut()
+        {
+            m.remove("status");
         }
         applied = config;
     }
     let ts = now();
-    let writer = Writer { manager: ctx.manager, operation: Operation::Apply, subresource: ctx.subresource, now: &ts };
+    let writer = Writer {
+        manager: ctx.manager,
+        operation: Operation::Apply,
+        subresource: ctx.subresource,
+        now: &ts,
+    };
     let key_name = key_of(&applied).1;
     match live {
         None => {
             if ctx.subresource == "status" {
-                return Err(ApiError::not_found(resource.group, resource.plural, &key_name));
+                return Err(ApiError::not_found(
+                    resource.group,
+                    resource.plural,
+                    &key_name,
+                ));
             }
             let merged = match apply::apply(resource, None, &applied, &writer, force) {
                 ApplyOutcome::Applied(v) => v,
-                ApplyOutcome::Conflicts(c) => return Err(ApiError::apply_conflict(resource.group, resource.plural, &key_name, &c)),
+                ApplyOutcome::Conflicts(c) => {
+                    return Err(ApiError::apply_conflict(
+                        resource.group,
+                        resource.plural,
+                        &key_name,
+                        &c,
+                    ));
+                }
             };
-            let managed = merged.pointer("/metadata/managedFields").cloned().unwrap_or_else(|| json!([]));
+            let managed = merged
+                .pointer("/metadata/managedFields")
+                .cloned()
+                .unwrap_or_else(|| json!([]));
             create(txn, resource, merged, ctx, Some(managed))
         }
         Some(live) => match apply::apply(resource, Some(live), &applied, &writer, force) {
             ApplyOutcome::Applied(merged) => update(txn, resource, live, merged, ctx, true),
-            ApplyOutcome::Conflicts(c) => Err(ApiError::apply_conflict(resource.group, resource.plural, &key_name, &c)),
+            ApplyOutcome::Conflicts(c) => Err(ApiError::apply_conflict(
+                resource.group,
+                resource.plural,
+                &key_name,
+                &c,
+            )),
         },
     }
 }
@@ -357,31 +509,70 @@ pub(crate) struct DeleteOptions {
 
 /// Deletes one object: graceful for pods bound to a node, behind finalizers for anything
 /// that has them (deletionTimestamp set, object kept), otherwise removed at once.
-pub(crate) fn delete(txn: &mut Txn<'_>, resource: &ResourceInfo, old: &Arc<Value>, opts: &DeleteOptions) -> Result<Arc<Value>, ApiError> {
+pub(crate) fn delete(
+    txn: &mut Txn<'_>,
+    resource: &ResourceInfo,
+    old: &Arc<Value>,
+    opts: &DeleteOptions,
+) -> Result<Arc<Value>, ApiError> {
     let (_, name) = key_of(old);
-    if let Some(uid) = &opts.uid {
-        if old.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
-            return Err(ApiError::conflict(resource.group, resource.plural, &name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", old.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default())));
-        }
+    if let Some(uid) = &opts.uid
+        && old.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid)
+    {
+        return Err(ApiError::conflict(
+            resource.group,
+            resource.plural,
+            &name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                old.pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            ),
+        ));
     }
-    if let Some(rv) = &opts.resource_version {
-        if old.pointer("/metadata/resourceVersion").and_then(Value::as_str) != Some(rv) {
-            return Err(ApiError::conflict(resource.group, resource.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
-        }
+    if let Some(rv) = &opts.resource_version
+        && old
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            != Some(rv)
+    {
+        return Err(ApiError::conflict(
+            resource.group,
+            resource.plural,
+            &name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ));
     }
     let key = key_of(old);
     let mut obj = (**old).clone();
-    let generation = obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+    let generation = obj
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     if resource.kind == "Pod" {
-        let bound = obj.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-        let terminal = matches!(obj.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+        let bound = obj
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        let terminal = matches!(
+            obj.pointer("/status/phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        );
         let grace = opts
             .grace_period
-            .or_else(|| obj.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+            .or_else(|| {
+                obj.pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+            })
             .unwrap_or(30);
         if bound && !terminal && grace > 0 {
-            let current = obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64);
-            if obj.pointer("/metadata/deletionTimestamp").is_none() || current.is_some_and(|c| grace < c) {
+            let current = obj
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64);
+            if obj.pointer("/metadata/deletionTimestamp").is_none()
+                || current.is_some_and(|c| grace < c)
+            {
                 obj["metadata"]["deletionTimestamp"] = json!(now_plus(grace));
                 obj["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
                 obj["metadata"]["generation"] = json!(generation + 1);
@@ -390,10 +581,16 @@ pub(crate) fn delete(txn: &mut Txn<'_>, resource: &ResourceInfo, old: &Arc<Value
             return Ok(old.clone());
         }
     }
-    let has_finalizers = obj.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+    let has_finalizers = obj
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty());
     if has_finalizers {
-        let grace_now = obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64);
-        if obj.pointer("/metadata/deletionTimestamp").is_none() || grace_now.is_some_and(|g| g > 0) {
+        let grace_now = obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64);
+        if obj.pointer("/metadata/deletionTimestamp").is_none() || grace_now.is_some_and(|g| g > 0)
+        {
             if obj.pointer("/metadata/deletionTimestamp").is_none() {
                 obj["metadata"]["deletionTimestamp"] = json!(now());
                 obj["metadata"]["generation"] = json!(generation + 1);

@@ -92,7 +92,6 @@ impl ResourceInfo {
             }
             ("Pod", "status.podIPs" | "status.hostIPs") => ListType::Map(&["ip"]),
             ("Node", "status.addresses") => ListType::Map(&["type"]),
-            ("Node", "spec.taints") => ListType::Atomic,
             _ => ListType::Atomic,
         }
     }

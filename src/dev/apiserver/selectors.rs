@@ -46,14 +46,24 @@ fn parse_set(key: &str, rest: &str, raw: &str) -> Result<Vec<String>, ApiError> 
     let inner = rest
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: {raw:?}: expected '(' ... ')' after {key:?}")))?;
-    Ok(inner.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: {raw:?}: expected '(' ... ')' after {key:?}"
+            ))
+        })?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 fn check_key(key: &str, raw: &str) -> Result<String, ApiError> {
     let key = key.trim();
     if key.is_empty() || key.contains(char::is_whitespace) {
-        return Err(ApiError::bad_request(format!("unable to parse requirement: {raw:?}: invalid label key {key:?}")));
+        return Err(ApiError::bad_request(format!(
+            "unable to parse requirement: {raw:?}: invalid label key {key:?}"
+        )));
     }
     Ok(key.to_owned())
 }
@@ -123,7 +133,9 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once('=') {
                 (f, v, true)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{part}'; can't understand '{part}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                )));
             };
             let field = field.trim();
             if !resource.field_selectable(field) {
@@ -147,7 +159,11 @@ impl FieldSelector {
                 Some(Value::Number(n)) => n.to_string(),
                 // `source` on core events is an object; the real server selects on
                 // `source.component`.
-                Some(other) => other.get("component").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                Some(other) => other
+                    .get("component")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
             };
             (actual == *value) == *equal
         })
@@ -159,13 +175,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn obj(labels: Value) -> Value {
+    fn obj(labels: &Value) -> Value {
         json!({"metadata": {"name": "a", "labels": labels}, "spec": {"nodeName": "n1"}})
     }
 
     #[test]
     fn label_operators() {
-        let o = obj(json!({"app": "web", "tier": "front"}));
+        let o = obj(&json!({"app": "web", "tier": "front"}));
         let cases = [
             ("app=web", true),
             ("app==web", true),
@@ -187,7 +203,11 @@ mod tests {
             ("", true),
         ];
         for (sel, want) in cases {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
         }
     }
 
@@ -200,11 +220,27 @@ mod tests {
     fn field_selectors_checked_per_resource() {
         let pods = super::super::resources::lookup("", "v1", "pods").unwrap();
         let nodes = super::super::resources::lookup("", "v1", "nodes").unwrap();
-        let o = obj(json!({}));
-        assert!(FieldSelector::parse("spec.nodeName=n1", pods).unwrap().matches(&o));
-        assert!(!FieldSelector::parse("spec.nodeName!=n1", pods).unwrap().matches(&o));
-        assert!(FieldSelector::parse("metadata.name=a,spec.nodeName==n1", pods).unwrap().matches(&o));
-        assert!(FieldSelector::parse("status.phase=", pods).unwrap().matches(&o));
+        let o = obj(&json!({}));
+        assert!(
+            FieldSelector::parse("spec.nodeName=n1", pods)
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName!=n1", pods)
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            FieldSelector::parse("metadata.name=a,spec.nodeName==n1", pods)
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            FieldSelector::parse("status.phase=", pods)
+                .unwrap()
+                .matches(&o)
+        );
         let err = FieldSelector::parse("spec.nodeName=n1", nodes).unwrap_err();
         assert_eq!(err.code, 400);
         assert!(err.message.contains("field label not supported"));

@@ -79,7 +79,9 @@ impl Txn<'_> {
 
     /// The stored object, if any.
     pub(crate) fn get(&self, resource: &ResourceInfo, key: &ObjectKey) -> Option<Arc<Value>> {
-        self.inner.objects[resource_index(resource)].get(key).cloned()
+        self.inner.objects[resource_index(resource)]
+            .get(key)
+            .cloned()
     }
 
     /// All objects of a resource, optionally in one namespace, in key order.
@@ -106,7 +108,12 @@ impl Txn<'_> {
 
     /// Stores `object` (stamping a new resourceVersion) and records ADDED or MODIFIED.
     /// In a dry run nothing is stored and the version is not advanced.
-    pub(crate) fn put(&mut self, resource: &ResourceInfo, key: ObjectKey, mut object: Value) -> Arc<Value> {
+    pub(crate) fn put(
+        &mut self,
+        resource: &ResourceInfo,
+        key: ObjectKey,
+        mut object: Value,
+    ) -> Arc<Value> {
         let rv = self.inner.rv + 1;
         object["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let object = Arc::new(object);
@@ -117,14 +124,29 @@ impl Txn<'_> {
         self.changed = true;
         let idx = resource_index(resource);
         let previous = self.inner.objects[idx].insert(key, object.clone());
-        let kind = if previous.is_some() { EventType::Modified } else { EventType::Added };
-        self.record(ChangeEvent { rv, resource: idx, kind, object: object.clone(), previous });
+        let kind = if previous.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.record(ChangeEvent {
+            rv,
+            resource: idx,
+            kind,
+            object: object.clone(),
+            previous,
+        });
         object
     }
 
     /// Removes the object and records DELETED with `final_state` (stamped with a new
     /// resourceVersion, as the real server does).
-    pub(crate) fn remove(&mut self, resource: &ResourceInfo, key: &ObjectKey, mut final_state: Value) -> Arc<Value> {
+    pub(crate) fn remove(
+        &mut self,
+        resource: &ResourceInfo,
+        key: &ObjectKey,
+        mut final_state: Value,
+    ) -> Arc<Value> {
         let rv = self.inner.rv + 1;
         final_state["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let object = Arc::new(final_state);
@@ -135,7 +157,13 @@ impl Txn<'_> {
         self.changed = true;
         let idx = resource_index(resource);
         let previous = self.inner.objects[idx].remove(key);
-        self.record(ChangeEvent { rv, resource: idx, kind: EventType::Deleted, object: object.clone(), previous });
+        self.record(ChangeEvent {
+            rv,
+            resource: idx,
+            kind: EventType::Deleted,
+            object: object.clone(),
+            previous,
+        });
         object
     }
 }
@@ -166,12 +194,19 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves consistent data (every mutation is a
         // single insert/remove), so poisoning is not a reason to stop serving.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs `f` under the lock; watchers are woken if it changed anything.
     pub(crate) fn transact<T>(&self, dry_run: bool, f: impl FnOnce(&mut Txn<'_>) -> T) -> T {
-        let mut txn = Txn { inner: self.lock(), history_cap: self.history_cap, dry_run, changed: false };
+        let mut txn = Txn {
+            inner: self.lock(),
+            history_cap: self.history_cap,
+            dry_run,
+            changed: false,
+        };
         let out = f(&mut txn);
         let changed = txn.changed;
         let rv = txn.inner.rv;
@@ -188,20 +223,37 @@ impl Store {
     }
 
     /// Events of `resource` after `since`, and the version they bring the caller to.
-    pub(crate) fn events_since(&self, resource: usize, since: u64) -> Result<(Vec<ChangeEvent>, u64), Expired> {
+    pub(crate) fn events_since(
+        &self,
+        resource: usize,
+        since: u64,
+    ) -> Result<(Vec<ChangeEvent>, u64), Expired> {
         let inner = self.lock();
         if since < inner.dropped_through {
-            return Err(Expired { oldest: inner.dropped_through });
+            return Err(Expired {
+                oldest: inner.dropped_through,
+            });
         }
         let start = inner.history.partition_point(|e| e.rv <= since);
-        let events = inner.history.range(start..).filter(|e| e.resource == resource).cloned().collect();
+        let events = inner
+            .history
+            .range(start..)
+            .filter(|e| e.resource == resource)
+            .cloned()
+            .collect();
         Ok((events, inner.rv.max(since)))
     }
 
     /// Whether a watch could start at `since`.
     pub(crate) fn check_resumable(&self, since: u64) -> Result<(), Expired> {
         let inner = self.lock();
-        if since < inner.dropped_through { Err(Expired { oldest: inner.dropped_through }) } else { Ok(()) }
+        if since < inner.dropped_through {
+            Err(Expired {
+                oldest: inner.dropped_through,
+            })
+        } else {
+            Ok(())
+        }
     }
 
     /// The current global resourceVersion.
@@ -230,7 +282,11 @@ mod tests {
         let store = Store::new(3);
         for i in 0..5 {
             store.transact(false, |t| {
-                t.put(pods(), ("ns".into(), format!("p{i}")), json!({"metadata": {"name": format!("p{i}")}}));
+                t.put(
+                    pods(),
+                    ("ns".into(), format!("p{i}")),
+                    json!({"metadata": {"name": format!("p{i}")}}),
+                );
             });
         }
         assert_eq!(store.history_len(), 3);
@@ -238,14 +294,19 @@ mod tests {
         // Events with rv 2 and 3 were dropped: resuming from 2 would miss rv 3.
         assert!(store.events_since(resource_index(pods()), 2).is_err());
         let (events, rv) = store.events_since(resource_index(pods()), 3).unwrap();
-        assert_eq!(events.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![4, 5, 6]);
+        assert_eq!(
+            events.iter().map(|e| e.rv).collect::<Vec<_>>(),
+            vec![4, 5, 6]
+        );
         assert_eq!(rv, 6);
     }
 
     #[test]
     fn dry_run_changes_nothing() {
         let store = Store::new(10);
-        let obj = store.transact(true, |t| t.put(pods(), ("ns".into(), "a".into()), json!({"metadata": {}})));
+        let obj = store.transact(true, |t| {
+            t.put(pods(), ("ns".into(), "a".into()), json!({"metadata": {}}))
+        });
         assert_eq!(obj["metadata"]["resourceVersion"], "2");
         assert_eq!(store.current_rv(), 1);
         assert!(store.transact(false, |t| t.list(pods(), None)).is_empty());
@@ -256,11 +317,18 @@ mod tests {
         let store = Store::new(10);
         store.transact(false, |t| {
             for (ns, n) in [("a", "x"), ("ab", "y"), ("a", "z"), ("b", "w")] {
-                t.put(pods(), (ns.into(), n.into()), json!({"metadata": {"name": n}}));
+                t.put(
+                    pods(),
+                    (ns.into(), n.into()),
+                    json!({"metadata": {"name": n}}),
+                );
             }
         });
-        let names: Vec<_> = store.transact(false, |t| t.list(pods(), Some("a")))
-            .iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_owned()).collect();
+        let names: Vec<_> = store
+            .transact(false, |t| t.list(pods(), Some("a")))
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
         assert_eq!(names, vec!["x", "z"]);
     }
 }

@@ -4,7 +4,10 @@ use serde_json::{Value, json};
 
 /// Whether the `Accept` header asks for a Table.
 pub(crate) fn wants_table(accept: &str) -> bool {
-    accept.split(',').next().is_some_and(|first| first.contains("as=Table"))
+    accept
+        .split(',')
+        .next()
+        .is_some_and(|first| first.contains("as=Table"))
 }
 
 /// Age as kubectl prints it (`45s`, `3m20s`, `5h`, `2d`).
@@ -16,11 +19,19 @@ pub(crate) fn human_age(seconds: i64) -> String {
     if seconds < 120 {
         format!("{seconds}s")
     } else if m < 10 {
-        if seconds % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", seconds % 60) }
+        if seconds % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", seconds % 60)
+        }
     } else if h < 3 {
         format!("{m}m")
     } else if h < 8 {
-        if m % 60 == 0 { format!("{h}h") } else { format!("{h}h{}m", m % 60) }
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
     } else if h < 48 {
         format!("{h}h")
     } else {
@@ -81,7 +92,9 @@ mod tests {
 
     #[test]
     fn table_accept_detection() {
-        assert!(wants_table("application/json;as=Table;v=v1;g=meta.k8s.io,application/json"));
+        assert!(wants_table(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+        ));
         assert!(!wants_table("application/json"));
     }
 }

@@ -9,7 +9,9 @@ use serde_json::Value;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventsEvent;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 
 use super::error::ApiError;
 use super::resources::ResourceInfo;
@@ -66,7 +68,11 @@ fn unknown_paths(input: &Value, typed: &Value, prefix: &str, out: &mut Vec<Strin
     match (input, typed) {
         (Value::Object(i), Value::Object(t)) => {
             for (k, v) in i {
-                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 match t.get(k) {
                     Some(tv) => unknown_paths(v, tv, &path, out),
                     None if v.is_null() => {}
@@ -99,7 +105,9 @@ fn remove_path(v: &mut Value, path: &str) {
             }
             return;
         }
-        let Some(next) = cur.get_mut(field) else { return };
+        let Some(next) = cur.get_mut(field) else {
+            return;
+        };
         cur = next;
         for idx in indexes.split(['[', ']']).filter(|s| !s.is_empty()) {
             let Ok(i) = idx.parse::<usize>() else { return };
@@ -111,8 +119,14 @@ fn remove_path(v: &mut Value, path: &str) {
 
 /// Checks that `obj` decodes as its type and handles unknown fields per `mode`. Returns
 /// warnings for the `Warning` header.
-pub(crate) fn check(resource: &ResourceInfo, obj: &mut Value, mode: FieldValidation) -> Result<Vec<String>, ApiError> {
-    let Some(typed) = typed_form(resource, obj) else { return Ok(Vec::new()) };
+pub(crate) fn check(
+    resource: &ResourceInfo,
+    obj: &mut Value,
+    mode: FieldValidation,
+) -> Result<Vec<String>, ApiError> {
+    let Some(typed) = typed_form(resource, obj) else {
+        return Ok(Vec::new());
+    };
     let typed = typed.map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version \"{}\" cannot be handled as a {}: {e}",
@@ -125,14 +139,23 @@ pub(crate) fn check(resource: &ResourceInfo, obj: &mut Value, mode: FieldValidat
         return Ok(Vec::new());
     }
     if mode == FieldValidation::Strict {
-        let list: Vec<String> = unknown.iter().map(|p| format!("unknown field \"{p}\"")).collect();
-        return Err(ApiError::bad_request(format!("strict decoding error: {}", list.join(", "))));
+        let list: Vec<String> = unknown
+            .iter()
+            .map(|p| format!("unknown field \"{p}\""))
+            .collect();
+        return Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            list.join(", ")
+        )));
     }
     for p in unknown.iter().rev() {
         remove_path(obj, p);
     }
     Ok(if mode == FieldValidation::Warn {
-        unknown.iter().map(|p| format!("unknown field \"{p}\"")).collect()
+        unknown
+            .iter()
+            .map(|p| format!("unknown field \"{p}\""))
+            .collect()
     } else {
         Vec::new()
     })
@@ -169,6 +192,11 @@ mod tests {
     fn wrong_types_are_bad_requests() {
         let mut obj = slice();
         obj["spec"]["pool"]["generation"] = json!("one");
-        assert_eq!(check(slices(), &mut obj, FieldValidation::Ignore).unwrap_err().code, 400);
+        assert_eq!(
+            check(slices(), &mut obj, FieldValidation::Ignore)
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 }

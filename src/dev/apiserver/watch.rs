@@ -40,13 +40,18 @@ pub(crate) struct WatchRequest {
 
 impl WatchRequest {
     fn matches(&self, obj: &Value) -> bool {
-        let ns_ok = self.namespace.as_deref().is_none_or(|ns| obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns));
+        let ns_ok = self.namespace.as_deref().is_none_or(|ns| {
+            obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+        });
         ns_ok && self.labels.matches(obj) && self.fields.matches(obj)
     }
 
     fn event(&self, kind: &str, obj: &Value) -> String {
         let object = if self.as_table {
-            let rv = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default();
+            let rv = obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             table::table(&[obj], rv, false)
         } else {
             obj.clone()
@@ -69,7 +74,8 @@ impl WatchRequest {
 }
 
 fn expired_line(since: u64, oldest: u64) -> String {
-    let status = ApiError::gone(format!("too old resource version: {since} ({oldest})")).to_status();
+    let status =
+        ApiError::gone(format!("too old resource version: {since} ({oldest})")).to_status();
     let mut line = json!({"type": "ERROR", "object": status}).to_string();
     line.push('\n');
     line
@@ -77,7 +83,12 @@ fn expired_line(since: u64, oldest: u64) -> String {
 
 /// Runs a watch, sending lines into `tx` until the timeout, the client leaving, the
 /// server shutting down, or the history no longer covering the watcher (ERROR 410).
-pub(crate) async fn run(store: Arc<Store>, req: WatchRequest, tx: mpsc::Sender<String>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub(crate) async fn run(
+    store: Arc<Store>,
+    req: WatchRequest,
+    tx: mpsc::Sender<String>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let deadline = tokio::time::Instant::now() + req.timeout;
     let mut rv_rx = store.subscribe();
     let mut cursor = match req.since {
@@ -89,7 +100,9 @@ pub(crate) async fn run(store: Arc<Store>, req: WatchRequest, tx: mpsc::Sender<S
             rv
         }
         _ => {
-            let (objects, rv) = store.transact(false, |t| (t.list(req.resource, req.namespace.as_deref()), t.rv()));
+            let (objects, rv) = store.transact(false, |t| {
+                (t.list(req.resource, req.namespace.as_deref()), t.rv())
+            });
             for o in objects.iter().filter(|o| req.matches(o)) {
                 if tx.send(req.event("ADDED", o)).await.is_err() {
                     return;
@@ -102,7 +115,10 @@ pub(crate) async fn run(store: Arc<Store>, req: WatchRequest, tx: mpsc::Sender<S
         }
     };
     let idx = resource_index(req.resource);
-    let mut bookmark_tick = tokio::time::interval_at(tokio::time::Instant::now() + req.bookmark_interval, req.bookmark_interval);
+    let mut bookmark_tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + req.bookmark_interval,
+        req.bookmark_interval,
+    );
     loop {
         match store.events_since(idx, cursor) {
             Err(e) => {
@@ -114,17 +130,17 @@ pub(crate) async fn run(store: Arc<Store>, req: WatchRequest, tx: mpsc::Sender<S
                     let now_matches = req.matches(&ev.object);
                     let before_matches = ev.previous.as_deref().is_some_and(|p| req.matches(p));
                     let kind = match ev.kind {
-                        EventType::Added if now_matches => Some("ADDED"),
                         EventType::Modified if now_matches && before_matches => Some("MODIFIED"),
-                        EventType::Modified if now_matches => Some("ADDED"),
+                        // Created, or changed so that it now passes the selector.
+                        EventType::Added | EventType::Modified if now_matches => Some("ADDED"),
                         EventType::Modified if before_matches => Some("DELETED"),
                         EventType::Deleted if before_matches || now_matches => Some("DELETED"),
                         _ => None,
                     };
-                    if let Some(kind) = kind {
-                        if tx.send(req.event(kind, &ev.object)).await.is_err() {
-                            return;
-                        }
+                    if let Some(kind) = kind
+                        && tx.send(req.event(kind, &ev.object)).await.is_err()
+                    {
+                        return;
                     }
                 }
                 cursor = rv;
