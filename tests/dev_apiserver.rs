@@ -397,7 +397,7 @@ async fn watch_resumes_after_disconnect_and_expires_old_versions() {
         .unwrap()
     {
         kube::runtime::watcher::Event::Apply(p) => {
-            assert_eq!(p.metadata.name.as_deref(), Some("d"))
+            assert_eq!(p.metadata.name.as_deref(), Some("d"));
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -540,7 +540,7 @@ async fn selectors_bookmarks_and_timeouts() {
         match ev {
             WatchEvent::Added(p) => events.push(format!("ADDED {}", p.metadata.name.unwrap())),
             WatchEvent::Modified(p) => {
-                events.push(format!("MODIFIED {}", p.metadata.name.unwrap()))
+                events.push(format!("MODIFIED {}", p.metadata.name.unwrap()));
             }
             WatchEvent::Deleted(p) => events.push(format!("DELETED {}", p.metadata.name.unwrap())),
             WatchEvent::Bookmark(_) => bookmarks += 1,

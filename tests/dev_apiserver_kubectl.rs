@@ -136,6 +136,7 @@ spec:
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "one kubectl session, step by step")]
 async fn kubectl_create_get_apply_delete() {
     let Some((srv, k)) = setup().await else {
         return;

@@ -270,25 +270,18 @@ pub(crate) fn create(
     })
 }
 
-/// Stores `candidate` as the new state of `old` (an update, patch or apply result):
-/// restores server-owned metadata, applies status subresource rules, validates, bumps the
-/// generation, records field ownership (unless `apply_managed` already did), skips no-op
-/// writes, and completes deletion when the last finalizer goes.
-pub(crate) fn update(
-    txn: &mut Txn<'_>,
+/// The object to store from a write's `candidate`: `/status` takes only the status,
+/// the main endpoint everything but the status (when the kind has a status subresource);
+/// server-owned metadata always comes from `old`. Refuses new finalizers on an object
+/// being deleted (as the real server does).
+fn merge_for_subresource(
     resource: &ResourceInfo,
-    old: &Arc<Value>,
-    mut candidate: Value,
+    old: &Value,
+    candidate: Value,
     ctx: &WriteContext<'_>,
-    applied: bool,
-) -> Result<Written, ApiError> {
-    let mut warnings = typed::check(resource, &mut candidate, ctx.field_validation)?;
-    if ctx.drop_consumable_capacity {
-        drop_consumable_capacity(resource, &mut candidate);
-    }
-    let managed = candidate.pointer("/metadata/managedFields").cloned();
-    let mut new = if ctx.subresource == "status" {
-        let mut n = (**old).clone();
+) -> Result<Value, ApiError> {
+    let new = if ctx.subresource == "status" {
+        let mut n = old.clone();
         match candidate.get("status") {
             Some(s) => n["status"] = s.clone(),
             None => {
@@ -353,6 +346,27 @@ pub(crate) fn update(
         }
         n
     };
+    Ok(new)
+}
+
+/// Stores `candidate` as the new state of `old` (an update, patch or apply result):
+/// restores server-owned metadata, applies status subresource rules, validates, bumps the
+/// generation, records field ownership (unless `apply_managed` already did), skips no-op
+/// writes, and completes deletion when the last finalizer goes.
+pub(crate) fn update(
+    txn: &mut Txn<'_>,
+    resource: &ResourceInfo,
+    old: &Arc<Value>,
+    mut candidate: Value,
+    ctx: &WriteContext<'_>,
+    applied: bool,
+) -> Result<Written, ApiError> {
+    let mut warnings = typed::check(resource, &mut candidate, ctx.field_validation)?;
+    if ctx.drop_consumable_capacity {
+        drop_consumable_capacity(resource, &mut candidate);
+    }
+    let managed = candidate.pointer("/metadata/managedFields").cloned();
+    let mut new = merge_for_subresource(resource, old, candidate, ctx)?;
     if let Some(m) = new["metadata"].as_object_mut() {
         m.remove("managedFields");
         m.remove("resourceVersion");

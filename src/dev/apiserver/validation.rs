@@ -290,32 +290,7 @@ fn validate_slice(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
         }
     }
 
-    // Node selection: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection.
-    let node_name = spec
-        .get("nodeName")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    let selector = spec.get("nodeSelector").filter(|v| !v.is_null());
-    let all_nodes = spec.get("allNodes").and_then(Value::as_bool) == Some(true);
-    let per_device = spec.get("perDeviceNodeSelection").and_then(Value::as_bool) == Some(true);
-    let set_count = usize::from(node_name.is_some())
-        + usize::from(selector.is_some())
-        + usize::from(all_nodes)
-        + usize::from(per_device);
-    if set_count == 0 {
-        errs.push(FieldError::required("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"));
-    } else if set_count > 1 {
-        errs.push(FieldError::invalid("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required, but multiple fields are set"));
-    }
-    if let Some(n) = node_name.filter(|n| !is_dns_subdomain(n)) {
-        errs.push(FieldError::invalid(
-            "spec.nodeName",
-            format!("{n:?}: must be a DNS subdomain"),
-        ));
-    }
-    if let Some(sel) = selector {
-        check_node_selector(sel, "spec.nodeSelector", errs);
-    }
+    let per_device = validate_node_selection(spec, errs);
 
     let devices = spec.get("devices").and_then(Value::as_array);
     let counters = spec.get("sharedCounters").and_then(Value::as_array);
@@ -326,34 +301,7 @@ fn validate_slice(obj: &Value, old: Option<&Value>, errs: &mut Errors) {
         ));
     }
     if let Some(sets) = counters {
-        if sets.len() > 8 {
-            errs.push(FieldError::too_many("spec.sharedCounters", sets.len(), 8));
-        }
-        let mut seen = BTreeSet::new();
-        for (i, set) in sets.iter().enumerate() {
-            let field = format!("spec.sharedCounters[{i}]");
-            check_dns_label(set.get("name"), &format!("{field}.name"), errs);
-            if let Some(n) = set.get("name").and_then(Value::as_str)
-                && !seen.insert(n)
-            {
-                errs.push(FieldError::duplicate(
-                    format!("{field}.name"),
-                    format!("{n:?}"),
-                ));
-            }
-            let count = set
-                .get("counters")
-                .and_then(Value::as_object)
-                .map_or(0, Map::len);
-            if count == 0 {
-                errs.push(FieldError::required(
-                    format!("{field}.counters"),
-                    "at least one counter is required",
-                ));
-            } else if count > 32 {
-                errs.push(FieldError::too_many(format!("{field}.counters"), count, 32));
-            }
-        }
+        validate_shared_counters(sets, errs);
     }
     if let Some(devices) = devices {
         let limited = devices.iter().any(|d| {
@@ -464,6 +412,73 @@ fn validate_device(dev: &Value, field: &str, per_device: bool, errs: &mut Errors
     } else if dev_set > 0 {
         errs.push(FieldError::forbidden(field.to_owned(), "`nodeName`, `nodeSelector` and `allNodes` on a device need `spec.perDeviceNodeSelection`"));
     }
+    validate_taints_and_binding(dev, field, errs);
+}
+
+/// The node-selection one-of of a slice; returns whether `perDeviceNodeSelection` is set.
+fn validate_node_selection(spec: &Value, errs: &mut Errors) -> bool {
+    let node_name = spec
+        .get("nodeName")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    let selector = spec.get("nodeSelector").filter(|v| !v.is_null());
+    let all_nodes = spec.get("allNodes").and_then(Value::as_bool) == Some(true);
+    let per_device = spec.get("perDeviceNodeSelection").and_then(Value::as_bool) == Some(true);
+    let set_count = usize::from(node_name.is_some())
+        + usize::from(selector.is_some())
+        + usize::from(all_nodes)
+        + usize::from(per_device);
+    if set_count == 0 {
+        errs.push(FieldError::required("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"));
+    } else if set_count > 1 {
+        errs.push(FieldError::invalid("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required, but multiple fields are set"));
+    }
+    if let Some(n) = node_name.filter(|n| !is_dns_subdomain(n)) {
+        errs.push(FieldError::invalid(
+            "spec.nodeName",
+            format!("{n:?}: must be a DNS subdomain"),
+        ));
+    }
+    if let Some(sel) = selector {
+        check_node_selector(sel, "spec.nodeSelector", errs);
+    }
+
+    per_device
+}
+
+fn validate_shared_counters(sets: &[Value], errs: &mut Errors) {
+    if sets.len() > 8 {
+        errs.push(FieldError::too_many("spec.sharedCounters", sets.len(), 8));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, set) in sets.iter().enumerate() {
+        let field = format!("spec.sharedCounters[{i}]");
+        check_dns_label(set.get("name"), &format!("{field}.name"), errs);
+        if let Some(n) = set.get("name").and_then(Value::as_str)
+            && !seen.insert(n)
+        {
+            errs.push(FieldError::duplicate(
+                format!("{field}.name"),
+                format!("{n:?}"),
+            ));
+        }
+        let count = set
+            .get("counters")
+            .and_then(Value::as_object)
+            .map_or(0, Map::len);
+        if count == 0 {
+            errs.push(FieldError::required(
+                format!("{field}.counters"),
+                "at least one counter is required",
+            ));
+        } else if count > 32 {
+            errs.push(FieldError::too_many(format!("{field}.counters"), count, 32));
+        }
+    }
+}
+
+/// Device taints (≤ 16, known effects) and binding conditions (≤ 4 each, both or neither, disjoint).
+fn validate_taints_and_binding(dev: &Value, field: &str, errs: &mut Errors) {
     if let Some(taints) = dev.get("taints").and_then(Value::as_array) {
         if taints.len() > 16 {
             errs.push(FieldError::too_many(
@@ -520,6 +535,39 @@ fn validate_device(dev: &Value, field: &str, per_device: bool, errs: &mut Errors
             format!("{field}.bindingFailureConditions"),
             format!("{dup} is also a binding condition"),
         ));
+    }
+}
+
+/// `status.devices[].conditions`: ≤ 8, list-map key `type`, status True/False/Unknown.
+fn validate_device_conditions(conds: &[Value], field: &str, errs: &mut Errors) {
+    if conds.len() > 8 {
+        errs.push(FieldError::too_many(
+            format!("{field}.conditions"),
+            conds.len(),
+            8,
+        ));
+    }
+    let mut types = BTreeSet::new();
+    for (j, c) in conds.iter().enumerate() {
+        let t = c.get("type").and_then(Value::as_str).unwrap_or_default();
+        if t.is_empty() {
+            errs.push(FieldError::required(
+                format!("{field}.conditions[{j}].type"),
+                "a condition type is required",
+            ));
+        } else if !types.insert(t) {
+            errs.push(FieldError::duplicate(
+                format!("{field}.conditions[{j}].type"),
+                format!("{t:?}"),
+            ));
+        }
+        match c.get("status").and_then(Value::as_str) {
+            Some("True" | "False" | "Unknown") => {}
+            other => errs.push(FieldError::not_supported(
+                format!("{field}.conditions[{j}].status"),
+                format!("{other:?}: supported values: \"False\", \"True\", \"Unknown\""),
+            )),
+        }
     }
 }
 
@@ -661,45 +709,50 @@ fn validate_capacity(cap: &Value, field: &str, multi: bool, errs: &mut Errors) {
         }
     }
     if let Some(range) = valid_range {
-        let rfield = format!("{pfield}.validRange");
-        match quantity(range.get("min")) {
-            None => errs.push(FieldError::required(
-                format!("{rfield}.min"),
-                "min is required",
-            )),
-            Some(min) => {
-                if min < 0.0 || value.is_some_and(|v| min > v) {
-                    errs.push(FieldError::invalid(
-                        format!("{rfield}.min"),
-                        "must be between 0 and the capacity value",
-                    ));
-                }
-                if let Some(max) = quantity(range.get("max"))
-                    && max < min
-                {
-                    errs.push(FieldError::invalid(
-                        format!("{rfield}.max"),
-                        "must not be less than min",
-                    ));
-                }
+        validate_range(range, value, &pfield, errs);
+    }
+}
+
+/// `validRange`: min required with 0 ≤ min ≤ value, min ≤ max ≤ value, step > 0.
+fn validate_range(range: &Value, value: Option<f64>, pfield: &str, errs: &mut Errors) {
+    let rfield = format!("{pfield}.validRange");
+    match quantity(range.get("min")) {
+        None => errs.push(FieldError::required(
+            format!("{rfield}.min"),
+            "min is required",
+        )),
+        Some(min) => {
+            if min < 0.0 || value.is_some_and(|v| min > v) {
+                errs.push(FieldError::invalid(
+                    format!("{rfield}.min"),
+                    "must be between 0 and the capacity value",
+                ));
+            }
+            if let Some(max) = quantity(range.get("max"))
+                && max < min
+            {
+                errs.push(FieldError::invalid(
+                    format!("{rfield}.max"),
+                    "must not be less than min",
+                ));
             }
         }
-        if let Some(max) = quantity(range.get("max"))
-            && value.is_some_and(|v| max > v)
-        {
-            errs.push(FieldError::invalid(
-                format!("{rfield}.max"),
-                "must not exceed the capacity value",
-            ));
-        }
-        if let Some(step) = quantity(range.get("step"))
-            && step <= 0.0
-        {
-            errs.push(FieldError::invalid(
-                format!("{rfield}.step"),
-                "must be greater than zero",
-            ));
-        }
+    }
+    if let Some(max) = quantity(range.get("max"))
+        && value.is_some_and(|v| max > v)
+    {
+        errs.push(FieldError::invalid(
+            format!("{rfield}.max"),
+            "must not exceed the capacity value",
+        ));
+    }
+    if let Some(step) = quantity(range.get("step"))
+        && step <= 0.0
+    {
+        errs.push(FieldError::invalid(
+            format!("{rfield}.step"),
+            "must be greater than zero",
+        ));
     }
 }
 
@@ -1013,35 +1066,7 @@ fn validate_claim_status(status: &Value, errs: &mut Errors) {
             errs.push(FieldError::invalid(field.clone(), format!("device status is only allowed for allocated devices: driver {:?} pool {:?} device {:?} shareID {:?} is not in status.allocation.devices.results", key.0, key.1, key.2, key.3)));
         }
         if let Some(conds) = dev.get("conditions").and_then(Value::as_array) {
-            if conds.len() > 8 {
-                errs.push(FieldError::too_many(
-                    format!("{field}.conditions"),
-                    conds.len(),
-                    8,
-                ));
-            }
-            let mut types = BTreeSet::new();
-            for (j, c) in conds.iter().enumerate() {
-                let t = c.get("type").and_then(Value::as_str).unwrap_or_default();
-                if t.is_empty() {
-                    errs.push(FieldError::required(
-                        format!("{field}.conditions[{j}].type"),
-                        "a condition type is required",
-                    ));
-                } else if !types.insert(t) {
-                    errs.push(FieldError::duplicate(
-                        format!("{field}.conditions[{j}].type"),
-                        format!("{t:?}"),
-                    ));
-                }
-                match c.get("status").and_then(Value::as_str) {
-                    Some("True" | "False" | "Unknown") => {}
-                    other => errs.push(FieldError::not_supported(
-                        format!("{field}.conditions[{j}].status"),
-                        format!("{other:?}: supported values: \"False\", \"True\", \"Unknown\""),
-                    )),
-                }
-            }
+            validate_device_conditions(conds, &field, errs);
         }
         check_raw_object(dev.get("data"), &format!("{field}.data"), false, errs);
         if let Some(nd) = dev.get("networkData").filter(|n| !n.is_null()) {

@@ -129,7 +129,7 @@ fn run(base: fn() -> Value, kind: (&str, &str), cases: &[Case<'_>]) {
         let errs = validate(resource, &obj, None);
         match expect {
             None if !errs.is_empty() => {
-                failures.push(format!("{name}: expected valid, got {errs:?}"))
+                failures.push(format!("{name}: expected valid, got {errs:?}"));
             }
             Some(field) if !errs.iter().any(|e| e.field == *field) => {
                 failures.push(format!(
@@ -143,6 +143,7 @@ fn run(base: fn() -> Value, kind: (&str, &str), cases: &[Case<'_>]) {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one table row per documented limit")]
 fn resource_slice_limits() {
     let cases: Vec<Case<'_>> = vec![
         ("base slice is valid", &|_| {}, None),
@@ -198,7 +199,7 @@ fn resource_slice_limits() {
                     "b".repeat(63),
                     "c".repeat(63),
                     "d".repeat(61)
-                ))
+                ));
             },
             None,
         ),
@@ -211,7 +212,7 @@ fn resource_slice_limits() {
                     "b".repeat(63),
                     "c".repeat(63),
                     "d".repeat(62)
-                ))
+                ));
             },
             Some("spec.pool.name"),
         ),
@@ -311,7 +312,7 @@ fn resource_slice_limits() {
                 v["spec"]["devices"] = devices(
                     65,
                     &json!({"consumesCounters": [{"counterSet": "s", "counters": {"mem": {"value": "1"}}}]}),
-                )
+                );
             },
             Some("spec.devices"),
         ),
@@ -409,7 +410,7 @@ fn resource_slice_limits() {
         (
             "2 counter consumptions",
             &|v| {
-                dev0(v)["consumesCounters"] = json!([{"counterSet": "a", "counters": {}}, {"counterSet": "b", "counters": {}}])
+                dev0(v)["consumesCounters"] = json!([{"counterSet": "a", "counters": {}}, {"counterSet": "b", "counters": {}}]);
             },
             None,
         ),
@@ -536,7 +537,7 @@ fn resource_slice_limits() {
             "version 65 chars",
             &|v| {
                 dev0(v)["attributes"]["fw"] =
-                    json!({"version": format!("1.2.3-{}", "a".repeat(59))})
+                    json!({"version": format!("1.2.3-{}", "a".repeat(59))});
             },
             Some("spec.devices[0].attributes[fw].version"),
         ),
@@ -582,7 +583,8 @@ fn resource_slice_limits() {
         (
             "domain 64 chars",
             &|v| {
-                dev0(v)["attributes"] = json!({format!("{}.io/x", "d".repeat(61)): {"string": "x"}})
+                dev0(v)["attributes"] =
+                    json!({format!("{}.io/x", "d".repeat(61)): {"string": "x"}});
             },
             Some(&*Box::leak(
                 format!("spec.devices[0].attributes[{}.io/x]", "d".repeat(61)).into_boxed_str(),
@@ -595,7 +597,7 @@ fn resource_slice_limits() {
                 set_policy(
                     v,
                     json!({"default": "1", "validRange": {"min": "1", "max": "256", "step": "1"}}),
-                )
+                );
             },
             None,
         ),
@@ -603,7 +605,7 @@ fn resource_slice_limits() {
             "policy without allowMultipleAllocations",
             &|v| {
                 dev0(v)["capacity"]["netclaim.dev/interfaces"]["requestPolicy"] =
-                    json!({"default": "1"})
+                    json!({"default": "1"});
             },
             Some("spec.devices[0].capacity[netclaim.dev/interfaces].requestPolicy"),
         ),
@@ -618,7 +620,7 @@ fn resource_slice_limits() {
                 set_policy(
                     v,
                     json!({"default": "1", "validValues": (1..=10).map(|i| i.to_string()).collect::<Vec<_>>()}),
-                )
+                );
             },
             None,
         ),
@@ -628,7 +630,7 @@ fn resource_slice_limits() {
                 set_policy(
                     v,
                     json!({"default": "1", "validValues": (1..=11).map(|i| i.to_string()).collect::<Vec<_>>()}),
-                )
+                );
             },
             Some("spec.devices[0].capacity[netclaim.dev/interfaces].requestPolicy.validValues"),
         ),
@@ -648,7 +650,7 @@ fn resource_slice_limits() {
                 set_policy(
                     v,
                     json!({"default": "1", "validValues": ["1"], "validRange": {"min": "1"}}),
-                )
+                );
             },
             Some("spec.devices[0].capacity[netclaim.dev/interfaces].requestPolicy"),
         ),
@@ -668,7 +670,7 @@ fn resource_slice_limits() {
                 set_policy(
                     v,
                     json!({"default": "1", "validRange": {"min": "0", "max": "1Ki"}}),
-                )
+                );
             },
             Some("spec.devices[0].capacity[netclaim.dev/interfaces].requestPolicy.validRange.max"),
         ),
@@ -683,7 +685,7 @@ fn resource_slice_immutable_fields() {
     let mutations: [(&str, Mutate); 3] = [
         ("spec.driver", |v| v["spec"]["driver"] = json!("other.dev")),
         ("spec.pool.name", |v| {
-            v["spec"]["pool"]["name"] = json!("node-2")
+            v["spec"]["pool"]["name"] = json!("node-2");
         }),
         ("spec.nodeName", |v| v["spec"]["nodeName"] = json!("node-2")),
     ];
@@ -699,6 +701,7 @@ fn resource_slice_immutable_fields() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one table row per documented limit")]
 fn resource_claim_status_limits() {
     let cases: Vec<Case<'_>> = vec![
         ("base claim is valid", &|_| {}, None),
@@ -706,14 +709,14 @@ fn resource_claim_status_limits() {
         (
             "256 consumers",
             &|v| {
-                v["status"]["reservedFor"] = Value::Array((0..256).map(|i| json!({"resource": "pods", "name": format!("p{i}"), "uid": format!("u{i}")})).collect())
+                v["status"]["reservedFor"] = Value::Array((0..256).map(|i| json!({"resource": "pods", "name": format!("p{i}"), "uid": format!("u{i}")})).collect());
             },
             None,
         ),
         (
             "257 consumers",
             &|v| {
-                v["status"]["reservedFor"] = Value::Array((0..257).map(|i| json!({"resource": "pods", "name": format!("p{i}"), "uid": format!("u{i}")})).collect())
+                v["status"]["reservedFor"] = Value::Array((0..257).map(|i| json!({"resource": "pods", "name": format!("p{i}"), "uid": format!("u{i}")})).collect());
             },
             Some("status.reservedFor"),
         ),
@@ -726,28 +729,28 @@ fn resource_claim_status_limits() {
         (
             "32 results",
             &|v| {
-                v["status"]["allocation"]["devices"]["results"] = Value::Array((0..32).map(|i| json!({"request": "net", "driver": "netclaim.dev", "pool": "node-1", "device": if i == 0 { "eth1".to_owned() } else { format!("d{i}") }})).collect())
+                v["status"]["allocation"]["devices"]["results"] = Value::Array((0..32).map(|i| json!({"request": "net", "driver": "netclaim.dev", "pool": "node-1", "device": if i == 0 { "eth1".to_owned() } else { format!("d{i}") }})).collect());
             },
             None,
         ),
         (
             "33 results",
             &|v| {
-                v["status"]["allocation"]["devices"]["results"] = Value::Array((0..33).map(|i| json!({"request": "net", "driver": "netclaim.dev", "pool": "node-1", "device": if i == 0 { "eth1".to_owned() } else { format!("d{i}") }})).collect())
+                v["status"]["allocation"]["devices"]["results"] = Value::Array((0..33).map(|i| json!({"request": "net", "driver": "netclaim.dev", "pool": "node-1", "device": if i == 0 { "eth1".to_owned() } else { format!("d{i}") }})).collect());
             },
             Some("status.allocation.devices.results"),
         ),
         (
             "64 configs",
             &|v| {
-                v["status"]["allocation"]["devices"]["config"] = Value::Array((0..64).map(|_| json!({"source": "FromClass", "opaque": {"driver": "netclaim.dev", "parameters": {}}})).collect())
+                v["status"]["allocation"]["devices"]["config"] = Value::Array((0..64).map(|_| json!({"source": "FromClass", "opaque": {"driver": "netclaim.dev", "parameters": {}}})).collect());
             },
             None,
         ),
         (
             "65 configs",
             &|v| {
-                v["status"]["allocation"]["devices"]["config"] = Value::Array((0..65).map(|_| json!({"source": "FromClass", "opaque": {"driver": "netclaim.dev", "parameters": {}}})).collect())
+                v["status"]["allocation"]["devices"]["config"] = Value::Array((0..65).map(|_| json!({"source": "FromClass", "opaque": {"driver": "netclaim.dev", "parameters": {}}})).collect());
             },
             Some("status.allocation.devices.config"),
         ),
@@ -814,21 +817,21 @@ fn resource_claim_status_limits() {
         (
             "8 conditions",
             &|v| {
-                st0(v)["conditions"] = Value::Array((0..8).map(|i| json!({"type": format!("T{i}"), "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})).collect())
+                st0(v)["conditions"] = Value::Array((0..8).map(|i| json!({"type": format!("T{i}"), "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})).collect());
             },
             None,
         ),
         (
             "9 conditions",
             &|v| {
-                st0(v)["conditions"] = Value::Array((0..9).map(|i| json!({"type": format!("T{i}"), "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})).collect())
+                st0(v)["conditions"] = Value::Array((0..9).map(|i| json!({"type": format!("T{i}"), "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})).collect());
             },
             Some("status.devices[0].conditions"),
         ),
         (
             "duplicate condition type",
             &|v| {
-                st0(v)["conditions"] = json!([{"type": "Ready", "status": "True"}, {"type": "Ready", "status": "False"}])
+                st0(v)["conditions"] = json!([{"type": "Ready", "status": "True"}, {"type": "Ready", "status": "False"}]);
             },
             Some("status.devices[0].conditions[1].type"),
         ),
@@ -919,19 +922,20 @@ fn resource_claim_status_limits() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one table row per documented limit")]
 fn resource_claim_spec_rules() {
     let cases: Vec<Case<'_>> = vec![
         (
             "32 requests",
             &|v| {
-                v["spec"]["devices"]["requests"] = Value::Array((0..32).map(|i| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "c"}})).collect())
+                v["spec"]["devices"]["requests"] = Value::Array((0..32).map(|i| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "c"}})).collect());
             },
             None,
         ),
         (
             "33 requests",
             &|v| {
-                v["spec"]["devices"]["requests"] = Value::Array((0..33).map(|i| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "c"}})).collect())
+                v["spec"]["devices"]["requests"] = Value::Array((0..33).map(|i| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "c"}})).collect());
             },
             Some("spec.devices.requests"),
         ),
@@ -944,7 +948,7 @@ fn resource_claim_spec_rules() {
             "exactly and firstAvailable",
             &|v| {
                 v["spec"]["devices"]["requests"][0]["firstAvailable"] =
-                    json!([{"name": "a", "deviceClassName": "c"}])
+                    json!([{"name": "a", "deviceClassName": "c"}]);
             },
             Some("spec.devices.requests[0]"),
         ),
@@ -971,14 +975,14 @@ fn resource_claim_spec_rules() {
         (
             "parameters 10 KiB object",
             &|v| {
-                v["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "netclaim.dev", "parameters": data_of_len(10240)}}])
+                v["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "netclaim.dev", "parameters": data_of_len(10240)}}]);
             },
             None,
         ),
         (
             "parameters over 10 KiB",
             &|v| {
-                v["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "netclaim.dev", "parameters": data_of_len(10241)}}])
+                v["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "netclaim.dev", "parameters": data_of_len(10241)}}]);
             },
             Some("spec.devices.config[0].opaque.parameters"),
         ),
@@ -986,7 +990,7 @@ fn resource_claim_spec_rules() {
             "parameters not an object",
             &|v| {
                 v["spec"]["devices"]["config"] =
-                    json!([{"opaque": {"driver": "netclaim.dev", "parameters": "mode: macvlan"}}])
+                    json!([{"opaque": {"driver": "netclaim.dev", "parameters": "mode: macvlan"}}]);
             },
             Some("spec.devices.config[0].opaque.parameters"),
         ),
