@@ -5,6 +5,10 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed setup step should panic"
 )]
+#![allow(
+    clippy::too_many_lines,
+    reason = "each test is one scenario told step by step"
+)]
 
 use std::time::Duration;
 
