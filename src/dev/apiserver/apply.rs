@@ -119,8 +119,19 @@ pub(crate) fn record_update(
     let old_set = old
         .map(|o| fieldset::set_from_value(resource, o))
         .unwrap_or_default();
+    // A write owns only the fields of its endpoint: `/status` the status, the main endpoint
+    // everything else when the kind has a status subresource (the server resets or keeps
+    // the status itself; the writer did not set it).
+    let in_scope = |path: &[String]| {
+        let is_status = path.first().is_some_and(|p| p == "f:status");
+        if writer.subresource == "status" {
+            is_status
+        } else {
+            !(resource.has_status && is_status)
+        }
+    };
     let mut changed = Vec::new();
-    for path in new_set.members() {
+    for path in new_set.members().into_iter().filter(|p| in_scope(p)) {
         let is_item = new_set.has_children(&path);
         let was = old.and_then(|o| fieldset::value_at(resource, o, &path));
         let now = fieldset::value_at(resource, new, &path);

@@ -185,9 +185,10 @@ fn schema_name(r: &ResourceInfo) -> String {
 }
 
 /// `/openapi/v3/<api|apis/group>/<version>`: paths with the `fieldValidation` parameter on
-/// writes, so kubectl delegates validation to the server. Patch request bodies list merge,
-/// JSON and apply patches but not strategic merge, so kubectl's client-side `apply`
-/// computes a JSON merge patch (this server treats strategic merge as merge).
+/// writes, so kubectl delegates validation to the server. Patch request bodies do not list
+/// strategic merge patch (the documents carry no patch-merge-key schemas), so kubectl's
+/// client-side `apply` falls back to its compiled-in types (strategic merge, which this
+/// server handles) or, for kinds it does not know, to a JSON merge patch.
 pub(crate) fn openapi_group_version(gv_path: &str) -> Option<Value> {
     let (group, version) = match gv_path.split('/').collect::<Vec<_>>().as_slice() {
         ["api", v] => ("", (*v).to_owned()),

@@ -4,8 +4,8 @@
 //!
 //! Faithful where the driver depends on behaviour (resourceVersion semantics, conflicts,
 //! list-map merges, 422 causes); documented gaps: no authentication or authorisation, no
-//! garbage collection of owned objects, strategic merge patch applied as JSON merge patch,
-//! list pages served from the current state, core and events.k8s.io Events stored
+//! garbage collection of owned objects, strategic merge patch merge keys taken from the
+//! server-side apply list table (a subset of the built-in schemas), list pages served from the current state, core and events.k8s.io Events stored
 //! separately, no defaulting beyond what is listed in `objects`.
 
 mod apply;
@@ -17,6 +17,7 @@ mod resources;
 mod rest;
 mod selectors;
 mod store;
+mod strategic;
 mod table;
 mod typed;
 mod validation;

@@ -191,7 +191,7 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
         namespaced: true,
         has_status: false,
         reset_status_on_create: false,
-        short_names: &["ev"],
+        short_names: &[],
         selectable_fields: &[
             "regarding.kind",
             "regarding.namespace",

@@ -12,6 +12,7 @@ use super::error::ApiError;
 use super::objects::{self, DeleteOptions, WriteContext, Written};
 use super::resources::{self, ResourceInfo};
 use super::selectors::{FieldSelector, LabelSelector};
+use super::strategic;
 use super::table;
 use super::typed::FieldValidation;
 use super::watch::WatchRequest;
@@ -440,6 +441,69 @@ fn check_rv_precondition(
     Ok(())
 }
 
+/// PATCH with `application/apply-patch+yaml`: server-side apply.
+fn server_side_apply_patch(
+    shared: &Shared,
+    req: &ApiRequest<'_>,
+    target: &Target,
+    name: &str,
+    dry: bool,
+) -> Result<ApiResponse, ApiError> {
+    let r = target.resource;
+    let manager = q(req, "fieldManager")
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "PatchOptions",
+                "meta.k8s.io",
+                "",
+                &[super::error::FieldError::required(
+                    "fieldManager",
+                    "is required for apply patch",
+                )],
+            )
+        })?;
+    let mut config: Value = serde_yaml::from_slice(req.body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    objects::check_type_meta(r, &mut config)?;
+    for (field, what) in [("apiVersion", "apiVersion"), ("kind", "kind")] {
+        if config.get(field).is_none() {
+            return Err(ApiError::bad_request(format!(
+                "{what} must be set in an apply patch"
+            )));
+        }
+    }
+    let body_name = config
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !body_name.is_empty() && body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    config["metadata"]["name"] = json!(name);
+    objects::set_namespace(r, &mut config, target.namespace.as_deref())?;
+    if let Some(m) = config["metadata"].as_object_mut() {
+        for f in [
+            "managedFields",
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "generation",
+        ] {
+            m.remove(f);
+        }
+    }
+    let force = q_bool(req, "force");
+    let ctx = context(shared, req, manager, target)?;
+    let w = shared.store.transact(dry, |t| {
+        let live = t.get(r, &key(target, name));
+        objects::server_side_apply(t, r, live.as_ref(), config, &ctx, force)
+    })?;
+    Ok(written(w))
+}
+
 fn patch(
     shared: &Shared,
     req: &ApiRequest<'_>,
@@ -456,58 +520,7 @@ fn patch(
         .to_owned();
     let dry = dry_run(req)?;
     if ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json" {
-        let manager = q(req, "fieldManager")
-            .filter(|m| !m.is_empty())
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "PatchOptions",
-                    "meta.k8s.io",
-                    "",
-                    &[super::error::FieldError::required(
-                        "fieldManager",
-                        "is required for apply patch",
-                    )],
-                )
-            })?;
-        let mut config: Value = serde_yaml::from_slice(req.body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-        objects::check_type_meta(r, &mut config)?;
-        for (field, what) in [("apiVersion", "apiVersion"), ("kind", "kind")] {
-            if config.get(field).is_none() {
-                return Err(ApiError::bad_request(format!(
-                    "{what} must be set in an apply patch"
-                )));
-            }
-        }
-        let body_name = config
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if !body_name.is_empty() && body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
-        }
-        config["metadata"]["name"] = json!(name);
-        objects::set_namespace(r, &mut config, target.namespace.as_deref())?;
-        if let Some(m) = config["metadata"].as_object_mut() {
-            for f in [
-                "managedFields",
-                "resourceVersion",
-                "uid",
-                "creationTimestamp",
-                "generation",
-            ] {
-                m.remove(f);
-            }
-        }
-        let force = q_bool(req, "force");
-        let ctx = context(shared, req, manager, target)?;
-        let w = shared.store.transact(dry, |t| {
-            let live = t.get(r, &key(target, name));
-            objects::server_side_apply(t, r, live.as_ref(), config, &ctx, force)
-        })?;
-        return Ok(written(w));
+        return server_side_apply_patch(shared, req, target, name, dry);
     }
     let patch_doc: Value = serde_json::from_slice(req.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
@@ -529,14 +542,19 @@ fn patch(
                     details: None,
                 })?;
             }
-            // Strategic merge patch is applied as a JSON merge patch: lists are replaced
-            // rather than merged by their patch merge keys, and `$patch` directives are
-            // not interpreted.
-            "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+            "application/merge-patch+json" => {
                 if !patch_doc.is_object() {
                     return Err(ApiError::bad_request("a merge patch must be a JSON object"));
                 }
                 json_patch::merge(&mut doc, &patch_doc);
+            }
+            "application/strategic-merge-patch+json" => {
+                if !patch_doc.is_object() {
+                    return Err(ApiError::bad_request(
+                        "a strategic merge patch must be a JSON object",
+                    ));
+                }
+                strategic::apply(r, &mut doc, &patch_doc);
             }
             other => return Err(ApiError::unsupported_media_type(other)),
         }
