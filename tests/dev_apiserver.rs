@@ -945,3 +945,133 @@ async fn our_kinds_and_discovery() {
     assert_eq!(s.data["spec"]["mode"], "macvlan");
     srv.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_objects_with_watchers() {
+    let (srv, client) = server(ServerOptions::default()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    // Five watchers on pods (like several controllers) while we write.
+    let mut watchers = Vec::new();
+    for _ in 0..5 {
+        let mut stream = pods
+            .watch(&WatchParams::default().timeout(60), "0")
+            .await
+            .unwrap()
+            .boxed();
+        watchers.push(tokio::spawn(async move {
+            let mut added = 0;
+            while let Some(ev) = stream.try_next().await.unwrap() {
+                if matches!(ev, WatchEvent::Added(_)) {
+                    added += 1;
+                    if added == 500 {
+                        break;
+                    }
+                }
+            }
+            added
+        }));
+    }
+    let started = std::time::Instant::now();
+    for i in 0..500 {
+        pods.create(
+            &PostParams::default(),
+            &pod(&format!("p{i}"), "node-1", &json!({"i": i.to_string()})),
+        )
+        .await
+        .unwrap();
+    }
+    let create_ms = started.elapsed().as_millis();
+    for w in watchers {
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(20), w)
+                .await
+                .unwrap()
+                .unwrap(),
+            500
+        );
+    }
+    let started = std::time::Instant::now();
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    let list_ms = started.elapsed().as_millis();
+    assert_eq!(list.items.len(), 500);
+
+    // 20 full slices (128 devices, 6 attributes and a capacity each), applied twice.
+    let devices: Vec<Value> = (0..128)
+        .map(|i| {
+            json!({"name": format!("eth{i}"), "attributes": {
+                "ifName": {"string": format!("eth{i}")}, "mtu": {"int": 1500}, "mac": {"string": "02:00:00:00:00:01"},
+                "pciAddress": {"string": "0000:00:01.0"}, "sriov": {"bool": false}, "numaNode": {"int": 0}},
+                "capacity": {"netclaim.dev/interfaces": {"value": "256"}}})
+        })
+        .collect();
+    let pp = PatchParams::apply("netclaim.dev");
+    let started = std::time::Instant::now();
+    for round in 1..=2 {
+        for s in 0..20 {
+            let mut obj = slice(
+                &format!("node-{s}-0"),
+                &format!("node-{s}"),
+                &Value::Array(devices.clone()),
+            );
+            obj["spec"]["pool"]["generation"] = json!(round);
+            slices
+                .patch(&format!("node-{s}-0"), &pp, &Patch::Apply(&obj))
+                .await
+                .unwrap();
+        }
+    }
+    let apply_ms = started.elapsed().as_millis();
+    let started = std::time::Instant::now();
+    let all = slices
+        .list(&ListParams::default().fields("spec.nodeName=node-7"))
+        .await
+        .unwrap();
+    let slice_list_ms = started.elapsed().as_millis();
+    assert_eq!(all.items.len(), 1);
+    assert_eq!(all.items[0].spec.pool.generation, 2);
+    println!(
+        "500 pod creates with 5 watchers: {create_ms} ms; list 500 pods: {list_ms} ms; \
+         40 applies of 128-device slices: {apply_ms} ms; filtered slice list: {slice_list_ms} ms"
+    );
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_event_recorder_creates_then_patches_a_series() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let (srv, client) = server(ServerOptions::default()).await;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "netclaim.dev".into(),
+            instance: Some("node-1".into()),
+        },
+    );
+    let node_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some("node-1".into()),
+        uid: Some("u1".into()),
+        ..ObjectReference::default()
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "CapacityDropped".into(),
+        note: Some("allowMultipleAllocations was dropped".into()),
+        action: "Publish".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &node_ref).await.unwrap();
+    recorder.publish(&ev, &node_ref).await.unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+    let list = events
+        .list(&ListParams::default().fields("regarding.name=node-1"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].reason.as_deref(), Some("CapacityDropped"));
+    assert_eq!(list.items[0].series.as_ref().map(|s| s.count), Some(2));
+    srv.shutdown().await.unwrap();
+}

@@ -263,17 +263,41 @@ async fn kubectl_create_get_apply_delete() {
         // Client-side apply of a built-in kind sends a strategic merge patch with
         // `$setElementOrder` directives: containers merge by name.
         k.ok(&["apply", "-f", "-"], Some(POD));
-        k.ok(&["apply", "-f", "-"], Some(&POD.replace("image: nginx", "image: nginx:2")));
-        let out = k.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.containers[*].image}"], None);
+        k.ok(
+            &["apply", "-f", "-"],
+            Some(&POD.replace("image: nginx", "image: nginx:2")),
+        );
+        let out = k.ok(
+            &[
+                "get",
+                "pod",
+                "web",
+                "-o",
+                "jsonpath={.spec.containers[*].image}",
+            ],
+            None,
+        );
         assert_eq!(out, "busybox nginx:2");
         k.ok(&["label", "pod", "web", "tier=front"], None);
         let out = k.ok(&["get", "pods", "-l", "tier=front", "-o", "name"], None);
         assert_eq!(out.trim(), "pod/web");
         // A pod bound to a node waits for its kubelet; --grace-period=0 --force removes it.
         k.ok(&["delete", "pod", "web", "--wait=false"], None);
-        let out = k.ok(&["get", "pod", "web", "-o", "jsonpath={.metadata.deletionTimestamp}"], None);
+        let out = k.ok(
+            &[
+                "get",
+                "pod",
+                "web",
+                "-o",
+                "jsonpath={.metadata.deletionTimestamp}",
+            ],
+            None,
+        );
         assert!(!out.is_empty());
-        k.ok(&["delete", "pod", "web", "--grace-period=0", "--force"], None);
+        k.ok(
+            &["delete", "pod", "web", "--grace-period=0", "--force"],
+            None,
+        );
         k.fails(&["get", "pod", "web"], None);
 
         let out = k.ok(&["delete", "resourceclaim", "net"], None);

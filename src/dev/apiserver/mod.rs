@@ -56,6 +56,9 @@ pub enum ApiServerError {
     /// The bound address could not be read back.
     #[error("reading the API server's bound address: {0}")]
     LocalAddr(std::io::Error),
+    /// The initial objects could not be created.
+    #[error("creating the initial objects: {0}")]
+    Init(#[source] ApiError),
     /// Serving failed.
     #[error("serving the API server: {0}")]
     Serve(std::io::Error),
@@ -65,8 +68,11 @@ pub enum ApiServerError {
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Change events kept for watch resumption; a watch from an older resourceVersion gets
-    /// 410 Gone. Bounds memory together with the objects themselves.
+    /// 410 Gone.
     pub watch_history: usize,
+    /// Byte budget of the same history (objects counted at their JSON size): old object
+    /// versions live only there, so this bounds the memory beyond the live objects.
+    pub watch_history_bytes: usize,
     /// Interval of BOOKMARK events on watches that allow them.
     pub bookmark_interval: Duration,
     /// Watch duration when the client sets no `timeoutSeconds`.
@@ -82,6 +88,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             watch_history: 10_000,
+            watch_history_bytes: 32 * 1024 * 1024,
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_mins(30),
             drop_consumable_capacity: false,
@@ -143,8 +150,15 @@ pub async fn serve(
         })?;
     let addr = listener.local_addr().map_err(ApiServerError::LocalAddr)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let store = Store::new(store::HistoryLimits {
+        events: options.watch_history,
+        bytes: options.watch_history_bytes,
+    });
+    store
+        .transact(false, objects::create_initial_namespaces)
+        .map_err(ApiServerError::Init)?;
     let shared = Arc::new(Shared {
-        store: Arc::new(Store::new(options.watch_history)),
+        store: Arc::new(store),
         options,
         address: addr.to_string(),
         shutdown: stop_rx,

@@ -236,6 +236,9 @@ pub(crate) fn create(
             obj["status"] = json!({"phase": "Pending"});
         }
     }
+    if resource.kind == "Namespace" && obj.pointer("/status/phase").is_none() {
+        obj["status"] = json!({"phase": "Active"});
+    }
     let errs = validation::validate(resource, &obj, None);
     if !errs.is_empty() {
         return Err(invalid(resource, &obj, &errs));
@@ -508,6 +511,23 @@ pub(crate) fn server_side_apply(
             )),
         },
     }
+}
+
+/// Creates the namespaces every cluster starts with.
+pub(crate) fn create_initial_namespaces(txn: &mut Txn<'_>) -> Result<(), ApiError> {
+    let resource = super::resources::lookup("", "v1", "namespaces")
+        .ok_or_else(|| ApiError::internal("namespaces are not in the resource table"))?;
+    let ctx = WriteContext {
+        manager: "netclaim-dev-apiserver",
+        subresource: "",
+        field_validation: FieldValidation::Strict,
+        drop_consumable_capacity: false,
+    };
+    for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        create(txn, resource, obj, &ctx, None)?;
+    }
+    Ok(())
 }
 
 /// Options of a delete.

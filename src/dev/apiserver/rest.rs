@@ -165,6 +165,9 @@ fn parse_body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
         .next()
         .unwrap_or_default()
         .trim();
+    if ct.contains("protobuf") || ct.contains("cbor") {
+        return Err(ApiError::unsupported_media_type(ct));
+    }
     if ct.contains("yaml") {
         serde_yaml::from_slice(req.body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))

@@ -33,6 +33,18 @@ pub(crate) struct ChangeEvent {
     pub(crate) object: Arc<Value>,
     /// The object before the change (selector transitions need it).
     pub(crate) previous: Option<Arc<Value>>,
+    /// JSON size of `object`, for the history byte budget.
+    pub(crate) size: usize,
+}
+
+/// Bounds of the change history.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HistoryLimits {
+    /// Most events kept.
+    pub(crate) events: usize,
+    /// Most bytes kept, counting each event's object at its JSON size. Old object
+    /// versions stay alive only through the history, so this bounds their memory.
+    pub(crate) bytes: usize,
 }
 
 /// Key of an object: (namespace or "", name).
@@ -42,6 +54,7 @@ struct Inner {
     rv: u64,
     objects: Vec<BTreeMap<ObjectKey, Arc<Value>>>,
     history: VecDeque<ChangeEvent>,
+    history_bytes: usize,
     /// Highest resourceVersion whose event left the history; watches from an older
     /// version get 410 Gone.
     dropped_through: u64,
@@ -51,7 +64,25 @@ struct Inner {
 pub(crate) struct Store {
     inner: Mutex<Inner>,
     rv_tx: watch::Sender<u64>,
-    history_cap: usize,
+    limits: HistoryLimits,
+}
+
+/// Bytes of the compact JSON form of `v`, counted without allocating it.
+fn json_size(v: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Counter(0);
+    // Writing into a counter cannot fail, and a Value always serialises.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The index of a resource in [`RESOURCES`].
@@ -66,7 +97,7 @@ pub(crate) fn resource_index(resource: &ResourceInfo) -> usize {
 /// watchers when it ends.
 pub(crate) struct Txn<'a> {
     inner: MutexGuard<'a, Inner>,
-    history_cap: usize,
+    limits: HistoryLimits,
     dry_run: bool,
     changed: bool,
 }
@@ -98,9 +129,13 @@ impl Txn<'_> {
     }
 
     fn record(&mut self, event: ChangeEvent) {
+        self.inner.history_bytes += event.size;
         self.inner.history.push_back(event);
-        while self.inner.history.len() > self.history_cap {
+        while self.inner.history.len() > self.limits.events
+            || (self.inner.history_bytes > self.limits.bytes && self.inner.history.len() > 1)
+        {
             if let Some(old) = self.inner.history.pop_front() {
+                self.inner.history_bytes -= old.size;
                 self.inner.dropped_through = old.rv;
             }
         }
@@ -124,6 +159,7 @@ impl Txn<'_> {
         self.changed = true;
         let idx = resource_index(resource);
         let previous = self.inner.objects[idx].insert(key, object.clone());
+        let size = json_size(&object);
         let kind = if previous.is_some() {
             EventType::Modified
         } else {
@@ -135,6 +171,7 @@ impl Txn<'_> {
             kind,
             object: object.clone(),
             previous,
+            size,
         });
         object
     }
@@ -157,12 +194,14 @@ impl Txn<'_> {
         self.changed = true;
         let idx = resource_index(resource);
         let previous = self.inner.objects[idx].remove(key);
+        let size = json_size(&object);
         self.record(ChangeEvent {
             rv,
             resource: idx,
             kind: EventType::Deleted,
             object: object.clone(),
             previous,
+            size,
         });
         object
     }
@@ -176,18 +215,22 @@ pub(crate) struct Expired {
 }
 
 impl Store {
-    /// An empty store keeping at most `history_cap` change events.
-    pub(crate) fn new(history_cap: usize) -> Self {
+    /// An empty store whose change history stays within `limits`.
+    pub(crate) fn new(limits: HistoryLimits) -> Self {
         let (rv_tx, _) = watch::channel(1);
         Self {
             inner: Mutex::new(Inner {
                 rv: 1,
                 objects: RESOURCES.iter().map(|_| BTreeMap::new()).collect(),
                 history: VecDeque::new(),
+                history_bytes: 0,
                 dropped_through: 0,
             }),
             rv_tx,
-            history_cap: history_cap.max(1),
+            limits: HistoryLimits {
+                events: limits.events.max(1),
+                bytes: limits.bytes,
+            },
         }
     }
 
@@ -203,7 +246,7 @@ impl Store {
     pub(crate) fn transact<T>(&self, dry_run: bool, f: impl FnOnce(&mut Txn<'_>) -> T) -> T {
         let mut txn = Txn {
             inner: self.lock(),
-            history_cap: self.history_cap,
+            limits: self.limits,
             dry_run,
             changed: false,
         };
@@ -279,7 +322,10 @@ mod tests {
 
     #[test]
     fn history_is_bounded_and_old_versions_expire() {
-        let store = Store::new(3);
+        let store = Store::new(HistoryLimits {
+            events: 3,
+            bytes: usize::MAX,
+        });
         for i in 0..5 {
             store.transact(false, |t| {
                 t.put(
@@ -302,8 +348,32 @@ mod tests {
     }
 
     #[test]
+    fn history_byte_budget_drops_old_events() {
+        let store = Store::new(HistoryLimits {
+            events: 1000,
+            bytes: 2000,
+        });
+        let big = "x".repeat(900);
+        for i in 0..5 {
+            store.transact(false, |t| {
+                t.put(
+                    pods(),
+                    ("ns".into(), format!("p{i}")),
+                    json!({"metadata": {"name": big}}),
+                );
+            });
+        }
+        assert_eq!(store.history_len(), 2);
+        assert!(store.events_since(resource_index(pods()), 3).is_err());
+        assert!(store.events_since(resource_index(pods()), 4).is_ok());
+    }
+
+    #[test]
     fn dry_run_changes_nothing() {
-        let store = Store::new(10);
+        let store = Store::new(HistoryLimits {
+            events: 10,
+            bytes: usize::MAX,
+        });
         let obj = store.transact(true, |t| {
             t.put(pods(), ("ns".into(), "a".into()), json!({"metadata": {}}))
         });
@@ -314,7 +384,10 @@ mod tests {
 
     #[test]
     fn namespace_listing_is_exact() {
-        let store = Store::new(10);
+        let store = Store::new(HistoryLimits {
+            events: 10,
+            bytes: usize::MAX,
+        });
         store.transact(false, |t| {
             for (ns, n) in [("a", "x"), ("ab", "y"), ("a", "z"), ("b", "w")] {
                 t.put(
