@@ -133,6 +133,8 @@ pub(crate) fn check(
             resource.kind, resource.version, resource.kind
         ))
     })?;
+    // A null decodes to the Go zero value: the field is simply unset.
+    super::fieldset::strip_nulls(obj);
     let mut unknown = Vec::new();
     unknown_paths(obj, &typed, "", &mut unknown);
     if unknown.is_empty() {

@@ -24,9 +24,46 @@ pub(crate) fn validate(resource: &ResourceInfo, obj: &Value, old: Option<&Value>
                 validate_claim_spec(spec, "spec.spec", &mut errs);
             }
         }
+        ("resource.k8s.io", "DeviceClass") => validate_device_class(obj, &mut errs),
         _ => {}
     }
     errs
+}
+
+/// `DeviceClass` (§3.4): selectors and config as in claims (≤ 32 each, CEL ≤ 10 KiB,
+/// opaque parameters a JSON object ≤ 10 KiB).
+fn validate_device_class(obj: &Value, errs: &mut Errors) {
+    let Some(spec) = obj.get("spec").filter(|s| s.is_object()) else {
+        return;
+    };
+    check_count(spec.get("selectors"), "spec.selectors", 32, errs);
+    check_count(spec.get("config"), "spec.config", 32, errs);
+    for (i, sel) in spec
+        .get("selectors")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(expr) = sel.pointer("/cel/expression").and_then(Value::as_str)
+            && expr.len() > 10 * 1024
+        {
+            errs.push(FieldError::too_long(
+                format!("spec.selectors[{i}].cel.expression"),
+                expr.len(),
+                10 * 1024,
+            ));
+        }
+    }
+    for (i, cfg) in spec
+        .get("config")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        validate_opaque(cfg.get("opaque"), &format!("spec.config[{i}].opaque"), errs);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1006,3 +1006,24 @@ fn resource_claim_spec_rules() {
             .any(|e| e.field == "spec")
     );
 }
+
+#[test]
+fn device_class_rules() {
+    let r = lookup("resource.k8s.io", "v1", "deviceclasses").unwrap();
+    let class = |selectors: usize, params: Value| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "netclaim"},
+               "spec": {"selectors": (0..selectors).map(|_| json!({"cel": {"expression": "true"}})).collect::<Vec<_>>(),
+                        "config": [{"opaque": {"driver": "netclaim.dev", "parameters": params}}]}})
+    };
+    assert!(validate(r, &class(32, data_of_len(10240)), None).is_empty());
+    assert!(
+        validate(r, &class(33, json!({})), None)
+            .iter()
+            .any(|e| e.field == "spec.selectors")
+    );
+    assert!(
+        validate(r, &class(1, data_of_len(10241)), None)
+            .iter()
+            .any(|e| e.field == "spec.config[0].opaque.parameters")
+    );
+}
