@@ -1,4 +1,4 @@
-//! The dev API server against the machine's kubectl (v1.32): get, create -f, apply
+//! The dev API server against kubectl (the machine's v1.32, or `$KUBECTL`): get, create -f, apply
 //! --server-side, client-side apply, delete, get -w with a timeout, and the kubeconfig
 //! written by `dev::kubeconfig`. Without kubectl the tests print `SKIPPED` (and fail
 //! when `CI` is set).
@@ -12,18 +12,23 @@ use std::process::{Command, Output};
 
 use netclaim::dev::apiserver::{ApiServer, ServerOptions, start};
 
+/// `$KUBECTL`, else `/usr/bin/kubectl`, else what `scripts/setup/kubectl.sh` unpacked.
 fn kubectl_path() -> Option<PathBuf> {
-    let path = std::env::var_os("KUBECTL")
-        .map_or_else(|| PathBuf::from("/usr/bin/kubectl"), PathBuf::from);
-    if path.exists() {
-        return Some(path);
+    let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![
+            PathBuf::from("/usr/bin/kubectl"),
+            PathBuf::from("/opt/netclaim-test/bin/kubectl"),
+        ],
+    };
+    if let Some(found) = candidates.iter().find(|p| p.exists()) {
+        return Some(found.clone());
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "kubectl not found at {} and CI is set",
-        path.display()
+        "kubectl not found at {candidates:?} and CI is set (run scripts/setup/kubectl.sh)"
     );
-    println!("SKIPPED: kubectl not found at {}", path.display());
+    println!("SKIPPED: kubectl not found at {candidates:?} (run scripts/setup/kubectl.sh)");
     None
 }
 
