@@ -1075,3 +1075,44 @@ async fn kube_event_recorder_creates_then_patches_a_series() {
     assert_eq!(list.items[0].series.as_ref().map(|s| s.count), Some(2));
     srv.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_pruned_or_rejected_like_a_built_in_kind() {
+    let (srv, client) = server(ServerOptions::default()).await;
+    let slices: Api<ResourceSlice> = Api::all(client);
+    let obj = slice(
+        "s",
+        "node-1",
+        &json!([{"name": "eth1", "futureField": {"x": 1}}]),
+    );
+    let err = api_status(
+        slices
+            .patch(
+                "s",
+                &PatchParams::apply("netclaim.dev").validation_strict(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 400);
+    assert!(
+        err.message.contains("spec.devices[0].futureField"),
+        "{}",
+        err.message
+    );
+    // Default (Warn): the field is dropped, as an API server without that feature does.
+    let s = slices
+        .patch(
+            "s",
+            &PatchParams::apply("netclaim.dev"),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap();
+    let stored = serde_json::to_value(&s).unwrap();
+    assert_eq!(stored["spec"]["devices"][0], json!({"name": "eth1"}));
+    let fields = serde_json::to_string(&s.metadata.managed_fields).unwrap();
+    assert!(!fields.contains("futureField"), "{fields}");
+    srv.shutdown().await.unwrap();
+}

@@ -263,6 +263,16 @@ async fn handle(
             body,
             warnings,
         }) => json_response(code, &body, &warnings),
+        Ok(ApiResponse::Bytes { code, body }) => {
+            let mut resp = Response::new(Body::from(body));
+            *resp.status_mut() =
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
         Ok(ApiResponse::Watch(watch_req)) => {
             let (tx, rx) = mpsc::channel::<String>(256);
             tokio::spawn(watch::run(

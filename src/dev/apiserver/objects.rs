@@ -65,6 +65,14 @@ pub(crate) struct Written {
     pub(crate) warnings: Vec<String>,
 }
 
+impl Written {
+    fn with_warnings(mut self, mut earlier: Vec<String>) -> Self {
+        earlier.append(&mut self.warnings);
+        self.warnings = earlier;
+        self
+    }
+}
+
 /// Checks `apiVersion`/`kind` of a body against the resource and fills them in.
 pub(crate) fn check_type_meta(resource: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     if !obj.is_object() {
@@ -467,6 +475,9 @@ pub(crate) fn server_side_apply(
         }
         applied = config;
     }
+    // Unknown fields are pruned (or rejected) before ownership is computed, so no
+    // manager owns a field the type does not have.
+    let warnings = typed::check(resource, &mut applied, ctx.field_validation)?;
     let ts = now();
     let writer = Writer {
         manager: ctx.manager,
@@ -499,10 +510,12 @@ pub(crate) fn server_side_apply(
                 .pointer("/metadata/managedFields")
                 .cloned()
                 .unwrap_or_else(|| json!([]));
-            create(txn, resource, merged, ctx, Some(managed))
+            create(txn, resource, merged, ctx, Some(managed)).map(|w| w.with_warnings(warnings))
         }
         Some(live) => match apply::apply(resource, Some(live), &applied, &writer, force) {
-            ApplyOutcome::Applied(merged) => update(txn, resource, live, merged, ctx, true),
+            ApplyOutcome::Applied(merged) => {
+                update(txn, resource, live, merged, ctx, true).map(|w| w.with_warnings(warnings))
+            }
             ApplyOutcome::Conflicts(c) => Err(ApiError::apply_conflict(
                 resource.group,
                 resource.plural,

@@ -43,6 +43,9 @@ pub(crate) enum ApiResponse {
         body: Value,
         warnings: Vec<String>,
     },
+    /// An already serialised JSON document (large lists, written without building a
+    /// `Value` copy of every item).
+    Bytes { code: u16, body: Vec<u8> },
     /// A watch to stream.
     Watch(WatchRequest),
 }
@@ -322,12 +325,29 @@ fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRes
         t["metadata"] = meta;
         return Ok(ok(t));
     }
-    Ok(ok(json!({
-        "kind": format!("{}List", r.kind),
-        "apiVersion": r.api_version(),
-        "metadata": meta,
-        "items": items,
-    })))
+    let head =
+        json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta});
+    Ok(ApiResponse::Bytes {
+        code: 200,
+        body: list_body(&head, &items),
+    })
+}
+
+/// `{...head, "items": [...]}` serialised straight from the stored objects.
+fn list_body(head: &Value, items: &[&Value]) -> Vec<u8> {
+    let mut out = head.to_string().into_bytes();
+    // `head` is a non-empty JSON object: replace its closing brace with the items.
+    out.pop();
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        // Writing a Value into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, item);
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 fn watch(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiResponse, ApiError> {
@@ -621,19 +641,20 @@ fn delete_collection(
     let r = target.resource;
     let (labels, fields) = selectors(req, r)?;
     let opts = delete_options(req)?;
-    let deleted = shared
-        .store
-        .transact(dry_run(req)?, |t| -> Result<Vec<Value>, ApiError> {
-            let all = t.list(r, target.namespace.as_deref());
-            let mut out = Vec::new();
-            for o in all
-                .iter()
-                .filter(|o| labels.matches(o) && fields.matches(o))
-            {
-                out.push((*objects::delete(t, r, o, &opts)?).clone());
-            }
-            Ok(out)
-        })?;
+    let deleted: Vec<Value> =
+        shared
+            .store
+            .transact(dry_run(req)?, |t| -> Result<Vec<Value>, ApiError> {
+                let all = t.list(r, target.namespace.as_deref());
+                let mut out = Vec::new();
+                for o in all
+                    .iter()
+                    .filter(|o| labels.matches(o) && fields.matches(o))
+                {
+                    out.push((*objects::delete(t, r, o, &opts)?).clone());
+                }
+                Ok(out)
+            })?;
     let rv = shared.store.current_rv();
     Ok(ok(
         json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
