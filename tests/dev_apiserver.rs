@@ -948,6 +948,7 @@ async fn our_kinds_and_discovery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_objects_with_watchers() {
+    let rss_before = rss_kib();
     let (srv, client) = server(ServerOptions::default()).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let slices: Api<ResourceSlice> = Api::all(client.clone());
@@ -1032,7 +1033,9 @@ async fn hundreds_of_objects_with_watchers() {
     assert_eq!(all.items[0].spec.pool.generation, 2);
     println!(
         "500 pod creates with 5 watchers: {create_ms} ms; list 500 pods: {list_ms} ms; \
-         40 applies of 128-device slices: {apply_ms} ms; filtered slice list: {slice_list_ms} ms"
+         40 applies of 128-device slices: {apply_ms} ms; filtered slice list: {slice_list_ms} ms; \
+         test process RSS {rss_before} -> {} KiB (server + client)",
+        rss_kib()
     );
     srv.shutdown().await.unwrap();
 }
@@ -1115,4 +1118,15 @@ async fn unknown_fields_pruned_or_rejected_like_a_built_in_kind() {
     let fields = serde_json::to_string(&s.metadata.managed_fields).unwrap();
     assert!(!fields.contains("futureField"), "{fields}");
     srv.shutdown().await.unwrap();
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
 }

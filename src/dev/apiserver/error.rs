@@ -207,7 +207,12 @@ impl ApiError {
             422,
             "Invalid",
             format!(
-                "{kind}.{group} \"{name}\" is invalid: [{}]",
+                "{} \"{name}\" is invalid: [{}]",
+                if group.is_empty() {
+                    kind.to_owned()
+                } else {
+                    format!("{kind}.{group}")
+                },
                 summary.join(", ")
             ),
         );

@@ -88,7 +88,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             watch_history: 10_000,
-            watch_history_bytes: 32 * 1024 * 1024,
+            watch_history_bytes: 16 * 1024 * 1024,
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_mins(30),
             drop_consumable_capacity: false,

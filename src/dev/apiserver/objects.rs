@@ -174,7 +174,7 @@ fn invalid(resource: &ResourceInfo, obj: &Value, errs: &[super::error::FieldErro
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    ApiError::invalid(resource.kind, resource.group_or_core(), name, errs)
+    ApiError::invalid(resource.kind, resource.group, name, errs)
 }
 
 /// Creates `obj` (type meta and namespace already checked). Handles `generateName`.
@@ -346,7 +346,7 @@ fn merge_for_subresource(
             if new_fin.iter().any(|f| !old_fin.contains(f)) {
                 return Err(ApiError::invalid(
                     resource.kind,
-                    resource.group_or_core(),
+                    resource.group,
                     &key_of(old).1,
                     &[super::error::FieldError::forbidden(
                         "metadata.finalizers",
@@ -648,11 +648,4 @@ pub(crate) fn delete(
         return Ok(old.clone());
     }
     Ok(txn.remove(resource, &key, obj))
-}
-
-impl ResourceInfo {
-    /// The group for messages (`""` for core).
-    pub(crate) fn group_or_core(&self) -> &'static str {
-        self.group
-    }
 }
