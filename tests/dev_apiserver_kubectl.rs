@@ -221,6 +221,33 @@ async fn kubectl_create_get_apply_delete() {
             None,
         );
         assert_eq!(out, "2");
+        // Another field manager changing a field kubectl owns: a conflict, unless forced.
+        let other = SLICE.replace("generation: 1", "generation: 3");
+        let err = k.fails(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=someone-else",
+                "-f",
+                "-",
+            ],
+            Some(&other),
+        );
+        assert!(
+            err.contains("conflict") && err.contains(".spec.pool.generation"),
+            "{err}"
+        );
+        k.ok(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=someone-else",
+                "--force-conflicts",
+                "-f",
+                "-",
+            ],
+            Some(&other),
+        );
         let out = k.ok(
             &[
                 "get",

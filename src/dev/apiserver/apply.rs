@@ -253,7 +253,9 @@ pub(crate) fn apply(
     let mut to_remove: Vec<Vec<String>> = previous
         .members()
         .into_iter()
-        .filter(|p| !new_set.contains(p) && !others.contains(p))
+        // Not a field another manager owns, nor one holding fields another manager owns
+        // (a manager that once applied `labels: {}` must not take others' labels away).
+        .filter(|p| !new_set.contains(p) && !others.contains(p) && !others.has_children(p))
         .collect();
     // Shallowest first: removing a list item takes its fields with it, whereas removing
     // a key field first would make the item unfindable.
@@ -395,6 +397,28 @@ mod tests {
             true,
         ));
         assert_eq!(forced["status"]["devices"][0]["data"], json!({"v": 9}));
+    }
+
+    #[test]
+    fn dropping_an_empty_map_keeps_entries_owned_by_others() {
+        let live = json!({"metadata": {"name": "c"}});
+        let a = json!({"metadata": {"labels": {}}});
+        let main = |m| Writer {
+            manager: m,
+            operation: Operation::Apply,
+            subresource: "",
+            now: "t",
+        };
+        let o1 = unwrap(apply(claims(), Some(&live), &a, &main("a"), false));
+        let o2 = unwrap(apply(
+            claims(),
+            Some(&o1),
+            &json!({"metadata": {"labels": {"x": "1"}}}),
+            &main("b"),
+            false,
+        ));
+        let o3 = unwrap(apply(claims(), Some(&o2), &json!({}), &main("a"), false));
+        assert_eq!(o3["metadata"]["labels"], json!({"x": "1"}));
     }
 
     #[test]
