@@ -2,11 +2,20 @@
 //! on loopback for the resources netclaim uses, with watches, server-side apply, the status
 //! subresource, finalizers and the resource.k8s.io/v1 validation rules.
 //!
-//! Faithful where the driver depends on behaviour (resourceVersion semantics, conflicts,
-//! list-map merges, 422 causes); documented gaps: no authentication or authorisation, no
-//! garbage collection of owned objects, strategic merge patch merge keys taken from the
-//! server-side apply list table (a subset of the built-in schemas), list pages served from the current state, core and events.k8s.io Events stored
-//! separately, no defaulting beyond what is listed in `objects`.
+//! Faithful where the driver depends on behaviour: one global resourceVersion, watches
+//! that resume from it (410 Gone past the bounded history), selectors, bookmarks, 409 on
+//! stale versions and on apply conflicts, list-map merges keyed as upstream
+//! (`ResourceClaim.status.devices` by driver/pool/device/shareID; `ResourceSlice.spec.devices`
+//! is `listType=atomic` upstream and so here), unknown fields of built-in kinds pruned
+//! (or 400 with `fieldValidation=Strict`), and 422 causes with field paths.
+//!
+//! Known gaps: no authentication or authorisation; no admission (namespaces need not
+//! exist); no garbage collection of owned objects and no cascading namespace deletion;
+//! strategic-merge-patch merge keys come from the server-side apply list table (a subset
+//! of the built-in schemas); list pages and `resourceVersionMatch=Exact` are served from
+//! the current state; core and events.k8s.io Events are separate stores; no defaulting
+//! beyond pod `status.phase`, namespace `status.phase` and the metadata the server owns;
+//! no `/openapi/v2` (kubectl falls back to its compiled-in types or JSON merge patch).
 
 mod apply;
 mod discovery;
