@@ -605,7 +605,68 @@ fn validate_device_conditions(conds: &[Value], field: &str, errs: &mut Errors) {
                 format!("{other:?}: supported values: \"False\", \"True\", \"Unknown\""),
             )),
         }
+        check_condition_meta(c, &format!("{field}.conditions[{j}]"), errs);
     }
+}
+
+/// The metav1.Condition rules the real server applies to every condition list: a
+/// lastTransitionTime, a CamelCase reason (≤ 1024), a message ≤ 32768, a non-negative
+/// observedGeneration, and a qualified-name type.
+fn check_condition_meta(c: &Value, field: &str, errs: &mut Errors) {
+    let t = c.get("type").and_then(Value::as_str).unwrap_or_default();
+    let (prefix, name) = t.split_once('/').map_or((None, t), |(p, n)| (Some(p), n));
+    if !t.is_empty() && (prefix.is_some_and(|p| !is_dns_subdomain(p)) || !label_name_ok(name)) {
+        errs.push(FieldError::invalid(
+            format!("{field}.type"),
+            format!("{t:?}: must be a qualified name"),
+        ));
+    }
+    if c.get("lastTransitionTime")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        errs.push(FieldError::required(
+            format!("{field}.lastTransitionTime"),
+            "must be set",
+        ));
+    }
+    match c.get("reason").and_then(Value::as_str) {
+        None | Some("") => errs.push(FieldError::required(format!("{field}.reason"), "a reason is required")),
+        Some(r) if r.len() > 1024 => errs.push(FieldError::too_long(format!("{field}.reason"), r.len(), 1024)),
+        Some(r) if !is_condition_reason(r) => errs.push(FieldError::invalid(
+            format!("{field}.reason"),
+            format!("{r:?}: a condition reason must start with a letter and contain only letters, digits, '_', ',' and ':', ending with a letter, digit or '_'"),
+        )),
+        Some(_) => {}
+    }
+    if let Some(m) = c.get("message").and_then(Value::as_str) {
+        if m.len() > 32768 {
+            errs.push(FieldError::too_long(
+                format!("{field}.message"),
+                m.len(),
+                32768,
+            ));
+        }
+    }
+    if c.get("observedGeneration")
+        .and_then(Value::as_i64)
+        .is_some_and(|g| g < 0)
+    {
+        errs.push(FieldError::invalid(
+            format!("{field}.observedGeneration"),
+            "must be greater than or equal to zero",
+        ));
+    }
+}
+
+/// `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`
+fn is_condition_reason(r: &str) -> bool {
+    let b = r.as_bytes();
+    b.first().is_some_and(u8::is_ascii_alphabetic)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b',' | b':'))
+        && b.last()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
 /// Validates one attribute; returns how many list values it holds.

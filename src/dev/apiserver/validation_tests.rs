@@ -835,6 +835,32 @@ fn resource_claim_status_limits() {
             },
             Some("status.devices[0].conditions[1].type"),
         ),
+        // metav1.Condition rules (applied by the real server to every condition list)
+        (
+            "condition complete",
+            &|v| st0(v)["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "NetworkReady", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]),
+            None,
+        ),
+        (
+            "condition without reason",
+            &|v| st0(v)["conditions"] = json!([{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]),
+            Some("status.devices[0].conditions[0].reason"),
+        ),
+        (
+            "condition reason with space",
+            &|v| st0(v)["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "Not ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}]),
+            Some("status.devices[0].conditions[0].reason"),
+        ),
+        (
+            "condition without lastTransitionTime",
+            &|v| st0(v)["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "R"}]),
+            Some("status.devices[0].conditions[0].lastTransitionTime"),
+        ),
+        (
+            "condition status lowercase",
+            &|v| st0(v)["conditions"] = json!([{"type": "Ready", "status": "true", "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"}]),
+            Some("status.devices[0].conditions[0].status"),
+        ),
         // data: JSON object ≤ 10 KiB (10240 bytes)
         (
             "data exactly 10240 bytes",
