@@ -639,14 +639,14 @@ fn check_condition_meta(c: &Value, field: &str, errs: &mut Errors) {
         )),
         Some(_) => {}
     }
-    if let Some(m) = c.get("message").and_then(Value::as_str) {
-        if m.len() > 32768 {
-            errs.push(FieldError::too_long(
-                format!("{field}.message"),
-                m.len(),
-                32768,
-            ));
-        }
+    if let Some(m) = c.get("message").and_then(Value::as_str)
+        && m.len() > 32768
+    {
+        errs.push(FieldError::too_long(
+            format!("{field}.message"),
+            m.len(),
+            32768,
+        ));
     }
     if c.get("observedGeneration")
         .and_then(Value::as_i64)
