@@ -350,22 +350,48 @@ async fn kubectl_get_watch_with_timeout() {
         return;
     };
     let k = std::sync::Arc::new(k);
+    // One slice before the watch (from the initial list), one created while kubectl
+    // watches (only a watch event can show it).
+    let k1 = k.clone();
+    blocking(move || k1.ok(&["apply", "--server-side", "-f", "-"], Some(SLICE))).await;
     let watcher = {
         let k = k.clone();
-        blocking(move || {
+        // Spawned now (not a lazy future): kubectl must be running while we wait below.
+        tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
             let out = k.ok(
-                &["get", "resourceslices", "-w", "--request-timeout=3s"],
+                &["get", "resourceslices", "-w", "--request-timeout=5s"],
                 None,
             );
             (out, started.elapsed())
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while srv.active_watches() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kubectl never started watching"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let second = SLICE.replace("node-1-netclaim.dev-0", "node-1-netclaim.dev-1");
     let k2 = k.clone();
-    blocking(move || k2.ok(&["apply", "--server-side", "-f", "-"], Some(SLICE))).await;
-    let (out, took) = watcher.await;
-    assert!(out.contains("node-1-netclaim.dev-0"), "{out}");
-    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    blocking(move || k2.ok(&["apply", "--server-side", "-f", "-"], Some(&second))).await;
+    let (out, took) = watcher.await.unwrap();
+    assert!(
+        out.contains("node-1-netclaim.dev-0") && out.contains("node-1-netclaim.dev-1"),
+        "{out}"
+    );
+    // --request-timeout ended the watch.
+    assert!(took < std::time::Duration::from_secs(15), "{took:?}");
+    // The server noticed the client leaving.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while srv.active_watches() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "watch task still running"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     srv.shutdown().await.unwrap();
 }

@@ -38,6 +38,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -112,6 +113,7 @@ pub(crate) struct Shared {
     options: ServerOptions,
     address: String,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    active_watches: Arc<AtomicUsize>,
 }
 
 /// A running server (from [`start`]).
@@ -119,6 +121,7 @@ pub struct ApiServer {
     addr: SocketAddr,
     shutdown: tokio::sync::watch::Sender<bool>,
     task: JoinHandle<Result<(), ApiServerError>>,
+    active_watches: Arc<AtomicUsize>,
 }
 
 impl ApiServer {
@@ -134,6 +137,12 @@ impl ApiServer {
         format!("http://{}", self.addr)
     }
 
+    /// Number of watch streams open now (tests use it to know a client is watching).
+    #[must_use]
+    pub fn active_watches(&self) -> usize {
+        self.active_watches.load(Ordering::SeqCst)
+    }
+
     /// Stops serving: ends every watch, closes connections and waits for the task.
     pub async fn shutdown(self) -> Result<(), ApiServerError> {
         let _ = self.shutdown.send(true);
@@ -144,13 +153,25 @@ impl ApiServer {
     }
 }
 
+/// The serving task of [`serve`].
+pub type ServeTask = JoinHandle<Result<(), ApiServerError>>;
+
 /// Binds `listen` (port 0 picks a free port) and serves until `shutdown` completes.
 /// Returns the bound address and the serving task. Watches end when shutdown begins.
 pub async fn serve(
     listen: SocketAddr,
     options: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, JoinHandle<Result<(), ApiServerError>>), ApiServerError> {
+) -> Result<(SocketAddr, ServeTask), ApiServerError> {
+    let (addr, task, _) = bind_and_serve(listen, options, shutdown).await?;
+    Ok((addr, task))
+}
+
+async fn bind_and_serve(
+    listen: SocketAddr,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, ServeTask, Arc<AtomicUsize>), ApiServerError> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ApiServerError::Bind {
@@ -171,7 +192,9 @@ pub async fn serve(
         options,
         address: addr.to_string(),
         shutdown: stop_rx,
+        active_watches: Arc::new(AtomicUsize::new(0)),
     });
+    let active_watches = shared.active_watches.clone();
     let app = axum::Router::new().fallback(handle).with_state(shared);
     let task = tokio::spawn(async move {
         let graceful = async move {
@@ -183,7 +206,7 @@ pub async fn serve(
             .await
             .map_err(ApiServerError::Serve)
     });
-    Ok((addr, task))
+    Ok((addr, task, active_watches))
 }
 
 /// Starts a server on `listen` and returns a handle that stops it.
@@ -192,7 +215,7 @@ pub async fn start(
     options: ServerOptions,
 ) -> Result<ApiServer, ApiServerError> {
     let (tx, mut rx) = tokio::sync::watch::channel(false);
-    let (addr, task) = serve(listen, options, async move {
+    let (addr, task, active_watches) = bind_and_serve(listen, options, async move {
         let _ = rx.wait_for(|stop| *stop).await;
     })
     .await?;
@@ -200,6 +223,7 @@ pub async fn start(
         addr,
         shutdown: tx,
         task,
+        active_watches,
     })
 }
 
@@ -284,12 +308,14 @@ async fn handle(
         }
         Ok(ApiResponse::Watch(watch_req)) => {
             let (tx, rx) = mpsc::channel::<String>(256);
-            tokio::spawn(watch::run(
-                shared.store.clone(),
-                watch_req,
-                tx,
-                shared.shutdown.clone(),
-            ));
+            let store = shared.store.clone();
+            let stop = shared.shutdown.clone();
+            let counter = shared.active_watches.clone();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                watch::run(store, watch_req, tx, stop).await;
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
             let stream = futures::stream::unfold(rx, |mut rx| async move {
                 rx.recv()
                     .await
