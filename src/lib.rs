@@ -12,6 +12,7 @@
 
 pub mod cli;
 pub mod cri;
+pub mod dev;
 pub mod host;
 pub mod inventory;
 pub mod ipam;
