@@ -13,6 +13,7 @@
 pub mod claims;
 pub mod cli;
 pub mod cri;
+pub mod dev;
 pub mod host;
 pub mod inventory;
 pub mod ipam;

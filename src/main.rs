@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use netclaim::cli::{self, Command, Parsed};
 use netclaim::telemetry;
 
-/// Exit code for an invalid command line (as `clap` and most CLIs use).
+/// Exit code for an invalid command line or configuration (as `clap` and most CLIs use).
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
@@ -25,39 +25,42 @@ fn main() -> ExitCode {
         }
     };
     telemetry::init(cli.log_format);
-    if let Command::Node(args) = &cli.command {
-        return match cli::node::run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) if err.is_usage() => {
-                eprintln!("error: {err}");
-                ExitCode::from(EXIT_USAGE)
-            }
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    match run(cli.command) {
+    let (result, usage) = match &cli.command {
+        Command::Node(args) => {
+            let result = cli::node::run(args);
+            let usage = result.as_ref().err().is_some_and(cli::node::NodeCommandError::is_usage);
+            (result.map_err(anyhow::Error::from), usage)
+        }
+        Command::Dev(args) => {
+            let result = cli::dev::run(args);
+            let usage = result.as_ref().err().is_some_and(cli::dev::DevCommandError::is_usage);
+            (result.map_err(anyhow::Error::from), usage)
+        }
+        Command::Inventory(args) => (print_with(|out| Ok(cli::inventory::run(args, out)?)), false),
+        Command::Version => (print_with(version), false),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(if usage { EXIT_USAGE } else { 1 })
         }
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    match command {
-        Command::Inventory(args) => cli::inventory::run(&args, &mut out)?,
-        Command::Node(args) => cli::node::run(&args)?,
-        Command::Version => {
-            writeln!(out, "netclaim {}", env!("CARGO_PKG_VERSION"))?;
-            writeln!(out, "resource API: resource.k8s.io/v1 (Kubernetes 1.34+)")?;
-        }
-    }
+/// Runs `write` against a locked stdout and flushes it.
+fn print_with(
+    write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    write(&mut out)?;
     out.flush()?;
+    Ok(())
+}
+
+fn version(out: &mut std::io::StdoutLock<'static>) -> anyhow::Result<()> {
+    writeln!(out, "netclaim {}", env!("CARGO_PKG_VERSION"))?;
+    writeln!(out, "resource API: resource.k8s.io/v1 (Kubernetes 1.34+)")?;
+    writeln!(out, "kubelet plugin API: v1.DRAPlugin, v1beta1.DRAPlugin")?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! Every flag of a subcommand also reads `NETCLAIM_<FLAG>` from the environment. Parse
 //! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2.
 
+pub mod dev;
 pub mod inventory;
 pub mod node;
 
@@ -31,6 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the node daemon: publish this node's devices as ResourceSlices.
     Node(NodeArgs),
+    /// Run Kubernetes in a box for trying netclaim and for tests (today: `--api-only`).
+    Dev(DevArgs),
     /// Print the ResourceSlices this node would publish, without any cluster.
     Inventory(InventoryArgs),
     /// Print version and supported API versions.
@@ -129,6 +132,29 @@ pub struct NodeArgs {
     /// Root of the sysfs tree to read.
     #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
     pub sysfs_root: PathBuf,
+}
+
+/// Flags of `netclaim dev`.
+#[derive(Debug, Clone, Args)]
+pub struct DevArgs {
+    /// Serve only the in-memory Kubernetes API server (required until the allocator and dev
+    /// kubelet land).
+    #[arg(long, env = "NETCLAIM_API_ONLY")]
+    pub api_only: bool,
+
+    /// Address the API server listens on (port 0 picks a free one; loopback only by design:
+    /// there is no authentication).
+    #[arg(long, env = "NETCLAIM_LISTEN", default_value = "127.0.0.1:6443")]
+    pub listen: std::net::SocketAddr,
+
+    /// Write a kubeconfig for the server here (removed again on exit).
+    #[arg(long, env = "NETCLAIM_KUBECONFIG_OUT")]
+    pub kubeconfig_out: Option<PathBuf>,
+
+    /// Behave like Kubernetes 1.34/1.35 with DRAConsumableCapacity off: drop
+    /// allowMultipleAllocations and capacity request policies from ResourceSlices.
+    #[arg(long, env = "NETCLAIM_DROP_CONSUMABLE_CAPACITY")]
+    pub drop_consumable_capacity: bool,
 }
 
 /// Output format of `netclaim inventory`.

@@ -1,0 +1,304 @@
+//! The in-memory Kubernetes API server of `netclaim dev`: the real REST protocol over HTTP
+//! on loopback for the resources netclaim uses, with watches, server-side apply, the status
+//! subresource, finalizers and the resource.k8s.io/v1 validation rules.
+//!
+//! Faithful where the driver depends on behaviour: one global resourceVersion, watches
+//! that resume from it (410 Gone past the bounded history), selectors, bookmarks, 409 on
+//! stale versions and on apply conflicts, list-map merges keyed as upstream
+//! (`ResourceClaim.status.devices` by driver/pool/device/shareID; `ResourceSlice.spec.devices`
+//! is `listType=atomic` upstream and so here), unknown fields of built-in kinds pruned
+//! (or 400 with `fieldValidation=Strict`), and 422 causes with field paths.
+//!
+//! Known gaps: no authentication or authorisation; no admission (namespaces need not
+//! exist); no garbage collection of owned objects and no cascading namespace deletion;
+//! strategic-merge-patch merge keys come from the server-side apply list table (a subset
+//! of the built-in schemas); list pages and `resourceVersionMatch=Exact` are served from
+//! the current state; core and events.k8s.io Events are separate stores; no defaulting
+//! beyond pod `status.phase`, namespace `status.phase` and the metadata the server owns;
+//! no `/openapi/v2` (kubectl falls back to its compiled-in types or JSON merge patch).
+
+mod apply;
+mod discovery;
+pub mod error;
+mod fieldset;
+mod objects;
+mod resources;
+mod rest;
+mod selectors;
+mod store;
+mod strategic;
+mod table;
+mod typed;
+mod validation;
+#[cfg(test)]
+mod validation_tests;
+mod watch;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use self::error::ApiError;
+use self::rest::{ApiRequest, ApiResponse};
+use self::store::Store;
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    /// The listen address could not be bound.
+    #[error("binding the API server to {address}: {source}")]
+    Bind {
+        /// Address asked for.
+        address: SocketAddr,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The bound address could not be read back.
+    #[error("reading the API server's bound address: {0}")]
+    LocalAddr(std::io::Error),
+    /// The initial objects could not be created.
+    #[error("creating the initial objects: {0}")]
+    Init(#[source] ApiError),
+    /// Serving failed.
+    #[error("serving the API server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Tunables of the server.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Change events kept for watch resumption; a watch from an older resourceVersion gets
+    /// 410 Gone.
+    pub watch_history: usize,
+    /// Byte budget of the same history (objects counted at their JSON size): old object
+    /// versions live only there, so this bounds the memory beyond the live objects.
+    pub watch_history_bytes: usize,
+    /// Interval of BOOKMARK events on watches that allow them.
+    pub bookmark_interval: Duration,
+    /// Watch duration when the client sets no `timeoutSeconds`.
+    pub default_watch_timeout: Duration,
+    /// Behave like a 1.34/1.35 server with the `DRAConsumableCapacity` gate off: drop
+    /// `allowMultipleAllocations` and `capacity.*.requestPolicy` from `ResourceSlices`.
+    pub drop_consumable_capacity: bool,
+    /// Largest request body accepted (the real server's limit is 3 MiB).
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            watch_history: 10_000,
+            watch_history_bytes: 16 * 1024 * 1024,
+            bookmark_interval: Duration::from_secs(10),
+            default_watch_timeout: Duration::from_mins(30),
+            drop_consumable_capacity: false,
+            max_body_bytes: 3 * 1024 * 1024,
+        }
+    }
+}
+
+/// State shared by every request.
+pub(crate) struct Shared {
+    store: Arc<Store>,
+    options: ServerOptions,
+    address: String,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    active_watches: Arc<AtomicUsize>,
+}
+
+/// A running server (from [`start`]).
+pub struct ApiServer {
+    addr: SocketAddr,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    task: JoinHandle<Result<(), ApiServerError>>,
+    active_watches: Arc<AtomicUsize>,
+}
+
+impl ApiServer {
+    /// The bound address.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, the URL clients use.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Number of watch streams open now (tests use it to know a client is watching).
+    #[must_use]
+    pub fn active_watches(&self) -> usize {
+        self.active_watches.load(Ordering::SeqCst)
+    }
+
+    /// Stops serving: ends every watch, closes connections and waits for the task.
+    pub async fn shutdown(self) -> Result<(), ApiServerError> {
+        let _ = self.shutdown.send(true);
+        match self.task.await {
+            Ok(result) => result,
+            Err(join) => Err(ApiServerError::Serve(std::io::Error::other(join))),
+        }
+    }
+}
+
+/// The serving task of [`serve`].
+pub type ServeTask = JoinHandle<Result<(), ApiServerError>>;
+
+/// Binds `listen` (port 0 picks a free port) and serves until `shutdown` completes.
+/// Returns the bound address and the serving task. Watches end when shutdown begins.
+pub async fn serve(
+    listen: SocketAddr,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, ServeTask), ApiServerError> {
+    let (addr, task, _) = bind_and_serve(listen, options, shutdown).await?;
+    Ok((addr, task))
+}
+
+async fn bind_and_serve(
+    listen: SocketAddr,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, ServeTask, Arc<AtomicUsize>), ApiServerError> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ApiServerError::Bind { address: listen, source })?;
+    let addr = listener.local_addr().map_err(ApiServerError::LocalAddr)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let store = Store::new(store::HistoryLimits {
+        events: options.watch_history,
+        bytes: options.watch_history_bytes,
+    });
+    store.transact(false, objects::create_initial_namespaces).map_err(ApiServerError::Init)?;
+    let shared = Arc::new(Shared {
+        store: Arc::new(store),
+        options,
+        address: addr.to_string(),
+        shutdown: stop_rx,
+        active_watches: Arc::new(AtomicUsize::new(0)),
+    });
+    let active_watches = shared.active_watches.clone();
+    let app = axum::Router::new().fallback(handle).with_state(shared);
+    let task = tokio::spawn(async move {
+        let graceful = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(graceful)
+            .await
+            .map_err(ApiServerError::Serve)
+    });
+    Ok((addr, task, active_watches))
+}
+
+/// Starts a server on `listen` and returns a handle that stops it.
+pub async fn start(
+    listen: SocketAddr,
+    options: ServerOptions,
+) -> Result<ApiServer, ApiServerError> {
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let (addr, task, active_watches) = bind_and_serve(listen, options, async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    })
+    .await?;
+    Ok(ApiServer { addr, shutdown: tx, task, active_watches })
+}
+
+fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Response {
+    let mut resp = Response::new(Body::from(body.to_string()));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+fn error_response(err: &ApiError) -> Response {
+    json_response(err.code, &err.to_status(), &[])
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    req: Request,
+) -> Response {
+    let (accept, content_type, user_agent) = {
+        let header = |name: header::HeaderName| {
+            req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+        };
+        (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
+    };
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let body = match axum::body::to_bytes(req.into_body(), shared.options.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            return error_response(&ApiError {
+                code: 413,
+                reason: "RequestEntityTooLarge",
+                message: format!("request body too large or unreadable: {e}"),
+                details: None,
+            });
+        }
+    };
+    let api_req = ApiRequest {
+        method: &method,
+        path: &path,
+        query: &query,
+        accept: &accept,
+        content_type: &content_type,
+        user_agent: &user_agent,
+        body: &body,
+    };
+    let result = rest::handle(&shared, &api_req);
+    tracing::debug!(method = %method, path = %path, ok = result.is_ok(), "api request");
+    match result {
+        Ok(ApiResponse::Json { code, body, warnings }) => json_response(code, &body, &warnings),
+        Ok(ApiResponse::Bytes { code, body }) => {
+            let mut resp = Response::new(Body::from(body));
+            *resp.status_mut() =
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp
+        }
+        Ok(ApiResponse::Watch(watch_req)) => {
+            let (tx, rx) = mpsc::channel::<String>(256);
+            let store = shared.store.clone();
+            let stop = shared.shutdown.clone();
+            let counter = shared.active_watches.clone();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                watch::run(store, watch_req, tx, stop).await;
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
+            let stream = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|line| (Ok::<_, std::convert::Infallible>(line), rx))
+            });
+            let mut resp = Response::new(Body::from_stream(stream));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp.headers_mut()
+                .insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+            resp
+        }
+        Err(e) => error_response(&e),
+    }
+}
