@@ -14,6 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Label set `{result}`.
@@ -21,6 +22,16 @@ use prometheus_client::registry::Registry;
 pub struct ResultLabel {
     /// `success` or `error`.
     pub result: &'static str,
+}
+
+/// Label set `{method,code}` of kubelet DRA calls.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeletRequestLabels {
+    /// `NodePrepareResources` or `NodeUnprepareResources`.
+    pub method: &'static str,
+    /// `OK` when every claim succeeded, `ClaimError` when at least one claim got an error
+    /// (the gRPC call itself still succeeds: kubelet reads per-claim errors).
+    pub code: &'static str,
 }
 
 /// The daemon's metric families.
@@ -38,6 +49,12 @@ pub struct Metrics {
     /// `netclaim_consumable_capacity_dropped`: 1 once the API server dropped consumable
     /// capacity from our shared devices.
     pub capacity_dropped: Gauge,
+    /// `netclaim_prepare_duration_seconds`: one NodePrepareResources call.
+    pub prepare_duration: Histogram,
+    /// `netclaim_unprepare_duration_seconds`: one NodeUnprepareResources call.
+    pub unprepare_duration: Histogram,
+    /// `netclaim_kubelet_requests_total{method,code}`.
+    pub kubelet_requests: Family<KubeletRequestLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -77,8 +94,31 @@ impl Metrics {
             "1 when the API server dropped allowMultipleAllocations/capacity (feature off)",
             capacity_dropped.clone(),
         );
+        // 100 µs to ~3.3 s: a repeated prepare is sub-millisecond, a new one a few ms, a
+        // slow API server seconds.
+        let prepare_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "prepare_duration_seconds",
+            "Duration of NodePrepareResources calls",
+            prepare_duration.clone(),
+        );
+        let unprepare_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "unprepare_duration_seconds",
+            "Duration of NodeUnprepareResources calls",
+            unprepare_duration.clone(),
+        );
+        let kubelet_requests = Family::<KubeletRequestLabels, Counter>::default();
+        registry.register(
+            "kubelet_requests",
+            "Kubelet DRA calls by method and outcome",
+            kubelet_requests.clone(),
+        );
         Self {
             registry,
+            prepare_duration,
+            unprepare_duration,
+            kubelet_requests,
             devices_published,
             pool_generation,
             slice_writes,

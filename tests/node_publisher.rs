@@ -58,6 +58,10 @@ impl Cluster {
 
     fn start_node(&self, extra: &[&str], log_name: &str) -> Child {
         let kubeconfig = self.kubeconfig();
+        // The daemon also serves kubelet's sockets and keeps state: all inside the test's dir.
+        let state = self.dir.path().join("state");
+        let registry = self.dir.path().join("plugins_registry");
+        let plugin = self.dir.path().join("plugin");
         let mut args = vec![
             "node",
             "--node-name",
@@ -66,6 +70,12 @@ impl Cluster {
             kubeconfig.to_str().unwrap(),
             "--metrics-address",
             METRICS_LISTEN,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--kubelet-registry-dir",
+            registry.to_str().unwrap(),
+            "--kubelet-plugin-dir",
+            plugin.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
         self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log_name))

@@ -132,6 +132,23 @@ pub struct NodeArgs {
     /// Root of the sysfs tree to read.
     #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
     pub sysfs_root: PathBuf,
+
+    /// Durable state (prepared claims, address leases).
+    #[arg(long, env = "NETCLAIM_STATE_DIR", default_value = "/var/lib/netclaim")]
+    pub state_dir: PathBuf,
+
+    /// Kubelet's plugin registry directory (our registration socket goes here).
+    #[arg(
+        long,
+        env = "NETCLAIM_KUBELET_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub kubelet_registry_dir: PathBuf,
+
+    /// Our kubelet plugin directory, holding dra.sock (default:
+    /// /var/lib/kubelet/plugins/<driver-name>).
+    #[arg(long, env = "NETCLAIM_KUBELET_PLUGIN_DIR")]
+    pub kubelet_plugin_dir: Option<PathBuf>,
 }
 
 /// Flags of `netclaim dev`.

@@ -63,6 +63,11 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         sharing,
         metrics_address: args.metrics_address,
         sysfs_root: args.sysfs_root.clone(),
+        state_dir: args.state_dir.clone(),
+        kubelet_registry_dir: args.kubelet_registry_dir.clone(),
+        kubelet_plugin_dir: args.kubelet_plugin_dir.clone().unwrap_or_else(|| {
+            std::path::Path::new("/var/lib/kubelet/plugins").join(&args.driver_name)
+        }),
     })
 }
 

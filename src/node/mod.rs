@@ -1,6 +1,9 @@
 //! `netclaim node`: the node daemon's composition root. Builds the adapters, runs the
-//! ResourceSlice publisher with its triggers (netlink events, slice watch), serves metrics,
-//! and shuts down on SIGTERM/SIGINT.
+//! ResourceSlice publisher with its triggers (netlink events, slice watch), loads the
+//! prepared claims and serves kubelet's DRA calls, serves metrics, and shuts down on
+//! SIGTERM/SIGINT.
+
+pub mod preparer;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,16 +16,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::claims::{ClaimService, ServiceIdentity};
 use crate::host::discovery::{self, DiscoveryError};
 use crate::host::link_events;
 use crate::host::sysfs::Sysfs;
 use crate::inventory::publish::{Publisher, RequestedSharing, SliceApiError};
 use crate::inventory::slices::PoolIdentity;
 use crate::inventory::{InventoryError, Selection, SharingMode};
+use crate::k8s::claims::KubeClaims;
 use crate::k8s::events::NodeEvents;
 use crate::k8s::resource_slices::{KubeSlices, SliceEvent};
 use crate::k8s::{self, ClientError};
+use crate::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
 use crate::metrics::{Health, Metrics, MetricsServerError, ResultLabel};
+use crate::store::Store;
+use preparer::{DiscoveredDevices, MeteredPreparer};
 
 /// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
 /// coming up, SR-IOV VFs being created) settles into one publication.
@@ -50,6 +58,12 @@ pub struct NodeConfig {
     pub metrics_address: SocketAddr,
     /// Sysfs root.
     pub sysfs_root: PathBuf,
+    /// `--state-dir`.
+    pub state_dir: PathBuf,
+    /// `--kubelet-registry-dir`.
+    pub kubelet_registry_dir: PathBuf,
+    /// `--kubelet-plugin-dir`.
+    pub kubelet_plugin_dir: PathBuf,
 }
 
 /// A fatal daemon error.
@@ -64,6 +78,18 @@ pub enum NodeError {
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Metrics(#[from] MetricsServerError),
+    /// The state dir could not be opened.
+    #[error("opening the state dir: {0}")]
+    State(#[from] crate::store::StoreError),
+    /// The prepared claims could not be loaded.
+    #[error("loading prepared claims: {0}")]
+    Claims(#[from] crate::claims::LoadError),
+    /// The kubelet plugin could not start or failed.
+    #[error(transparent)]
+    Kubelet(#[from] crate::kubelet::KubeletError),
+    /// Loading the state panicked.
+    #[error("loading the state: {0}")]
+    StateTask(#[source] tokio::task::JoinError),
     /// The netlink event subscription failed.
     #[error("subscribing to netlink link events: {0}")]
     LinkEvents(#[source] std::io::Error),
@@ -133,6 +159,7 @@ pub async fn run_until(
         controller: Some(true),
         ..OwnerReference::default()
     });
+    let kubelet = start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
     let mut slice_events = Box::pin(slices.watch());
@@ -187,9 +214,49 @@ pub async fn run_until(
     // Slices stay: kubelet removes a node's slices itself once the driver is gone for good,
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
+    kubelet.stop();
+    if let Err(err) = kubelet.wait().await {
+        tracing::warn!(%err, "kubelet plugin stopped with an error");
+    }
     let _ignored = tokio::time::timeout(Duration::from_secs(1), metrics_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Opens the state dir, loads the prepared claims and serves the kubelet sockets.
+async fn start_kubelet_plugin(
+    config: &NodeConfig,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> Result<KubeletPluginHandle, NodeError> {
+    let identity =
+        ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
+    let reader = KubeClaims::new(client.clone());
+    let devices = DiscoveredDevices::new(config.sysfs_root.clone(), config.selection.clone());
+    let state_dir = config.state_dir.clone();
+    let service = tokio::task::spawn_blocking(move || {
+        let store = Arc::new(Store::open(state_dir)?);
+        ClaimService::load(identity, reader, devices, store).map_err(NodeError::Claims)
+    })
+    .await
+    .map_err(NodeError::StateTask)??;
+    tracing::info!(claims = service.prepared_uids().len(), "loaded prepared claims");
+    let preparer = Arc::new(MeteredPreparer::new(service, Arc::clone(metrics)));
+    let mut stopped = stop.clone();
+    let handle = KubeletPlugin::start(
+        KubeletPluginConfig::new(
+            &config.driver_name,
+            &config.kubelet_registry_dir,
+            &config.kubelet_plugin_dir,
+        ),
+        preparer,
+        async move {
+            let _ignored = stopped.wait_for(|stopped| *stopped).await;
+        },
+    )
+    .await?;
+    Ok(handle)
 }
 
 /// Debounces a trigger: publish `DEBOUNCE` after the last one, at most `MAX_DELAY` after the

@@ -1,0 +1,82 @@
+//! The node daemon's [`ClaimPreparer`]: the claim service with call metrics, and the
+//! [`DeviceLookup`] that re-discovers this node's interfaces.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::claims::{DeviceLookup, LookupError, facts};
+use crate::host::discovery;
+use crate::host::sysfs::Sysfs;
+use crate::inventory::Selection;
+use crate::kubelet::{ClaimPreparer, ClaimRef, PrepareResults, UnprepareResults};
+use crate::metrics::{KubeletRequestLabels, Metrics};
+use crate::model::network_config::DeviceFacts;
+
+/// Wraps a preparer with `netclaim_{prepare,unprepare}_duration_seconds` and
+/// `netclaim_kubelet_requests_total{method,code}`.
+#[derive(Debug)]
+pub struct MeteredPreparer<P> {
+    inner: P,
+    metrics: Arc<Metrics>,
+}
+
+impl<P> MeteredPreparer<P> {
+    /// Records the calls of `inner` in `metrics`.
+    pub fn new(inner: P, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    /// The wrapped preparer.
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    fn count(&self, method: &'static str, all_ok: bool) {
+        let code = if all_ok { "OK" } else { "ClaimError" };
+        self.metrics.kubelet_requests.get_or_create(&KubeletRequestLabels { method, code }).inc();
+    }
+}
+
+impl<P: ClaimPreparer> ClaimPreparer for MeteredPreparer<P> {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        let started = Instant::now();
+        let results = self.inner.prepare(claims).await;
+        self.metrics.prepare_duration.observe(started.elapsed().as_secs_f64());
+        self.count("NodePrepareResources", results.values().all(Result::is_ok));
+        results
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        let started = Instant::now();
+        let results = self.inner.unprepare(claims).await;
+        self.metrics.unprepare_duration.observe(started.elapsed().as_secs_f64());
+        self.count("NodeUnprepareResources", results.values().all(Result::is_ok));
+        results
+    }
+}
+
+/// Looks allocated devices up in a fresh discovery of the node's interfaces, so a device
+/// renamed or removed since publication is noticed at prepare time.
+#[derive(Debug, Clone)]
+pub struct DiscoveredDevices {
+    sysfs_root: PathBuf,
+    selection: Selection,
+}
+
+impl DiscoveredDevices {
+    /// Lookup with the daemon's sysfs root and selection.
+    pub fn new(sysfs_root: PathBuf, selection: Selection) -> Self {
+        Self { sysfs_root, selection }
+    }
+}
+
+impl DeviceLookup for DiscoveredDevices {
+    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
+        let interfaces = discovery::discover(&Sysfs::new(&self.sysfs_root))
+            .await
+            .map_err(|e| LookupError::Failed(e.to_string()))?;
+        facts::device_facts(&interfaces, &self.selection, name)
+            .ok_or_else(|| LookupError::NotFound(name.to_owned()))
+    }
+}
