@@ -1,0 +1,227 @@
+//! Shared by the claim tests and the prepare benchmark: `netclaim dev --api-only` on a free
+//! loopback port, claims allocated the way the scheduler writes them, a fixed device
+//! inventory, and a DRA v1 client on the plugin's socket.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+#![allow(clippy::unwrap_used, reason = "test helpers: a failed step fails the test")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use netclaim::claims::{ClaimService, DeviceLookup, LookupError, ServiceIdentity};
+use netclaim::k8s::claims::KubeClaims;
+use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
+use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
+use netclaim::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+use netclaim::store::Store;
+use serde_json::{Value, json};
+use tokio::net::UnixStream;
+
+pub(crate) const DRIVER: &str = "netclaim.dev";
+pub(crate) const NODE: &str = "node-a";
+pub(crate) const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
+
+/// `netclaim dev --api-only` as a child process, killed on drop.
+pub(crate) struct DevApi {
+    child: Child,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) client: kube::Client,
+}
+
+impl DevApi {
+    pub(crate) async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let log = std::fs::File::create(dir.path().join("api.log")).unwrap();
+        let child = Command::new(NETCLAIM)
+            .args(["dev", "--api-only", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !kubeconfig.exists() {
+            assert!(Instant::now() < deadline, "the dev API server wrote no kubeconfig");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
+        Self { child, dir, client }
+    }
+
+    /// Creates a claim with one request per entry of `results`, then writes its allocation
+    /// and reservation as the scheduler does (`status` subresource). `results` are
+    /// `(request, device, shareID)`; `config` is the claim's own NetworkConfig (applied to
+    /// every request) on top of a class entry setting macvlan mode.
+    pub(crate) async fn allocated_claim(
+        &self,
+        name: &str,
+        results: &[(&str, &str, Option<&str>)],
+        config: Option<Value>,
+    ) -> ResourceClaim {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
+        let requests: Vec<Value> = results
+            .iter()
+            .map(|(request, _, _)| json!({"name": request, "exactly": {"deviceClassName": "netclaim"}}))
+            .collect();
+        let mut claim_config = Vec::new();
+        if let Some(parameters) = &config {
+            claim_config.push(json!({"opaque": {"driver": DRIVER, "parameters": parameters}}));
+        }
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": requests, "config": claim_config}},
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &claim).await.unwrap();
+        let mut snapshot = vec![json!({
+            "source": "FromClass",
+            "opaque": {"driver": DRIVER, "parameters": network_config(json!({"mode": "macvlan"}))},
+        })];
+        if let Some(parameters) = config {
+            snapshot.push(json!({
+                "source": "FromClaim",
+                "opaque": {"driver": DRIVER, "parameters": parameters},
+            }));
+        }
+        let allocated: Vec<Value> = results
+            .iter()
+            .map(|(request, device, share)| {
+                let mut result =
+                    json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device});
+                if let Some(share) = share {
+                    result["shareID"] = json!(share);
+                }
+                result
+            })
+            .collect();
+        let status = json!({"status": {
+            "allocation": {
+                "devices": {"results": allocated, "config": snapshot},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}
+                ]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": format!("pod-uid-{name}")}],
+        }});
+        let _ = created;
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap()
+    }
+
+    pub(crate) async fn delete_claim(&self, name: &str) {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
+        api.delete(name, &Default::default()).await.unwrap();
+    }
+}
+
+impl Drop for DevApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `parameters` with our apiVersion and kind.
+pub(crate) fn network_config(fields: Value) -> Value {
+    let mut config = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+    config.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+    config
+}
+
+/// This node's devices: `eth1` exclusive, `eth2` a shared parent.
+pub(crate) struct FixedDevices;
+
+impl DeviceLookup for FixedDevices {
+    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
+        let sharing = match name {
+            "eth1" => Sharing::Exclusive,
+            "eth2" => Sharing::Shared,
+            _ => return Err(LookupError::NotFound(name.to_owned())),
+        };
+        Ok(DeviceFacts {
+            sharing,
+            kind: DeviceKind::Physical,
+            if_name: name.to_owned(),
+            mtu: 1500,
+            min_mtu: 68,
+            max_mtu: 9000,
+            pf_mtu: None,
+            passthru_children: 0,
+            other_children: 0,
+        })
+    }
+}
+
+pub(crate) type Service = ClaimService<KubeClaims, FixedDevices, Arc<Store>>;
+
+/// The kubelet plugin serving a claim service on `state_dir`, sockets under `sockets`.
+pub(crate) struct Plugin {
+    pub(crate) handle: KubeletPluginHandle,
+    pub(crate) service: Arc<Service>,
+}
+
+impl Plugin {
+    pub(crate) async fn start(api: &DevApi, state_dir: &Path, sockets: &Path) -> Self {
+        let store = Arc::new(Store::open(state_dir).unwrap());
+        let service = Arc::new(
+            ClaimService::load(
+                ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
+                KubeClaims::new(api.client.clone()),
+                FixedDevices,
+                store,
+            )
+            .unwrap(),
+        );
+        let config =
+            KubeletPluginConfig::new(DRIVER, sockets.join("registry"), sockets.join("plugin"));
+        let handle = KubeletPlugin::start(config, Arc::clone(&service), std::future::pending())
+            .await
+            .unwrap();
+        Self { handle, service }
+    }
+
+    pub(crate) fn dra_socket(&self) -> PathBuf {
+        self.handle.dra_socket().to_owned()
+    }
+
+    pub(crate) async fn stop(self) {
+        self.handle.stop();
+        self.handle.wait().await.unwrap();
+    }
+}
+
+/// A DRA v1 client on `socket`, as kubelet connects.
+pub(crate) async fn dra_client(
+    socket: &Path,
+) -> v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
+    let path = socket.to_owned();
+    let channel = tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    v1::dra_plugin_client::DraPluginClient::new(channel)
+}
+
+/// kubelet's reference to a claim.
+pub(crate) fn claim_ref(claim: &ResourceClaim) -> v1::Claim {
+    v1::Claim {
+        namespace: "default".into(),
+        name: claim.metadata.name.clone().unwrap(),
+        uid: claim.metadata.uid.clone().unwrap(),
+    }
+}
