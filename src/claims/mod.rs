@@ -8,9 +8,11 @@
 //! [`MAX_CONCURRENT_CLAIMS`]); calls for the same claim UID are serialised, so a repeated
 //! prepare waits for the first and returns its stored answer without an API call.
 //!
-//! Durability order: leases are written by the IPAM before the prepared claim; a crash in
+//! Durability order: a prepared claim on disk always has its leases. Prepare writes the
+//! leases (IPAM) before the claim; unprepare removes the claim before the leases. A crash in
 //! between leaves leases without a claim, which [`ClaimService::load`] releases at start
-//! (nothing was returned to kubelet, which will ask again).
+//! (for a prepare nothing was returned to kubelet, which asks again; for an unprepare the
+//! claim is already forgotten).
 
 pub mod allocation;
 pub mod facts;
@@ -466,14 +468,15 @@ fn commit_prepare<S: ClaimStore>(
 
 fn commit_unprepare<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<(), ClaimError> {
     let mut state = lock(state);
-    // Addresses first: a claim record without leases is re-released harmlessly on the next
-    // unprepare, while a lease without a claim is only released at the next start.
+    // The claim record first: a crash before the leases are released leaves leases without
+    // a claim, which the next start releases. The other order could leave a prepared claim
+    // whose address is free again and handed to another claim.
+    state.ipam.store().remove_claim(uid).map_err(|e| ClaimError::Persist(Box::new(e)))?;
+    state.prepared.remove(uid);
     state
         .ipam
         .release_claim(uid)
         .map_err(|source| ClaimError::Ipam { request: "*".to_owned(), source })?;
-    state.ipam.store().remove_claim(uid).map_err(|e| ClaimError::Persist(Box::new(e)))?;
-    state.prepared.remove(uid);
     Ok(())
 }
 

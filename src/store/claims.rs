@@ -34,3 +34,184 @@ impl ClaimStore for Arc<Store> {
         self.remove::<PreparedClaim>(uid).map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::io::Write;
+    use std::net::IpAddr;
+    use std::time::{Duration, Instant};
+
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    use serde_json::json;
+
+    use super::*;
+    use crate::claims::{
+        ClaimReader, ClaimService, DeviceLookup, LookupError, ReadError, ServiceIdentity,
+    };
+    use crate::kubelet::{ClaimPreparer, ClaimRef};
+    use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+    use crate::store::tests::{KillAt, run_child_and_kill};
+
+    /// Every claim is allocated `eth2` (a shared parent) with a pool; its UID is its name.
+    struct AnyClaim;
+
+    impl ClaimReader for AnyClaim {
+        async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
+            Ok(serde_json::from_value(json!({
+                "metadata": {"namespace": namespace, "name": name, "uid": name},
+                "spec": {},
+                "status": {"allocation": {"devices": {
+                    "results": [{"request": "nic", "driver": "netclaim.dev", "pool": "n", "device": "eth2"}],
+                    "config": [{"source": "FromClaim", "opaque": {"driver": "netclaim.dev", "parameters": {
+                        "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig", "mode": "macvlan",
+                        "ipam": {"pool": {"subnet": "10.88.0.0/16"}}
+                    }}}]
+                }}}
+            }))
+            .expect("a valid claim"))
+        }
+    }
+
+    struct Eth2;
+
+    impl DeviceLookup for Eth2 {
+        async fn facts(&self, _: &str) -> Result<DeviceFacts, LookupError> {
+            Ok(DeviceFacts {
+                sharing: Sharing::Shared,
+                kind: DeviceKind::Physical,
+                if_name: "eth2".into(),
+                mtu: 1500,
+                min_mtu: 68,
+                max_mtu: 9000,
+                pf_mtu: None,
+                passthru_children: 0,
+                other_children: 0,
+            })
+        }
+    }
+
+    type Service = ClaimService<AnyClaim, Eth2, Arc<Store>>;
+
+    fn load(dir: &str) -> Service {
+        let identity = ServiceIdentity { driver: "netclaim.dev".into(), node: "n".into() };
+        ClaimService::load(identity, AnyClaim, Eth2, Arc::new(Store::open(dir).expect("open")))
+            .expect("load")
+    }
+
+    fn reference(uid: &str) -> ClaimRef {
+        ClaimRef { namespace: "ns".into(), name: uid.into(), uid: uid.into() }
+    }
+
+    fn address_of(service: &Service, uid: &str) -> Option<IpAddr> {
+        service.prepared(uid).map(|c| c.devices[0].addresses[0].ip())
+    }
+
+    const CHILD_ENV: &str = "NETCLAIM_CLAIMS_CRASH_CHILD_DIR";
+    const ROUND_ENV: &str = "NETCLAIM_CLAIMS_CRASH_ROUND";
+
+    /// The child: prepares new claims and unprepares older ones through the real service,
+    /// printing `ack`/`rel` only after the call returned.
+    fn claims_writer(dir: &str, round: &str) {
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let service = load(dir);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let stdout = std::io::stdout();
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let uid = format!("r{round}-{i}");
+                let mut results = service.prepare(vec![reference(&uid)]).await;
+                results.remove(&uid).expect("answered").expect("prepared");
+                let address = address_of(&service, &uid).expect("stored");
+                writeln!(stdout.lock(), "ack {uid} {address}").expect("stdout");
+                if i >= 3 && i.is_multiple_of(2) {
+                    let old = format!("r{round}-{}", i - 3);
+                    writeln!(stdout.lock(), "releasing {old}").expect("stdout");
+                    let mut results = service.unprepare(vec![reference(&old)]).await;
+                    results.remove(&old).expect("answered").expect("unprepared");
+                    writeln!(stdout.lock(), "rel {old}").expect("stdout");
+                }
+                i += 1;
+            }
+        });
+    }
+
+    #[test]
+    fn kill_9_while_preparing_keeps_claims_and_leases_whole() {
+        if let (Ok(dir), Ok(round)) = (std::env::var(CHILD_ENV), std::env::var(ROUND_ENV)) {
+            claims_writer(&dir, &round);
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let dir_name = dir.path().to_string_lossy().into_owned();
+        let mut live: HashMap<String, IpAddr> = HashMap::new();
+        let mut releasing: HashMap<String, IpAddr> = HashMap::new();
+        let mut acks = 0;
+        let mut rng = fastrand::Rng::with_seed(0xc1a1);
+        for round in 0..20 {
+            let envs = [(CHILD_ENV, dir_name.clone()), (ROUND_ENV, round.to_string())];
+            let (lines, _) = run_child_and_kill(
+                "store::claims::tests::kill_9_while_preparing_keeps_claims_and_leases_whole",
+                &envs,
+                KillAt::AfterFirstAck(rng.u64(0..60_000)),
+            );
+            for line in lines {
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                match parts.as_slice() {
+                    ["ack", uid, addr] => {
+                        acks += 1;
+                        live.insert((*uid).to_owned(), addr.parse().unwrap());
+                    }
+                    ["releasing", uid] => {
+                        let addr = live.remove(*uid).expect("releasing an acked claim");
+                        releasing.insert((*uid).to_owned(), addr);
+                    }
+                    ["rel", uid] => {
+                        releasing.remove(*uid);
+                    }
+                    _ => {}
+                }
+            }
+            // The restarted service knows every acknowledged claim with its address; an
+            // unprepare in flight is either done or not; no address is held twice, and
+            // every lease belongs to a prepared claim (half-prepared ones were cleaned up).
+            let service = load(&dir_name);
+            for (uid, addr) in &live {
+                assert_eq!(address_of(&service, uid), Some(*addr), "round {round}: {uid} lost");
+            }
+            for (uid, addr) in &releasing {
+                let found = address_of(&service, uid);
+                assert!(found.is_none() || found == Some(*addr), "round {round}: {uid} {found:?}");
+            }
+            let uids = service.prepared_uids();
+            let addresses: HashSet<IpAddr> =
+                uids.iter().filter_map(|uid| address_of(&service, uid)).collect();
+            assert_eq!(addresses.len(), uids.len(), "round {round}: an address held twice");
+            let store = Store::open(&dir_name);
+            assert!(store.is_err(), "the service still holds the state dir lock");
+            drop(service);
+            let store = Arc::new(Store::open(&dir_name).unwrap());
+            let leases = crate::ipam::LeaseStore::load_leases(&store).unwrap();
+            assert_eq!(
+                leases.len(),
+                uids.len(),
+                "round {round}: leases {leases:?} vs claims {uids:?}"
+            );
+            assert!(leases.iter().all(|l| uids.contains(&l.owner.claim_uid)), "round {round}");
+            // Releasing the claims of a `releasing` entry that survived keeps `live` exact.
+            for uid in &uids {
+                if let Some(addr) = releasing.remove(uid) {
+                    live.insert(uid.clone(), addr);
+                }
+            }
+            releasing.clear();
+        }
+        eprintln!(
+            "claims crash test: 20 rounds, {acks} acknowledged prepares, {} live",
+            live.len()
+        );
+        assert!(acks >= 20, "children prepared too little to test anything: {acks}");
+    }
+}
