@@ -66,3 +66,83 @@ fn facts_of(
         other_children: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
+
+    use super::*;
+
+    fn nic(index: u32, name: &str, mtu: u32) -> HostInterface {
+        let mut interface = HostInterface::new(index, name, mtu);
+        interface.hardware.has_device = true;
+        interface.min_mtu = Some(68);
+        interface.max_mtu = Some(9216);
+        interface
+    }
+
+    fn names(
+        interfaces: &[HostInterface],
+        selection: &Selection,
+        mode: SharingMode,
+    ) -> Vec<String> {
+        Inventory::build(interfaces, &selection.clone().with_sharing_mode(mode))
+            .devices
+            .into_iter()
+            .map(|d| d.name)
+            .collect()
+    }
+
+    #[test]
+    fn exclusive_shared_and_slot_devices_map_to_their_interface() {
+        let interfaces = vec![nic(2, "eth1", 1500), nic(3, "eth2", 9000)];
+        let selection =
+            Selection::new(&[], &[], &["eth2".to_owned()], SharingMode::Capacity).unwrap();
+        let capacity = names(&interfaces, &selection, SharingMode::Capacity);
+        let slots = names(&interfaces, &selection, SharingMode::Slots);
+        let exclusive = capacity.iter().find(|n| n.contains("eth1")).unwrap();
+        let shared = capacity.iter().find(|n| n.contains("eth2")).unwrap();
+        let slot = slots.iter().find(|n| n.contains("eth2") && !capacity.contains(n)).unwrap();
+
+        let facts = device_facts(&interfaces, &selection, exclusive).unwrap();
+        assert_eq!(
+            (facts.sharing, facts.kind, facts.if_name.as_str()),
+            (Sharing::Exclusive, DeviceKind::Physical, "eth1")
+        );
+        assert_eq!((facts.mtu, facts.min_mtu, facts.max_mtu), (1500, 68, 9216));
+        let facts = device_facts(&interfaces, &selection, shared).unwrap();
+        assert_eq!(
+            (facts.sharing, facts.if_name.as_str(), facts.mtu),
+            (Sharing::Shared, "eth2", 9000)
+        );
+        let facts = device_facts(&interfaces, &selection, slot).unwrap();
+        assert_eq!((facts.sharing, facts.if_name.as_str()), (Sharing::Slot, "eth2"), "slot {slot}");
+        assert_eq!(device_facts(&interfaces, &selection, "nope"), None);
+    }
+
+    #[test]
+    fn a_vf_carries_its_pf_mtu() {
+        let pf = nic(2, "ens1f0", 9000);
+        let mut vf = nic(3, "ens1f0v0", 1500);
+        vf.hardware.pci = Some(device::PciFacts {
+            address: "0000:3b:02.0".parse().unwrap(),
+            vendor: None,
+            device: None,
+            numa_node: None,
+            pcie_root: None,
+            sriov: SriovRole::VirtualFunction {
+                pf_address: "0000:3b:00.0".parse().unwrap(),
+                pf_name: Some("ens1f0".into()),
+                vf_index: Some(0),
+            },
+        });
+        let interfaces = vec![pf, vf];
+        let selection = Selection::new(&[], &[], &[], SharingMode::Capacity).unwrap();
+        let name = names(&interfaces, &selection, SharingMode::Capacity)
+            .into_iter()
+            .find(|n| n != "ens1f0" && !n.contains("ens1f0-"))
+            .unwrap();
+        let facts = device_facts(&interfaces, &selection, &name).unwrap();
+        assert_eq!((facts.kind, facts.pf_mtu), (DeviceKind::SriovVf, Some(9000)), "{name}");
+    }
+}
