@@ -11,7 +11,7 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = match cli::parse(std::env::args_os()) {
-        Parsed::Run(cli) => cli,
+        Parsed::Run(cli) => *cli,
         Parsed::Print(text) => {
             print!("{text}");
             if !text.ends_with('\n') {

@@ -116,14 +116,14 @@ impl Metrics {
         );
         Self {
             registry,
-            prepare_duration,
-            unprepare_duration,
-            kubelet_requests,
             devices_published,
             pool_generation,
             slice_writes,
             slice_syncs,
             capacity_dropped,
+            prepare_duration,
+            unprepare_duration,
+            kubelet_requests,
         }
     }
 

@@ -207,9 +207,9 @@ pub enum ClaimError {
         request: String,
         /// Device name.
         device: String,
-        /// The config error.
+        /// The config error (boxed: it carries the offending value and path).
         #[source]
-        source: ConfigError,
+        source: Box<ConfigError>,
     },
     /// Address reservation failed.
     #[error("request {request}: ipam.pool: {source}")]
@@ -412,7 +412,7 @@ fn commit_prepare<S: ClaimStore>(
             |source| ClaimError::Config {
                 request: result.request.clone(),
                 device: result.device.clone(),
-                source,
+                source: Box::new(source),
             },
         )?;
         devices.push((result, facts, config));

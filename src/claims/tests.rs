@@ -128,7 +128,8 @@ fn config(
 
 fn params(extra: Value) -> Value {
     let mut base = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-    base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let Value::Object(extra) = extra else { panic!("params take an object") };
+    base.as_object_mut().unwrap().extend(extra);
     base
 }
 

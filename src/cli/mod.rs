@@ -207,7 +207,7 @@ fn parse_driver_name(value: &str) -> Result<String, String> {
 #[derive(Debug)]
 pub enum Parsed {
     /// Run this.
-    Run(Cli),
+    Run(Box<Cli>),
     /// Print this (help or version) to stdout and exit 0.
     Print(String),
     /// Print this one line to stderr and exit 2.
@@ -222,7 +222,7 @@ where
 {
     use clap::error::ErrorKind;
     match Cli::try_parse_from(args) {
-        Ok(cli) => Parsed::Run(cli),
+        Ok(cli) => Parsed::Run(Box::new(cli)),
         Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             Parsed::Print(err.to_string())
         }

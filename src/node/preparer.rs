@@ -23,11 +23,13 @@ pub struct MeteredPreparer<P> {
 
 impl<P> MeteredPreparer<P> {
     /// Records the calls of `inner` in `metrics`.
+    #[must_use]
     pub fn new(inner: P, metrics: Arc<Metrics>) -> Self {
         Self { inner, metrics }
     }
 
     /// The wrapped preparer.
+    #[must_use]
     pub fn inner(&self) -> &P {
         &self.inner
     }
@@ -66,6 +68,7 @@ pub struct DiscoveredDevices {
 
 impl DiscoveredDevices {
     /// Lookup with the daemon's sysfs root and selection.
+    #[must_use]
     pub fn new(sysfs_root: PathBuf, selection: Selection) -> Self {
         Self { sysfs_root, selection }
     }

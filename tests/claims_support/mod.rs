@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use netclaim::claims::{ClaimService, DeviceLookup, LookupError, ServiceIdentity};
 use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
@@ -117,7 +117,7 @@ impl DevApi {
 
     pub(crate) async fn delete_claim(&self, name: &str) {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
-        api.delete(name, &Default::default()).await.unwrap();
+        api.delete(name, &DeleteParams::default()).await.unwrap();
     }
 }
 
@@ -131,7 +131,8 @@ impl Drop for DevApi {
 /// `parameters` with our apiVersion and kind.
 pub(crate) fn network_config(fields: Value) -> Value {
     let mut config = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-    config.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+    let Value::Object(fields) = fields else { panic!("a NetworkConfig is an object") };
+    config.as_object_mut().unwrap().extend(fields);
     config
 }
 
