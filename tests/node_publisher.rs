@@ -308,3 +308,74 @@ fn kubectl_shows_the_published_slices() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(text.contains(&parent) && text.contains("allowMultipleAllocations: true"), "{text}");
 }
+
+/// The whole daemon: kubelet's DRA socket prepares a claim allocated on a device the daemon
+/// published, looking the device up in a fresh discovery of the namespace's links.
+#[test]
+fn the_daemon_prepares_a_claim_on_its_published_device() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
+
+    if !require_root("the_daemon_prepares_a_claim_on_its_published_device") {
+        return;
+    }
+    let cluster = Cluster::start();
+    let netns = &cluster.netns;
+    let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+    veth(netns, &parent, &peer);
+    let _node = cluster.start_node(&["--shared-parents", &parent], "node.log");
+    cluster.wait_for("first publication", "node.log", |s| device(s, &parent).is_some());
+    let device_name = device(&cluster.slices(), &parent).unwrap().name.clone();
+    let socket = cluster.dir.path().join("plugin").join("dra.sock");
+    assert!(socket.exists(), "no DRA socket; node log:\n{}", cluster.log("node.log"));
+    assert!(cluster.dir.path().join("plugins_registry/netclaim.dev-reg.sock").exists());
+    let kubeconfig = cluster.kubeconfig();
+    let response = netns.block_on(move || async move {
+        let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
+        let api: Api<ResourceClaim> = Api::namespaced(client, "default");
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "net", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "netclaim"}}]}},
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &claim).await.unwrap();
+        let status = serde_json::json!({"status": {
+            "allocation": {"devices": {
+                "results": [{"request": "nic", "driver": "netclaim.dev", "pool": "test-node",
+                             "device": device_name, "shareID": "3f1c0c3e-0000-4000-8000-000000000009"}],
+                "config": [{"source": "FromClaim", "opaque": {"driver": "netclaim.dev", "parameters": {
+                    "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig", "mode": "macvlan",
+                    "ipam": {"pool": {"subnet": "10.77.0.0/24"}}}}}],
+            }},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+        }});
+        api.patch_status("net", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+        let channel = tonic::transport::Endpoint::try_from("http://localhost")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                let socket = socket.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel);
+        let uid = created.metadata.uid.unwrap();
+        let request = v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim { namespace: "default".into(), name: "net".into(), uid: uid.clone() }],
+        };
+        let answer = dra.node_prepare_resources(request).await.unwrap().into_inner();
+        answer.claims[&uid].clone()
+    });
+    assert_eq!(response.error, "", "node log:\n{}", cluster.log("node.log"));
+    assert_eq!(response.devices.len(), 1);
+    assert_eq!(response.devices[0].pool_name, "test-node");
+    assert_eq!(
+        response.devices[0].share_id.as_deref(),
+        Some("3f1c0c3e-0000-4000-8000-000000000009")
+    );
+}
