@@ -83,3 +83,28 @@ impl DeviceLookup for DiscoveredDevices {
             .ok_or_else(|| LookupError::NotFound(name.to_owned()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::UnavailablePreparer;
+
+    #[tokio::test]
+    async fn calls_are_timed_and_counted_by_method_and_outcome() {
+        let metrics = Arc::new(Metrics::new());
+        let preparer =
+            MeteredPreparer::new(UnavailablePreparer::new("netclaim.dev"), Arc::clone(&metrics));
+        let claim = ClaimRef { namespace: "ns".into(), name: "c".into(), uid: "u".into() };
+        preparer.prepare(vec![claim.clone()]).await;
+        preparer.unprepare(vec![claim]).await;
+        let text = metrics.encode();
+        for line in [
+            r#"netclaim_kubelet_requests_total{method="NodePrepareResources",code="ClaimError"} 1"#,
+            r#"netclaim_kubelet_requests_total{method="NodeUnprepareResources",code="OK"} 1"#,
+            "netclaim_prepare_duration_seconds_count 1",
+            "netclaim_unprepare_duration_seconds_count 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+}
