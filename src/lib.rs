@@ -18,5 +18,6 @@ pub mod k8s;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod podnet;
 pub mod store;
 pub mod telemetry;
