@@ -295,9 +295,13 @@ pub async fn attach<O: LinkOps>(
 ) -> Result<AttachedInterface, AttachError> {
     let mut pod_link: Option<LinkState> = None;
     for (index, step) in plan.steps.iter().enumerate() {
-        if let Err(cause) = run_step(ops, vlans, plan, step, &mut pod_link).await {
-            let undo_failures =
-                rollback(ops, vlans, plan, &plan.steps[..index], pod_link.as_ref()).await;
+        let mut undo_failures = Vec::new();
+        if let Err(cause) =
+            run_step(ops, vlans, plan, step, &mut pod_link, &mut undo_failures).await
+        {
+            undo_failures.extend(
+                rollback(ops, vlans, plan, &plan.steps[..index], pod_link.as_ref()).await,
+            );
             return Err(AttachError {
                 interface: plan.interface_name.clone(),
                 index,
@@ -338,6 +342,7 @@ async fn run_step<O: LinkOps>(
     plan: &AttachPlan,
     step: &Step,
     pod_link: &mut Option<LinkState>,
+    undo_failures: &mut Vec<UndoFailure>,
 ) -> Result<(), StepError> {
     let pod_index = || {
         pod_link.as_ref().map(|l| l.index).ok_or_else(|| {
@@ -359,9 +364,12 @@ async fn run_step<O: LinkOps>(
         }
         Step::MoveIntoPod { host_name, pod_name, mtu, hardware_address, alias } => {
             let device = require_link(ops, Side::Host, host_name).await?;
-            ops.move_to_pod(device.index, pod_name, *mtu, *hardware_address, alias)
-                .await
-                .map_err(|source| name_taken(pod_name, source))?;
+            if let Err(source) =
+                ops.move_to_pod(device.index, pod_name, *mtu, *hardware_address, alias).await
+            {
+                recover_partial_move(ops, &device, *hardware_address, undo_failures).await;
+                return Err(name_taken(pod_name, source));
+            }
             // The index may change on the move (it is per netns), so look it up again.
             *pod_link = Some(require_link(ops, Side::Pod, pod_name).await?);
             Ok(())
@@ -390,6 +398,36 @@ async fn run_step<O: LinkOps>(
                 _ => StepError::Op(source),
             })
         }
+    }
+}
+
+/// A move with a rename is not atomic in the kernel: `do_setlink` moves the device under its
+/// current name (the new name is only a fallback pattern when the current one is taken in the
+/// target), applies the MTU, and renames last; a taken pod-side name fails that rename after
+/// the move. Find the device in the pod under its host name (same MAC) and send it back.
+async fn recover_partial_move<O: LinkOps>(
+    ops: &O,
+    device: &LinkState,
+    requested_mac: Option<MacAddr>,
+    undo_failures: &mut Vec<UndoFailure>,
+) {
+    let Ok(Some(moved)) = ops.link(Side::Pod, &device.name).await else {
+        return;
+    };
+    if moved.mac != device.mac {
+        return;
+    }
+    let restore_mac = requested_mac.and(device.mac);
+    if let Err(error) = ops.move_to_host(moved.index, &device.name, device.mtu, restore_mac).await {
+        undo_failures.push(UndoFailure {
+            step: UndoStep::MoveToHost {
+                pod_name: device.name.clone(),
+                host_name: device.name.clone(),
+                mtu: device.mtu,
+                hardware_address: restore_mac,
+            },
+            error,
+        });
     }
 }
 

@@ -203,13 +203,17 @@ impl LinkOps for FakeKernel {
     async fn move_to_pod(&self, index: u32, name: &str, mtu: u32, mac: Option<MacAddr>, alias: &str) -> Result<(), LinkOpError> {
         let line = format!("move {index} to pod as {name} mtu={mtu} mac={} alias={alias}", mac_text(mac));
         let mut k = self.call(Side::Host, line.clone())?;
-        if k.links.contains_key(&(SideKey::Pod, name.to_owned())) {
-            return Err(refuse(&mut k, &line, Side::Host, EEXIST));
-        }
         let host_key = find_by_index(&k, Side::Host, index).ok_or(ENODEV).map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
         let mut link = k.links.remove(&host_key).unwrap();
         // A netns move may change the index: model that.
         link.index += 100;
+        if k.links.contains_key(&(SideKey::Pod, name.to_owned())) {
+            // As do_setlink: moved under the current name with the new MTU, then the rename
+            // fails.
+            link.mtu = mtu;
+            k.links.insert((SideKey::Pod, link.name.clone()), link);
+            return Err(refuse(&mut k, &line, Side::Host, EEXIST));
+        }
         link.name = name.to_owned();
         link.mtu = mtu;
         link.mac = mac.or(link.mac);

@@ -268,3 +268,25 @@ async fn a_nic_returned_by_a_destroyed_netns_gets_its_name_back() {
     assert!(matches!(report.steps[0].1, UndoOutcome::AlreadyGone), "{report:?}");
     assert!(kernel.links(Side::Host).contains(&"net1".to_owned()));
 }
+
+#[tokio::test]
+async fn a_host_device_whose_pod_name_is_taken_comes_back_from_the_half_done_move() {
+    let kernel = FakeKernel::new();
+    kernel.add_host_link("ens4", 9000, None); // index 10
+    kernel.add_pod_link("net2");
+    let mut dev = device("ens4", Sharing::Exclusive);
+    dev.mtu = 9000;
+    let plan = make_plan(&config(ResolvedMode::HostDevice, Addressing::None, vec![]), &dev, "uid-7", "net2");
+    let err = attach(&kernel, &VlanUsers::new(), &plan).await.unwrap_err();
+    assert!(matches!(&err.cause, StepError::NameTaken { name, .. } if name == "net2"), "{err}");
+    assert!(err.undo_failures.is_empty());
+    assert_eq!(
+        kernel.log(),
+        [
+            "move 10 to pod as net2 mtu=1400 mac=- alias=netclaim.dev/device host=ens4 claim=uid-7 -> errno 17",
+            "move 110 to host as ens4 mtu=9000 mac=-",
+        ]
+    );
+    assert_eq!(kernel.get(Side::Host, "ens4").unwrap().mtu, 9000);
+    assert_eq!(kernel.links(Side::Pod), ["net2"]);
+}
