@@ -23,9 +23,10 @@ use netlink_packet_route::link::MacVlanMode;
 use rtnetlink::{LinkMacVlan, LinkUnspec, RouteMessageBuilder};
 
 fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").unwrap_or_default().lines().any(|line| {
-        line.starts_with("Uid:") && line.split_whitespace().nth(2) == Some("0")
-    })
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(2) == Some("0"))
 }
 
 fn ip(args: &[&str]) {
@@ -126,7 +127,8 @@ async fn bare_macvlan(host: &rtnetlink::Handle, pod_path: &std::path::Path, pare
         .execute()
         .await
         .expect("v4 address");
-    let mut v6 = pod.address().add(index, "fd00:77::2".parse::<Ipv6Addr>().expect("literal").into(), 64);
+    let mut v6 =
+        pod.address().add(index, "fd00:77::2".parse::<Ipv6Addr>().expect("literal").into(), 64);
     v6.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
     v6.execute().await.expect("v6 address");
     pod.link().set(LinkUnspec::new_with_index(index).up().build()).execute().await.expect("up");
@@ -200,7 +202,8 @@ fn run_cni(
     let (command, config) = (command.to_owned(), config.to_owned());
     std::thread::spawn(move || {
         let netns = std::fs::File::open(&host_ns).expect("host netns");
-        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).expect("entering host netns");
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .expect("entering host netns");
         let start = Instant::now();
         let mut child = Command::new(cni_dir.join("macvlan"))
             .env("CNI_COMMAND", &command)
@@ -229,53 +232,156 @@ fn run_cni(
     .expect("the CNI thread")
 }
 
+/// The node topology and plans every group uses.
+struct Bench {
+    runtime: tokio::runtime::Runtime,
+    host: HostNetlink,
+    vlans: VlanUsers,
+    host_ns: String,
+    pod_path: PathBuf,
+    parent: String,
+    data_dir: PathBuf,
+    macvlan_plan: AttachPlan,
+    host_device_plan: AttachPlan,
+    _namespaces: Namespaces,
+}
+
+impl Bench {
+    /// Throwaway host, pod and peer netns; veth parent `p0` and exclusive veth `d0` in the
+    /// host netns, their peers in the peer netns with the gateway addresses.
+    fn new() -> Self {
+        let prefix = format!("ncb{:x}", std::process::id() & 0xffff);
+        let (host_ns, pod_ns, peer_ns) =
+            (format!("{prefix}-h"), format!("{prefix}-p"), format!("{prefix}-q"));
+        let namespaces =
+            Namespaces { names: vec![host_ns.clone(), pod_ns.clone(), peer_ns.clone()] };
+        for name in &namespaces.names {
+            ip(&["netns", "add", name]);
+        }
+        let (parent, peer, device, device_peer) = (
+            format!("{prefix}p0"),
+            format!("{prefix}p1"),
+            format!("{prefix}d0"),
+            format!("{prefix}d1"),
+        );
+        for (a, b) in [(&parent, &peer), (&device, &device_peer)] {
+            ip(&["-n", &host_ns, "link", "add", a, "type", "veth", "peer", "name", b]);
+            ip(&["-n", &host_ns, "link", "set", b, "netns", &peer_ns]);
+            ip(&["-n", &host_ns, "link", "set", a, "up"]);
+            ip(&["-n", &peer_ns, "addr", "add", "10.77.0.1/24", "dev", b]);
+            ip(&["-n", &peer_ns, "addr", "add", "fd00:77::1/64", "dev", b, "nodad"]);
+            ip(&["-n", &peer_ns, "link", "set", b, "up"]);
+        }
+        let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+        let host =
+            runtime.block_on(HostNetlink::in_netns(&path(&host_ns))).expect("host netns socket");
+        let device_of = |if_name: &str, sharing| HostDevice {
+            if_name: if_name.to_owned(),
+            kind: DeviceKind::Virtual,
+            sharing,
+            mtu: 1500,
+            mac: None,
+        };
+        let macvlan_plan = plan_for(
+            ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
+            &device_of(&parent, Sharing::Shared),
+            &pod_ns,
+            "net1",
+        );
+        let host_device_plan = plan_for(
+            ResolvedMode::HostDevice,
+            &device_of(&device, Sharing::Exclusive),
+            &pod_ns,
+            "net2",
+        );
+        Self {
+            runtime,
+            host,
+            vlans: VlanUsers::new(),
+            pod_path: path(&pod_ns),
+            host_ns,
+            parent,
+            data_dir: std::env::temp_dir().join(format!("{prefix}-cni")),
+            macvlan_plan,
+            host_device_plan,
+            _namespaces: namespaces,
+        }
+    }
+
+    /// Times `attach` of `plan` (pod socket included); detaches untimed.
+    fn time_attach(&self, plan: &AttachPlan, iters: u64) -> Duration {
+        self.runtime.block_on(async {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                let ops = NetlinkOps::open(&self.host, &self.pod_path).await.expect("pod socket");
+                attach(&ops, &self.vlans, plan).await.expect("attach");
+                total += start.elapsed();
+                assert!(detach(&ops, &self.vlans, plan).await.is_clean());
+            }
+            total
+        })
+    }
+
+    /// Times the bare rtnetlink macvlan sequence; deletes untimed.
+    fn time_bare_macvlan(&self, iters: u64) -> Duration {
+        self.runtime.block_on(async {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                bare_macvlan(self.host.handle(), &self.pod_path, &self.parent).await;
+                total += start.elapsed();
+                let ops = NetlinkOps::open(&self.host, &self.pod_path).await.expect("pod socket");
+                assert!(detach(&ops, &self.vlans, &self.macvlan_plan).await.is_clean());
+            }
+            total
+        })
+    }
+
+    /// Times `detach` of `plan` (pod socket included); attaches untimed.
+    fn time_detach(&self, plan: &AttachPlan, iters: u64) -> Duration {
+        self.runtime.block_on(async {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let ops = NetlinkOps::open(&self.host, &self.pod_path).await.expect("pod socket");
+                attach(&ops, &self.vlans, plan).await.expect("attach");
+                drop(ops);
+                let start = Instant::now();
+                let ops = NetlinkOps::open_for_detach(&self.host, &self.pod_path)
+                    .await
+                    .expect("pod socket");
+                assert!(detach(&ops, &self.vlans, plan).await.is_clean());
+                total += start.elapsed();
+            }
+            total
+        })
+    }
+
+    /// Times CNI ADD of macvlan + host-local; DEL untimed.
+    fn time_cni(&self, cni_dir: &std::path::Path, iters: u64) -> Duration {
+        let config = cni_config(&self.parent, &self.data_dir);
+        let host_path = path(&self.host_ns);
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            total += run_cni(&host_path, cni_dir, "ADD", &self.pod_path, &config);
+            run_cni(&host_path, cni_dir, "DEL", &self.pod_path, &config);
+        }
+        total
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let _ignored = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
 fn main() {
     if !is_root() {
         println!("SKIPPED: benches/attach needs root (it builds network namespaces)");
         return;
     }
-    let prefix = format!("ncb{:x}", std::process::id() & 0xffff);
-    let (host_ns, pod_ns, peer_ns) =
-        (format!("{prefix}-h"), format!("{prefix}-p"), format!("{prefix}-q"));
-    let namespaces = Namespaces { names: vec![host_ns.clone(), pod_ns.clone(), peer_ns.clone()] };
-    for name in &namespaces.names {
-        ip(&["netns", "add", name]);
-    }
-    let (parent, peer, device, device_peer) =
-        (format!("{prefix}p0"), format!("{prefix}p1"), format!("{prefix}d0"), format!("{prefix}d1"));
-    for (a, b) in [(&parent, &peer), (&device, &device_peer)] {
-        ip(&["-n", &host_ns, "link", "add", a, "type", "veth", "peer", "name", b]);
-        ip(&["-n", &host_ns, "link", "set", b, "netns", &peer_ns]);
-        ip(&["-n", &host_ns, "link", "set", a, "up"]);
-        ip(&["-n", &peer_ns, "addr", "add", "10.77.0.1/24", "dev", b]);
-        ip(&["-n", &peer_ns, "addr", "add", "fd00:77::1/64", "dev", b, "nodad"]);
-        ip(&["-n", &peer_ns, "link", "set", b, "up"]);
-    }
-
-    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    let host = runtime
-        .block_on(HostNetlink::in_netns(&path(&host_ns)))
-        .expect("host netns socket");
-    let shared = HostDevice {
-        if_name: parent.clone(),
-        kind: DeviceKind::Virtual,
-        sharing: Sharing::Shared,
-        mtu: 1500,
-        mac: None,
-    };
-    let exclusive = HostDevice {
-        if_name: device.clone(),
-        kind: DeviceKind::Virtual,
-        sharing: Sharing::Exclusive,
-        mtu: 1500,
-        mac: None,
-    };
-    let macvlan_plan =
-        plan_for(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, &shared, &pod_ns, "net1");
-    let host_device_plan = plan_for(ResolvedMode::HostDevice, &exclusive, &pod_ns, "net2");
-    let vlans = VlanUsers::new();
-    let pod_path = path(&pod_ns);
-
+    let bench = Bench::new();
     let mut criterion = Criterion::default()
         .configure_from_args()
         .sample_size(20)
@@ -284,97 +390,34 @@ fn main() {
 
     let mut group = criterion.benchmark_group("attach");
     group.bench_function("macvlan/podnet", |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let start = Instant::now();
-                    let ops = NetlinkOps::open(&host, &pod_path).await.expect("pod netns socket");
-                    attach(&ops, &vlans, &macvlan_plan).await.expect("attach");
-                    total += start.elapsed();
-                    assert!(detach(&ops, &vlans, &macvlan_plan).await.is_clean());
-                }
-                total
-            })
-        });
+        b.iter_custom(|iters| bench.time_attach(&bench.macvlan_plan, iters));
     });
     group.bench_function("macvlan/bare-rtnetlink", |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let start = Instant::now();
-                    bare_macvlan(host.handle(), &pod_path, &parent).await;
-                    total += start.elapsed();
-                    let ops = NetlinkOps::open(&host, &pod_path).await.expect("pod netns socket");
-                    assert!(detach(&ops, &vlans, &macvlan_plan).await.is_clean());
-                }
-                total
-            })
-        });
-    });
-    group.bench_function("host-device/podnet", |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let start = Instant::now();
-                    let ops = NetlinkOps::open(&host, &pod_path).await.expect("pod netns socket");
-                    attach(&ops, &vlans, &host_device_plan).await.expect("attach");
-                    total += start.elapsed();
-                    assert!(detach(&ops, &vlans, &host_device_plan).await.is_clean());
-                }
-                total
-            })
-        });
+        b.iter_custom(|iters| bench.time_bare_macvlan(iters));
     });
     match cni_path() {
         Some(cni_dir) => {
-            let data_dir = std::env::temp_dir().join(format!("{prefix}-cni"));
-            let config = cni_config(&parent, &data_dir);
-            let host_path = path(&host_ns);
             group.bench_function("macvlan/cni-macvlan+host-local", |b| {
-                b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        total += run_cni(&host_path, &cni_dir, "ADD", &pod_path, &config);
-                        run_cni(&host_path, &cni_dir, "DEL", &pod_path, &config);
-                    }
-                    total
-                });
+                b.iter_custom(|iters| bench.time_cni(&cni_dir, iters));
             });
-            let _ignored = std::fs::remove_dir_all(&data_dir);
         }
         None => println!(
             "SKIPPED: CNI group, no macvlan plugin in /usr/lib/cni (apt-get install \
              containernetworking-plugins, or set NETCLAIM_CNI_PATH)"
         ),
     }
+    group.bench_function("host-device/podnet", |b| {
+        b.iter_custom(|iters| bench.time_attach(&bench.host_device_plan, iters));
+    });
     group.finish();
 
     let mut group = criterion.benchmark_group("detach");
-    for (name, plan) in [("macvlan", &macvlan_plan), ("host-device", &host_device_plan)] {
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                runtime.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let ops =
-                            NetlinkOps::open(&host, &pod_path).await.expect("pod netns socket");
-                        attach(&ops, &vlans, plan).await.expect("attach");
-                        let start = Instant::now();
-                        let ops = NetlinkOps::open_for_detach(&host, &pod_path)
-                            .await
-                            .expect("pod netns socket");
-                        assert!(detach(&ops, &vlans, plan).await.is_clean());
-                        total += start.elapsed();
-                    }
-                    total
-                })
-            });
-        });
-    }
+    group.bench_function("macvlan", |b| {
+        b.iter_custom(|iters| bench.time_detach(&bench.macvlan_plan, iters));
+    });
+    group.bench_function("host-device", |b| {
+        b.iter_custom(|iters| bench.time_detach(&bench.host_device_plan, iters));
+    });
     group.finish();
     criterion.final_summary();
-    drop(namespaces);
 }

@@ -60,7 +60,12 @@ fn route(destination: &str, gateway: Option<&str>, metric: Option<u32>) -> Route
     }
 }
 
-fn config(mode: ResolvedMode, mtu: u32, addresses: &[&str], routes: Vec<Route>) -> ResolvedNetworkConfig {
+fn config(
+    mode: ResolvedMode,
+    mtu: u32,
+    addresses: &[&str],
+    routes: Vec<Route>,
+) -> ResolvedNetworkConfig {
     ResolvedNetworkConfig {
         pod_network: None,
         mode,
@@ -142,7 +147,9 @@ fn shared_parent(name: &str, mtu: u32) -> HostDevice {
 
 #[tokio::test]
 async fn macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carries_traffic() {
-    if !require_root("macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carries_traffic") {
+    if !require_root(
+        "macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carries_traffic",
+    ) {
         return;
     }
     let topo = Topology::new(1500);
@@ -176,7 +183,8 @@ async fn macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carrie
     assert_eq!(link["linkinfo"]["info_data"]["mode"], "private");
     assert!(link["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "{link}");
     assert_eq!(addresses(&topo.pod, "net1"), ["10.77.0.2/24", "fd00:77::2/64"]);
-    let v6 = &ip_json(&topo.pod, &["-6", "addr", "show", "dev", "net1", "scope", "global"])[0]["addr_info"][0];
+    let v6 = &ip_json(&topo.pod, &["-6", "addr", "show", "dev", "net1", "scope", "global"])[0]["addr_info"]
+        [0];
     assert!(v6.get("tentative").is_none(), "NODAD: the address is usable at once: {v6}");
     let routes4 = ip_json(&topo.pod, &["-4", "route", "show", "dev", "net1"]);
     let find = |routes: &Value, dst: &str| {
@@ -187,7 +195,11 @@ async fn macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carrie
     assert_eq!(find(&routes4, "default")["metric"], 200);
     let routes6 = ip_json(&topo.pod, &["-6", "route", "show", "dev", "net1"]);
     assert_eq!(find(&routes6, "fd00:88::/64")["gateway"], "fd00:77::1");
-    assert_eq!(links(&topo.host), [topo.parent.clone()], "nothing created in the host netns");
+    assert_eq!(
+        links(&topo.host),
+        std::slice::from_ref(&topo.parent),
+        "nothing created in the host netns"
+    );
 
     if let Some(ok) = ping(&topo.pod, "10.77.0.1") {
         assert!(ok, "IPv4 ping from the pod to the parent's peer");
@@ -197,7 +209,7 @@ async fn macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carrie
     let report = detach(&ops, &vlans, &plan).await;
     assert!(report.is_clean(), "{report:?}");
     assert!(links(&topo.pod).is_empty());
-    assert_eq!(links(&topo.host), [topo.parent.clone()]);
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent));
     drop(topo.peer);
 }
 
@@ -208,11 +220,12 @@ async fn a_host_device_moves_in_and_back_with_name_and_mtu_restored() {
     }
     let topo = Topology::new(1450);
     let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
-    let cfg = config(ResolvedMode::HostDevice, 1300, &["10.77.0.2/24"], vec![route(
-        "10.88.0.0/16",
-        Some("10.77.0.1"),
-        None,
-    )]);
+    let cfg = config(
+        ResolvedMode::HostDevice,
+        1300,
+        &["10.77.0.2/24"],
+        vec![route("10.88.0.0/16", Some("10.77.0.1"), None)],
+    );
     let device = HostDevice {
         if_name: topo.parent.clone(),
         kind: DeviceKind::Virtual,
@@ -266,7 +279,10 @@ async fn a_failed_attach_leaves_nothing_behind() {
         ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
         1500,
         &["10.77.0.2/24", "fd00:77::2/64"],
-        vec![route("10.88.0.0/16", Some("10.77.0.1"), None), route("10.99.0.0/16", Some("10.55.0.1"), None)],
+        vec![
+            route("10.88.0.0/16", Some("10.77.0.1"), None),
+            route("10.99.0.0/16", Some("10.55.0.1"), None),
+        ],
     );
     let plan = make_plan(&cfg, &shared_parent(&topo.parent, 1500), &topo.pod, "net1");
     let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
@@ -276,7 +292,7 @@ async fn a_failed_attach_leaves_nothing_behind() {
     assert_eq!(err.index, plan.steps.len() - 1);
     assert!(err.undo_failures.is_empty(), "{err}");
     assert!(links(&topo.pod).is_empty(), "no link left in the pod");
-    assert_eq!(links(&topo.host), [topo.parent.clone()], "no link left in the host");
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent), "no link left in the host");
 
     // A name already taken in the pod: a host device is not moved, and stays as it was.
     let taken = topo.pod.ifname("x");
@@ -292,7 +308,7 @@ async fn a_failed_attach_leaves_nothing_behind() {
     let plan = make_plan(&host_device, &device, &topo.pod, "net2");
     let err = attach(&ops, &vlans, &plan).await.unwrap_err();
     assert!(matches!(&err.cause, StepError::NameTaken { name, .. } if name == "net2"), "{err}");
-    assert_eq!(links(&topo.host), [topo.parent.clone()]);
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent));
     assert_eq!(ip_json(&topo.host, &["link", "show", &topo.parent])[0]["mtu"], 1500);
     let mut pod_links = links(&topo.pod);
     pod_links.sort();
@@ -309,7 +325,12 @@ async fn detach_succeeds_when_the_pod_netns_is_already_gone() {
     let topo = Topology::new(1500);
     let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
     let vlans = VlanUsers::new();
-    let cfg = config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, 1500, &["10.77.0.2/24"], vec![]);
+    let cfg = config(
+        ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
+        1500,
+        &["10.77.0.2/24"],
+        vec![],
+    );
     let plan = make_plan(&cfg, &shared_parent(&topo.parent, 1500), &topo.pod, "net1");
     {
         let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
@@ -321,7 +342,7 @@ async fn detach_succeeds_when_the_pod_netns_is_already_gone() {
     let report = detach(&ops, &vlans, &plan).await;
     assert!(report.is_clean(), "{report:?}");
     assert!(matches!(report.steps[0].1, UndoOutcome::AlreadyGone), "{report:?}");
-    assert_eq!(links(&topo.host), [topo.parent.clone()]);
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent));
     // An attach into a gone netns is a clear error, not a panic.
     let err = NetlinkOps::open(&host, &plan.pod.path).await.unwrap_err();
     assert!(matches!(err, netclaim::podnet::LinkOpError::NetnsGone { .. }), "{err}");

@@ -39,9 +39,8 @@ impl HostNetlink {
         let path = PathBuf::from("/proc/thread-self/ns/net");
         let netns = File::open(&path)
             .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
-        let (connection, handle, _) = rtnetlink::new_connection().map_err(|source| {
-            LinkOpError::Netns { path: path.display().to_string(), source }
-        })?;
+        let (connection, handle, _) = rtnetlink::new_connection()
+            .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
         tokio::spawn(connection);
         Ok(Self { handle, netns: Arc::new(netns) })
     }
@@ -115,9 +114,14 @@ impl NetlinkOps {
 
     /// For a detach: a pod netns that is already gone is fine (pod-side operations then
     /// report [`LinkOpError::NetnsGone`], which detach treats as "the kernel cleaned up").
-    pub async fn open_for_detach(host: &HostNetlink, pod_netns: &Path) -> Result<Self, LinkOpError> {
+    pub async fn open_for_detach(
+        host: &HostNetlink,
+        pod_netns: &Path,
+    ) -> Result<Self, LinkOpError> {
         match open_in_netns(pod_netns).await {
-            Ok(pod) => Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() }),
+            Ok(pod) => {
+                Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
+            }
             Err(LinkOpError::NetnsGone { .. }) => {
                 Ok(Self { host: host.clone(), pod: None, pod_path: pod_netns.to_owned() })
             }
@@ -135,9 +139,10 @@ impl NetlinkOps {
     }
 
     fn pod_fd(&self) -> Result<i32, LinkOpError> {
-        self.pod.as_ref().map(|(_, file)| file.as_raw_fd()).ok_or_else(|| LinkOpError::NetnsGone {
-            path: self.pod_path.display().to_string(),
-        })
+        self.pod
+            .as_ref()
+            .map(|(_, file)| file.as_raw_fd())
+            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
     }
 }
 
@@ -321,12 +326,9 @@ impl LinkOps for NetlinkOps {
         if let Some(mac) = mac {
             builder = builder.address(mac.0.to_vec());
         }
-        self.handle(Side::Pod)?
-            .link()
-            .set(builder.build())
-            .execute()
-            .await
-            .map_err(|err| op_error(format!("RTM_NEWLINK move {index} back as {name}"), Side::Pod, err))
+        self.handle(Side::Pod)?.link().set(builder.build()).execute().await.map_err(|err| {
+            op_error(format!("RTM_NEWLINK move {index} back as {name}"), Side::Pod, err)
+        })
     }
 
     async fn restore_in_host(
@@ -340,13 +342,9 @@ impl LinkOps for NetlinkOps {
         if let Some(mac) = mac {
             builder = builder.address(mac.0.to_vec());
         }
-        self.host
-            .handle
-            .link()
-            .set(builder.build())
-            .execute()
-            .await
-            .map_err(|err| op_error(format!("RTM_NEWLINK restore {index} as {name}"), Side::Host, err))
+        self.host.handle.link().set(builder.build()).execute().await.map_err(|err| {
+            op_error(format!("RTM_NEWLINK restore {index} as {name}"), Side::Host, err)
+        })
     }
 
     async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
@@ -364,7 +362,8 @@ impl LinkOps for NetlinkOps {
         address: IpNetwork,
         nodad: bool,
     ) -> Result<(), LinkOpError> {
-        let mut request = self.handle(Side::Pod)?.address().add(index, address.ip(), address.prefix());
+        let mut request =
+            self.handle(Side::Pod)?.address().add(index, address.ip(), address.prefix());
         if nodad {
             request.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
         }
@@ -376,12 +375,14 @@ impl LinkOps for NetlinkOps {
 
     async fn delete_address(&self, index: u32, address: IpNetwork) -> Result<(), LinkOpError> {
         let message = match address.ip() {
-            IpAddr::V4(ip) => {
-                AddressMessageBuilder::<std::net::Ipv4Addr>::new().index(index).address(ip, address.prefix()).build()
-            }
-            IpAddr::V6(ip) => {
-                AddressMessageBuilder::<std::net::Ipv6Addr>::new().index(index).address(ip, address.prefix()).build()
-            }
+            IpAddr::V4(ip) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(ip, address.prefix())
+                .build(),
+            IpAddr::V6(ip) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(ip, address.prefix())
+                .build(),
         };
         self.handle(Side::Pod)?
             .address()

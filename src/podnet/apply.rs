@@ -11,7 +11,9 @@ use crate::model::network_config::{MacAddr, Mode, Route};
 use super::ops::{
     EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side,
 };
-use super::plan::{AttachPlan, RouteDisplay, Step, UndoStep, VLAN_ALIAS, VlanLink, parse_device_alias};
+use super::plan::{
+    AttachPlan, RouteDisplay, Step, UndoStep, VLAN_ALIAS, VlanLink, parse_device_alias,
+};
 
 #[cfg(test)]
 mod tests;
@@ -220,13 +222,12 @@ impl VlanUsers {
             entry.users.insert(claim_uid.to_owned());
             return Ok(());
         }
-        let owned = match ops.link(Side::Host, &vlan.name).await? {
-            Some(existing) => existing.alias.as_deref() == Some(VLAN_ALIAS),
-            None => {
-                let parent = require_link(ops, Side::Host, &vlan.parent).await?;
-                ops.create_vlan(parent.index, &vlan.name, vlan.id, VLAN_ALIAS).await?;
-                true
-            }
+        let owned = if let Some(existing) = ops.link(Side::Host, &vlan.name).await? {
+            existing.alias.as_deref() == Some(VLAN_ALIAS)
+        } else {
+            let parent = require_link(ops, Side::Host, &vlan.parent).await?;
+            ops.create_vlan(parent.index, &vlan.name, vlan.id, VLAN_ALIAS).await?;
+            true
         };
         entries.insert(
             vlan.name.clone(),
@@ -271,7 +272,9 @@ async fn require_link<O: LinkOps>(
     side: Side,
     name: &str,
 ) -> Result<LinkState, LinkOpError> {
-    ops.link(side, name).await?.ok_or_else(|| LinkOpError::NoSuchLink { side, name: name.to_owned() })
+    ops.link(side, name)
+        .await?
+        .ok_or_else(|| LinkOpError::NoSuchLink { side, name: name.to_owned() })
 }
 
 async fn delete_tolerant<O: LinkOps>(
@@ -299,9 +302,8 @@ pub async fn attach<O: LinkOps>(
         if let Err(cause) =
             run_step(ops, vlans, plan, step, &mut pod_link, &mut undo_failures).await
         {
-            undo_failures.extend(
-                rollback(ops, vlans, plan, &plan.steps[..index], pod_link.as_ref()).await,
-            );
+            undo_failures
+                .extend(rollback(ops, vlans, plan, &plan.steps[..index], pod_link.as_ref()).await);
             return Err(AttachError {
                 interface: plan.interface_name.clone(),
                 index,
@@ -391,10 +393,9 @@ async fn run_step<O: LinkOps>(
                     metric: route.metric,
                     source,
                 },
-                Some(ENETUNREACH) => StepError::GatewayUnreachable {
-                    route: RouteDisplay(route).to_string(),
-                    source,
-                },
+                Some(ENETUNREACH) => {
+                    StepError::GatewayUnreachable { route: RouteDisplay(route).to_string(), source }
+                }
                 _ => StepError::Op(source),
             })
         }
@@ -496,8 +497,7 @@ async fn run_undo<O: LinkOps>(
                     Ok(UndoOutcome::Done)
                 }
                 Ok(None) | Err(LinkOpError::NetnsGone { .. }) => {
-                    restore_returned(ops, plan, pod_name, host_name, *mtu, *hardware_address)
-                        .await
+                    restore_returned(ops, plan, pod_name, host_name, *mtu, *hardware_address).await
                 }
                 Err(err) => Err(err),
             }

@@ -3,13 +3,16 @@
 //! call, and fails the call whose log line starts with an injected prefix.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use ipnetwork::IpNetwork;
 
 use crate::model::network_config::{MacAddr, Route};
 
-use super::ops::{EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side};
+use super::ops::{
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side,
+};
 use super::plan::{ChildKind, RouteDisplay};
 
 #[derive(Debug, Default)]
@@ -124,7 +127,11 @@ impl FakeKernel {
         (k.addresses.len(), k.routes.iter().filter(|(i, _)| *i != 1).count())
     }
 
-    fn call(&self, side: Side, line: String) -> Result<std::sync::MutexGuard<'_, Kernel>, LinkOpError> {
+    fn call(
+        &self,
+        side: Side,
+        line: String,
+    ) -> Result<std::sync::MutexGuard<'_, Kernel>, LinkOpError> {
         let mut k = self.inner.lock().unwrap();
         if side == Side::Pod && k.netns_gone {
             return Err(LinkOpError::NetnsGone { path: "/run/netns/gone".to_owned() });
@@ -144,7 +151,7 @@ impl FakeKernel {
 /// A refusal by the modelled kernel: marks the logged call as failed.
 fn refuse(k: &mut Kernel, line: &str, side: Side, errno: i32) -> LinkOpError {
     if let Some(last) = k.log.last_mut() {
-        last.push_str(&format!(" -> errno {errno}"));
+        let _ = write!(last, " -> errno {errno}");
     }
     kernel_error(line, side, errno)
 }
@@ -174,7 +181,8 @@ impl LinkOps for FakeKernel {
         mtu: u32,
         mac: Option<MacAddr>,
     ) -> Result<(), LinkOpError> {
-        let line = format!("create {kind} {name} parent={parent_index} mtu={mtu} mac={}", mac_text(mac));
+        let line =
+            format!("create {kind} {name} parent={parent_index} mtu={mtu} mac={}", mac_text(mac));
         let mut k = self.call(Side::Pod, line.clone())?;
         if k.links.contains_key(&(SideKey::Pod, name.to_owned())) {
             return Err(refuse(&mut k, &line, Side::Pod, EEXIST));
@@ -189,79 +197,125 @@ impl LinkOps for FakeKernel {
         Ok(())
     }
 
-    async fn create_vlan(&self, parent_index: u32, name: &str, id: u16, alias: &str) -> Result<(), LinkOpError> {
-        let mut k = self.call(Side::Host, format!("create vlan {name} parent={parent_index} id={id}"))?;
+    async fn create_vlan(
+        &self,
+        parent_index: u32,
+        name: &str,
+        id: u16,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        let mut k =
+            self.call(Side::Host, format!("create vlan {name} parent={parent_index} id={id}"))?;
         let index = k.next_index;
         k.next_index += 1;
         k.links.insert(
             (SideKey::Host, name.to_owned()),
-            LinkState { index, name: name.to_owned(), mac: None, mtu: 1500, alias: Some(alias.to_owned()) },
+            LinkState {
+                index,
+                name: name.to_owned(),
+                mac: None,
+                mtu: 1500,
+                alias: Some(alias.to_owned()),
+            },
         );
         Ok(())
     }
 
-    async fn move_to_pod(&self, index: u32, name: &str, mtu: u32, mac: Option<MacAddr>, alias: &str) -> Result<(), LinkOpError> {
-        let line = format!("move {index} to pod as {name} mtu={mtu} mac={} alias={alias}", mac_text(mac));
+    async fn move_to_pod(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        let line =
+            format!("move {index} to pod as {name} mtu={mtu} mac={} alias={alias}", mac_text(mac));
         let mut k = self.call(Side::Host, line.clone())?;
-        let host_key = find_by_index(&k, Side::Host, index).ok_or(ENODEV).map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
-        let mut link = k.links.remove(&host_key).unwrap();
+        let host_key = find_by_index(&k, Side::Host, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
+        let mut moved = k.links.remove(&host_key).unwrap();
         // A netns move may change the index: model that.
-        link.index += 100;
+        moved.index += 100;
         if k.links.contains_key(&(SideKey::Pod, name.to_owned())) {
             // As do_setlink: moved under the current name with the new MTU, then the rename
             // fails.
-            link.mtu = mtu;
-            k.links.insert((SideKey::Pod, link.name.clone()), link);
+            moved.mtu = mtu;
+            k.links.insert((SideKey::Pod, moved.name.clone()), moved);
             return Err(refuse(&mut k, &line, Side::Host, EEXIST));
         }
-        link.name = name.to_owned();
-        link.mtu = mtu;
-        link.mac = mac.or(link.mac);
-        link.alias = Some(alias.to_owned());
-        k.links.insert((SideKey::Pod, name.to_owned()), link);
+        moved.name = name.to_owned();
+        moved.mtu = mtu;
+        moved.mac = mac.or(moved.mac);
+        moved.alias = Some(alias.to_owned());
+        k.links.insert((SideKey::Pod, name.to_owned()), moved);
         Ok(())
     }
 
-    async fn move_to_host(&self, index: u32, name: &str, mtu: u32, mac: Option<MacAddr>) -> Result<(), LinkOpError> {
+    async fn move_to_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
         let line = format!("move {index} to host as {name} mtu={mtu} mac={}", mac_text(mac));
         let mut k = self.call(Side::Pod, line.clone())?;
-        let pod_key = find_by_index(&k, Side::Pod, index).ok_or(ENODEV).map_err(|errno| refuse(&mut k, &line, Side::Pod, errno))?;
-        let mut link = k.links.remove(&pod_key).unwrap();
+        let pod_key = find_by_index(&k, Side::Pod, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, Side::Pod, errno))?;
+        let mut moved = k.links.remove(&pod_key).unwrap();
         k.addresses.retain(|(i, _)| *i != index);
         k.routes.retain(|(i, _)| *i != index);
-        link.index -= 100;
-        link.name = name.to_owned();
-        link.mtu = mtu;
-        link.mac = mac.or(link.mac);
-        link.alias = None;
-        k.links.insert((SideKey::Host, name.to_owned()), link);
+        moved.index -= 100;
+        moved.name = name.to_owned();
+        moved.mtu = mtu;
+        moved.mac = mac.or(moved.mac);
+        moved.alias = None;
+        k.links.insert((SideKey::Host, name.to_owned()), moved);
         Ok(())
     }
 
-    async fn restore_in_host(&self, index: u32, name: &str, mtu: u32, mac: Option<MacAddr>) -> Result<(), LinkOpError> {
+    async fn restore_in_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
         let line = format!("restore {index} in host as {name} mtu={mtu} mac={}", mac_text(mac));
         let mut k = self.call(Side::Host, line.clone())?;
-        let host_key = find_by_index(&k, Side::Host, index).ok_or(ENODEV).map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
-        let mut link = k.links.remove(&host_key).unwrap();
-        link.name = name.to_owned();
-        link.mtu = mtu;
-        link.mac = mac.or(link.mac);
-        link.alias = None;
-        k.links.insert((SideKey::Host, name.to_owned()), link);
+        let host_key = find_by_index(&k, Side::Host, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
+        let mut moved = k.links.remove(&host_key).unwrap();
+        moved.name = name.to_owned();
+        moved.mtu = mtu;
+        moved.mac = mac.or(moved.mac);
+        moved.alias = None;
+        k.links.insert((SideKey::Host, name.to_owned()), moved);
         Ok(())
     }
 
     async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
         let line = format!("delete {side} link {index}");
         let mut k = self.call(side, line.clone())?;
-        let link_key = find_by_index(&k, side, index).ok_or(ENODEV).map_err(|errno| refuse(&mut k, &line, side, errno))?;
+        let link_key = find_by_index(&k, side, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, side, errno))?;
         k.links.remove(&link_key);
         k.addresses.retain(|(i, _)| *i != index);
         k.routes.retain(|(i, _)| *i != index);
         Ok(())
     }
 
-    async fn add_address(&self, index: u32, address: IpNetwork, nodad: bool) -> Result<(), LinkOpError> {
+    async fn add_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+        nodad: bool,
+    ) -> Result<(), LinkOpError> {
         let line = format!("add address {address} on {index}{}", if nodad { " nodad" } else { "" });
         let mut k = self.call(Side::Pod, line.clone())?;
         if k.addresses.contains(&(index, address)) {
@@ -283,7 +337,8 @@ impl LinkOps for FakeKernel {
     }
 
     async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
-        let mut k = self.call(Side::Pod, format!("set {index} {}", if up { "up" } else { "down" }))?;
+        let mut k =
+            self.call(Side::Pod, format!("set {index} {}", if up { "up" } else { "down" }))?;
         k.up.retain(|i| *i != index);
         if up {
             k.up.push(index);
@@ -294,7 +349,10 @@ impl LinkOps for FakeKernel {
     async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
         let line = format!("add route {} dev {index}", RouteDisplay(route));
         let mut k = self.call(Side::Pod, line.clone())?;
-        if k.routes.iter().any(|(_, r)| r.destination == route.destination && r.metric == route.metric) {
+        if k.routes
+            .iter()
+            .any(|(_, r)| r.destination == route.destination && r.metric == route.metric)
+        {
             return Err(refuse(&mut k, &line, Side::Pod, EEXIST));
         }
         if let Some(gateway) = route.gateway

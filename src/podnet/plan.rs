@@ -12,8 +12,8 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 use crate::model::network_config::{
-    Addressing, DeviceKind, MacAddr, MacvlanMode, Mode, ResolvedMode, ResolvedNetworkConfig,
-    Route, Sharing, check_interface_name,
+    Addressing, DeviceKind, MacAddr, MacvlanMode, Mode, ResolvedMode, ResolvedNetworkConfig, Route,
+    Sharing, check_interface_name,
 };
 
 #[cfg(test)]
@@ -449,12 +449,9 @@ pub enum PlanError {
 /// Waiting for DAD instead would put that second on the sandbox's critical path. A duplicate
 /// coming from outside our IPAM therefore goes undetected; that is the documented trade-off.
 pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError> {
-    let AttachRequest { claim_uid, config, device, pod, interface_name, pool_addresses } =
-        *request;
-    check_interface_name(interface_name).map_err(|why| PlanError::InterfaceName {
-        name: interface_name.to_owned(),
-        why,
-    })?;
+    let AttachRequest { claim_uid, config, device, pod, interface_name, pool_addresses } = *request;
+    check_interface_name(interface_name)
+        .map_err(|why| PlanError::InterfaceName { name: interface_name.to_owned(), why })?;
     let mode = config.mode.mode();
     let addresses = addresses_of(&config.addressing, pool_addresses)?;
     let mut steps = Vec::with_capacity(4 + addresses.len() + config.routes.len());
@@ -558,7 +555,10 @@ fn addresses_of(
 ) -> Result<Vec<IpNetwork>, PlanError> {
     match addressing {
         Addressing::None | Addressing::Static(_) if !pool_addresses.is_empty() => {
-            Err(PlanError::PoolAddresses { expected: "without a pool", given: pool_addresses.len() })
+            Err(PlanError::PoolAddresses {
+                expected: "without a pool",
+                given: pool_addresses.len(),
+            })
         }
         Addressing::None => Ok(Vec::new()),
         Addressing::Static(addresses) => Ok(addresses.clone()),

@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
 use super::*;
-use crate::model::network_config::{Addressing, MacvlanMode, ResolvedMode, ResolvedNetworkConfig, Sharing};
+use crate::model::network_config::{
+    Addressing, MacvlanMode, ResolvedMode, ResolvedNetworkConfig, Sharing,
+};
 use crate::podnet::fake::FakeKernel;
 use crate::podnet::plan::tests::{config, device, pod, route};
 use crate::podnet::plan::{AttachRequest, HostDevice, plan_attach};
@@ -13,7 +15,8 @@ fn static_addresses() -> Addressing {
 }
 
 fn macvlan_config(vlan: Option<u16>, routes: Vec<Route>) -> ResolvedNetworkConfig {
-    let mut cfg = config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, static_addresses(), routes);
+    let mut cfg =
+        config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, static_addresses(), routes);
     cfg.vlan = vlan;
     cfg
 }
@@ -74,7 +77,10 @@ async fn a_failed_route_undoes_every_completed_step_in_reverse_order() {
     // The second route's gateway is on no connected subnet: ENETUNREACH.
     let cfg = macvlan_config(
         Some(100),
-        vec![route("10.20.0.0/16", Some("10.10.1.1"), None), route("10.30.0.0/16", Some("10.99.0.1"), None)],
+        vec![
+            route("10.20.0.0/16", Some("10.10.1.1"), None),
+            route("10.30.0.0/16", Some("10.99.0.1"), None),
+        ],
     );
     let plan = make_plan(&cfg, &device("eth1", Sharing::Shared), "uid-1", "net1");
     let err = attach(&kernel, &vlans, &plan).await.unwrap_err();
@@ -114,10 +120,7 @@ async fn a_duplicate_default_route_is_a_named_error() {
     let cfg = macvlan_config(None, vec![route("0.0.0.0/0", Some("10.10.1.1"), Some(200))]);
     let plan = make_plan(&cfg, &device("eth1", Sharing::Shared), "uid-1", "net1");
     let err = attach(&kernel, &VlanUsers::new(), &plan).await.unwrap_err();
-    assert!(
-        matches!(&err.cause, StepError::DuplicateRoute { metric: Some(200), .. }),
-        "{err}"
-    );
+    assert!(matches!(&err.cause, StepError::DuplicateRoute { metric: Some(200), .. }), "{err}");
     assert_eq!(err.cause.errno(), Some(EEXIST));
     assert!(err.to_string().contains("a second default route needs a distinct metric"), "{err}");
     assert!(kernel.links(Side::Pod).is_empty());
@@ -210,10 +213,16 @@ async fn a_shared_vlan_is_removed_after_its_last_user_only() {
     attach(&kernel, &vlans, &third).await.unwrap();
     assert_eq!(vlans.users("eth1.100").await, ["uid-1", "uid-2"]);
     let report = detach(&kernel, &vlans, &first).await;
-    assert!(matches!(report.steps[1], (UndoStep::ReleaseVlan { .. }, UndoOutcome::Kept)), "{report:?}");
+    assert!(
+        matches!(report.steps[1], (UndoStep::ReleaseVlan { .. }, UndoOutcome::Kept)),
+        "{report:?}"
+    );
     assert!(kernel.links(Side::Host).contains(&"eth1.100".to_owned()));
     let report = detach(&kernel, &vlans, &third).await;
-    assert!(matches!(report.steps[1], (UndoStep::ReleaseVlan { .. }, UndoOutcome::Done)), "{report:?}");
+    assert!(
+        matches!(report.steps[1], (UndoStep::ReleaseVlan { .. }, UndoOutcome::Done)),
+        "{report:?}"
+    );
     assert_eq!(kernel.links(Side::Host), ["eth1"]);
     assert_eq!(kernel.log().iter().filter(|l| l.starts_with("create vlan")).count(), 2);
 }
@@ -223,7 +232,12 @@ async fn a_vlan_we_did_not_create_is_used_but_never_deleted() {
     let kernel = kernel_with_parent();
     kernel.add_host_link("eth1.100", 1500, Some("admin made this"));
     let vlans = VlanUsers::new();
-    let plan = make_plan(&macvlan_config(Some(100), vec![]), &device("eth1", Sharing::Shared), "uid-1", "net1");
+    let plan = make_plan(
+        &macvlan_config(Some(100), vec![]),
+        &device("eth1", Sharing::Shared),
+        "uid-1",
+        "net1",
+    );
     attach(&kernel, &vlans, &plan).await.unwrap();
     assert!(!kernel.log().iter().any(|l| l.starts_with("create vlan")));
     let report = detach(&kernel, &vlans, &plan).await;
@@ -235,7 +249,12 @@ async fn a_vlan_we_did_not_create_is_used_but_never_deleted() {
 async fn detach_after_the_pod_netns_is_gone_succeeds() {
     let kernel = kernel_with_parent();
     let vlans = VlanUsers::new();
-    let plan = make_plan(&macvlan_config(Some(9), vec![]), &device("eth1", Sharing::Shared), "uid-1", "net1");
+    let plan = make_plan(
+        &macvlan_config(Some(9), vec![]),
+        &device("eth1", Sharing::Shared),
+        "uid-1",
+        "net1",
+    );
     attach(&kernel, &vlans, &plan).await.unwrap();
     kernel.destroy_pod_netns();
     let report = detach(&kernel, &vlans, &plan).await;
@@ -251,7 +270,12 @@ async fn a_nic_returned_by_a_destroyed_netns_gets_its_name_back() {
     kernel.add_host_link("ens4", 9000, None);
     let mut dev = device("ens4", Sharing::Exclusive);
     dev.mtu = 9000;
-    let plan = make_plan(&config(ResolvedMode::HostDevice, Addressing::None, vec![]), &dev, "uid-3", "net1");
+    let plan = make_plan(
+        &config(ResolvedMode::HostDevice, Addressing::None, vec![]),
+        &dev,
+        "uid-3",
+        "net1",
+    );
     attach(&kernel, &VlanUsers::new(), &plan).await.unwrap();
     // The kernel returns a physical NIC to the host under its pod-side name, alias kept.
     kernel.destroy_pod_netns();
@@ -276,7 +300,12 @@ async fn a_host_device_whose_pod_name_is_taken_comes_back_from_the_half_done_mov
     kernel.add_pod_link("net2");
     let mut dev = device("ens4", Sharing::Exclusive);
     dev.mtu = 9000;
-    let plan = make_plan(&config(ResolvedMode::HostDevice, Addressing::None, vec![]), &dev, "uid-7", "net2");
+    let plan = make_plan(
+        &config(ResolvedMode::HostDevice, Addressing::None, vec![]),
+        &dev,
+        "uid-7",
+        "net2",
+    );
     let err = attach(&kernel, &VlanUsers::new(), &plan).await.unwrap_err();
     assert!(matches!(&err.cause, StepError::NameTaken { name, .. } if name == "net2"), "{err}");
     assert!(err.undo_failures.is_empty());

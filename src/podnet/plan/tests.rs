@@ -5,7 +5,11 @@
 use super::*;
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, PoolSpec, ResolvedInterface};
 
-pub(crate) fn config(mode: ResolvedMode, addressing: Addressing, routes: Vec<Route>) -> ResolvedNetworkConfig {
+pub(crate) fn config(
+    mode: ResolvedMode,
+    addressing: Addressing,
+    routes: Vec<Route>,
+) -> ResolvedNetworkConfig {
     ResolvedNetworkConfig {
         pod_network: None,
         mode,
@@ -69,7 +73,10 @@ fn macvlan_on_a_vlan_is_ensure_create_addresses_up_routes_in_that_order() {
     let mut cfg = config(
         ResolvedMode::Macvlan { mode: MacvlanMode::Private },
         static_v4_v6(),
-        vec![route("10.20.0.0/16", Some("10.10.1.1"), None), route("0.0.0.0/0", Some("10.10.1.1"), Some(200))],
+        vec![
+            route("10.20.0.0/16", Some("10.10.1.1"), None),
+            route("0.0.0.0/0", Some("10.10.1.1"), Some(200)),
+        ],
     );
     cfg.vlan = Some(100);
     cfg.interface.hardware_address = Some("02:00:00:00:00:01".parse().unwrap());
@@ -97,9 +104,18 @@ fn macvlan_on_a_vlan_is_ensure_create_addresses_up_routes_in_that_order() {
             hardware_address: Some("02:00:00:00:00:01".parse().unwrap()),
         }
     );
-    assert_eq!(plan.steps[2], Step::AddAddress { address: "10.10.1.5/24".parse().unwrap(), nodad: false });
-    assert_eq!(plan.steps[3], Step::AddAddress { address: "fd00:10::5/64".parse().unwrap(), nodad: true });
-    assert_eq!(lines(&plan.teardown()), ["delete net1 in the pod", "release VLAN sub-interface eth1.100"]);
+    assert_eq!(
+        plan.steps[2],
+        Step::AddAddress { address: "10.10.1.5/24".parse().unwrap(), nodad: false }
+    );
+    assert_eq!(
+        plan.steps[3],
+        Step::AddAddress { address: "fd00:10::5/64".parse().unwrap(), nodad: true }
+    );
+    assert_eq!(
+        lines(&plan.teardown()),
+        ["delete net1 in the pod", "release VLAN sub-interface eth1.100"]
+    );
     assert_eq!(plan.addresses().len(), 2);
     assert_eq!(plan.routes().len(), 2);
 }
@@ -117,7 +133,10 @@ fn macvlan_without_vlan_uses_the_parent_and_every_macvlan_mode() {
         let plan = plan_attach(&request(&cfg, &dev, &pod, &[])).unwrap();
         assert_eq!(
             lines(&plan.steps),
-            [format!("create macvlan mode {name} net1 on eth1 (mtu 1400) in the pod"), "set link up".to_owned()]
+            [
+                format!("create macvlan mode {name} net1 on eth1 (mtu 1400) in the pod"),
+                "set link up".to_owned()
+            ]
         );
         assert_eq!(lines(&plan.teardown()), ["delete net1 in the pod"]);
     }
@@ -125,7 +144,11 @@ fn macvlan_without_vlan_uses_the_parent_and_every_macvlan_mode() {
 
 #[test]
 fn host_device_moves_with_alias_and_comes_back_with_its_name_and_mtu() {
-    let cfg = config(ResolvedMode::HostDevice, static_v4_v6(), vec![route("10.20.0.0/16", None, Some(5))]);
+    let cfg = config(
+        ResolvedMode::HostDevice,
+        static_v4_v6(),
+        vec![route("10.20.0.0/16", None, Some(5))],
+    );
     let (dev, pod) = (device("ens4f1", Sharing::Exclusive), pod());
     let plan = plan_attach(&request(&cfg, &dev, &pod, &[])).unwrap();
     assert_eq!(
@@ -138,12 +161,15 @@ fn host_device_moves_with_alias_and_comes_back_with_its_name_and_mtu() {
             alias: "netclaim.dev/device host=ens4f1 claim=uid-1".to_owned(),
         }
     );
-    assert_eq!(lines(&plan.steps[1..]), [
-        "add address 10.10.1.5/24",
-        "add address fd00:10::5/64",
-        "set link up",
-        "add route 10.20.0.0/16 metric 5",
-    ]);
+    assert_eq!(
+        lines(&plan.steps[1..]),
+        [
+            "add address 10.10.1.5/24",
+            "add address fd00:10::5/64",
+            "set link up",
+            "add route 10.20.0.0/16 metric 5",
+        ]
+    );
     assert_eq!(
         plan.teardown(),
         [UndoStep::MoveToHost {
@@ -178,7 +204,8 @@ fn pool_addressing_takes_exactly_one_leased_address_inside_the_pool() {
         gateway: Some("10.10.1.1".parse().unwrap()),
         exclude: vec![],
     };
-    let cfg = config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, Addressing::Pool(pool), vec![]);
+    let cfg =
+        config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, Addressing::Pool(pool), vec![]);
     let (dev, pod) = (device("eth1", Sharing::Shared), pod());
     let leased: Vec<IpNetwork> = vec!["10.10.1.10/24".parse().unwrap()];
     let plan = plan_attach(&request(&cfg, &dev, &pod, &leased)).unwrap();
@@ -192,7 +219,8 @@ fn pool_addressing_takes_exactly_one_leased_address_inside_the_pool() {
         plan_attach(&request(&cfg, &dev, &pod, &outside)).unwrap_err(),
         PlanError::PoolAddressOutsidePool { .. }
     ));
-    let static_cfg = config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, static_v4_v6(), vec![]);
+    let static_cfg =
+        config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, static_v4_v6(), vec![]);
     assert_eq!(
         plan_attach(&request(&static_cfg, &dev, &pod, &leased)).unwrap_err(),
         PlanError::PoolAddresses { expected: "without a pool", given: 1 }
@@ -201,8 +229,13 @@ fn pool_addressing_takes_exactly_one_leased_address_inside_the_pool() {
 
 #[test]
 fn unsupported_and_mismatched_modes_are_refused_with_the_reason() {
-    let (shared, exclusive, pod) = (device("eth1", Sharing::Shared), device("eth2", Sharing::Exclusive), pod());
-    let ipvlan = config(ResolvedMode::Ipvlan { mode: IpvlanMode::L2, flag: IpvlanFlag::Bridge }, Addressing::None, vec![]);
+    let (shared, exclusive, pod) =
+        (device("eth1", Sharing::Shared), device("eth2", Sharing::Exclusive), pod());
+    let ipvlan = config(
+        ResolvedMode::Ipvlan { mode: IpvlanMode::L2, flag: IpvlanFlag::Bridge },
+        Addressing::None,
+        vec![],
+    );
     assert!(matches!(
         plan_attach(&request(&ipvlan, &shared, &pod, &[])).unwrap_err(),
         PlanError::ModeNotSupported { mode: Mode::Ipvlan, .. }
@@ -212,7 +245,8 @@ fn unsupported_and_mismatched_modes_are_refused_with_the_reason() {
         plan_attach(&request(&vf, &exclusive, &pod, &[])).unwrap_err(),
         PlanError::ModeNotSupported { mode: Mode::SriovVf, .. }
     ));
-    let macvlan = config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, Addressing::None, vec![]);
+    let macvlan =
+        config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, Addressing::None, vec![]);
     assert!(matches!(
         plan_attach(&request(&macvlan, &exclusive, &pod, &[])).unwrap_err(),
         PlanError::ModeDoesNotFitDevice { mode: Mode::Macvlan, sharing: Sharing::Exclusive, .. }
@@ -224,7 +258,10 @@ fn unsupported_and_mismatched_modes_are_refused_with_the_reason() {
     ));
     let mut bond = device("bond0", Sharing::Exclusive);
     bond.kind = DeviceKind::Bond;
-    assert!(matches!(plan_attach(&request(&host, &bond, &pod, &[])).unwrap_err(), PlanError::CannotMove { .. }));
+    assert!(matches!(
+        plan_attach(&request(&host, &bond, &pod, &[])).unwrap_err(),
+        PlanError::CannotMove { .. }
+    ));
 }
 
 #[test]
@@ -270,7 +307,8 @@ fn a_plan_survives_the_store_round_trip() {
 
 #[test]
 fn default_names_follow_the_pod_order_and_skip_explicit_ones() {
-    let slot = |claim, request, explicit_name| InterfaceSlot { claim_uid: claim, request, explicit_name };
+    let slot =
+        |claim, request, explicit_name| InterfaceSlot { claim_uid: claim, request, explicit_name };
     let names = assign_interface_names(&[
         slot("a", "nic", None),
         slot("b", "nic", Some("net2")),
@@ -281,8 +319,13 @@ fn default_names_follow_the_pod_order_and_skip_explicit_ones() {
     .unwrap();
     assert_eq!(names, ["net1", "net2", "net3", "data0", "net4"]);
     assert_eq!(
-        assign_interface_names(&[slot("a", "nic", Some("x1")), slot("b", "nic", Some("x1"))]).unwrap_err(),
-        NameError::Collision { name: "x1".to_owned(), first: "a/nic".to_owned(), second: "b/nic".to_owned() }
+        assign_interface_names(&[slot("a", "nic", Some("x1")), slot("b", "nic", Some("x1"))])
+            .unwrap_err(),
+        NameError::Collision {
+            name: "x1".to_owned(),
+            first: "a/nic".to_owned(),
+            second: "b/nic".to_owned()
+        }
     );
     assert!(assign_interface_names(&[]).unwrap().is_empty());
 }
