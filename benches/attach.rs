@@ -59,19 +59,25 @@ fn route(destination: &str, gateway: &str, metric: Option<u32>) -> Route {
     }
 }
 
-fn plan_for(mode: ResolvedMode, device: &HostDevice, pod: &str, name: &str) -> AttachPlan {
+fn plan_for(
+    mode: ResolvedMode,
+    device: &HostDevice,
+    pod: &str,
+    name: &str,
+    dual_stack: bool,
+) -> AttachPlan {
+    let mut addresses = vec!["10.77.0.2/24".parse().expect("a literal CIDR")];
+    let mut routes = vec![route("10.88.0.0/16", "10.77.0.1", Some(50))];
+    if dual_stack {
+        addresses.push("fd00:77::2/64".parse().expect("a literal CIDR"));
+        routes.push(route("fd00:88::/64", "fd00:77::1", None));
+    }
     let config = ResolvedNetworkConfig {
         pod_network: None,
         mode,
         interface: ResolvedInterface { name: None, mtu: 1400, hardware_address: None },
-        addressing: Addressing::Static(vec![
-            "10.77.0.2/24".parse().expect("a literal CIDR"),
-            "fd00:77::2/64".parse().expect("a literal CIDR"),
-        ]),
-        routes: vec![
-            route("10.88.0.0/16", "10.77.0.1", Some(50)),
-            route("fd00:88::/64", "fd00:77::1", None),
-        ],
+        addressing: Addressing::Static(addresses),
+        routes,
         vlan: None,
         sriov: None,
         stats: false,
@@ -91,7 +97,12 @@ fn plan_for(mode: ResolvedMode, device: &HostDevice, pod: &str, name: &str) -> A
 /// The same work as a macvlan plan, written directly against rtnetlink: pod socket, parent
 /// lookup, create in the pod netns with name and MTU, lookup (index, MAC), two addresses, up,
 /// two routes.
-async fn bare_macvlan(host: &rtnetlink::Handle, pod_path: &std::path::Path, parent: &str) -> u32 {
+async fn bare_macvlan(
+    host: &rtnetlink::Handle,
+    pod_path: &std::path::Path,
+    parent: &str,
+    dual_stack: bool,
+) -> u32 {
     let (pod, pod_ns) = open_in_netns(pod_path).await.expect("pod netns socket");
     let parent = host
         .link()
@@ -127,10 +138,12 @@ async fn bare_macvlan(host: &rtnetlink::Handle, pod_path: &std::path::Path, pare
         .execute()
         .await
         .expect("v4 address");
-    let mut v6 =
-        pod.address().add(index, "fd00:77::2".parse::<Ipv6Addr>().expect("literal").into(), 64);
-    v6.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
-    v6.execute().await.expect("v6 address");
+    if dual_stack {
+        let mut v6 =
+            pod.address().add(index, "fd00:77::2".parse::<Ipv6Addr>().expect("literal").into(), 64);
+        v6.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        v6.execute().await.expect("v6 address");
+    }
     pod.link().set(LinkUnspec::new_with_index(index).up().build()).execute().await.expect("up");
     pod.route()
         .add(
@@ -144,17 +157,19 @@ async fn bare_macvlan(host: &rtnetlink::Handle, pod_path: &std::path::Path, pare
         .execute()
         .await
         .expect("v4 route");
-    pod.route()
-        .add(
-            RouteMessageBuilder::<Ipv6Addr>::new()
-                .destination_prefix("fd00:88::".parse().expect("literal"), 64)
-                .gateway("fd00:77::1".parse().expect("literal"))
-                .output_interface(index)
-                .build(),
-        )
-        .execute()
-        .await
-        .expect("v6 route");
+    if dual_stack {
+        pod.route()
+            .add(
+                RouteMessageBuilder::<Ipv6Addr>::new()
+                    .destination_prefix("fd00:88::".parse().expect("literal"), 64)
+                    .gateway("fd00:77::1".parse().expect("literal"))
+                    .output_interface(index)
+                    .build(),
+            )
+            .execute()
+            .await
+            .expect("v6 route");
+    }
     index
 }
 
@@ -165,9 +180,19 @@ fn cni_path() -> Option<PathBuf> {
     dir.join("macvlan").exists().then_some(dir)
 }
 
-/// The CNI config doing the same work as the macvlan plan: macvlan bridge, MTU 1400, one
-/// IPv4 and one IPv6 address from `host-local`, two routes.
-fn cni_config(parent: &str, data_dir: &std::path::Path) -> String {
+/// The CNI config doing the same work as the macvlan plan: macvlan bridge, MTU 1400, an IPv4
+/// (and IPv6) address from `host-local`, one route per family.
+fn cni_config(parent: &str, data_dir: &std::path::Path, dual_stack: bool) -> String {
+    let mut ranges = vec![serde_json::json!([
+        {"subnet": "10.77.0.0/24", "rangeStart": "10.77.0.2", "rangeEnd": "10.77.0.2"}
+    ])];
+    let mut routes = vec![serde_json::json!({"dst": "10.88.0.0/16", "gw": "10.77.0.1"})];
+    if dual_stack {
+        ranges.push(serde_json::json!([
+            {"subnet": "fd00:77::/64", "rangeStart": "fd00:77::2", "rangeEnd": "fd00:77::2"}
+        ]));
+        routes.push(serde_json::json!({"dst": "fd00:88::/64", "gw": "fd00:77::1"}));
+    }
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "bench",
@@ -175,15 +200,7 @@ fn cni_config(parent: &str, data_dir: &std::path::Path) -> String {
         "master": parent,
         "mode": "bridge",
         "mtu": 1400,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": data_dir,
-            "ranges": [
-                [{"subnet": "10.77.0.0/24", "rangeStart": "10.77.0.2", "rangeEnd": "10.77.0.2"}],
-                [{"subnet": "fd00:77::/64", "rangeStart": "fd00:77::2", "rangeEnd": "fd00:77::2"}]
-            ],
-            "routes": [{"dst": "10.88.0.0/16", "gw": "10.77.0.1"}, {"dst": "fd00:88::/64", "gw": "fd00:77::1"}]
-        }
+        "ipam": {"type": "host-local", "dataDir": data_dir, "ranges": ranges, "routes": routes}
     })
     .to_string()
 }
@@ -242,6 +259,7 @@ struct Bench {
     parent: String,
     data_dir: PathBuf,
     macvlan_plan: AttachPlan,
+    macvlan_v4_plan: AttachPlan,
     host_device_plan: AttachPlan,
     _namespaces: Namespaces,
 }
@@ -287,12 +305,21 @@ impl Bench {
             &device_of(&parent, Sharing::Shared),
             &pod_ns,
             "net1",
+            true,
+        );
+        let macvlan_v4_plan = plan_for(
+            ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
+            &device_of(&parent, Sharing::Shared),
+            &pod_ns,
+            "net1",
+            false,
         );
         let host_device_plan = plan_for(
             ResolvedMode::HostDevice,
             &device_of(&device, Sharing::Exclusive),
             &pod_ns,
             "net2",
+            true,
         );
         Self {
             runtime,
@@ -303,6 +330,7 @@ impl Bench {
             parent,
             data_dir: std::env::temp_dir().join(format!("{prefix}-cni")),
             macvlan_plan,
+            macvlan_v4_plan,
             host_device_plan,
             _namespaces: namespaces,
         }
@@ -324,12 +352,12 @@ impl Bench {
     }
 
     /// Times the bare rtnetlink macvlan sequence; deletes untimed.
-    fn time_bare_macvlan(&self, iters: u64) -> Duration {
+    fn time_bare_macvlan(&self, iters: u64, dual_stack: bool) -> Duration {
         self.runtime.block_on(async {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                bare_macvlan(self.host.handle(), &self.pod_path, &self.parent).await;
+                bare_macvlan(self.host.handle(), &self.pod_path, &self.parent, dual_stack).await;
                 total += start.elapsed();
                 let ops = NetlinkOps::open(&self.host, &self.pod_path).await.expect("pod socket");
                 assert!(detach(&ops, &self.vlans, &self.macvlan_plan).await.is_clean());
@@ -358,8 +386,8 @@ impl Bench {
     }
 
     /// Times CNI ADD of macvlan + host-local; DEL untimed.
-    fn time_cni(&self, cni_dir: &std::path::Path, iters: u64) -> Duration {
-        let config = cni_config(&self.parent, &self.data_dir);
+    fn time_cni(&self, cni_dir: &std::path::Path, iters: u64, dual_stack: bool) -> Duration {
+        let config = cni_config(&self.parent, &self.data_dir, dual_stack);
         let host_path = path(&self.host_ns);
         let mut total = Duration::ZERO;
         for _ in 0..iters {
@@ -388,23 +416,28 @@ fn main() {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
 
+    let cni_dir = cni_path();
+    if cni_dir.is_none() {
+        println!(
+            "SKIPPED: CNI groups, no macvlan plugin in /usr/lib/cni (apt-get install \
+             containernetworking-plugins, or set NETCLAIM_CNI_PATH)"
+        );
+    }
     let mut group = criterion.benchmark_group("attach");
-    group.bench_function("macvlan/podnet", |b| {
-        b.iter_custom(|iters| bench.time_attach(&bench.macvlan_plan, iters));
-    });
-    group.bench_function("macvlan/bare-rtnetlink", |b| {
-        b.iter_custom(|iters| bench.time_bare_macvlan(iters));
-    });
-    match cni_path() {
-        Some(cni_dir) => {
-            group.bench_function("macvlan/cni-macvlan+host-local", |b| {
-                b.iter_custom(|iters| bench.time_cni(&cni_dir, iters));
+    for (family, plan, dual_stack) in
+        [("dual-stack", &bench.macvlan_plan, true), ("ipv4", &bench.macvlan_v4_plan, false)]
+    {
+        group.bench_function(format!("macvlan-{family}/podnet"), |b| {
+            b.iter_custom(|iters| bench.time_attach(plan, iters));
+        });
+        group.bench_function(format!("macvlan-{family}/bare-rtnetlink"), |b| {
+            b.iter_custom(|iters| bench.time_bare_macvlan(iters, dual_stack));
+        });
+        if let Some(cni_dir) = &cni_dir {
+            group.bench_function(format!("macvlan-{family}/cni-macvlan+host-local"), |b| {
+                b.iter_custom(|iters| bench.time_cni(cni_dir, iters, dual_stack));
             });
         }
-        None => println!(
-            "SKIPPED: CNI group, no macvlan plugin in /usr/lib/cni (apt-get install \
-             containernetworking-plugins, or set NETCLAIM_CNI_PATH)"
-        ),
     }
     group.bench_function("host-device/podnet", |b| {
         b.iter_custom(|iters| bench.time_attach(&bench.host_device_plan, iters));
