@@ -396,6 +396,44 @@ impl Bench {
         }
         total
     }
+
+    /// Interleaved A/B runs of podnet and the bare sequence (`rounds` each, alternating, so
+    /// both see the same machine load; this host is shared with other builds): per-iteration
+    /// medians and the median of the per-round ratios.
+    fn paired(&self, plan: &AttachPlan, dual_stack: bool, rounds: usize) -> PairedResult {
+        let mut podnet = Vec::with_capacity(rounds);
+        let mut bare = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            // Alternate who goes first, so neither always follows the other's deletion.
+            if round % 2 == 0 {
+                podnet.push(self.time_attach(plan, 1));
+                bare.push(self.time_bare_macvlan(1, dual_stack));
+            } else {
+                bare.push(self.time_bare_macvlan(1, dual_stack));
+                podnet.push(self.time_attach(plan, 1));
+            }
+        }
+        let mut ratios: Vec<f64> =
+            podnet.iter().zip(&bare).map(|(p, b)| p.as_secs_f64() / b.as_secs_f64()).collect();
+        ratios.sort_by(f64::total_cmp);
+        PairedResult {
+            podnet: median(&mut podnet),
+            bare: median(&mut bare),
+            ratio: ratios[ratios.len() / 2],
+        }
+    }
+}
+
+/// Result of [`Bench::paired`].
+struct PairedResult {
+    podnet: Duration,
+    bare: Duration,
+    ratio: f64,
+}
+
+fn median(values: &mut [Duration]) -> Duration {
+    values.sort();
+    values[values.len() / 2]
 }
 
 impl Drop for Bench {
@@ -453,4 +491,17 @@ fn main() {
     });
     group.finish();
     criterion.final_summary();
+
+    let rounds =
+        std::env::var("NETCLAIM_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(200);
+    for (family, plan, dual_stack) in
+        [("dual-stack", &bench.macvlan_plan, true), ("ipv4", &bench.macvlan_v4_plan, false)]
+    {
+        let result = bench.paired(plan, dual_stack, rounds);
+        println!(
+            "paired macvlan-{family} ({rounds} rounds): podnet median {:?}, bare rtnetlink median \
+             {:?}, median ratio {:.3}",
+            result.podnet, result.bare, result.ratio
+        );
+    }
 }
