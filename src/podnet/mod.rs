@@ -5,7 +5,8 @@
 //! daemon):
 //! - RunPodSandbox, per prepared claim of the pod: [`plan::plan_attach`] (with the default
 //!   interface name assigned now), persist the [`plan::AttachPlan`], then
-//!   `NetlinkOps::open(&host, &plan.pod.path)` and [`apply::attach`]; an error is returned
+//!   `NetlinkOps::open(&host, &plan.pod.path)` (one per pod, reused for all its claims: it
+//!   costs a thread and a socket) and [`apply::attach`]; an error is returned
 //!   to the runtime (the rollback already ran) and becomes the claim's `Ready=False`.
 //! - StopPodSandbox: `NetlinkOps::open_for_detach(&host, &plan.pod.path)` (tolerates a
 //!   netns that is already gone) and [`apply::detach`], which never fails; log the
