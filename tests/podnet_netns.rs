@@ -294,9 +294,7 @@ async fn a_failed_attach_leaves_nothing_behind() {
     assert!(links(&topo.pod).is_empty(), "no link left in the pod");
     assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent), "no link left in the host");
 
-    // A name already taken in the pod: a host device is not moved, and stays as it was.
-    let taken = topo.pod.ifname("x");
-    topo.pod.ip(&["link", "add", "net2", "type", "veth", "peer", "name", &taken]);
+    // A host device whose last step fails comes back with its name and MTU.
     let device = HostDevice {
         if_name: topo.parent.clone(),
         kind: DeviceKind::Virtual,
@@ -304,6 +302,25 @@ async fn a_failed_attach_leaves_nothing_behind() {
         mtu: 1500,
         mac: None,
     };
+    let unreachable = config(
+        ResolvedMode::HostDevice,
+        1300,
+        &["10.77.0.2/24"],
+        vec![route("10.99.0.0/16", Some("10.55.0.1"), None)],
+    );
+    let plan = make_plan(&unreachable, &device, &topo.pod, "net3");
+    let err = attach(&ops, &vlans, &plan).await.unwrap_err();
+    assert!(matches!(err.cause, StepError::GatewayUnreachable { .. }), "{err}");
+    assert!(err.undo_failures.is_empty(), "{err}");
+    assert!(links(&topo.pod).is_empty());
+    let back = &ip_json(&topo.host, &["addr", "show", "dev", &topo.parent])[0];
+    assert_eq!(back["mtu"], 1500, "{back}");
+    assert!(back.get("ifalias").is_none(), "{back}");
+    assert!(back["addr_info"].as_array().unwrap().iter().all(|a| a["scope"] != "global"));
+
+    // A name already taken in the pod: a host device is not moved, and stays as it was.
+    let taken = topo.pod.ifname("x");
+    topo.pod.ip(&["link", "add", "net2", "type", "veth", "peer", "name", &taken]);
     let host_device = config(ResolvedMode::HostDevice, 1400, &["10.77.0.2/24"], vec![]);
     let plan = make_plan(&host_device, &device, &topo.pod, "net2");
     let err = attach(&ops, &vlans, &plan).await.unwrap_err();
@@ -346,4 +363,34 @@ async fn detach_succeeds_when_the_pod_netns_is_already_gone() {
     // An attach into a gone netns is a clear error, not a panic.
     let err = NetlinkOps::open(&host, &plan.pod.path).await.unwrap_err();
     assert!(matches!(err, netclaim::podnet::LinkOpError::NetnsGone { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn detach_of_a_host_device_whose_pod_netns_is_gone_succeeds() {
+    if !require_root("detach_of_a_host_device_whose_pod_netns_is_gone_succeeds") {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let vlans = VlanUsers::new();
+    let device = HostDevice {
+        if_name: topo.parent.clone(),
+        kind: DeviceKind::Virtual,
+        sharing: Sharing::Exclusive,
+        mtu: 1500,
+        mac: None,
+    };
+    let cfg = config(ResolvedMode::HostDevice, 1400, &["10.77.0.2/24"], vec![]);
+    let plan = make_plan(&cfg, &device, &topo.pod, "net1");
+    {
+        let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
+        attach(&ops, &vlans, &plan).await.unwrap();
+    }
+    // A veth is destroyed with its netns (a physical NIC would come back to the host).
+    support::run("ip", &["netns", "del", &topo.pod.name]);
+    let ops = NetlinkOps::open_for_detach(&host, &plan.pod.path).await.unwrap();
+    let report = detach(&ops, &vlans, &plan).await;
+    assert!(report.is_clean(), "{report:?}");
+    assert!(matches!(report.steps[0].1, UndoOutcome::AlreadyGone), "{report:?}");
+    assert!(links(&topo.host).is_empty());
 }
