@@ -80,12 +80,6 @@ pub enum StepError {
         #[source]
         source: LinkOpError,
     },
-    /// A VLAN sub-interface name exists but is not `<parent>.<id>` of the expected parent.
-    #[error("{name} exists in the host netns but is not a link we can use")]
-    VlanUnusable {
-        /// The name.
-        name: String,
-    },
     /// Any other failure.
     #[error(transparent)]
     Op(#[from] LinkOpError),
@@ -101,7 +95,6 @@ impl StepError {
             | StepError::NameTaken { source, .. }
             | StepError::DuplicateAddress { source, .. }
             | StepError::Op(source) => source.errno(),
-            StepError::VlanUnusable { .. } => None,
         }
     }
 }
