@@ -23,5 +23,6 @@ pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod nri;
+pub mod podnet;
 pub mod store;
 pub mod telemetry;

@@ -29,21 +29,23 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    fn start_with(api_flags: &[&str]) -> Self {
         let netns = Netns::new();
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
-        let api = netns.spawn(
-            NETCLAIM,
-            &[
-                "dev",
-                "--api-only",
-                "--listen",
-                API_LISTEN,
-                "--kubeconfig-out",
-                kubeconfig.to_str().unwrap(),
-            ],
-            &dir.path().join("api.log"),
-        );
+        let mut args = vec![
+            "dev",
+            "--api-only",
+            "--listen",
+            API_LISTEN,
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap(),
+        ];
+        args.extend_from_slice(api_flags);
+        let api = netns.spawn(NETCLAIM, &args, &dir.path().join("api.log"));
         let deadline = Instant::now() + PATIENCE;
         while !kubeconfig.exists() {
             assert!(Instant::now() < deadline, "the API server did not write its kubeconfig");
@@ -307,6 +309,41 @@ fn kubectl_shows_the_published_slices() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(text.contains(&parent) && text.contains("allowMultipleAllocations: true"), "{text}");
+}
+
+#[test]
+fn a_server_without_consumable_capacity_gets_slots_and_a_node_event() {
+    if !require_root("a_server_without_consumable_capacity_gets_slots_and_a_node_event") {
+        return;
+    }
+    let cluster = Cluster::start_with(&["--drop-consumable-capacity"]);
+    let netns = &cluster.netns;
+    let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+    veth(netns, &parent, &peer);
+    let _node = cluster.start_node(&["--shared-parents", &parent], "node.log");
+    cluster.wait_for("slot devices", "node.log", |s| {
+        s.iter().flat_map(|slice| slice.spec.devices.iter().flatten()).count() == 32
+    });
+    let slices = cluster.slices();
+    let devices: Vec<_> = slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    assert!(devices.iter().all(|d| d.allow_multiple_allocations.is_none()));
+    assert!(devices.iter().any(|d| d.name == format!("{parent}-s31")));
+    let log = cluster.log("node.log");
+    assert_eq!(log.matches("dropped allowMultipleAllocations").count(), 1, "said once:\n{log}");
+    assert!((cluster.metric("netclaim_consumable_capacity_dropped") - 1.0).abs() < f64::EPSILON);
+
+    let kubeconfig = cluster.kubeconfig();
+    let reasons = netns.block_on(move || async move {
+        let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client);
+        let events = api.list(&ListParams::default()).await.unwrap().items;
+        events.into_iter().map(|e| (e.reason, e.regarding.and_then(|r| r.kind))).collect::<Vec<_>>()
+    });
+    assert!(
+        reasons
+            .contains(&(Some("ConsumableCapacityUnsupported".to_owned()), Some("Node".to_owned()))),
+        "{reasons:?}"
+    );
 }
 
 /// The whole daemon: kubelet's DRA socket prepares a claim allocated on a device the daemon

@@ -2,4 +2,5 @@
 
 pub mod discovery;
 pub mod link_events;
+pub mod netlink;
 pub mod sysfs;

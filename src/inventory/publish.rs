@@ -149,6 +149,9 @@ impl<A: SliceApi> Publisher<A> {
     #[must_use]
     pub fn needs_repair(&self, name: &str, seen: Option<&ResourceSliceSpec>) -> bool {
         match (self.stored.get(name), seen) {
+            // A watch event of an older generation is one of our own earlier writes arriving
+            // late; the write that superseded it has its own event.
+            (Some(_), Some(seen)) if seen.pool.generation < self.pool.generation => false,
             (Some(stored), Some(seen)) => stored != seen,
             (Some(_), None) => true,
             // Not ours at this generation: a leftover that the next sync deletes.

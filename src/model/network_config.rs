@@ -20,7 +20,7 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use validate::MAX_ADDRESSES;
+pub use validate::{MAX_ADDRESSES, check_interface_name};
 
 /// The only `apiVersion` this driver understands.
 pub const API_VERSION: &str = "netclaim.dev/v1alpha1";

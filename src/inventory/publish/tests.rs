@@ -241,3 +241,17 @@ async fn the_owner_reference_is_set_on_every_slice() {
         assert_eq!(slice.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
     }
 }
+
+#[tokio::test]
+async fn a_late_watch_event_of_an_older_generation_is_not_a_change() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    publisher.sync(&nics(2), false).await.unwrap();
+    let name = publisher.slice_names().into_iter().next().unwrap();
+    let first = api.slices.lock().unwrap().get(&name).unwrap().spec.clone();
+    let mut changed = nics(2);
+    changed[0].mtu = 9000;
+    publisher.sync(&changed, false).await.unwrap();
+    assert_eq!(publisher.generation(), 2);
+    assert!(!publisher.needs_repair(&name, Some(&first)), "generation 1 is our own old write");
+}

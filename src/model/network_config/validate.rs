@@ -148,7 +148,7 @@ fn check_sections(cfg: &NetworkConfig, mode: Mode) -> Result<(), ConfigError> {
 
 /// The kernel's `dev_valid_name` rules, plus names a pod already has (`eth0` from its
 /// primary network, `lo`) and `%` (the kernel would treat `net%d` as a template).
-fn check_interface_name(name: &str) -> Result<(), &'static str> {
+pub fn check_interface_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         return Err("empty");
     }

@@ -1,0 +1,423 @@
+//! `podnet::LinkOps` over rtnetlink: one NETLINK_ROUTE socket in the host netns and one in the
+//! pod netns, the latter created on a dedicated OS thread that entered the pod netns (a socket
+//! stays bound to the netns it was created in, so no tokio worker ever calls `setns`).
+
+use std::fs::File;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags};
+use netlink_packet_route::link::{LinkAttribute, LinkMessage, MacVlanMode as NlMacVlanMode};
+use netlink_packet_route::route::{RouteMessage, RouteScope};
+use rtnetlink::{
+    AddressMessageBuilder, Handle, LinkMacVlan, LinkUnspec, LinkVlan, RouteMessageBuilder,
+};
+
+use crate::model::network_config::{MacAddr, MacvlanMode, Route};
+use crate::podnet::ops::{ENODEV, LinkOpError, LinkOps, LinkState, Side};
+use crate::podnet::plan::ChildKind;
+
+/// `ENOENT`: the netns path does not exist (the sandbox is gone).
+const ENOENT: i32 = 2;
+
+/// The daemon's netlink socket in the host netns and a handle on that netns (the target of
+/// moves back). One per daemon; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HostNetlink {
+    handle: Handle,
+    netns: Arc<File>,
+}
+
+impl HostNetlink {
+    /// The netns of the calling thread (the daemon's, i.e. the host's). Must run inside a
+    /// tokio runtime, which drives the socket.
+    pub fn current() -> Result<Self, LinkOpError> {
+        let path = PathBuf::from("/proc/thread-self/ns/net");
+        let netns = File::open(&path)
+            .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
+        let (connection, handle, _) = rtnetlink::new_connection()
+            .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
+        tokio::spawn(connection);
+        Ok(Self { handle, netns: Arc::new(netns) })
+    }
+
+    /// Another netns standing in for the host (tests and benchmarks build the node's
+    /// topology in a throwaway netns).
+    pub async fn in_netns(path: &Path) -> Result<Self, LinkOpError> {
+        let (handle, netns) = open_in_netns(path).await?;
+        Ok(Self { handle, netns: Arc::new(netns) })
+    }
+
+    /// The rtnetlink handle on the host netns.
+    #[must_use]
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+/// Opens `path` and creates a NETLINK_ROUTE socket inside that netns on a fresh OS thread; the
+/// socket's connection task then runs on the caller's tokio runtime.
+pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
+    let runtime = tokio::runtime::Handle::current();
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let owned = path.to_owned();
+    let netns_error = |source| LinkOpError::Netns { path: path.display().to_string(), source };
+    std::thread::Builder::new()
+        .name("netns-socket".to_owned())
+        .spawn(move || {
+            let result = (|| {
+                let netns = File::open(&owned)?;
+                nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)?;
+                // The socket registers with the runtime's reactor, which needs a context here.
+                let _entered = runtime.enter();
+                let (connection, handle, _) = rtnetlink::new_connection()?;
+                Ok((connection, handle, netns))
+            })();
+            // The receiver only goes away when the caller was cancelled; nothing to report to.
+            let _ignored = sender.send(result);
+            // The thread ends here, with its netns: it never runs anything else.
+        })
+        .map_err(netns_error)?;
+    let result = receiver.await.map_err(|_| {
+        netns_error(std::io::Error::other("the netns thread ended without an answer"))
+    })?;
+    let (connection, handle, netns) = result.map_err(|source: std::io::Error| {
+        if source.raw_os_error() == Some(ENOENT) {
+            LinkOpError::NetnsGone { path: path.display().to_string() }
+        } else {
+            netns_error(source)
+        }
+    })?;
+    tokio::spawn(connection);
+    Ok((handle, netns))
+}
+
+/// [`LinkOps`] for one pod: the host socket plus a socket in the pod's netns.
+#[derive(Debug)]
+pub struct NetlinkOps {
+    host: HostNetlink,
+    pod: Option<(Handle, File)>,
+    pod_path: PathBuf,
+}
+
+impl NetlinkOps {
+    /// For an attach: the pod netns must exist.
+    pub async fn open(host: &HostNetlink, pod_netns: &Path) -> Result<Self, LinkOpError> {
+        let pod = open_in_netns(pod_netns).await?;
+        Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
+    }
+
+    /// For a detach: a pod netns that is already gone is fine (pod-side operations then
+    /// report [`LinkOpError::NetnsGone`], which detach treats as "the kernel cleaned up").
+    pub async fn open_for_detach(
+        host: &HostNetlink,
+        pod_netns: &Path,
+    ) -> Result<Self, LinkOpError> {
+        match open_in_netns(pod_netns).await {
+            Ok(pod) => {
+                Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
+            }
+            Err(LinkOpError::NetnsGone { .. }) => {
+                Ok(Self { host: host.clone(), pod: None, pod_path: pod_netns.to_owned() })
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {
+        match side {
+            Side::Host => Ok(&self.host.handle),
+            Side::Pod => self.pod.as_ref().map(|(handle, _)| handle).ok_or_else(|| {
+                LinkOpError::NetnsGone { path: self.pod_path.display().to_string() }
+            }),
+        }
+    }
+
+    fn pod_fd(&self) -> Result<i32, LinkOpError> {
+        self.pod
+            .as_ref()
+            .map(|(_, file)| file.as_raw_fd())
+            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
+    }
+}
+
+/// Maps an rtnetlink error to ours, keeping the errno.
+fn op_error(op: impl Into<String>, side: Side, err: rtnetlink::Error) -> LinkOpError {
+    match err {
+        rtnetlink::Error::NetlinkError(message) if message.raw_code() != 0 => {
+            let errno = -message.raw_code();
+            LinkOpError::Kernel {
+                op: op.into(),
+                side,
+                errno,
+                message: std::io::Error::from_raw_os_error(errno).to_string(),
+            }
+        }
+        other => LinkOpError::Protocol { op: op.into(), side, message: other.to_string() },
+    }
+}
+
+fn link_state(message: &LinkMessage) -> LinkState {
+    let mut state = LinkState {
+        index: message.header.index,
+        name: String::new(),
+        mac: None,
+        mtu: 0,
+        alias: None,
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            LinkAttribute::IfName(name) => state.name.clone_from(name),
+            LinkAttribute::Mtu(mtu) => state.mtu = *mtu,
+            LinkAttribute::IfAlias(alias) if !alias.is_empty() => state.alias = Some(alias.clone()),
+            LinkAttribute::Address(bytes) => {
+                state.mac = <[u8; 6]>::try_from(bytes.as_slice()).ok().map(MacAddr);
+            }
+            _ => {}
+        }
+    }
+    state
+}
+
+fn nl_macvlan_mode(mode: MacvlanMode) -> NlMacVlanMode {
+    match mode {
+        MacvlanMode::Bridge => NlMacVlanMode::Bridge,
+        MacvlanMode::Private => NlMacVlanMode::Private,
+        MacvlanMode::Vepa => NlMacVlanMode::Vepa,
+        MacvlanMode::Passthru => NlMacVlanMode::Passthrough,
+    }
+}
+
+/// The route message for `route` through link `index`: main table, static protocol, metric as
+/// `RTA_PRIORITY`, link scope for an on-link IPv4 route (as `ip route` does).
+fn route_message(index: u32, route: &Route) -> RouteMessage {
+    let prefix = route.destination.prefix();
+    match (route.destination.network(), route.gateway) {
+        (IpAddr::V4(destination), gateway) => {
+            let mut builder = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(destination, prefix)
+                .output_interface(index);
+            builder = match gateway {
+                Some(IpAddr::V4(gateway)) => builder.gateway(gateway),
+                Some(IpAddr::V6(via)) => builder.via(via),
+                None => builder.scope(RouteScope::Link),
+            };
+            if let Some(metric) = route.metric {
+                builder = builder.priority(metric);
+            }
+            builder.build()
+        }
+        (IpAddr::V6(destination), gateway) => {
+            let mut builder = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(destination, prefix)
+                .output_interface(index);
+            if let Some(IpAddr::V6(gateway)) = gateway {
+                builder = builder.gateway(gateway);
+            }
+            if let Some(metric) = route.metric {
+                builder = builder.priority(metric);
+            }
+            builder.build()
+        }
+    }
+}
+
+impl LinkOps for NetlinkOps {
+    async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        let handle = self.handle(side)?;
+        let mut replies = handle.link().get().match_name(name.to_owned()).execute();
+        match replies.try_next().await {
+            Ok(Some(message)) => Ok(Some(link_state(&message))),
+            Ok(None) => Ok(None),
+            Err(err) => match op_error(format!("RTM_GETLINK {name}"), side, err) {
+                LinkOpError::Kernel { errno: ENODEV, .. } => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn create_child(
+        &self,
+        kind: ChildKind,
+        parent_index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        let pod_fd = self.pod_fd()?;
+        let ChildKind::Macvlan { mode } = kind;
+        let mut builder = LinkMacVlan::new(name, parent_index, nl_macvlan_mode(mode))
+            .mtu(mtu)
+            .setns_by_fd(pod_fd);
+        if let Some(mac) = mac {
+            builder = builder.address(mac.0.to_vec());
+        }
+        // Sent on the host socket: IFLA_LINK resolves in the sender's netns.
+        self.host
+            .handle
+            .link()
+            .add(builder.build())
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_NEWLINK {kind} {name}"), Side::Host, err))
+    }
+
+    async fn create_vlan(
+        &self,
+        parent_index: u32,
+        name: &str,
+        id: u16,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        let message = LinkVlan::new(name, parent_index, id).up().alias(alias).build();
+        self.host
+            .handle
+            .link()
+            .add(message)
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_NEWLINK vlan {name}"), Side::Host, err))
+    }
+
+    async fn move_to_pod(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        let mut builder = LinkUnspec::new_with_index(index)
+            .name(name)
+            .mtu(mtu)
+            .alias(alias)
+            .setns_by_fd(self.pod_fd()?);
+        if let Some(mac) = mac {
+            builder = builder.address(mac.0.to_vec());
+        }
+        self.host
+            .handle
+            .link()
+            .set(builder.build())
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_NEWLINK move {index} as {name}"), Side::Host, err))
+    }
+
+    async fn move_to_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        let mut builder = LinkUnspec::new_with_index(index)
+            .down()
+            .name(name)
+            .mtu(mtu)
+            // An empty IFLA_IFALIAS clears the alias.
+            .alias("")
+            .setns_by_fd(self.host.netns.as_raw_fd());
+        if let Some(mac) = mac {
+            builder = builder.address(mac.0.to_vec());
+        }
+        self.handle(Side::Pod)?.link().set(builder.build()).execute().await.map_err(|err| {
+            op_error(format!("RTM_NEWLINK move {index} back as {name}"), Side::Pod, err)
+        })
+    }
+
+    async fn restore_in_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        let mut builder = LinkUnspec::new_with_index(index).down().name(name).mtu(mtu).alias("");
+        if let Some(mac) = mac {
+            builder = builder.address(mac.0.to_vec());
+        }
+        self.host.handle.link().set(builder.build()).execute().await.map_err(|err| {
+            op_error(format!("RTM_NEWLINK restore {index} as {name}"), Side::Host, err)
+        })
+    }
+
+    async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
+        self.handle(side)?
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_DELLINK {index}"), side, err))
+    }
+
+    async fn add_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+        nodad: bool,
+    ) -> Result<(), LinkOpError> {
+        let mut request =
+            self.handle(Side::Pod)?.address().add(index, address.ip(), address.prefix());
+        if nodad {
+            request.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        request
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_NEWADDR {address}"), Side::Pod, err))
+    }
+
+    async fn delete_address(&self, index: u32, address: IpNetwork) -> Result<(), LinkOpError> {
+        let message = match address.ip() {
+            IpAddr::V4(ip) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(ip, address.prefix())
+                .build(),
+            IpAddr::V6(ip) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(ip, address.prefix())
+                .build(),
+        };
+        self.handle(Side::Pod)?
+            .address()
+            .del(message)
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_DELADDR {address}"), Side::Pod, err))
+    }
+
+    async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
+        let builder = LinkUnspec::new_with_index(index);
+        let message = if up { builder.up() } else { builder.down() }.build();
+        self.handle(Side::Pod)?
+            .link()
+            .set(message)
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_NEWLINK {index} up={up}"), Side::Pod, err))
+    }
+
+    async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        self.handle(Side::Pod)?
+            .route()
+            .add(route_message(index, route))
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_NEWROUTE {}", route.destination), Side::Pod, err))
+    }
+
+    async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        self.handle(Side::Pod)?
+            .route()
+            .del(route_message(index, route))
+            .execute()
+            .await
+            .map_err(|err| op_error(format!("RTM_DELROUTE {}", route.destination), Side::Pod, err))
+    }
+}

@@ -1,0 +1,544 @@
+//! Executes attach plans through [`LinkOps`]: runs the steps in order, undoes every completed
+//! step in reverse order when one fails, and detaches (never failing) at sandbox stop.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnetwork::IpNetwork;
+use serde::{Deserialize, Serialize};
+
+use crate::model::network_config::{MacAddr, Mode, Route};
+
+use super::ops::{
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side,
+};
+use super::plan::{
+    AttachPlan, RouteDisplay, Step, UndoStep, VLAN_ALIAS, VlanLink, parse_device_alias,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// The interface an attach produced, for the claim status (`networkData`, `NetworkStatus`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachedInterface {
+    /// Pod-side name.
+    pub name: String,
+    /// The mode it was made with.
+    pub mode: Mode,
+    /// The host device or parent.
+    pub host_device: String,
+    /// MAC address as the kernel reports it after the attach.
+    pub mac: Option<MacAddr>,
+    /// MTU as the kernel reports it.
+    pub mtu: u32,
+    /// Interface addresses in canonical CIDR form (`10.10.1.5/24`, host bits kept).
+    pub addresses: Vec<IpNetwork>,
+    /// Routes added through it.
+    pub routes: Vec<Route>,
+}
+
+/// Why one attach step failed, with the kernel's errno kept in the source.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// `EEXIST` on a route: the pod already has this destination with this metric (typically
+    /// a second default route without a distinct metric next to the primary network's).
+    #[error("the pod already has a route to {destination}{} (a second default route needs a distinct metric)", metric.map(|m| format!(" with metric {m}")).unwrap_or_default())]
+    DuplicateRoute {
+        /// The destination.
+        destination: IpNetwork,
+        /// The metric asked for.
+        metric: Option<u32>,
+        /// The kernel's answer.
+        #[source]
+        source: LinkOpError,
+    },
+    /// `ENETUNREACH` on a route: its gateway is not on a connected subnet of the interface.
+    #[error("gateway of route {route} is not reachable through the interface")]
+    GatewayUnreachable {
+        /// The route.
+        route: String,
+        /// The kernel's answer.
+        #[source]
+        source: LinkOpError,
+    },
+    /// `EEXIST` on create or move: the pod already has an interface with this name.
+    #[error("the pod already has an interface named {name}")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The kernel's answer.
+        #[source]
+        source: LinkOpError,
+    },
+    /// `EEXIST` on an address: the pod already has it.
+    #[error("address {address} is already configured in the pod")]
+    DuplicateAddress {
+        /// The address.
+        address: IpNetwork,
+        /// The kernel's answer.
+        #[source]
+        source: LinkOpError,
+    },
+    /// Any other failure.
+    #[error(transparent)]
+    Op(#[from] LinkOpError),
+}
+
+impl StepError {
+    /// The kernel's errno, when the kernel refused.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            StepError::DuplicateRoute { source, .. }
+            | StepError::GatewayUnreachable { source, .. }
+            | StepError::NameTaken { source, .. }
+            | StepError::DuplicateAddress { source, .. }
+            | StepError::Op(source) => source.errno(),
+        }
+    }
+}
+
+/// An undo step that failed during rollback (the rollback goes on with the others).
+#[derive(Debug)]
+pub struct UndoFailure {
+    /// The undo step.
+    pub step: UndoStep,
+    /// Why it failed.
+    pub error: LinkOpError,
+}
+
+/// A failed attach: which step failed, why, and which undo steps of the rollback failed.
+#[derive(Debug, thiserror::Error)]
+#[error("attach of {interface} failed at step {index} ({step}): {cause}{}", undo_summary(.undo_failures))]
+pub struct AttachError {
+    /// Pod-side interface name.
+    pub interface: String,
+    /// Index of the failed step in the plan.
+    pub index: usize,
+    /// The failed step.
+    pub step: Step,
+    /// The cause.
+    #[source]
+    pub cause: StepError,
+    /// Undo steps that failed (empty when the rollback left nothing behind).
+    pub undo_failures: Vec<UndoFailure>,
+}
+
+fn undo_summary(failures: &[UndoFailure]) -> String {
+    if failures.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = failures.iter().map(|f| format!("{}: {}", f.step, f.error)).collect();
+    format!("; rollback incomplete: {}", list.join("; "))
+}
+
+/// What one detach step did.
+#[derive(Debug)]
+pub enum UndoOutcome {
+    /// The kernel did it.
+    Done,
+    /// Nothing to do: the link is already gone or back (for example with the pod netns).
+    AlreadyGone,
+    /// The VLAN sub-interface still has users, or is not ours: kept.
+    Kept,
+    /// It failed; detach goes on with the other steps.
+    Failed(LinkOpError),
+}
+
+/// The result of a detach, per teardown step. Detach never fails the runtime: the caller
+/// logs the failed steps and reconcile retries them.
+#[derive(Debug, Default)]
+pub struct DetachReport {
+    /// Each teardown step with its outcome, in execution order.
+    pub steps: Vec<(UndoStep, UndoOutcome)>,
+}
+
+impl DetachReport {
+    /// Whether every step succeeded or had nothing to do.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        !self.steps.iter().any(|(_, outcome)| matches!(outcome, UndoOutcome::Failed(_)))
+    }
+}
+
+/// Users of the VLAN sub-interfaces on shared parents, shared by every attach of the node.
+/// A sub-interface is created on first use and deleted after its last user, and only when
+/// this driver created it (marked with [`VLAN_ALIAS`]). After a restart, reconcile re-adds
+/// the users of running pods with [`VlanUsers::adopt`].
+#[derive(Debug, Default)]
+pub struct VlanUsers {
+    entries: tokio::sync::Mutex<BTreeMap<String, VlanEntry>>,
+}
+
+#[derive(Debug)]
+struct VlanEntry {
+    /// Created by this driver (alias mark), so deleted after the last user.
+    owned: bool,
+    /// Claim UIDs using it.
+    users: BTreeSet<String>,
+}
+
+impl VlanUsers {
+    /// An empty registry.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records `claim_uid` as a user of `vlan` without touching the kernel (reconcile after
+    /// a restart); `owned` is whether the link carries [`VLAN_ALIAS`].
+    pub async fn adopt(&self, vlan: &VlanLink, claim_uid: &str, owned: bool) {
+        let mut entries = self.entries.lock().await;
+        entries
+            .entry(vlan.name.clone())
+            .or_insert_with(|| VlanEntry { owned, users: BTreeSet::new() })
+            .users
+            .insert(claim_uid.to_owned());
+    }
+
+    /// The claims using `name`.
+    pub async fn users(&self, name: &str) -> Vec<String> {
+        let entries = self.entries.lock().await;
+        entries.get(name).map(|e| e.users.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    async fn ensure<O: LinkOps>(
+        &self,
+        ops: &O,
+        vlan: &VlanLink,
+        claim_uid: &str,
+    ) -> Result<(), StepError> {
+        // Held across the kernel calls: two first users racing would both try to create it.
+        let mut entries = self.entries.lock().await;
+        if let Some(entry) = entries.get_mut(&vlan.name) {
+            entry.users.insert(claim_uid.to_owned());
+            return Ok(());
+        }
+        let owned = if let Some(existing) = ops.link(Side::Host, &vlan.name).await? {
+            existing.alias.as_deref() == Some(VLAN_ALIAS)
+        } else {
+            let parent = require_link(ops, Side::Host, &vlan.parent).await?;
+            ops.create_vlan(parent.index, &vlan.name, vlan.id, VLAN_ALIAS).await?;
+            true
+        };
+        entries.insert(
+            vlan.name.clone(),
+            VlanEntry { owned, users: BTreeSet::from([claim_uid.to_owned()]) },
+        );
+        Ok(())
+    }
+
+    async fn release<O: LinkOps>(
+        &self,
+        ops: &O,
+        vlan: &VlanLink,
+        claim_uid: &str,
+    ) -> Result<UndoOutcome, LinkOpError> {
+        let mut entries = self.entries.lock().await;
+        let Some(entry) = entries.get_mut(&vlan.name) else {
+            // Unknown here (e.g. not yet adopted after a restart): other pods may still use
+            // it, so keeping it is the safe choice; reconcile collects it.
+            return Ok(UndoOutcome::Kept);
+        };
+        entry.users.remove(claim_uid);
+        if !entry.users.is_empty() {
+            return Ok(UndoOutcome::Kept);
+        }
+        let owned = entry.owned;
+        entries.remove(&vlan.name);
+        if !owned {
+            return Ok(UndoOutcome::Kept);
+        }
+        match ops.link(Side::Host, &vlan.name).await? {
+            Some(link) if link.alias.as_deref() == Some(VLAN_ALIAS) => {
+                delete_tolerant(ops, Side::Host, link.index).await
+            }
+            Some(_) => Ok(UndoOutcome::Kept),
+            None => Ok(UndoOutcome::AlreadyGone),
+        }
+    }
+}
+
+async fn require_link<O: LinkOps>(
+    ops: &O,
+    side: Side,
+    name: &str,
+) -> Result<LinkState, LinkOpError> {
+    ops.link(side, name)
+        .await?
+        .ok_or_else(|| LinkOpError::NoSuchLink { side, name: name.to_owned() })
+}
+
+async fn delete_tolerant<O: LinkOps>(
+    ops: &O,
+    side: Side,
+    index: u32,
+) -> Result<UndoOutcome, LinkOpError> {
+    match ops.delete_link(side, index).await {
+        Ok(()) => Ok(UndoOutcome::Done),
+        Err(err) if err.errno() == Some(ENODEV) => Ok(UndoOutcome::AlreadyGone),
+        Err(err) => Err(err),
+    }
+}
+
+/// Attaches one pod interface: executes `plan`'s steps in order; on a failure, undoes every
+/// completed step in reverse order and returns the failure (with any undo that failed too).
+pub async fn attach<O: LinkOps>(
+    ops: &O,
+    vlans: &VlanUsers,
+    plan: &AttachPlan,
+) -> Result<AttachedInterface, AttachError> {
+    let mut pod_link: Option<LinkState> = None;
+    for (index, step) in plan.steps.iter().enumerate() {
+        let mut undo_failures = Vec::new();
+        if let Err(cause) =
+            run_step(ops, vlans, plan, step, &mut pod_link, &mut undo_failures).await
+        {
+            undo_failures
+                .extend(rollback(ops, vlans, plan, &plan.steps[..index], pod_link.as_ref()).await);
+            return Err(AttachError {
+                interface: plan.interface_name.clone(),
+                index,
+                step: step.clone(),
+                cause,
+                undo_failures,
+            });
+        }
+    }
+    let Some(link) = pod_link else {
+        // A plan always creates or moves the interface; one that does not is a bug upstream,
+        // reported as a missing link rather than a panic in the sandbox path.
+        return Err(AttachError {
+            interface: plan.interface_name.clone(),
+            index: plan.steps.len(),
+            step: Step::SetUp,
+            cause: StepError::Op(LinkOpError::NoSuchLink {
+                side: Side::Pod,
+                name: plan.interface_name.clone(),
+            }),
+            undo_failures: Vec::new(),
+        });
+    };
+    Ok(AttachedInterface {
+        name: link.name,
+        mode: plan.mode,
+        host_device: plan.host_device.clone(),
+        mac: link.mac,
+        mtu: link.mtu,
+        addresses: plan.addresses(),
+        routes: plan.routes(),
+    })
+}
+
+async fn run_step<O: LinkOps>(
+    ops: &O,
+    vlans: &VlanUsers,
+    plan: &AttachPlan,
+    step: &Step,
+    pod_link: &mut Option<LinkState>,
+    undo_failures: &mut Vec<UndoFailure>,
+) -> Result<(), StepError> {
+    let pod_index = || {
+        pod_link.as_ref().map(|l| l.index).ok_or_else(|| {
+            StepError::Op(LinkOpError::NoSuchLink {
+                side: Side::Pod,
+                name: plan.interface_name.clone(),
+            })
+        })
+    };
+    match step {
+        Step::EnsureVlan { vlan } => vlans.ensure(ops, vlan, &plan.claim_uid).await,
+        Step::CreateChild { kind, parent, name, mtu, hardware_address } => {
+            let parent = require_link(ops, Side::Host, parent).await?;
+            ops.create_child(*kind, parent.index, name, *mtu, *hardware_address)
+                .await
+                .map_err(|source| name_taken(name, source))?;
+            *pod_link = Some(require_link(ops, Side::Pod, name).await?);
+            Ok(())
+        }
+        Step::MoveIntoPod { host_name, pod_name, mtu, hardware_address, alias } => {
+            let device = require_link(ops, Side::Host, host_name).await?;
+            if let Err(source) =
+                ops.move_to_pod(device.index, pod_name, *mtu, *hardware_address, alias).await
+            {
+                recover_partial_move(ops, &device, *hardware_address, undo_failures).await;
+                return Err(name_taken(pod_name, source));
+            }
+            // The index may change on the move (it is per netns), so look it up again.
+            *pod_link = Some(require_link(ops, Side::Pod, pod_name).await?);
+            Ok(())
+        }
+        Step::AddAddress { address, nodad } => {
+            ops.add_address(pod_index()?, *address, *nodad).await.map_err(|source| {
+                if source.errno() == Some(EEXIST) {
+                    StepError::DuplicateAddress { address: *address, source }
+                } else {
+                    StepError::Op(source)
+                }
+            })
+        }
+        Step::SetUp => Ok(ops.set_up(pod_index()?, true).await?),
+        Step::AddRoute { route } => {
+            ops.add_route(pod_index()?, route).await.map_err(|source| match source.errno() {
+                Some(EEXIST) => StepError::DuplicateRoute {
+                    destination: route.destination,
+                    metric: route.metric,
+                    source,
+                },
+                Some(ENETUNREACH) => {
+                    StepError::GatewayUnreachable { route: RouteDisplay(route).to_string(), source }
+                }
+                _ => StepError::Op(source),
+            })
+        }
+    }
+}
+
+/// A move with a rename is not atomic in the kernel: `do_setlink` moves the device under its
+/// current name (the new name is only a fallback pattern when the current one is taken in the
+/// target), applies the MTU, and renames last; a taken pod-side name fails that rename after
+/// the move. Find the device in the pod under its host name (same MAC) and send it back.
+async fn recover_partial_move<O: LinkOps>(
+    ops: &O,
+    device: &LinkState,
+    requested_mac: Option<MacAddr>,
+    undo_failures: &mut Vec<UndoFailure>,
+) {
+    let Ok(Some(moved)) = ops.link(Side::Pod, &device.name).await else {
+        return;
+    };
+    if moved.mac != device.mac {
+        return;
+    }
+    let restore_mac = requested_mac.and(device.mac);
+    if let Err(error) = ops.move_to_host(moved.index, &device.name, device.mtu, restore_mac).await {
+        undo_failures.push(UndoFailure {
+            step: UndoStep::MoveToHost {
+                pod_name: device.name.clone(),
+                host_name: device.name.clone(),
+                mtu: device.mtu,
+                hardware_address: restore_mac,
+            },
+            error,
+        });
+    }
+}
+
+fn name_taken(name: &str, source: LinkOpError) -> StepError {
+    if source.errno() == Some(EEXIST) {
+        StepError::NameTaken { name: name.to_owned(), source }
+    } else {
+        StepError::Op(source)
+    }
+}
+
+/// Undoes `done` in reverse order; returns the undo steps that failed.
+async fn rollback<O: LinkOps>(
+    ops: &O,
+    vlans: &VlanUsers,
+    plan: &AttachPlan,
+    done: &[Step],
+    pod_link: Option<&LinkState>,
+) -> Vec<UndoFailure> {
+    let mut failures = Vec::new();
+    for step in done.iter().rev() {
+        let undo = step.undo(plan);
+        let result = match (&undo, pod_link) {
+            (UndoStep::DeleteAddress { address }, Some(link)) => {
+                ignore_missing(ops.delete_address(link.index, *address).await)
+            }
+            (UndoStep::SetDown, Some(link)) => ops.set_up(link.index, false).await,
+            (UndoStep::DeleteRoute { route }, Some(link)) => {
+                ignore_missing(ops.delete_route(link.index, route).await)
+            }
+            _ => run_undo(ops, vlans, plan, &undo).await.map(|_| ()),
+        };
+        if let Err(error) = result {
+            failures.push(UndoFailure { step: undo, error });
+        }
+    }
+    failures
+}
+
+fn ignore_missing(result: Result<(), LinkOpError>) -> Result<(), LinkOpError> {
+    match result {
+        Err(err) if matches!(err.errno(), Some(EADDRNOTAVAIL | ESRCH | ENODEV)) => Ok(()),
+        other => other,
+    }
+}
+
+/// Executes one link-level undo step, looking links up by name.
+async fn run_undo<O: LinkOps>(
+    ops: &O,
+    vlans: &VlanUsers,
+    plan: &AttachPlan,
+    undo: &UndoStep,
+) -> Result<UndoOutcome, LinkOpError> {
+    match undo {
+        UndoStep::ReleaseVlan { vlan } => vlans.release(ops, vlan, &plan.claim_uid).await,
+        UndoStep::DeleteChild { name } => match ops.link(Side::Pod, name).await {
+            Ok(Some(link)) => delete_tolerant(ops, Side::Pod, link.index).await,
+            // The kernel deletes virtual links together with their netns.
+            Ok(None) | Err(LinkOpError::NetnsGone { .. }) => Ok(UndoOutcome::AlreadyGone),
+            Err(err) => Err(err),
+        },
+        UndoStep::MoveToHost { pod_name, host_name, mtu, hardware_address } => {
+            match ops.link(Side::Pod, pod_name).await {
+                Ok(Some(link)) => {
+                    ops.move_to_host(link.index, host_name, *mtu, *hardware_address).await?;
+                    Ok(UndoOutcome::Done)
+                }
+                Ok(None) | Err(LinkOpError::NetnsGone { .. }) => {
+                    restore_returned(ops, plan, pod_name, host_name, *mtu, *hardware_address).await
+                }
+                Err(err) => Err(err),
+            }
+        }
+        // Address, up flag and routes go with the link; on their own they only appear in a
+        // rollback, which handles them with the known index.
+        UndoStep::DeleteAddress { .. } | UndoStep::SetDown | UndoStep::DeleteRoute { .. } => {
+            Ok(UndoOutcome::AlreadyGone)
+        }
+    }
+}
+
+/// The device is not in the pod (any more): when its netns was destroyed, the kernel gave a
+/// physical NIC back to the host under its pod-side name (a veth is destroyed instead). Our
+/// alias identifies it; restore name, MTU and MAC.
+async fn restore_returned<O: LinkOps>(
+    ops: &O,
+    plan: &AttachPlan,
+    pod_name: &str,
+    host_name: &str,
+    mtu: u32,
+    mac: Option<MacAddr>,
+) -> Result<UndoOutcome, LinkOpError> {
+    let Some(link) = ops.link(Side::Host, pod_name).await? else {
+        return Ok(UndoOutcome::AlreadyGone);
+    };
+    let ours = link
+        .alias
+        .as_deref()
+        .and_then(parse_device_alias)
+        .is_some_and(|(host, claim)| host == host_name && claim == plan.claim_uid);
+    if !ours {
+        return Ok(UndoOutcome::AlreadyGone);
+    }
+    ops.restore_in_host(link.index, host_name, mtu, mac).await?;
+    Ok(UndoOutcome::Done)
+}
+
+/// Detaches one pod interface (StopPodSandbox): runs [`AttachPlan::teardown`] and never fails;
+/// every step is attempted and reported. Works when the pod netns is already gone.
+pub async fn detach<O: LinkOps>(ops: &O, vlans: &VlanUsers, plan: &AttachPlan) -> DetachReport {
+    let mut report = DetachReport::default();
+    for undo in plan.teardown() {
+        let outcome = match run_undo(ops, vlans, plan, &undo).await {
+            Ok(outcome) => outcome,
+            Err(err) => UndoOutcome::Failed(err),
+        };
+        report.steps.push((undo, outcome));
+    }
+    report
+}

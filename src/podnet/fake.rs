@@ -1,0 +1,377 @@
+//! A recording in-memory kernel implementing `LinkOps` for unit tests: it keeps links per
+//! netns, addresses and routes, answers with the errno the kernel would, logs every mutating
+//! call, and fails the call whose log line starts with an injected prefix.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use ipnetwork::IpNetwork;
+
+use crate::model::network_config::{MacAddr, Route};
+
+use super::ops::{
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side,
+};
+use super::plan::{ChildKind, RouteDisplay};
+
+#[derive(Debug, Default)]
+struct Kernel {
+    links: BTreeMap<(SideKey, String), LinkState>,
+    addresses: Vec<(u32, IpNetwork)>,
+    routes: Vec<(u32, Route)>,
+    up: Vec<u32>,
+    next_index: u32,
+    log: Vec<String>,
+    fail: Option<(String, i32)>,
+    netns_gone: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum SideKey {
+    Host,
+    Pod,
+}
+
+fn key(side: Side) -> SideKey {
+    match side {
+        Side::Host => SideKey::Host,
+        Side::Pod => SideKey::Pod,
+    }
+}
+
+/// The fake kernel.
+#[derive(Debug, Default)]
+pub(crate) struct FakeKernel {
+    inner: Mutex<Kernel>,
+}
+
+fn kernel_error(op: &str, side: Side, errno: i32) -> LinkOpError {
+    LinkOpError::Kernel { op: op.to_owned(), side, errno, message: format!("errno {errno}") }
+}
+
+impl FakeKernel {
+    pub(crate) fn new() -> Self {
+        let fake = Self::default();
+        fake.inner.lock().unwrap().next_index = 10;
+        fake
+    }
+
+    /// Adds a host link (a parent or an exclusive device).
+    pub(crate) fn add_host_link(&self, name: &str, mtu: u32, alias: Option<&str>) {
+        let mut k = self.inner.lock().unwrap();
+        let index = k.next_index;
+        k.next_index += 1;
+        k.links.insert(
+            (SideKey::Host, name.to_owned()),
+            LinkState {
+                index,
+                name: name.to_owned(),
+                mac: Some(MacAddr([2, 0, 0, 0, 0, u8::try_from(index).unwrap()])),
+                mtu,
+                alias: alias.map(str::to_owned),
+            },
+        );
+    }
+
+    /// Adds a pod link (a name collision).
+    pub(crate) fn add_pod_link(&self, name: &str) {
+        let mut k = self.inner.lock().unwrap();
+        let index = k.next_index;
+        k.next_index += 1;
+        k.links.insert(
+            (SideKey::Pod, name.to_owned()),
+            LinkState { index, name: name.to_owned(), mac: None, mtu: 1500, alias: None },
+        );
+    }
+
+    /// Adds a route that already exists in the pod.
+    pub(crate) fn add_pod_route(&self, route: Route) {
+        self.inner.lock().unwrap().routes.push((1, route));
+    }
+
+    /// Fails the first call whose log line starts with `prefix` with `errno`.
+    pub(crate) fn fail_on(&self, prefix: &str, errno: i32) {
+        self.inner.lock().unwrap().fail = Some((prefix.to_owned(), errno));
+    }
+
+    /// Makes every pod-side call fail as if the pod's netns were destroyed.
+    pub(crate) fn destroy_pod_netns(&self) {
+        let mut k = self.inner.lock().unwrap();
+        k.netns_gone = true;
+        let pod: Vec<_> = k.links.keys().filter(|(s, _)| *s == SideKey::Pod).cloned().collect();
+        for name in pod {
+            k.links.remove(&name);
+        }
+    }
+
+    /// The mutating calls so far.
+    pub(crate) fn log(&self) -> Vec<String> {
+        self.inner.lock().unwrap().log.clone()
+    }
+
+    /// Names of the links on `side`.
+    pub(crate) fn links(&self, side: Side) -> Vec<String> {
+        let k = self.inner.lock().unwrap();
+        k.links.keys().filter(|(s, _)| *s == key(side)).map(|(_, n)| n.clone()).collect()
+    }
+
+    /// The link named `name` on `side`.
+    pub(crate) fn get(&self, side: Side, name: &str) -> Option<LinkState> {
+        self.inner.lock().unwrap().links.get(&(key(side), name.to_owned())).cloned()
+    }
+
+    /// Addresses and routes still configured (excluding pre-seeded routes on index 1).
+    pub(crate) fn leftovers(&self) -> (usize, usize) {
+        let k = self.inner.lock().unwrap();
+        (k.addresses.len(), k.routes.iter().filter(|(i, _)| *i != 1).count())
+    }
+
+    fn call(
+        &self,
+        side: Side,
+        line: String,
+    ) -> Result<std::sync::MutexGuard<'_, Kernel>, LinkOpError> {
+        let mut k = self.inner.lock().unwrap();
+        if side == Side::Pod && k.netns_gone {
+            return Err(LinkOpError::NetnsGone { path: "/run/netns/gone".to_owned() });
+        }
+        if let Some((prefix, errno)) = k.fail.clone()
+            && line.starts_with(&prefix)
+        {
+            k.fail = None;
+            k.log.push(line.clone());
+            return Err(refuse(&mut k, &line, side, errno));
+        }
+        k.log.push(line);
+        Ok(k)
+    }
+}
+
+/// A refusal by the modelled kernel: marks the logged call as failed.
+fn refuse(k: &mut Kernel, line: &str, side: Side, errno: i32) -> LinkOpError {
+    if let Some(last) = k.log.last_mut() {
+        let _ = write!(last, " -> errno {errno}");
+    }
+    kernel_error(line, side, errno)
+}
+
+fn find_by_index(k: &Kernel, side: Side, index: u32) -> Option<(SideKey, String)> {
+    k.links.iter().find(|((s, _), l)| *s == key(side) && l.index == index).map(|(k, _)| k.clone())
+}
+
+fn mac_text(mac: Option<MacAddr>) -> String {
+    mac.map_or_else(|| "-".to_owned(), |m| m.to_string())
+}
+
+impl LinkOps for FakeKernel {
+    async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        let k = self.inner.lock().unwrap();
+        if side == Side::Pod && k.netns_gone {
+            return Err(LinkOpError::NetnsGone { path: "/run/netns/gone".to_owned() });
+        }
+        Ok(k.links.get(&(key(side), name.to_owned())).cloned())
+    }
+
+    async fn create_child(
+        &self,
+        kind: ChildKind,
+        parent_index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        let line =
+            format!("create {kind} {name} parent={parent_index} mtu={mtu} mac={}", mac_text(mac));
+        let mut k = self.call(Side::Pod, line.clone())?;
+        if k.links.contains_key(&(SideKey::Pod, name.to_owned())) {
+            return Err(refuse(&mut k, &line, Side::Pod, EEXIST));
+        }
+        let index = k.next_index;
+        k.next_index += 1;
+        let mac = mac.or(Some(MacAddr([6, 0, 0, 0, 0, u8::try_from(index).unwrap()])));
+        k.links.insert(
+            (SideKey::Pod, name.to_owned()),
+            LinkState { index, name: name.to_owned(), mac, mtu, alias: None },
+        );
+        Ok(())
+    }
+
+    async fn create_vlan(
+        &self,
+        parent_index: u32,
+        name: &str,
+        id: u16,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        let mut k =
+            self.call(Side::Host, format!("create vlan {name} parent={parent_index} id={id}"))?;
+        let index = k.next_index;
+        k.next_index += 1;
+        k.links.insert(
+            (SideKey::Host, name.to_owned()),
+            LinkState {
+                index,
+                name: name.to_owned(),
+                mac: None,
+                mtu: 1500,
+                alias: Some(alias.to_owned()),
+            },
+        );
+        Ok(())
+    }
+
+    async fn move_to_pod(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        let line =
+            format!("move {index} to pod as {name} mtu={mtu} mac={} alias={alias}", mac_text(mac));
+        let mut k = self.call(Side::Host, line.clone())?;
+        let host_key = find_by_index(&k, Side::Host, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
+        let mut moved = k.links.remove(&host_key).unwrap();
+        // A netns move may change the index: model that.
+        moved.index += 100;
+        if k.links.contains_key(&(SideKey::Pod, name.to_owned())) {
+            // As do_setlink: moved under the current name with the new MTU, then the rename
+            // fails.
+            moved.mtu = mtu;
+            k.links.insert((SideKey::Pod, moved.name.clone()), moved);
+            return Err(refuse(&mut k, &line, Side::Host, EEXIST));
+        }
+        moved.name = name.to_owned();
+        moved.mtu = mtu;
+        moved.mac = mac.or(moved.mac);
+        moved.alias = Some(alias.to_owned());
+        k.links.insert((SideKey::Pod, name.to_owned()), moved);
+        Ok(())
+    }
+
+    async fn move_to_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        let line = format!("move {index} to host as {name} mtu={mtu} mac={}", mac_text(mac));
+        let mut k = self.call(Side::Pod, line.clone())?;
+        let pod_key = find_by_index(&k, Side::Pod, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, Side::Pod, errno))?;
+        let mut moved = k.links.remove(&pod_key).unwrap();
+        k.addresses.retain(|(i, _)| *i != index);
+        k.routes.retain(|(i, _)| *i != index);
+        moved.index -= 100;
+        moved.name = name.to_owned();
+        moved.mtu = mtu;
+        moved.mac = mac.or(moved.mac);
+        moved.alias = None;
+        k.links.insert((SideKey::Host, name.to_owned()), moved);
+        Ok(())
+    }
+
+    async fn restore_in_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        let line = format!("restore {index} in host as {name} mtu={mtu} mac={}", mac_text(mac));
+        let mut k = self.call(Side::Host, line.clone())?;
+        let host_key = find_by_index(&k, Side::Host, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
+        let mut moved = k.links.remove(&host_key).unwrap();
+        moved.name = name.to_owned();
+        moved.mtu = mtu;
+        moved.mac = mac.or(moved.mac);
+        moved.alias = None;
+        k.links.insert((SideKey::Host, name.to_owned()), moved);
+        Ok(())
+    }
+
+    async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
+        let line = format!("delete {side} link {index}");
+        let mut k = self.call(side, line.clone())?;
+        let link_key = find_by_index(&k, side, index)
+            .ok_or(ENODEV)
+            .map_err(|errno| refuse(&mut k, &line, side, errno))?;
+        k.links.remove(&link_key);
+        k.addresses.retain(|(i, _)| *i != index);
+        k.routes.retain(|(i, _)| *i != index);
+        Ok(())
+    }
+
+    async fn add_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+        nodad: bool,
+    ) -> Result<(), LinkOpError> {
+        let line = format!("add address {address} on {index}{}", if nodad { " nodad" } else { "" });
+        let mut k = self.call(Side::Pod, line.clone())?;
+        if k.addresses.contains(&(index, address)) {
+            return Err(refuse(&mut k, &line, Side::Pod, EEXIST));
+        }
+        k.addresses.push((index, address));
+        Ok(())
+    }
+
+    async fn delete_address(&self, index: u32, address: IpNetwork) -> Result<(), LinkOpError> {
+        let line = format!("delete address {address} on {index}");
+        let mut k = self.call(Side::Pod, line.clone())?;
+        let before = k.addresses.len();
+        k.addresses.retain(|entry| *entry != (index, address));
+        if before == k.addresses.len() {
+            return Err(refuse(&mut k, &line, Side::Pod, EADDRNOTAVAIL));
+        }
+        Ok(())
+    }
+
+    async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
+        let mut k =
+            self.call(Side::Pod, format!("set {index} {}", if up { "up" } else { "down" }))?;
+        k.up.retain(|i| *i != index);
+        if up {
+            k.up.push(index);
+        }
+        Ok(())
+    }
+
+    async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        let line = format!("add route {} dev {index}", RouteDisplay(route));
+        let mut k = self.call(Side::Pod, line.clone())?;
+        if k.routes
+            .iter()
+            .any(|(_, r)| r.destination == route.destination && r.metric == route.metric)
+        {
+            return Err(refuse(&mut k, &line, Side::Pod, EEXIST));
+        }
+        if let Some(gateway) = route.gateway
+            && !k.addresses.iter().any(|(i, a)| *i == index && a.contains(gateway))
+        {
+            return Err(refuse(&mut k, &line, Side::Pod, ENETUNREACH));
+        }
+        k.routes.push((index, route.clone()));
+        Ok(())
+    }
+
+    async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        let line = format!("delete route {} dev {index}", RouteDisplay(route));
+        let mut k = self.call(Side::Pod, line.clone())?;
+        let before = k.routes.len();
+        k.routes.retain(|(i, r)| !(*i == index && r == route));
+        if before == k.routes.len() {
+            return Err(refuse(&mut k, &line, Side::Pod, ESRCH));
+        }
+        Ok(())
+    }
+}

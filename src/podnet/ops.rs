@@ -1,0 +1,219 @@
+//! The one capability `podnet::apply` needs from the kernel: link, address and route
+//! operations in the host netns and in one pod netns ([`LinkOps`]), with errors that keep the
+//! errno. The real implementation is `host::netlink::NetlinkOps`.
+
+use std::future::Future;
+
+use ipnetwork::IpNetwork;
+
+use crate::model::network_config::{MacAddr, Route};
+
+use super::plan::ChildKind;
+
+/// Which network namespace an operation addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The node's netns (where the daemon runs).
+    Host,
+    /// The pod's netns.
+    Pod,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Host => "host",
+            Side::Pod => "pod",
+        })
+    }
+}
+
+/// A link as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkState {
+    /// Interface index in its netns.
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// Hardware address, when the link has an Ethernet one.
+    pub mac: Option<MacAddr>,
+    /// MTU.
+    pub mtu: u32,
+    /// `IFLA_IFALIAS`, when set.
+    pub alias: Option<String>,
+}
+
+/// `EEXIST`: a link name, address or route that already exists.
+pub const EEXIST: i32 = 17;
+/// `ENODEV`: no such link.
+pub const ENODEV: i32 = 19;
+/// `ENETUNREACH`: a route's gateway is not reachable through the interface.
+pub const ENETUNREACH: i32 = 101;
+/// `EADDRNOTAVAIL`: an address or route to delete is not there.
+pub const EADDRNOTAVAIL: i32 = 99;
+/// `ESRCH`: a route to delete is not there.
+pub const ESRCH: i32 = 3;
+
+/// Why one kernel operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkOpError {
+    /// The kernel refused the request.
+    #[error("{op} in the {side} netns: {message} (errno {errno})")]
+    Kernel {
+        /// The operation (`RTM_NEWLINK macvlan net1`).
+        op: String,
+        /// Where it ran.
+        side: Side,
+        /// The positive errno.
+        errno: i32,
+        /// `strerror` of the errno.
+        message: String,
+    },
+    /// The netlink exchange failed without an errno (decode error, closed socket).
+    #[error("{op} in the {side} netns: {message}")]
+    Protocol {
+        /// The operation.
+        op: String,
+        /// Where it ran.
+        side: Side,
+        /// The library's message.
+        message: String,
+    },
+    /// A link the operation needs does not exist.
+    #[error("no link named {name} in the {side} netns")]
+    NoSuchLink {
+        /// Where it was looked up.
+        side: Side,
+        /// The name.
+        name: String,
+    },
+    /// The pod's netns no longer exists (the sandbox was torn down).
+    #[error("the pod netns {path} is gone")]
+    NetnsGone {
+        /// Its path.
+        path: String,
+    },
+    /// Opening or entering a netns failed.
+    #[error("netns {path}: {source}")]
+    Netns {
+        /// Its path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LinkOpError {
+    /// The kernel's errno, when the kernel refused.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            LinkOpError::Kernel { errno, .. } => Some(*errno),
+            LinkOpError::Netns { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Kernel operations on the host netns and one pod netns. Links are addressed by index once
+/// known; names are resolved with [`LinkOps::link`].
+pub trait LinkOps: Sync {
+    /// The link named `name` on `side`, or `None` when there is none.
+    fn link(
+        &self,
+        side: Side,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<LinkState>, LinkOpError>> + Send;
+
+    /// Creates a child of host link `parent_index` directly in the pod netns with its final
+    /// name, MTU and MAC.
+    fn create_child(
+        &self,
+        kind: ChildKind,
+        parent_index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Creates the VLAN sub-interface `name` (id `id`) of host link `parent_index` in the host
+    /// netns, up, with alias `alias`.
+    fn create_vlan(
+        &self,
+        parent_index: u32,
+        name: &str,
+        id: u16,
+        alias: &str,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Moves host link `index` into the pod netns as `name`, with MTU, MAC and alias, in one
+    /// message.
+    fn move_to_pod(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+        alias: &str,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Moves pod link `index` back to the host netns: down, renamed `name`, MTU, MAC, alias
+    /// cleared, in one message.
+    fn move_to_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Restores a host link the kernel returned from a destroyed pod netns under its pod-side
+    /// name: down, renamed `name`, MTU, MAC, alias cleared.
+    fn restore_in_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Deletes link `index` on `side`.
+    fn delete_link(
+        &self,
+        side: Side,
+        index: u32,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Adds `address` to pod link `index`; `nodad` sets `IFA_F_NODAD`.
+    fn add_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+        nodad: bool,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Removes `address` from pod link `index`.
+    fn delete_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Sets pod link `index` up or down.
+    fn set_up(&self, index: u32, up: bool) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Adds `route` through pod link `index` (fails with `EEXIST` when it exists).
+    fn add_route(
+        &self,
+        index: u32,
+        route: &Route,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Removes `route` through pod link `index`.
+    fn delete_route(
+        &self,
+        index: u32,
+        route: &Route,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+}

@@ -1,0 +1,642 @@
+//! Pure attach planning: turns a resolved `NetworkConfig`, the allocated device's host facts and
+//! the pod's identity into the ordered steps that attach one pod interface, and derives the
+//! steps that undo them (rollback on failure, detach at sandbox stop). No I/O.
+//!
+//! Links are named, never referred to by ifindex: an index is only valid in one namespace and
+//! can change when a link moves, so `podnet::apply` resolves names while it executes.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use ipnetwork::IpNetwork;
+use serde::{Deserialize, Serialize};
+
+use crate::model::network_config::{
+    Addressing, DeviceKind, MacAddr, MacvlanMode, Mode, ResolvedMode, ResolvedNetworkConfig, Route,
+    Sharing, check_interface_name,
+};
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// `IFNAMSIZ` (16) minus the terminating NUL.
+const MAX_IFNAME_LEN: usize = 15;
+
+/// `IFLA_IFALIAS` of a VLAN sub-interface this driver created: the mark that lets a restarted
+/// daemon tell its own sub-interfaces from an administrator's (which it never deletes).
+pub const VLAN_ALIAS: &str = "netclaim.dev/vlan";
+
+/// Prefix of the `IFLA_IFALIAS` put on a device moved into a pod. If the pod's netns is
+/// destroyed while the daemon is down, the kernel returns a physical NIC to the host under its
+/// pod-side name; the alias tells reconcile which host name and claim it belongs to.
+pub const DEVICE_ALIAS_PREFIX: &str = "netclaim.dev/device";
+
+/// The alias recording a moved device's host name and claim:
+/// `netclaim.dev/device host=<name> claim=<uid>`.
+#[must_use]
+pub fn device_alias(host_name: &str, claim_uid: &str) -> String {
+    format!("{DEVICE_ALIAS_PREFIX} host={host_name} claim={claim_uid}")
+}
+
+/// Parses [`device_alias`]: `(host name, claim uid)`, or `None` for any other alias.
+#[must_use]
+pub fn parse_device_alias(alias: &str) -> Option<(&str, &str)> {
+    let rest = alias.strip_prefix(DEVICE_ALIAS_PREFIX)?.strip_prefix(" host=")?;
+    let (host, claim) = rest.split_once(" claim=")?;
+    (!host.is_empty() && !claim.is_empty() && !claim.contains(' ')).then_some((host, claim))
+}
+
+/// What the attach needs to know about the allocated device in the host netns. Gathered by
+/// the caller from the inventory; names only, no ifindex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostDevice {
+    /// Host interface name: the device itself (exclusive) or the parent (shared, slot).
+    pub if_name: String,
+    /// Device type.
+    pub kind: DeviceKind,
+    /// Exclusive, shared or slot.
+    pub sharing: Sharing,
+    /// The device's MTU in the host netns, restored when an exclusive device comes back.
+    pub mtu: u32,
+    /// The device's MAC address in the host netns, restored when the config changed it.
+    pub mac: Option<MacAddr>,
+}
+
+/// The pod whose network namespace receives the interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetns {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// Path of the sandbox's network namespace (from NRI `RunPodSandbox`; remembered because
+    /// it is empty at stop time).
+    pub path: PathBuf,
+}
+
+/// Everything one attach is planned from.
+#[derive(Debug, Clone, Copy)]
+pub struct AttachRequest<'a> {
+    /// The `ResourceClaim`'s UID.
+    pub claim_uid: &'a str,
+    /// The validated config of this allocation result.
+    pub config: &'a ResolvedNetworkConfig,
+    /// The allocated device's host facts.
+    pub device: &'a HostDevice,
+    /// The pod receiving the interface.
+    pub pod: &'a PodNetns,
+    /// The final pod-side name: the config's explicit name or the default name (`net1`, …)
+    /// assigned at sandbox time (DESIGN §3).
+    pub interface_name: &'a str,
+    /// The addresses leased from the node-local pool (IPAM, with the pool's prefix), for
+    /// [`Addressing::Pool`]; must be empty otherwise.
+    pub pool_addresses: &'a [IpNetwork],
+}
+
+/// The kind of virtual child link created on a shared parent. ipvlan (mode, flag) joins
+/// here together with its VM tests (this kernel has no ipvlan module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+#[non_exhaustive]
+pub enum ChildKind {
+    /// `IFLA_INFO_KIND` `macvlan` with its `IFLA_MACVLAN_MODE`.
+    Macvlan {
+        /// macvlan mode.
+        mode: MacvlanMode,
+    },
+}
+
+impl fmt::Display for ChildKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChildKind::Macvlan { mode } => write!(f, "macvlan mode {}", macvlan_mode_name(*mode)),
+        }
+    }
+}
+
+fn macvlan_mode_name(mode: MacvlanMode) -> &'static str {
+    match mode {
+        MacvlanMode::Bridge => "bridge",
+        MacvlanMode::Private => "private",
+        MacvlanMode::Vepa => "vepa",
+        MacvlanMode::Passthru => "passthru",
+    }
+}
+
+/// A VLAN sub-interface `<parent>.<id>` in the host netns, shared by every claim on it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VlanLink {
+    /// The shared parent.
+    pub parent: String,
+    /// 802.1Q VLAN id.
+    pub id: u16,
+    /// `<parent>.<id>`.
+    pub name: String,
+}
+
+/// One attach step, executed in order by `podnet::apply`. Steps after the create/move act on
+/// the pod interface made by that step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "step")]
+pub enum Step {
+    /// Make sure the VLAN sub-interface exists in the host netns (created and marked with
+    /// [`VLAN_ALIAS`] on first use) and count this claim as one of its users.
+    EnsureVlan {
+        /// The sub-interface.
+        vlan: VlanLink,
+    },
+    /// Create a child of `parent` directly in the pod netns with its final name, MTU and MAC
+    /// (one `RTM_NEWLINK` sent in the host netns with `IFLA_NET_NS_FD`: the parent index
+    /// resolves in the sender's netns, the name in the target's; no rename and no second
+    /// netns move, which would cost an RCU grace period).
+    CreateChild {
+        /// Child kind and its mode.
+        kind: ChildKind,
+        /// Host-side parent (the device or its VLAN sub-interface).
+        parent: String,
+        /// Pod-side name.
+        name: String,
+        /// MTU.
+        mtu: u32,
+        /// MAC address; `None` lets the kernel pick a random one.
+        hardware_address: Option<MacAddr>,
+    },
+    /// Move a host device into the pod netns, renamed, with its MTU, MAC and an alias
+    /// recording its host name and claim: one `RTM_NEWLINK` (the kernel applies the name in
+    /// the target netns and the other attributes after the move).
+    MoveIntoPod {
+        /// Name in the host netns.
+        host_name: String,
+        /// Name in the pod netns.
+        pod_name: String,
+        /// MTU in the pod.
+        mtu: u32,
+        /// MAC address to set; `None` keeps the device's.
+        hardware_address: Option<MacAddr>,
+        /// [`device_alias`].
+        alias: String,
+    },
+    /// Add an interface address (host bits kept).
+    AddAddress {
+        /// The address with its prefix.
+        address: IpNetwork,
+        /// `IFA_F_NODAD` (IPv6): see [`plan_attach`] for why.
+        nodad: bool,
+    },
+    /// Set the link administratively up.
+    SetUp,
+    /// Add a route through the interface (after up: the kernel refuses a nexthop on a down
+    /// link).
+    AddRoute {
+        /// The route.
+        route: Route,
+    },
+}
+
+impl Step {
+    /// The step that reverses this one.
+    #[must_use]
+    pub fn undo(&self, plan: &AttachPlan) -> UndoStep {
+        match self {
+            Step::EnsureVlan { vlan } => UndoStep::ReleaseVlan { vlan: vlan.clone() },
+            Step::CreateChild { name, .. } => UndoStep::DeleteChild { name: name.clone() },
+            Step::MoveIntoPod { host_name, pod_name, .. } => UndoStep::MoveToHost {
+                pod_name: pod_name.clone(),
+                host_name: host_name.clone(),
+                mtu: plan.host_mtu,
+                hardware_address: plan.host_mac_to_restore,
+            },
+            Step::AddAddress { address, .. } => UndoStep::DeleteAddress { address: *address },
+            Step::SetUp => UndoStep::SetDown,
+            Step::AddRoute { route } => UndoStep::DeleteRoute { route: route.clone() },
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::EnsureVlan { vlan } => write!(f, "ensure VLAN sub-interface {}", vlan.name),
+            Step::CreateChild { kind, parent, name, mtu, .. } => {
+                write!(f, "create {kind} {name} on {parent} (mtu {mtu}) in the pod")
+            }
+            Step::MoveIntoPod { host_name, pod_name, mtu, .. } => {
+                write!(f, "move {host_name} into the pod as {pod_name} (mtu {mtu})")
+            }
+            Step::AddAddress { address, .. } => write!(f, "add address {address}"),
+            Step::SetUp => f.write_str("set link up"),
+            Step::AddRoute { route } => write!(f, "add route {}", RouteDisplay(route)),
+        }
+    }
+}
+
+/// A step that reverses an attach step: used in reverse order for the rollback of a failed
+/// attach, and (the link-level subset, see [`AttachPlan::teardown`]) for detach.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "step")]
+pub enum UndoStep {
+    /// Drop this claim's use of the VLAN sub-interface; delete it after the last user, and
+    /// only if this driver created it.
+    ReleaseVlan {
+        /// The sub-interface.
+        vlan: VlanLink,
+    },
+    /// Delete the child link in the pod (when the pod netns is gone, the kernel already did).
+    DeleteChild {
+        /// Pod-side name.
+        name: String,
+    },
+    /// Move the device back to the host netns: down, original name, MTU and MAC, alias
+    /// cleared, in one message; the kernel flushes its addresses on the move.
+    MoveToHost {
+        /// Name in the pod.
+        pod_name: String,
+        /// Original host name.
+        host_name: String,
+        /// Original MTU.
+        mtu: u32,
+        /// Original MAC, when the attach changed it.
+        hardware_address: Option<MacAddr>,
+    },
+    /// Remove an address.
+    DeleteAddress {
+        /// The address.
+        address: IpNetwork,
+    },
+    /// Set the link down.
+    SetDown,
+    /// Remove a route.
+    DeleteRoute {
+        /// The route.
+        route: Route,
+    },
+}
+
+impl fmt::Display for UndoStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UndoStep::ReleaseVlan { vlan } => write!(f, "release VLAN sub-interface {}", vlan.name),
+            UndoStep::DeleteChild { name } => write!(f, "delete {name} in the pod"),
+            UndoStep::MoveToHost { pod_name, host_name, mtu, .. } => {
+                write!(f, "move {pod_name} back to the host as {host_name} (mtu {mtu})")
+            }
+            UndoStep::DeleteAddress { address } => write!(f, "delete address {address}"),
+            UndoStep::SetDown => f.write_str("set link down"),
+            UndoStep::DeleteRoute { route } => write!(f, "delete route {}", RouteDisplay(route)),
+        }
+    }
+}
+
+/// `10.20.0.0/16 via 10.10.1.1 metric 200`.
+pub(crate) struct RouteDisplay<'a>(pub(crate) &'a Route);
+
+impl fmt::Display for RouteDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.destination)?;
+        if let Some(gateway) = self.0.gateway {
+            write!(f, " via {gateway}")?;
+        }
+        if let Some(metric) = self.0.metric {
+            write!(f, " metric {metric}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The plan of one pod interface: persisted with the attachment so that detach (whose NRI
+/// event carries no netns path) and reconcile after a restart can undo it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachPlan {
+    /// The `ResourceClaim`'s UID.
+    pub claim_uid: String,
+    /// The pod and its netns path.
+    pub pod: PodNetns,
+    /// The configured mode.
+    pub mode: Mode,
+    /// Host-side device (exclusive) or parent (shared), as allocated.
+    pub host_device: String,
+    /// Pod-side interface name.
+    pub interface_name: String,
+    /// MTU the exclusive device gets back on detach.
+    pub host_mtu: u32,
+    /// MAC the exclusive device gets back on detach, when the attach changes it.
+    pub host_mac_to_restore: Option<MacAddr>,
+    /// The ordered attach steps.
+    pub steps: Vec<Step>,
+}
+
+impl AttachPlan {
+    /// The detach steps: the link-level reversals in reverse order. Addresses, routes and the
+    /// up flag need no step of their own: the kernel removes them with a deleted link and
+    /// flushes them when a device leaves a netns.
+    #[must_use]
+    pub fn teardown(&self) -> Vec<UndoStep> {
+        self.steps
+            .iter()
+            .rev()
+            .filter(|step| {
+                matches!(
+                    step,
+                    Step::EnsureVlan { .. } | Step::CreateChild { .. } | Step::MoveIntoPod { .. }
+                )
+            })
+            .map(|step| step.undo(self))
+            .collect()
+    }
+
+    /// The addresses the attach configures, in plan order (canonical CIDR, host bits kept).
+    #[must_use]
+    pub fn addresses(&self) -> Vec<IpNetwork> {
+        self.steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::AddAddress { address, .. } => Some(*address),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The routes the attach adds, in plan order.
+    #[must_use]
+    pub fn routes(&self) -> Vec<Route> {
+        self.steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::AddRoute { route } => Some(route.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Why no plan could be made; every variant names the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The mode is valid config but this build cannot attach it yet.
+    #[error("mode {mode} is not supported by this build: {why}")]
+    ModeNotSupported {
+        /// The mode.
+        mode: Mode,
+        /// What is missing.
+        why: &'static str,
+    },
+    /// The mode does not fit how the device was allocated.
+    #[error("mode {mode} cannot use a {sharing} device ({device})")]
+    ModeDoesNotFitDevice {
+        /// The mode.
+        mode: Mode,
+        /// How the device is shared.
+        sharing: Sharing,
+        /// The device.
+        device: String,
+    },
+    /// A bond cannot change network namespace (the kernel refuses with `EINVAL`).
+    #[error("{device} is a {kind} and cannot move into a pod")]
+    CannotMove {
+        /// The device.
+        device: String,
+        /// Its type.
+        kind: DeviceKind,
+    },
+    /// The pod-side name breaks the kernel's naming rules.
+    #[error("interface name {name:?}: {why}")]
+    InterfaceName {
+        /// The name.
+        name: String,
+        /// The rule.
+        why: &'static str,
+    },
+    /// `<parent>.<id>` would not fit in `IFNAMSIZ`.
+    #[error("VLAN sub-interface name {name:?} is longer than 15 bytes")]
+    VlanNameTooLong {
+        /// The name.
+        name: String,
+    },
+    /// A pool config without its leased address, or leases without a pool.
+    #[error("addressing {expected}, but {given} pool addresses were given")]
+    PoolAddresses {
+        /// What the config asks for.
+        expected: &'static str,
+        /// How many addresses the caller passed.
+        given: usize,
+    },
+    /// A leased address outside its pool.
+    #[error("pool address {address} is not inside the pool {subnet}")]
+    PoolAddressOutsidePool {
+        /// The address.
+        address: IpNetwork,
+        /// The pool.
+        subnet: IpNetwork,
+    },
+    /// The config changes the MAC of an exclusive device whose original MAC is unknown, so
+    /// detach could not restore it.
+    #[error("hardwareAddress set, but the original MAC of {device} is unknown")]
+    UnknownOriginalMac {
+        /// The device.
+        device: String,
+    },
+}
+
+/// Plans the attach of one pod interface.
+///
+/// IPv6 addresses are added with `IFA_F_NODAD`: node-local pools never hand one address to two
+/// claims and static addresses are the administrator's promise of uniqueness, while DAD would
+/// keep the address tentative (unusable for `bind`, ~1 s with the kernel defaults
+/// `dad_transmits=1`, `retrans_time=1000 ms`, plus the random delay) after the sandbox already
+/// reported ready, and the containers would start with a network that does not work yet.
+/// Waiting for DAD instead would put that second on the sandbox's critical path. A duplicate
+/// coming from outside our IPAM therefore goes undetected; that is the documented trade-off.
+pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError> {
+    let AttachRequest { claim_uid, config, device, pod, interface_name, pool_addresses } = *request;
+    check_interface_name(interface_name)
+        .map_err(|why| PlanError::InterfaceName { name: interface_name.to_owned(), why })?;
+    let mode = config.mode.mode();
+    let addresses = addresses_of(&config.addressing, pool_addresses)?;
+    let mut steps = Vec::with_capacity(4 + addresses.len() + config.routes.len());
+    let mut host_mac_to_restore = None;
+    match config.mode {
+        ResolvedMode::Macvlan { mode: macvlan_mode } => {
+            if device.sharing == Sharing::Exclusive {
+                return Err(PlanError::ModeDoesNotFitDevice {
+                    mode,
+                    sharing: device.sharing,
+                    device: device.if_name.clone(),
+                });
+            }
+            let parent = match config.vlan {
+                Some(id) => {
+                    let vlan = vlan_link(&device.if_name, id)?;
+                    let name = vlan.name.clone();
+                    steps.push(Step::EnsureVlan { vlan });
+                    name
+                }
+                None => device.if_name.clone(),
+            };
+            steps.push(Step::CreateChild {
+                kind: ChildKind::Macvlan { mode: macvlan_mode },
+                parent,
+                name: interface_name.to_owned(),
+                mtu: config.interface.mtu,
+                hardware_address: config.interface.hardware_address,
+            });
+        }
+        ResolvedMode::Ipvlan { .. } => {
+            return Err(PlanError::ModeNotSupported {
+                mode,
+                why: "ipvlan attach comes with its VM tests (this kernel has no ipvlan module)",
+            });
+        }
+        ResolvedMode::SriovVf => {
+            return Err(PlanError::ModeNotSupported {
+                mode,
+                why: "VF settings on the PF are not implemented yet (netdevsim VM tests)",
+            });
+        }
+        ResolvedMode::HostDevice => {
+            if device.sharing != Sharing::Exclusive {
+                return Err(PlanError::ModeDoesNotFitDevice {
+                    mode,
+                    sharing: device.sharing,
+                    device: device.if_name.clone(),
+                });
+            }
+            if device.kind == DeviceKind::Bond {
+                return Err(PlanError::CannotMove {
+                    device: device.if_name.clone(),
+                    kind: device.kind,
+                });
+            }
+            if let Some(mac) = config.interface.hardware_address
+                && device.mac != Some(mac)
+            {
+                host_mac_to_restore = Some(device.mac.ok_or_else(|| {
+                    PlanError::UnknownOriginalMac { device: device.if_name.clone() }
+                })?);
+            }
+            steps.push(Step::MoveIntoPod {
+                host_name: device.if_name.clone(),
+                pod_name: interface_name.to_owned(),
+                mtu: config.interface.mtu,
+                hardware_address: config.interface.hardware_address,
+                alias: device_alias(&device.if_name, claim_uid),
+            });
+        }
+    }
+    steps.extend(
+        addresses.into_iter().map(|address| Step::AddAddress { address, nodad: address.is_ipv6() }),
+    );
+    steps.push(Step::SetUp);
+    steps.extend(config.routes.iter().map(|route| Step::AddRoute { route: route.clone() }));
+    Ok(AttachPlan {
+        claim_uid: claim_uid.to_owned(),
+        pod: pod.clone(),
+        mode,
+        host_device: device.if_name.clone(),
+        interface_name: interface_name.to_owned(),
+        host_mtu: device.mtu,
+        host_mac_to_restore,
+        steps,
+    })
+}
+
+fn vlan_link(parent: &str, id: u16) -> Result<VlanLink, PlanError> {
+    let name = format!("{parent}.{id}");
+    if name.len() > MAX_IFNAME_LEN {
+        return Err(PlanError::VlanNameTooLong { name });
+    }
+    Ok(VlanLink { parent: parent.to_owned(), id, name })
+}
+
+fn addresses_of(
+    addressing: &Addressing,
+    pool_addresses: &[IpNetwork],
+) -> Result<Vec<IpNetwork>, PlanError> {
+    match addressing {
+        Addressing::None | Addressing::Static(_) if !pool_addresses.is_empty() => {
+            Err(PlanError::PoolAddresses {
+                expected: "without a pool",
+                given: pool_addresses.len(),
+            })
+        }
+        Addressing::None => Ok(Vec::new()),
+        Addressing::Static(addresses) => Ok(addresses.clone()),
+        Addressing::Pool(pool) => {
+            if pool_addresses.len() != 1 {
+                return Err(PlanError::PoolAddresses {
+                    expected: "with one pool address",
+                    given: pool_addresses.len(),
+                });
+            }
+            let address = pool_addresses[0];
+            if !same_network(pool.subnet, address) {
+                return Err(PlanError::PoolAddressOutsidePool { address, subnet: pool.subnet });
+            }
+            Ok(vec![address])
+        }
+    }
+}
+
+fn same_network(subnet: IpNetwork, address: IpNetwork) -> bool {
+    subnet.prefix() == address.prefix() && subnet.contains(address.ip())
+}
+
+/// One interface a pod's claims ask for, for [`assign_interface_names`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InterfaceSlot<'a> {
+    /// The claim's UID.
+    pub claim_uid: &'a str,
+    /// The request name of the allocation result.
+    pub request: &'a str,
+    /// `interface.name` from the config, if set.
+    pub explicit_name: Option<&'a str>,
+}
+
+/// Why the pod's interface names cannot be assigned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Two interfaces of the pod ask for the same name (never silently renamed).
+    #[error("interface name {name} is asked for by claim {first} and by claim {second}")]
+    Collision {
+        /// The name.
+        name: String,
+        /// The first claim (uid/request).
+        first: String,
+        /// The second claim (uid/request).
+        second: String,
+    },
+}
+
+/// Assigns the pod-side names of all interfaces of one pod at sandbox time (DESIGN §3):
+/// explicit names are kept, the others get `net1`, `net2`, … in the given order (the pod's
+/// `resourceClaims` order, else claim then request name: the caller sorts), skipping names an
+/// explicit config already uses. A name asked for twice is an error.
+pub fn assign_interface_names(slots: &[InterfaceSlot<'_>]) -> Result<Vec<String>, NameError> {
+    let mut owners: std::collections::BTreeMap<&str, String> = std::collections::BTreeMap::new();
+    for slot in slots {
+        if let Some(name) = slot.explicit_name {
+            let owner = format!("{}/{}", slot.claim_uid, slot.request);
+            if let Some(first) = owners.insert(name, owner.clone()) {
+                return Err(NameError::Collision { name: name.to_owned(), first, second: owner });
+            }
+        }
+    }
+    let mut next = 1u32;
+    let mut names = Vec::with_capacity(slots.len());
+    for slot in slots {
+        if let Some(name) = slot.explicit_name {
+            names.push(name.to_owned());
+            continue;
+        }
+        let name = loop {
+            let candidate = format!("net{next}");
+            next += 1;
+            if !owners.contains_key(candidate.as_str()) {
+                break candidate;
+            }
+        };
+        names.push(name);
+    }
+    Ok(names)
+}

@@ -1,0 +1,396 @@
+//! Root integration tests of `podnet` attach/detach through real rtnetlink: a throwaway "host"
+//! netns with a veth parent whose peer sits in a third netns, and a throwaway "pod" netns. The
+//! results are checked from outside the code under test with `ip -j` and `ping`.
+
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use netclaim::host::netlink::{HostNetlink, NetlinkOps};
+use netclaim::model::network_config::{
+    Addressing, DeviceKind, MacvlanMode, ResolvedInterface, ResolvedMode, ResolvedNetworkConfig,
+    Route, Sharing,
+};
+use netclaim::podnet::apply::{StepError, UndoOutcome};
+use netclaim::podnet::{
+    AttachPlan, AttachRequest, HostDevice, PodNetns, VlanUsers, attach, detach, plan_attach,
+};
+use serde_json::Value;
+use support::{Netns, require_root};
+
+/// The node side of a test: a "host" netns with a veth parent, its peer in a third netns
+/// with the addresses the pod pings, and the pod netns.
+struct Topology {
+    host: Netns,
+    peer: Netns,
+    pod: Netns,
+    parent: String,
+}
+
+impl Topology {
+    /// `parent` (mtu `mtu`) in the host netns; its peer in the peer netns with
+    /// 10.77.0.1/24 and fd00:77::1/64, up.
+    fn new(mtu: u32) -> Self {
+        let (host, peer, pod) = (Netns::new(), Netns::new(), Netns::new());
+        let parent = host.ifname("p0");
+        let peer_end = host.ifname("p1");
+        let mtu = mtu.to_string();
+        host.ip(&["link", "add", &parent, "mtu", &mtu, "type", "veth", "peer", "name", &peer_end]);
+        host.ip(&["link", "set", &peer_end, "netns", &peer.name]);
+        host.ip(&["link", "set", &parent, "up"]);
+        peer.ip(&["addr", "add", "10.77.0.1/24", "dev", &peer_end]);
+        peer.ip(&["addr", "add", "fd00:77::1/64", "dev", &peer_end, "nodad"]);
+        peer.ip(&["link", "set", &peer_end, "up"]);
+        Self { host, peer, pod, parent }
+    }
+
+    fn path(netns: &Netns) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", netns.name))
+    }
+}
+
+fn route(destination: &str, gateway: Option<&str>, metric: Option<u32>) -> Route {
+    Route {
+        destination: destination.parse().unwrap(),
+        gateway: gateway.map(|g| g.parse().unwrap()),
+        metric,
+    }
+}
+
+fn config(
+    mode: ResolvedMode,
+    mtu: u32,
+    addresses: &[&str],
+    routes: Vec<Route>,
+) -> ResolvedNetworkConfig {
+    ResolvedNetworkConfig {
+        pod_network: None,
+        mode,
+        interface: ResolvedInterface { name: None, mtu, hardware_address: None },
+        addressing: Addressing::Static(addresses.iter().map(|a| a.parse().unwrap()).collect()),
+        routes,
+        vlan: None,
+        sriov: None,
+        stats: false,
+    }
+}
+
+fn make_plan(
+    cfg: &ResolvedNetworkConfig,
+    device: &HostDevice,
+    pod: &Netns,
+    name: &str,
+) -> AttachPlan {
+    let pod = PodNetns { pod_uid: format!("{}-uid", pod.name), path: Topology::path(pod) };
+    plan_attach(&AttachRequest {
+        claim_uid: "claim-uid-1",
+        config: cfg,
+        device,
+        pod: &pod,
+        interface_name: name,
+        pool_addresses: &[],
+    })
+    .unwrap()
+}
+
+fn ip_json(netns: &Netns, args: &[&str]) -> Value {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    serde_json::from_slice(&netns.ip(&full).stdout).unwrap()
+}
+
+/// Names of the links in `netns` other than `lo`.
+fn links(netns: &Netns) -> Vec<String> {
+    ip_json(netns, &["link", "show"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["ifname"].as_str().unwrap().to_owned())
+        .filter(|n| n != "lo")
+        .collect()
+}
+
+/// `local/prefixlen` of the global addresses of `dev`.
+fn addresses(netns: &Netns, dev: &str) -> Vec<String> {
+    ip_json(netns, &["addr", "show", "dev", dev])[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["scope"] == "global")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+        .collect()
+}
+
+/// `ping` from `netns` to `target`; `None` when ping is not installed (outside CI).
+fn ping(netns: &Netns, target: &str) -> Option<bool> {
+    let installed = Command::new("sh").args(["-c", "command -v ping"]).output().unwrap();
+    if !installed.status.success() {
+        assert!(std::env::var_os("CI").is_none(), "ping is missing (scripts/setup/20-podnet.sh)");
+        println!("SKIPPED: ping part, iputils-ping is not installed (scripts/setup/20-podnet.sh)");
+        return None;
+    }
+    Some(netns.exec("ping", &["-c", "1", "-W", "2", target]).status.success())
+}
+
+fn shared_parent(name: &str, mtu: u32) -> HostDevice {
+    HostDevice {
+        if_name: name.to_owned(),
+        kind: DeviceKind::Virtual,
+        sharing: Sharing::Shared,
+        mtu,
+        mac: None,
+    }
+}
+
+#[tokio::test]
+async fn macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carries_traffic() {
+    if !require_root(
+        "macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carries_traffic",
+    ) {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let mut cfg = config(
+        ResolvedMode::Macvlan { mode: MacvlanMode::Private },
+        1400,
+        &["10.77.0.2/24", "fd00:77::2/64"],
+        vec![
+            route("10.88.0.0/16", Some("10.77.0.1"), Some(50)),
+            route("0.0.0.0/0", Some("10.77.0.1"), Some(200)),
+            route("fd00:88::/64", Some("fd00:77::1"), None),
+        ],
+    );
+    cfg.interface.hardware_address = Some("02:00:00:77:00:02".parse().unwrap());
+    let plan = make_plan(&cfg, &shared_parent(&topo.parent, 1500), &topo.pod, "net1");
+    let vlans = VlanUsers::new();
+    let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
+    let attached = attach(&ops, &vlans, &plan).await.unwrap();
+
+    assert_eq!(attached.name, "net1");
+    assert_eq!(attached.mtu, 1400);
+    assert_eq!(attached.mac.unwrap().to_string(), "02:00:00:77:00:02");
+    let cidrs: Vec<String> = attached.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(cidrs, ["10.77.0.2/24", "fd00:77::2/64"]);
+
+    let link = &ip_json(&topo.pod, &["-d", "link", "show", "net1"])[0];
+    assert_eq!(link["mtu"], 1400);
+    assert_eq!(link["address"], "02:00:00:77:00:02");
+    assert_eq!(link["linkinfo"]["info_kind"], "macvlan");
+    assert_eq!(link["linkinfo"]["info_data"]["mode"], "private");
+    assert!(link["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "{link}");
+    assert_eq!(addresses(&topo.pod, "net1"), ["10.77.0.2/24", "fd00:77::2/64"]);
+    let v6 = &ip_json(&topo.pod, &["-6", "addr", "show", "dev", "net1", "scope", "global"])[0]["addr_info"]
+        [0];
+    assert!(v6.get("tentative").is_none(), "NODAD: the address is usable at once: {v6}");
+    let routes4 = ip_json(&topo.pod, &["-4", "route", "show", "dev", "net1"]);
+    let find = |routes: &Value, dst: &str| {
+        routes.as_array().unwrap().iter().find(|r| r["dst"] == dst).cloned().unwrap_or(Value::Null)
+    };
+    assert_eq!(find(&routes4, "10.88.0.0/16")["gateway"], "10.77.0.1");
+    assert_eq!(find(&routes4, "10.88.0.0/16")["metric"], 50);
+    assert_eq!(find(&routes4, "default")["metric"], 200);
+    let routes6 = ip_json(&topo.pod, &["-6", "route", "show", "dev", "net1"]);
+    assert_eq!(find(&routes6, "fd00:88::/64")["gateway"], "fd00:77::1");
+    assert_eq!(
+        links(&topo.host),
+        std::slice::from_ref(&topo.parent),
+        "nothing created in the host netns"
+    );
+
+    if let Some(ok) = ping(&topo.pod, "10.77.0.1") {
+        assert!(ok, "IPv4 ping from the pod to the parent's peer");
+        assert_eq!(ping(&topo.pod, "fd00:77::1"), Some(true), "IPv6 ping");
+    }
+
+    let report = detach(&ops, &vlans, &plan).await;
+    assert!(report.is_clean(), "{report:?}");
+    assert!(links(&topo.pod).is_empty());
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent));
+    drop(topo.peer);
+}
+
+#[tokio::test]
+async fn a_host_device_moves_in_and_back_with_name_and_mtu_restored() {
+    if !require_root("a_host_device_moves_in_and_back_with_name_and_mtu_restored") {
+        return;
+    }
+    let topo = Topology::new(1450);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let cfg = config(
+        ResolvedMode::HostDevice,
+        1300,
+        &["10.77.0.2/24"],
+        vec![route("10.88.0.0/16", Some("10.77.0.1"), None)],
+    );
+    let device = HostDevice {
+        if_name: topo.parent.clone(),
+        kind: DeviceKind::Virtual,
+        sharing: Sharing::Exclusive,
+        mtu: 1450,
+        mac: None,
+    };
+    let plan = make_plan(&cfg, &device, &topo.pod, "net2");
+    let vlans = VlanUsers::new();
+    let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
+    let attached = attach(&ops, &vlans, &plan).await.unwrap();
+    assert_eq!((attached.name.as_str(), attached.mtu), ("net2", 1300));
+
+    assert!(links(&topo.host).is_empty(), "the device left the host netns");
+    let link = &ip_json(&topo.pod, &["link", "show", "net2"])[0];
+    assert_eq!(link["mtu"], 1300);
+    assert_eq!(
+        link["ifalias"],
+        format!("netclaim.dev/device host={} claim=claim-uid-1", topo.parent).as_str(),
+        "rename, MTU and alias arrived with the move"
+    );
+    assert_eq!(addresses(&topo.pod, "net2"), ["10.77.0.2/24"]);
+    if let Some(ok) = ping(&topo.pod, "10.77.0.1") {
+        assert!(ok, "ping through the moved device");
+    }
+
+    let report = detach(&ops, &vlans, &plan).await;
+    assert!(report.is_clean(), "{report:?}");
+    assert!(links(&topo.pod).is_empty());
+    let back = &ip_json(&topo.host, &["addr", "show", "dev", &topo.parent])[0];
+    assert_eq!(back["mtu"], 1450, "original MTU");
+    assert!(back.get("ifalias").is_none(), "alias cleared: {back}");
+    assert!(
+        back["addr_info"].as_array().unwrap().iter().all(|a| a["scope"] != "global"),
+        "the kernel flushed the pod's addresses: {back}"
+    );
+    assert!(back["flags"].as_array().unwrap().iter().all(|f| f != "UP"), "down: {back}");
+}
+
+#[tokio::test]
+async fn a_failed_attach_leaves_nothing_behind() {
+    if !require_root("a_failed_attach_leaves_nothing_behind") {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let vlans = VlanUsers::new();
+
+    // A gateway on no connected subnet: the kernel answers ENETUNREACH at the last step.
+    let cfg = config(
+        ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
+        1500,
+        &["10.77.0.2/24", "fd00:77::2/64"],
+        vec![
+            route("10.88.0.0/16", Some("10.77.0.1"), None),
+            route("10.99.0.0/16", Some("10.55.0.1"), None),
+        ],
+    );
+    let plan = make_plan(&cfg, &shared_parent(&topo.parent, 1500), &topo.pod, "net1");
+    let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
+    let err = attach(&ops, &vlans, &plan).await.unwrap_err();
+    assert!(matches!(err.cause, StepError::GatewayUnreachable { .. }), "{err}");
+    assert_eq!(err.cause.errno(), Some(101));
+    assert_eq!(err.index, plan.steps.len() - 1);
+    assert!(err.undo_failures.is_empty(), "{err}");
+    assert!(links(&topo.pod).is_empty(), "no link left in the pod");
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent), "no link left in the host");
+
+    // A host device whose last step fails comes back with its name and MTU.
+    let device = HostDevice {
+        if_name: topo.parent.clone(),
+        kind: DeviceKind::Virtual,
+        sharing: Sharing::Exclusive,
+        mtu: 1500,
+        mac: None,
+    };
+    let unreachable = config(
+        ResolvedMode::HostDevice,
+        1300,
+        &["10.77.0.2/24"],
+        vec![route("10.99.0.0/16", Some("10.55.0.1"), None)],
+    );
+    let plan = make_plan(&unreachable, &device, &topo.pod, "net3");
+    let err = attach(&ops, &vlans, &plan).await.unwrap_err();
+    assert!(matches!(err.cause, StepError::GatewayUnreachable { .. }), "{err}");
+    assert!(err.undo_failures.is_empty(), "{err}");
+    assert!(links(&topo.pod).is_empty());
+    let back = &ip_json(&topo.host, &["addr", "show", "dev", &topo.parent])[0];
+    assert_eq!(back["mtu"], 1500, "{back}");
+    assert!(back.get("ifalias").is_none(), "{back}");
+    assert!(back["addr_info"].as_array().unwrap().iter().all(|a| a["scope"] != "global"));
+
+    // A name already taken in the pod: a host device is not moved, and stays as it was.
+    let taken = topo.pod.ifname("x");
+    topo.pod.ip(&["link", "add", "net2", "type", "veth", "peer", "name", &taken]);
+    let host_device = config(ResolvedMode::HostDevice, 1400, &["10.77.0.2/24"], vec![]);
+    let plan = make_plan(&host_device, &device, &topo.pod, "net2");
+    let err = attach(&ops, &vlans, &plan).await.unwrap_err();
+    assert!(matches!(&err.cause, StepError::NameTaken { name, .. } if name == "net2"), "{err}");
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent));
+    assert_eq!(ip_json(&topo.host, &["link", "show", &topo.parent])[0]["mtu"], 1500);
+    let mut pod_links = links(&topo.pod);
+    pod_links.sort();
+    let mut expected = vec![String::from("net2"), taken];
+    expected.sort();
+    assert_eq!(pod_links, expected, "the pod's own links are untouched");
+}
+
+#[tokio::test]
+async fn detach_succeeds_when_the_pod_netns_is_already_gone() {
+    if !require_root("detach_succeeds_when_the_pod_netns_is_already_gone") {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let vlans = VlanUsers::new();
+    let cfg = config(
+        ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
+        1500,
+        &["10.77.0.2/24"],
+        vec![],
+    );
+    let plan = make_plan(&cfg, &shared_parent(&topo.parent, 1500), &topo.pod, "net1");
+    {
+        let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
+        attach(&ops, &vlans, &plan).await.unwrap();
+    }
+    support::run("ip", &["netns", "del", &topo.pod.name]);
+
+    let ops = NetlinkOps::open_for_detach(&host, &plan.pod.path).await.unwrap();
+    let report = detach(&ops, &vlans, &plan).await;
+    assert!(report.is_clean(), "{report:?}");
+    assert!(matches!(report.steps[0].1, UndoOutcome::AlreadyGone), "{report:?}");
+    assert_eq!(links(&topo.host), std::slice::from_ref(&topo.parent));
+    // An attach into a gone netns is a clear error, not a panic.
+    let err = NetlinkOps::open(&host, &plan.pod.path).await.unwrap_err();
+    assert!(matches!(err, netclaim::podnet::LinkOpError::NetnsGone { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn detach_of_a_host_device_whose_pod_netns_is_gone_succeeds() {
+    if !require_root("detach_of_a_host_device_whose_pod_netns_is_gone_succeeds") {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let vlans = VlanUsers::new();
+    let device = HostDevice {
+        if_name: topo.parent.clone(),
+        kind: DeviceKind::Virtual,
+        sharing: Sharing::Exclusive,
+        mtu: 1500,
+        mac: None,
+    };
+    let cfg = config(ResolvedMode::HostDevice, 1400, &["10.77.0.2/24"], vec![]);
+    let plan = make_plan(&cfg, &device, &topo.pod, "net1");
+    {
+        let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
+        attach(&ops, &vlans, &plan).await.unwrap();
+    }
+    // A veth is destroyed with its netns (a physical NIC would come back to the host).
+    support::run("ip", &["netns", "del", &topo.pod.name]);
+    let ops = NetlinkOps::open_for_detach(&host, &plan.pod.path).await.unwrap();
+    let report = detach(&ops, &vlans, &plan).await;
+    assert!(report.is_clean(), "{report:?}");
+    assert!(matches!(report.steps[0].1, UndoOutcome::AlreadyGone), "{report:?}");
+    assert!(links(&topo.host).is_empty());
+}
