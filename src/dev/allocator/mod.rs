@@ -1,5 +1,9 @@
 //! Allocator standing in for the scheduler's DRA plugin in `netclaim dev` (DESIGN §8):
 //! a pure allocation core plus a controller that writes `status.allocation`.
 
+pub mod allocate;
 pub mod quantity;
 pub mod selector;
+
+#[cfg(test)]
+mod tests;
