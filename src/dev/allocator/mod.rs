@@ -2,8 +2,11 @@
 //! a pure allocation core plus a controller that writes `status.allocation`.
 
 pub mod allocate;
+pub mod controller;
 pub mod quantity;
 pub mod selector;
+
+pub use controller::{AllocatorController, ControllerError, reserve_for, run, unreserve};
 
 #[cfg(test)]
 mod tests;
