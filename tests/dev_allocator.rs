@@ -28,8 +28,15 @@ async fn server() -> (ApiServer, kube::Client) {
     (srv, client)
 }
 
-fn device(name: &str, if_name: &str, device_type: DeviceType, sharing: Sharing, kind: &str) -> Device {
-    let sharing_attr = if matches!(sharing, Sharing::Shared { .. }) { "shared" } else { "exclusive" };
+fn device(
+    name: &str,
+    if_name: &str,
+    device_type: DeviceType,
+    sharing: Sharing,
+    kind: &str,
+) -> Device {
+    let sharing_attr =
+        if matches!(sharing, Sharing::Shared { .. }) { "shared" } else { "exclusive" };
     Device {
         name: name.to_owned(),
         if_name: if_name.to_owned(),
@@ -47,7 +54,13 @@ fn device(name: &str, if_name: &str, device_type: DeviceType, sharing: Sharing, 
 /// Publishes a shared parent (`parent0`, 256 interfaces) and one exclusive NIC (`eth1`).
 async fn publish(client: &kube::Client) {
     let devices = vec![
-        device("parent0", "parent0", DeviceType::Virtual, Sharing::Shared { capacity: 256 }, "virtual"),
+        device(
+            "parent0",
+            "parent0",
+            DeviceType::Virtual,
+            Sharing::Shared { capacity: 256 },
+            "virtual",
+        ),
         device("eth1", "eth1", DeviceType::Physical, Sharing::Exclusive, "physical"),
     ];
     let pool = PoolIdentity { driver: DRIVER.to_owned(), node: NODE.to_owned(), generation: 1 };
@@ -89,7 +102,9 @@ async fn create_claim(client: &kube::Client, name: &str, class: &str) {
         .unwrap();
 }
 
-fn results(claim: &ResourceClaim) -> Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
+fn results(
+    claim: &ResourceClaim,
+) -> Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
     claim
         .status
         .as_ref()
@@ -156,7 +171,15 @@ async fn fifteen_macvlan_claims_share_one_parent_and_an_exclusive_nic_is_used_on
         let found = results(claim);
         assert_eq!(found.len(), 1);
         let result = &found[0];
-        assert_eq!((result.request.as_str(), result.driver.as_str(), result.pool.as_str(), result.device.as_str()), ("net", DRIVER, NODE, "parent0"));
+        assert_eq!(
+            (
+                result.request.as_str(),
+                result.driver.as_str(),
+                result.pool.as_str(),
+                result.device.as_str()
+            ),
+            ("net", DRIVER, NODE, "parent0")
+        );
         assert_eq!(result.consumed_capacity.as_ref().unwrap()["netclaim.dev/interfaces"].0, "1");
         let share_id = result.share_id.clone().unwrap();
         assert!(uuid::Uuid::parse_str(&share_id).is_ok(), "shareID {share_id} is not a UUID");
@@ -165,7 +188,10 @@ async fn fifteen_macvlan_claims_share_one_parent_and_an_exclusive_nic_is_used_on
         let sources: Vec<&str> = config.iter().map(|c| c.source.as_str()).collect();
         assert_eq!(sources, ["FromClass", "FromClaim"]);
         let term = &allocation.node_selector.as_ref().unwrap().node_selector_terms[0];
-        assert_eq!(term.match_fields.as_ref().unwrap()[0].values.as_deref(), Some(&[NODE.to_owned()][..]));
+        assert_eq!(
+            term.match_fields.as_ref().unwrap()[0].values.as_deref(),
+            Some(&[NODE.to_owned()][..])
+        );
     }
     assert_eq!(share_ids.len(), 15, "every share of the parent has its own shareID");
 
@@ -200,7 +226,11 @@ async fn fifteen_macvlan_claims_share_one_parent_and_an_exclusive_nic_is_used_on
     let reserved = reserve_for(&client, "default", "nic-a", &consumer).await.unwrap();
     assert_eq!(reserved.status.unwrap().reserved_for.unwrap(), vec![consumer.clone()]);
     let again = reserve_for(&client, "default", "nic-a", &consumer).await.unwrap();
-    assert_eq!(again.status.unwrap().reserved_for.unwrap().len(), 1, "reserving twice is idempotent");
+    assert_eq!(
+        again.status.unwrap().reserved_for.unwrap().len(),
+        1,
+        "reserving twice is idempotent"
+    );
 
     // Deleting nic-a frees eth1 for nic-b.
     claims.delete("nic-a", &DeleteParams::default()).await.unwrap();

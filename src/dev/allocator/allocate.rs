@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, CapacityRequestPolicy, Device, DeviceAllocationConfiguration,
-    DeviceAllocationResult, DeviceClass, DeviceRequestAllocationResult, DeviceSelector,
-    ResourceClaim, ResourceSlice,
+    DeviceAllocationResult, DeviceClaim, DeviceClass, DeviceRequest, DeviceRequestAllocationResult,
+    DeviceSelector, ResourceClaim, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
@@ -42,7 +42,7 @@ pub enum AllocationError {
         origin: String,
         /// The CEL error (names the expression).
         #[source]
-        source: SelectorError,
+        source: Box<SelectorError>,
     },
     /// A capacity amount in the claim is not a quantity.
     #[error("request {request:?}: capacity {name:?}: {source}")]
@@ -98,9 +98,11 @@ pub fn complete_pools<'a>(slices: &'a [ResourceSlice], node: &str) -> Vec<Candid
     let mut newest: HashMap<(&str, &str), (i64, i64, usize)> = HashMap::new();
     for slice in &visible {
         let pool = &slice.spec.pool;
-        let entry = newest
-            .entry((slice.spec.driver.as_str(), pool.name.as_str()))
-            .or_insert((pool.generation, pool.resource_slice_count, 0));
+        let entry = newest.entry((slice.spec.driver.as_str(), pool.name.as_str())).or_insert((
+            pool.generation,
+            pool.resource_slice_count,
+            0,
+        ));
         if pool.generation > entry.0 {
             *entry = (pool.generation, pool.resource_slice_count, 0);
         }
@@ -143,7 +145,10 @@ impl Usage {
     /// allocated). A result with a `shareID` or `consumedCapacity` is a share of a
     /// multi-allocatable device; any other result holds its device exclusively.
     #[must_use]
-    pub fn from_claims<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>, skip_uid: Option<&str>) -> Self {
+    pub fn from_claims<'a>(
+        claims: impl IntoIterator<Item = &'a ResourceClaim>,
+        skip_uid: Option<&str>,
+    ) -> Self {
         let mut usage = Self::default();
         for claim in claims {
             if skip_uid.is_some() && claim.metadata.uid.as_deref() == skip_uid {
@@ -205,23 +210,26 @@ fn apply_policy(requested: Quantity, policy: &CapacityRequestPolicy) -> Result<Q
         let mut parsed = values.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
         parsed.sort();
         return parsed.into_iter().find(|v| *v >= requested).ok_or_else(|| {
-            format!("{requested} is above every valid value {:?}", values.iter().map(|v| &v.0).collect::<Vec<_>>())
+            format!(
+                "{requested} is above every valid value {:?}",
+                values.iter().map(|v| &v.0).collect::<Vec<_>>()
+            )
         });
     }
     if let Some(range) = &policy.valid_range {
         let min = parse(&range.min)?;
         let mut amount = requested.max(min);
-        if let Some(step) = range.step.as_ref().map(parse).transpose()? {
-            if step.nanos() > 0 {
-                let over = amount.nanos() - min.nanos();
-                let steps = (over + step.nanos() - 1) / step.nanos();
-                amount = Quantity::from_nanos(min.nanos() + steps * step.nanos());
-            }
+        if let Some(step) = range.step.as_ref().map(parse).transpose()?
+            && step.nanos() > 0
+        {
+            let over = amount.nanos() - min.nanos();
+            let steps = (over + step.nanos() - 1) / step.nanos();
+            amount = Quantity::from_nanos(min.nanos() + steps * step.nanos());
         }
-        if let Some(max) = range.max.as_ref().map(parse).transpose()? {
-            if amount > max {
-                return Err(format!("{amount} is above the valid range's max {max}"));
-            }
+        if let Some(max) = range.max.as_ref().map(parse).transpose()?
+            && amount > max
+        {
+            return Err(format!("{amount} is above the valid range's max {max}"));
         }
         return Ok(amount);
     }
@@ -290,10 +298,10 @@ impl Search<'_, '_> {
             }
             for (name, cap) in &capacities {
                 let value = Quantity::parse(&cap.value.0).map_err(|e| e.to_string())?;
-                if let Some(amount) = requested(name) {
-                    if amount > value {
-                        return Err(format!("capacity {name} is {value}, {amount} requested"));
-                    }
+                if let Some(amount) = requested(name)
+                    && amount > value
+                {
+                    return Err(format!("capacity {name} is {value}, {amount} requested"));
                 }
             }
             self.usage.exclusive.insert(k.clone());
@@ -305,7 +313,8 @@ impl Search<'_, '_> {
         let mut consumed = BTreeMap::new();
         let used = self.usage.consumed.get(&k);
         for (name, cap) in &capacities {
-            let value = Quantity::parse(&cap.value.0).map_err(|e| format!("capacity {name}: {e}"))?;
+            let value =
+                Quantity::parse(&cap.value.0).map_err(|e| format!("capacity {name}: {e}"))?;
             let amount = match (requested(name), &cap.request_policy) {
                 (Some(amount), Some(policy)) => apply_policy(amount, policy),
                 (None, Some(policy)) => match &policy.default {
@@ -378,7 +387,14 @@ impl Search<'_, '_> {
         }
     }
 
-    fn pick_n(&mut self, request: usize, alt: &Alternative, from: usize, remaining: usize, reasons: &mut Vec<String>) -> bool {
+    fn pick_n(
+        &mut self,
+        request: usize,
+        alt: &Alternative,
+        from: usize,
+        remaining: usize,
+        reasons: &mut Vec<String>,
+    ) -> bool {
         if remaining == 0 {
             return self.solve(request + 1);
         }
@@ -393,7 +409,9 @@ impl Search<'_, '_> {
                     }
                     self.undo();
                 }
-                Err(why) => unavailable.push(format!("{}: {why}", self.candidates[index].device.name)),
+                Err(why) => {
+                    unavailable.push(format!("{}: {why}", self.candidates[index].device.name));
+                }
             }
         }
         if from == 0 {
@@ -416,7 +434,10 @@ impl Search<'_, '_> {
                         self.undo();
                     }
                     let why = format!("{}: {why}", self.candidates[index].device.name);
-                    reasons.push(format!("{} (allocationMode All needs every matching device)", describe(alt, alt.matching.len(), &[why])));
+                    reasons.push(format!(
+                        "{} (allocationMode All needs every matching device)",
+                        describe(alt, alt.matching.len(), &[why])
+                    ));
                     return false;
                 }
             }
@@ -439,7 +460,8 @@ fn describe(alt: &Alternative, wanted: usize, unavailable: &[String]) -> String 
         alt.matching.len()
     );
     if !unavailable.is_empty() {
-        text.push_str(&format!(", unavailable: {}", unavailable.join(", ")));
+        text.push_str(", unavailable: ");
+        text.push_str(&unavailable.join(", "));
     }
     text
 }
@@ -457,7 +479,11 @@ pub struct AllocationInput<'a> {
     pub claims: &'a [ResourceClaim],
 }
 
-fn compile(request: &str, origin: &str, selectors: Option<&Vec<DeviceSelector>>) -> Result<Vec<Selector>, AllocationError> {
+fn compile(
+    request: &str,
+    origin: &str,
+    selectors: Option<&Vec<DeviceSelector>>,
+) -> Result<Vec<Selector>, AllocationError> {
     selectors
         .into_iter()
         .flatten()
@@ -466,7 +492,7 @@ fn compile(request: &str, origin: &str, selectors: Option<&Vec<DeviceSelector>>)
             Selector::compile(&cel.expression).map_err(|source| AllocationError::Selector {
                 request: request.to_owned(),
                 origin: origin.to_owned(),
-                source,
+                source: Box::new(source),
             })
         })
         .collect()
@@ -483,20 +509,32 @@ struct RequestShape<'r> {
     capacity: Option<&'r BTreeMap<String, ApiQuantity>>,
 }
 
-fn alternative(shape: &RequestShape<'_>, input: &AllocationInput<'_>, candidates: &[Candidate<'_>]) -> Result<Alternative, AllocationError> {
-    let class = input
-        .classes
-        .iter()
-        .find(|c| c.metadata.name.as_deref() == Some(shape.class))
-        .ok_or_else(|| AllocationError::UnknownClass { request: shape.name.clone(), class: shape.class.to_owned() })?;
-    let class_selectors = compile(&shape.name, &format!("DeviceClass {:?}", shape.class), class.spec.selectors.as_ref())?;
+fn alternative(
+    shape: &RequestShape<'_>,
+    input: &AllocationInput<'_>,
+    candidates: &[Candidate<'_>],
+) -> Result<Alternative, AllocationError> {
+    let class =
+        input.classes.iter().find(|c| c.metadata.name.as_deref() == Some(shape.class)).ok_or_else(
+            || AllocationError::UnknownClass {
+                request: shape.name.clone(),
+                class: shape.class.to_owned(),
+            },
+        )?;
+    let class_selectors = compile(
+        &shape.name,
+        &format!("DeviceClass {:?}", shape.class),
+        class.spec.selectors.as_ref(),
+    )?;
     let request_selectors = compile(&shape.name, "request selector", shape.selectors)?;
     let count = match shape.mode.unwrap_or("ExactCount") {
         "ExactCount" => {
             let count = shape.count.unwrap_or(1);
-            Some(usize::try_from(count).ok().filter(|c| *c > 0).ok_or_else(|| AllocationError::InvalidClaim {
-                field: format!("{}.count", shape.field),
-                message: format!("must be > 0, got {count}"),
+            Some(usize::try_from(count).ok().filter(|c| *c > 0).ok_or_else(|| {
+                AllocationError::InvalidClaim {
+                    field: format!("{}.count", shape.field),
+                    message: format!("must be > 0, got {count}"),
+                }
             })?)
         }
         "All" => None,
@@ -525,7 +563,11 @@ fn alternative(shape: &RequestShape<'_>, input: &AllocationInput<'_>, candidates
             .chain(request_selectors.iter().map(|s| (s, "request selector".to_owned())))
         {
             let hit = selector.matches(candidate.driver, candidate.device).map_err(|source| {
-                AllocationError::Selector { request: shape.name.clone(), origin, source }
+                AllocationError::Selector {
+                    request: shape.name.clone(),
+                    origin,
+                    source: Box::new(source),
+                }
             })?;
             if !hit {
                 matched = false;
@@ -536,7 +578,96 @@ fn alternative(shape: &RequestShape<'_>, input: &AllocationInput<'_>, candidates
             matching.push(index);
         }
     }
-    Ok(Alternative { name: shape.name.clone(), class: shape.class.to_owned(), count, capacity, matching })
+    Ok(Alternative {
+        name: shape.name.clone(),
+        class: shape.class.to_owned(),
+        count,
+        capacity,
+        matching,
+    })
+}
+
+/// The alternatives of request `index`: one for `exactly`, one per `firstAvailable` entry.
+fn request_alternatives(
+    index: usize,
+    request: &DeviceRequest,
+    input: &AllocationInput<'_>,
+    candidates: &[Candidate<'_>],
+) -> Result<Vec<Alternative>, AllocationError> {
+    let field = format!("spec.devices.requests[{index}]");
+    match (&request.exactly, &request.first_available) {
+        (Some(exact), None) => Ok(vec![alternative(
+            &RequestShape {
+                name: request.name.clone(),
+                field: format!("{field}.exactly"),
+                class: &exact.device_class_name,
+                selectors: exact.selectors.as_ref(),
+                mode: exact.allocation_mode.as_deref(),
+                count: exact.count,
+                capacity: exact.capacity.as_ref().and_then(|c| c.requests.as_ref()),
+            },
+            input,
+            candidates,
+        )?]),
+        (None, Some(subs)) if !subs.is_empty() => subs
+            .iter()
+            .enumerate()
+            .map(|(j, sub)| {
+                alternative(
+                    &RequestShape {
+                        name: format!("{}/{}", request.name, sub.name),
+                        field: format!("{field}.firstAvailable[{j}]"),
+                        class: &sub.device_class_name,
+                        selectors: sub.selectors.as_ref(),
+                        mode: sub.allocation_mode.as_deref(),
+                        count: sub.count,
+                        capacity: sub.capacity.as_ref().and_then(|c| c.requests.as_ref()),
+                    },
+                    input,
+                    candidates,
+                )
+            })
+            .collect(),
+        _ => Err(AllocationError::InvalidClaim {
+            field,
+            message: "exactly one of exactly and firstAvailable (non-empty) must be set".to_owned(),
+        }),
+    }
+}
+
+/// Class entries first (each restricted to the request that used the class), then the
+/// claim's own entries (DESIGN §3).
+fn allocation_config(
+    requests: &[(String, Vec<Alternative>)],
+    picks: &[Pick],
+    classes: &[DeviceClass],
+    devices: &DeviceClaim,
+) -> Vec<DeviceAllocationConfiguration> {
+    let mut config = Vec::new();
+    for (_, alternatives) in requests {
+        for alt in alternatives {
+            if !picks.iter().any(|p| p.request == alt.name) {
+                continue;
+            }
+            let class =
+                classes.iter().find(|c| c.metadata.name.as_deref() == Some(alt.class.as_str()));
+            for entry in class.and_then(|c| c.spec.config.as_ref()).into_iter().flatten() {
+                config.push(DeviceAllocationConfiguration {
+                    source: "FromClass".to_owned(),
+                    requests: Some(vec![alt.name.clone()]),
+                    opaque: entry.opaque.clone(),
+                });
+            }
+        }
+    }
+    for entry in devices.config.iter().flatten() {
+        config.push(DeviceAllocationConfiguration {
+            source: "FromClaim".to_owned(),
+            requests: entry.requests.clone(),
+            opaque: entry.opaque.clone(),
+        });
+    }
+    config
 }
 
 /// Computes `status.allocation` for `claim`. `new_share_id` mints the `shareID` of each
@@ -558,48 +689,8 @@ pub fn allocate(
     }
     let candidates = complete_pools(input.slices, input.node);
     let mut requests = Vec::new();
-    for (i, request) in devices.requests.iter().flatten().enumerate() {
-        let field = format!("spec.devices.requests[{i}]");
-        let alternatives = match (&request.exactly, &request.first_available) {
-            (Some(exact), None) => vec![alternative(
-                &RequestShape {
-                    name: request.name.clone(),
-                    field: format!("{field}.exactly"),
-                    class: &exact.device_class_name,
-                    selectors: exact.selectors.as_ref(),
-                    mode: exact.allocation_mode.as_deref(),
-                    count: exact.count,
-                    capacity: exact.capacity.as_ref().and_then(|c| c.requests.as_ref()),
-                },
-                input,
-                &candidates,
-            )?],
-            (None, Some(subs)) if !subs.is_empty() => subs
-                .iter()
-                .enumerate()
-                .map(|(j, sub)| {
-                    alternative(
-                        &RequestShape {
-                            name: format!("{}/{}", request.name, sub.name),
-                            field: format!("{field}.firstAvailable[{j}]"),
-                            class: &sub.device_class_name,
-                            selectors: sub.selectors.as_ref(),
-                            mode: sub.allocation_mode.as_deref(),
-                            count: sub.count,
-                            capacity: sub.capacity.as_ref().and_then(|c| c.requests.as_ref()),
-                        },
-                        input,
-                        &candidates,
-                    )
-                })
-                .collect::<Result<_, _>>()?,
-            _ => {
-                return Err(AllocationError::InvalidClaim {
-                    field,
-                    message: "exactly one of exactly and firstAvailable (non-empty) must be set".to_owned(),
-                });
-            }
-        };
+    for (index, request) in devices.requests.iter().flatten().enumerate() {
+        let alternatives = request_alternatives(index, request, input, &candidates)?;
         requests.push((request.name.clone(), alternatives));
     }
     let mut search = Search {
@@ -615,34 +706,9 @@ pub fn allocate(
         let request = search.requests.get(index).map(|r| r.0.clone()).unwrap_or_default();
         return Err(AllocationError::NoFit { request, reason });
     }
-    // Config: class entries first (restricted to the request that used the class), then
-    // the claim's own entries (DESIGN §3).
-    let mut config = Vec::new();
-    for (_, alternatives) in &search.requests {
-        for alt in alternatives {
-            if !search.picks.iter().any(|p| p.request == alt.name) {
-                continue;
-            }
-            let class = input.classes.iter().find(|c| c.metadata.name.as_deref() == Some(alt.class.as_str()));
-            for entry in class.and_then(|c| c.spec.config.as_ref()).into_iter().flatten() {
-                config.push(DeviceAllocationConfiguration {
-                    source: "FromClass".to_owned(),
-                    requests: Some(vec![alt.name.clone()]),
-                    opaque: entry.opaque.clone(),
-                });
-            }
-        }
-    }
-    for entry in devices.config.iter().flatten() {
-        config.push(DeviceAllocationConfiguration {
-            source: "FromClaim".to_owned(),
-            requests: entry.requests.clone(),
-            opaque: entry.opaque.clone(),
-        });
-    }
-    let node_local = search.picks.iter().any(|p| {
-        candidates.iter().any(|c| key(c) == p.key && c.node_local)
-    });
+    let config = allocation_config(&search.requests, &search.picks, input.classes, devices);
+    let node_local =
+        search.picks.iter().any(|p| candidates.iter().any(|c| key(c) == p.key && c.node_local));
     let results = search
         .picks
         .into_iter()

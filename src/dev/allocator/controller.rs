@@ -116,7 +116,8 @@ impl AllocatorController {
     pub async fn reconcile(&self) -> Result<PassSummary, ControllerError> {
         let lp = ListParams::default();
         let claims_api: Api<ResourceClaim> = Api::all(self.client.clone());
-        let mut claims = claims_api.list(&lp).await.map_err(api_error("list resourceclaims"))?.items;
+        let mut claims =
+            claims_api.list(&lp).await.map_err(api_error("list resourceclaims"))?.items;
         let slices = Api::<ResourceSlice>::all(self.client.clone())
             .list(&lp)
             .await
@@ -140,22 +141,29 @@ impl AllocatorController {
         let mut reasons = BTreeMap::new();
         for claim in pending {
             let key = claim_key(&claim);
-            let input = AllocationInput { node: &self.node, slices: &slices, classes: &classes, claims: &claims };
-            let allocation = match allocate(&input, &claim, &mut || uuid::Uuid::new_v4().to_string()) {
-                Ok(allocation) => allocation,
-                Err(error) => {
-                    let reason = error.to_string();
-                    let previous = self.reasons.lock().ok().and_then(|r| r.get(&key).cloned());
-                    if previous.as_deref() != Some(reason.as_str()) {
-                        tracing::warn!(claim = %key, %reason, "claim cannot be allocated");
-                    }
-                    reasons.insert(key, reason);
-                    summary.pending += 1;
-                    continue;
-                }
+            let input = AllocationInput {
+                node: &self.node,
+                slices: &slices,
+                classes: &classes,
+                claims: &claims,
             };
+            let allocation =
+                match allocate(&input, &claim, &mut || uuid::Uuid::new_v4().to_string()) {
+                    Ok(allocation) => allocation,
+                    Err(error) => {
+                        let reason = error.to_string();
+                        let previous = self.reasons.lock().ok().and_then(|r| r.get(&key).cloned());
+                        if previous.as_deref() != Some(reason.as_str()) {
+                            tracing::warn!(claim = %key, %reason, "claim cannot be allocated");
+                        }
+                        reasons.insert(key, reason);
+                        summary.pending += 1;
+                        continue;
+                    }
+                };
             let mut updated = claim.clone();
-            updated.status.get_or_insert_with(ResourceClaimStatus::default).allocation = Some(allocation);
+            updated.status.get_or_insert_with(ResourceClaimStatus::default).allocation =
+                Some(allocation);
             let namespace = claim.metadata.namespace.clone().unwrap_or_default();
             let name = claim.metadata.name.clone().unwrap_or_default();
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
@@ -164,7 +172,9 @@ impl AllocatorController {
             match api.replace_status(&name, &PostParams::default(), &updated).await {
                 Ok(written) => {
                     tracing::info!(claim = %key, devices = ?device_names(&written), "claim allocated");
-                    if let Some(slot) = claims.iter_mut().find(|c| c.metadata.uid == written.metadata.uid) {
+                    if let Some(slot) =
+                        claims.iter_mut().find(|c| c.metadata.uid == written.metadata.uid)
+                    {
                         *slot = written;
                     }
                     summary.allocated += 1;
@@ -192,9 +202,18 @@ impl AllocatorController {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
         let config = watcher::Config::default();
         let changes = futures::stream::select_all([
-            watcher(Api::<ResourceClaim>::all(self.client.clone()), config.clone()).default_backoff().map(|_| ()).boxed(),
-            watcher(Api::<ResourceSlice>::all(self.client.clone()), config.clone()).default_backoff().map(|_| ()).boxed(),
-            watcher(Api::<DeviceClass>::all(self.client.clone()), config).default_backoff().map(|_| ()).boxed(),
+            watcher(Api::<ResourceClaim>::all(self.client.clone()), config.clone())
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+            watcher(Api::<ResourceSlice>::all(self.client.clone()), config.clone())
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+            watcher(Api::<DeviceClass>::all(self.client.clone()), config)
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
         ]);
         tokio::pin!(changes);
         tokio::pin!(shutdown);
@@ -234,7 +253,11 @@ fn device_names(claim: &ResourceClaim) -> Vec<String> {
 }
 
 /// Runs the allocator for `node_name` until `shutdown` completes (for `netclaim dev`).
-pub async fn run(client: Client, node_name: &str, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
+pub async fn run(
+    client: Client,
+    node_name: &str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ControllerError> {
     AllocatorController::new(client, node_name).run(shutdown).await
 }
 
@@ -257,7 +280,12 @@ pub async fn reserve_for(
 }
 
 /// Removes the consumer with `uid` from `status.reservedFor`, retrying on conflicts.
-pub async fn unreserve(client: &Client, namespace: &str, name: &str, uid: &str) -> Result<ResourceClaim, ControllerError> {
+pub async fn unreserve(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<ResourceClaim, ControllerError> {
     update_reserved(client, namespace, name, |reserved| {
         let before = reserved.len();
         reserved.retain(|r| r.uid != uid);
@@ -275,7 +303,8 @@ async fn update_reserved(
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
     let key = format!("{namespace}/{name}");
     for _ in 0..CONFLICT_RETRIES {
-        let mut claim = api.get(name).await.map_err(api_error(format!("get resourceclaim {key}")))?;
+        let mut claim =
+            api.get(name).await.map_err(api_error(format!("get resourceclaim {key}")))?;
         if !is_allocated(&claim) {
             return Err(ControllerError::NotAllocated { claim: key });
         }

@@ -14,7 +14,9 @@ const NANO: i128 = 1_000_000_000;
 
 /// The text is not a Kubernetes quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid quantity {0:?}: expected a number with an optional suffix (m, k, M, G, Ki, Mi, Gi, e3, …)")]
+#[error(
+    "invalid quantity {0:?}: expected a number with an optional suffix (m, k, M, G, Ki, Mi, Gi, e3, …)"
+)]
 pub struct QuantityError(pub String);
 
 impl Quantity {

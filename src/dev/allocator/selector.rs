@@ -142,18 +142,27 @@ fn register_functions(context: &mut Context<'_, '_>) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_quantity(ftx: &FunctionContext<'_, '_>, text: Arc<String>) -> Result<Value, ExecutionError> {
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
+fn parse_quantity(
+    ftx: &FunctionContext<'_, '_>,
+    text: Arc<String>,
+) -> Result<Value, ExecutionError> {
     let quantity = Quantity::parse(&text).map_err(|e| ftx.error(e))?;
     Ok(Value::Opaque(Arc::new(CelQuantity(quantity))))
 }
 
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
 fn parse_semver(ftx: &FunctionContext<'_, '_>, text: Arc<String>) -> Result<Value, ExecutionError> {
     let version = semver::Version::parse(&text)
         .map_err(|e| ftx.error(format!("invalid semver {text:?}: {e}")))?;
     Ok(Value::Opaque(Arc::new(CelSemver(version))))
 }
 
-fn ordering(ftx: &FunctionContext<'_, '_>, left: &Value, right: &Value) -> Result<Ordering, ExecutionError> {
+fn ordering(
+    ftx: &FunctionContext<'_, '_>,
+    left: &Value,
+    right: &Value,
+) -> Result<Ordering, ExecutionError> {
     if let (Value::Opaque(a), Value::Opaque(b)) = (left, right) {
         if let (Some(a), Some(b)) =
             (a.as_ref().downcast_ref::<CelQuantity>(), b.as_ref().downcast_ref::<CelQuantity>())
@@ -166,12 +175,15 @@ fn ordering(ftx: &FunctionContext<'_, '_>, left: &Value, right: &Value) -> Resul
             return Ok(a.0.cmp(&b.0));
         }
     }
-    Err(ftx.error(format!(
-        "needs two quantities or two semvers, got {left:?} and {right:?}"
-    )))
+    Err(ftx.error(format!("needs two quantities or two semvers, got {left:?} and {right:?}")))
 }
 
-fn compare_to(ftx: &FunctionContext<'_, '_>, This(this): This<Value>, other: Value) -> Result<Value, ExecutionError> {
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
+fn compare_to(
+    ftx: &FunctionContext<'_, '_>,
+    This(this): This<Value>,
+    other: Value,
+) -> Result<Value, ExecutionError> {
     Ok(Value::Int(match ordering(ftx, &this, &other)? {
         Ordering::Less => -1,
         Ordering::Equal => 0,
@@ -179,21 +191,36 @@ fn compare_to(ftx: &FunctionContext<'_, '_>, This(this): This<Value>, other: Val
     }))
 }
 
-fn is_greater_than(ftx: &FunctionContext<'_, '_>, This(this): This<Value>, other: Value) -> Result<Value, ExecutionError> {
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
+fn is_greater_than(
+    ftx: &FunctionContext<'_, '_>,
+    This(this): This<Value>,
+    other: Value,
+) -> Result<Value, ExecutionError> {
     Ok(Value::Bool(ordering(ftx, &this, &other)? == Ordering::Greater))
 }
 
-fn is_less_than(ftx: &FunctionContext<'_, '_>, This(this): This<Value>, other: Value) -> Result<Value, ExecutionError> {
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
+fn is_less_than(
+    ftx: &FunctionContext<'_, '_>,
+    This(this): This<Value>,
+    other: Value,
+) -> Result<Value, ExecutionError> {
     Ok(Value::Bool(ordering(ftx, &this, &other)? == Ordering::Less))
 }
 
-fn as_integer(ftx: &FunctionContext<'_, '_>, This(this): This<Value>) -> Result<Value, ExecutionError> {
-    if let Value::Opaque(q) = &this {
-        if let Some(q) = q.as_ref().downcast_ref::<CelQuantity>() {
-            return q.0.as_integer().map(Value::Int).ok_or_else(|| {
-                ftx.error(format!("quantity {} is not an integer that fits int", q.0))
-            });
-        }
+fn as_integer(
+    ftx: &FunctionContext<'_, '_>,
+    This(this): This<Value>,
+) -> Result<Value, ExecutionError> {
+    if let Value::Opaque(q) = &this
+        && let Some(q) = q.as_ref().downcast_ref::<CelQuantity>()
+    {
+        return q
+            .0
+            .as_integer()
+            .map(Value::Int)
+            .ok_or_else(|| ftx.error(format!("quantity {} is not an integer that fits int", q.0)));
     }
     Err(ftx.error(format!("needs a quantity, got {this:?}")))
 }
@@ -229,7 +256,10 @@ fn device_value(driver: &str, device: &Device) -> Value {
     attributes.entry(driver.to_owned()).or_default();
     for (qualified, attribute) in device.attributes.iter().flatten() {
         let (domain, name) = split_name(driver, qualified);
-        attributes.entry(domain.to_owned()).or_default().insert(name.to_owned(), attribute_value(attribute));
+        attributes
+            .entry(domain.to_owned())
+            .or_default()
+            .insert(name.to_owned(), attribute_value(attribute));
     }
     let mut capacity: HashMap<String, HashMap<String, Value>> = HashMap::new();
     capacity.entry(driver.to_owned()).or_default();
@@ -241,7 +271,11 @@ fn device_value(driver: &str, device: &Device) -> Value {
         capacity.entry(domain.to_owned()).or_default().insert(name.to_owned(), value);
     }
     let nest = |groups: HashMap<String, HashMap<String, Value>>| -> Value {
-        groups.into_iter().map(|(domain, names)| (domain, Value::from(names))).collect::<HashMap<String, Value>>().into()
+        groups
+            .into_iter()
+            .map(|(domain, names)| (domain, Value::from(names)))
+            .collect::<HashMap<String, Value>>()
+            .into()
     };
     let fields: HashMap<String, Value> = HashMap::from([
         ("driver".to_owned(), Value::String(Arc::new(driver.to_owned()))),
@@ -269,15 +303,33 @@ mod tests {
         Device {
             name: "eth1".to_owned(),
             attributes: Some(BTreeMap::from([
-                ("netclaim.dev/ifName".to_owned(), attr(DeviceAttribute { string: Some("eth1".into()), ..Default::default() })),
+                (
+                    "netclaim.dev/ifName".to_owned(),
+                    attr(DeviceAttribute { string: Some("eth1".into()), ..Default::default() }),
+                ),
                 ("mtu".to_owned(), DeviceAttribute { int: Some(9000), ..Default::default() }),
-                ("netclaim.dev/sriov".to_owned(), DeviceAttribute { bool: Some(false), ..Default::default() }),
-                ("firmware.example.com/version".to_owned(), DeviceAttribute { version: Some("1.10.2".into()), ..Default::default() }),
-                ("resource.kubernetes.io/pcieRoot".to_owned(), DeviceAttribute { string: Some("pci0000:00".into()), ..Default::default() }),
+                (
+                    "netclaim.dev/sriov".to_owned(),
+                    DeviceAttribute { bool: Some(false), ..Default::default() },
+                ),
+                (
+                    "firmware.example.com/version".to_owned(),
+                    DeviceAttribute { version: Some("1.10.2".into()), ..Default::default() },
+                ),
+                (
+                    "resource.kubernetes.io/pcieRoot".to_owned(),
+                    DeviceAttribute { string: Some("pci0000:00".into()), ..Default::default() },
+                ),
             ])),
             capacity: Some(BTreeMap::from([
-                ("netclaim.dev/interfaces".to_owned(), DeviceCapacity { value: ApiQuantity("256".into()), request_policy: None }),
-                ("memory".to_owned(), DeviceCapacity { value: ApiQuantity("2Gi".into()), request_policy: None }),
+                (
+                    "netclaim.dev/interfaces".to_owned(),
+                    DeviceCapacity { value: ApiQuantity("256".into()), request_policy: None },
+                ),
+                (
+                    "memory".to_owned(),
+                    DeviceCapacity { value: ApiQuantity("2Gi".into()), request_policy: None },
+                ),
             ])),
             allow_multiple_allocations: Some(true),
             ..Default::default()
@@ -293,7 +345,10 @@ mod tests {
         assert_eq!(eval(r#"device.attributes["netclaim.dev"].ifName == "eth1""#), Ok(true));
         assert_eq!(eval(r#"device.attributes["netclaim.dev"].mtu >= 1500"#), Ok(true));
         assert_eq!(eval(r#"device.attributes["netclaim.dev"].sriov"#), Ok(false));
-        assert_eq!(eval(r#"device.attributes["resource.kubernetes.io"].pcieRoot.startsWith("pci")"#), Ok(true));
+        assert_eq!(
+            eval(r#"device.attributes["resource.kubernetes.io"].pcieRoot.startsWith("pci")"#),
+            Ok(true)
+        );
         assert_eq!(eval(r#"device.attributes["netclaim.dev"].ifName == "eth2""#), Ok(false));
         assert_eq!(eval(r#"has(device.attributes["netclaim.dev"].vfIndex)"#), Ok(false));
     }
@@ -307,24 +362,52 @@ mod tests {
 
     #[test]
     fn capacity_is_a_quantity() {
-        assert_eq!(eval(r#"device.capacity["netclaim.dev"].memory.compareTo(quantity("1Gi")) > 0"#), Ok(true));
-        assert_eq!(eval(r#"device.capacity["netclaim.dev"].memory.isGreaterThan(quantity("2049Mi"))"#), Ok(false));
-        assert_eq!(eval(r#"device.capacity["netclaim.dev"].memory == quantity("2048Mi")"#), Ok(true));
-        assert_eq!(eval(r#"device.capacity["netclaim.dev"].interfaces.isLessThan(quantity("1k"))"#), Ok(true));
-        assert_eq!(eval(r#"device.capacity["netclaim.dev"].interfaces.asInteger() == 256"#), Ok(true));
+        assert_eq!(
+            eval(r#"device.capacity["netclaim.dev"].memory.compareTo(quantity("1Gi")) > 0"#),
+            Ok(true)
+        );
+        assert_eq!(
+            eval(r#"device.capacity["netclaim.dev"].memory.isGreaterThan(quantity("2049Mi"))"#),
+            Ok(false)
+        );
+        assert_eq!(
+            eval(r#"device.capacity["netclaim.dev"].memory == quantity("2048Mi")"#),
+            Ok(true)
+        );
+        assert_eq!(
+            eval(r#"device.capacity["netclaim.dev"].interfaces.isLessThan(quantity("1k"))"#),
+            Ok(true)
+        );
+        assert_eq!(
+            eval(r#"device.capacity["netclaim.dev"].interfaces.asInteger() == 256"#),
+            Ok(true)
+        );
     }
 
     #[test]
     fn versions_compare_as_semver() {
-        assert_eq!(eval(r#"device.attributes["firmware.example.com"].version.isGreaterThan(semver("1.9.0"))"#), Ok(true));
-        assert_eq!(eval(r#"device.attributes["firmware.example.com"].version.compareTo(semver("1.10.2")) == 0"#), Ok(true));
+        assert_eq!(
+            eval(
+                r#"device.attributes["firmware.example.com"].version.isGreaterThan(semver("1.9.0"))"#
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            eval(
+                r#"device.attributes["firmware.example.com"].version.compareTo(semver("1.10.2")) == 0"#
+            ),
+            Ok(true)
+        );
         assert_eq!(eval(r#"semver("2.0.0").isLessThan(semver("10.0.0"))"#), Ok(true));
     }
 
     #[test]
     fn errors_name_the_expression() {
         let missing = eval(r#"device.attributes["netclaim.dev"].nope == 1"#).unwrap_err();
-        assert!(matches!(missing, SelectorError::Eval { ref expression, .. } if expression.contains("nope")), "{missing}");
+        assert!(
+            matches!(missing, SelectorError::Eval { ref expression, .. } if expression.contains("nope")),
+            "{missing}"
+        );
         assert!(matches!(eval("device.driver"), Err(SelectorError::NotBool { .. })));
         assert!(matches!(eval("device.driver =="), Err(SelectorError::Compile { .. })));
         let bad = eval(r#"quantity("lots").isLessThan(quantity("1"))"#).unwrap_err();
