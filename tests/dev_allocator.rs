@@ -152,6 +152,7 @@ async fn fifteen_macvlan_claims_share_one_parent_and_an_exclusive_nic_is_used_on
         let _ = stop_rx.await;
     }));
 
+    let started = std::time::Instant::now();
     for i in 0..15 {
         create_claim(&client, &format!("macvlan-{i}"), "netclaim-macvlan").await;
     }
@@ -164,6 +165,7 @@ async fn fifteen_macvlan_claims_share_one_parent_and_an_exclusive_nic_is_used_on
         }
     })
     .await;
+    println!("15 claims created and allocated in {:?}", started.elapsed());
     let list = claims.list(&ListParams::default()).await.unwrap().items;
     let mut share_ids = BTreeSet::new();
     for claim in &list {
@@ -259,6 +261,7 @@ async fn two_allocators_racing_never_allocate_a_claim_twice() {
     let second = AllocatorController::new(client.clone(), NODE);
     let (a, b) = tokio::join!(first.reconcile(), second.reconcile());
     let (a, b) = (a.unwrap(), b.unwrap());
+    println!("racing passes: {a:?} {b:?}");
     assert_eq!(a.allocated + b.allocated, 6, "{a:?} {b:?}");
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
     let list = claims.list(&ListParams::default()).await.unwrap().items;
