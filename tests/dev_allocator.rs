@@ -214,6 +214,21 @@ async fn fifteen_macvlan_claims_share_one_parent_and_an_exclusive_nic_is_used_on
     .await;
     let reason = reasons.lock().unwrap()["default/nic-b"].clone();
     assert!(reason.contains("eth1: allocated to another claim"), "{reason}");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    wait_until("a FailedAllocation Event on nic-b", || {
+        let events = events.clone();
+        async move {
+            events.list(&ListParams::default()).await.unwrap().items.iter().any(|e| {
+                e.reason.as_deref() == Some("FailedAllocation")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nic-b")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("eth1: allocated to another claim"))
+            })
+        }
+    })
+    .await;
     // Past a retry interval it is still unallocated.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(results(&claims.get("nic-b").await.unwrap()).is_empty());

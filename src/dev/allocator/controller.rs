@@ -18,14 +18,19 @@ use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus, ResourceSlice,
 };
 use kube::api::{ListParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource as _};
 
 use super::allocate::{AllocationInput, allocate};
 
 /// How often pending claims are retried even without a watch event (an event can be lost
 /// across a watch restart; this bounds how long a claim waits).
 const RETRY_INTERVAL: Duration = Duration::from_secs(2);
+/// `reportingController` of our Events, and the reason of a failed allocation (the
+/// scheduler reports `FailedScheduling` on the Pod; we report on the claim itself).
+const REPORTER: &str = "netclaim-dev-allocator";
+const REASON_FAILED: &str = "FailedAllocation";
 /// How many times [`reserve_for`] retries after a write conflict.
 const CONFLICT_RETRIES: usize = 8;
 
@@ -66,6 +71,7 @@ pub struct AllocatorController {
     client: Client,
     node: String,
     reasons: PendingReasons,
+    recorder: Recorder,
 }
 
 /// Outcome of one pass.
@@ -102,7 +108,14 @@ impl AllocatorController {
     /// A controller allocating for `node`.
     #[must_use]
     pub fn new(client: Client, node: &str) -> Self {
-        Self { client, node: node.to_owned(), reasons: PendingReasons::default() }
+        let reporter =
+            Reporter { controller: REPORTER.to_owned(), instance: Some(node.to_owned()) };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            node: node.to_owned(),
+            reasons: PendingReasons::default(),
+        }
     }
 
     /// Live view of why pending claims are not allocated (for logs, tests and status).
@@ -155,6 +168,7 @@ impl AllocatorController {
                         let previous = self.reasons.lock().ok().and_then(|r| r.get(&key).cloned());
                         if previous.as_deref() != Some(reason.as_str()) {
                             tracing::warn!(claim = %key, %reason, "claim cannot be allocated");
+                            self.record_failure(&claim, &reason).await;
                         }
                         reasons.insert(key, reason);
                         summary.pending += 1;
@@ -197,8 +211,23 @@ impl AllocatorController {
         Ok(summary)
     }
 
+    /// A Warning Event on the claim (`kubectl describe resourceclaim` shows it); failures to
+    /// record are logged, never fatal.
+    async fn record_failure(&self, claim: &ResourceClaim, reason: &str) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: REASON_FAILED.to_owned(),
+            note: Some(reason.to_owned()),
+            action: "Allocate".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &claim.object_ref(&())).await {
+            tracing::warn!(%error, "could not record an Event on the claim");
+        }
+    }
+
     /// Runs until `shutdown` completes: a pass on start, after every change to claims,
-    /// slices or classes, and every [`RETRY_INTERVAL`] while claims are pending.
+    /// slices or classes, and every 2 s while claims are pending.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
         let config = watcher::Config::default();
         let changes = futures::stream::select_all([
