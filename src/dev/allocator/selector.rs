@@ -19,11 +19,11 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use cel::extractors::This;
 use cel::objects::Opaque;
-use cel::{Context, ExecutionError, FunctionContext, Program, Value};
+use cel::{Context, Env, ExecutionError, FunctionContext, Program, Value};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use super::quantity::Quantity;
@@ -61,6 +61,9 @@ pub enum SelectorError {
     },
 }
 
+/// The standard library, built once: building it per evaluation dominated the cost.
+static STDLIB: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+
 /// A compiled CEL selector.
 pub struct Selector {
     expression: String,
@@ -96,7 +99,7 @@ impl Selector {
             device: device.name.clone(),
             message,
         };
-        let mut context = Context::default();
+        let mut context = Context::with_env(Arc::clone(&STDLIB));
         register_functions(&mut context).map_err(eval_error)?;
         context.add_variable_from_value("device", device_value(driver, device));
         match self.program.execute(&context) {
