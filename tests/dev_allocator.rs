@@ -281,5 +281,21 @@ async fn two_allocators_racing_never_allocate_a_claim_twice() {
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
     let list = claims.list(&ListParams::default()).await.unwrap().items;
     assert!(list.iter().all(|c| results(c).len() == 1));
+
+    // The entry point `netclaim dev` spawns allocates a claim created later.
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let node = NODE.to_owned();
+    let task = tokio::spawn(netclaim::dev::allocator::run(client.clone(), &node, async move {
+        let _ = stop_rx.await;
+    }));
+    drop(node);
+    create_claim(&client, "late", "netclaim-macvlan").await;
+    wait_until("the late claim allocated", || {
+        let claims = claims.clone();
+        async move { results(&claims.get("late").await.unwrap()).len() == 1 }
+    })
+    .await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap().unwrap();
     srv.shutdown().await.unwrap();
 }

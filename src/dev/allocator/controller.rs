@@ -281,13 +281,17 @@ fn device_names(claim: &ResourceClaim) -> Vec<String> {
         .collect()
 }
 
-/// Runs the allocator for `node_name` until `shutdown` completes (for `netclaim dev`).
-pub async fn run(
+/// Runs the allocator for `node_name` until `shutdown` completes (for `netclaim dev`). The
+/// returned future owns everything it needs, so it can be spawned.
+pub fn run<F>(
     client: Client,
     node_name: &str,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ControllerError> {
-    AllocatorController::new(client, node_name).run(shutdown).await
+    shutdown: F,
+) -> impl Future<Output = Result<(), ControllerError>> + Send + use<F>
+where
+    F: Future<Output = ()> + Send,
+{
+    AllocatorController::new(client, node_name).run(shutdown)
 }
 
 /// Adds `consumer` to the claim's `status.reservedFor` (idempotent: the list is keyed by
