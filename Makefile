@@ -4,7 +4,9 @@ CARGO ?= cargo
 .PHONY: run setup build lint test bench
 
 # First command of the README: install what is needed, build, show this node's devices.
-run: setup
+# Needs only the base tools (the test-only installs of `setup` are skipped).
+run:
+	bash scripts/setup/00-base.sh
 	$(CARGO) build --release --bin netclaim
 	./target/release/netclaim inventory
 
