@@ -44,6 +44,9 @@ pub struct Metrics {
     pub pool_generation: Gauge<i64, AtomicI64>,
     /// `netclaim_slice_writes_total{result}`: server-side apply calls.
     pub slice_writes: Family<ResultLabel, Counter>,
+    /// `netclaim_status_writes_total{result}`: ResourceClaim status applies (`success`,
+    /// `error`, `gone`, `rejected`).
+    pub status_writes: Family<ResultLabel, Counter>,
     /// `netclaim_slice_syncs_total{result}`: publication rounds.
     pub slice_syncs: Family<ResultLabel, Counter>,
     /// `netclaim_consumable_capacity_dropped`: 1 once the API server dropped consumable
@@ -86,6 +89,12 @@ impl Metrics {
             "ResourceSlice server-side apply calls",
             slice_writes.clone(),
         );
+        let status_writes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "status_writes",
+            "ResourceClaim status server-side apply calls",
+            status_writes.clone(),
+        );
         let slice_syncs = Family::<ResultLabel, Counter>::default();
         registry.register("slice_syncs", "ResourceSlice publication rounds", slice_syncs.clone());
         let capacity_dropped = Gauge::default();
@@ -119,6 +128,7 @@ impl Metrics {
             devices_published,
             pool_generation,
             slice_writes,
+            status_writes,
             slice_syncs,
             capacity_dropped,
             prepare_duration,

@@ -16,6 +16,7 @@
 
 pub mod allocation;
 pub mod facts;
+pub mod status;
 
 #[cfg(test)]
 mod tests;

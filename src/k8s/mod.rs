@@ -1,5 +1,6 @@
 //! Kubernetes API adapter: client construction, ResourceSlices, ResourceClaims, Events.
 
+pub mod claim_status;
 pub mod claims;
 pub mod events;
 pub mod resource_slices;

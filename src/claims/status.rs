@@ -1,0 +1,357 @@
+//! Builds this driver's `status.devices` entries of one claim (DESIGN §5.4) from the attach
+//! outcome of each allocated device; pure, no I/O.
+
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde::Serialize;
+
+use crate::podnet::apply::AttachedInterface;
+
+/// The API server's limit on `status.devices[].data` (protocols.md §3.3).
+pub const MAX_DATA_BYTES: usize = 10 * 1024;
+/// The API server's limit on `networkData.ips`.
+pub const MAX_IPS: usize = 16;
+/// The API server's limit on a condition message (metav1.Condition).
+const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+/// Condition type written for every device.
+pub const READY: &str = "Ready";
+/// Reason of `Ready=True`.
+pub const REASON_READY: &str = "NetworkReady";
+
+/// One allocation result of this driver (the status entry's list-map key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceKey {
+    /// Driver name.
+    pub driver: String,
+    /// Pool name.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// Share ID of a device allocated more than once (consumable capacity).
+    pub share_id: Option<String>,
+}
+
+/// What happened to one device of the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceOutcome {
+    /// The interface is in the pod.
+    Ready(AttachedInterface),
+    /// The attach did not happen or failed.
+    Failed {
+        /// CamelCase reason (`AttachFailed`, `InvalidConfig`, …).
+        reason: String,
+        /// Human-readable explanation.
+        message: String,
+    },
+}
+
+/// Why entries could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StatusError {
+    /// A condition reason does not match the metav1.Condition rule (CamelCase, starting with a
+    /// letter).
+    #[error("condition reason {0:?} is not CamelCase ([A-Za-z][A-Za-z0-9_,:]*)")]
+    Reason(String),
+}
+
+/// `data` of a status entry: kind `NetworkStatus` of `netclaim.dev/v1alpha1`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkStatus<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    mode: &'static str,
+    parent: &'a str,
+    mtu: u32,
+    gateways: Vec<String>,
+    routes: Vec<RouteStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteStatus {
+    destination: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gateway: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metric: Option<u32>,
+}
+
+/// Builds the full list of this driver's entries for one claim: one per `(key, outcome)`.
+///
+/// `previous` is the claim's current `status.devices` (any driver): a condition whose status
+/// did not change keeps its `lastTransitionTime`, as metav1.Condition requires.
+///
+/// # Errors
+/// [`StatusError::Reason`] when a failure reason is not CamelCase.
+pub fn build_entries(
+    devices: &[(DeviceKey, DeviceOutcome)],
+    previous: &[AllocatedDeviceStatus],
+    generation: Option<i64>,
+    now: &Time,
+) -> Result<Vec<AllocatedDeviceStatus>, StatusError> {
+    devices
+        .iter()
+        .map(|(key, outcome)| {
+            let old = previous.iter().find(|entry| {
+                entry.driver == key.driver
+                    && entry.pool == key.pool
+                    && entry.device == key.device
+                    && entry.share_id == key.share_id
+            });
+            build_entry(key, outcome, old, generation, now)
+        })
+        .collect()
+}
+
+fn build_entry(
+    key: &DeviceKey,
+    outcome: &DeviceOutcome,
+    old: Option<&AllocatedDeviceStatus>,
+    generation: Option<i64>,
+    now: &Time,
+) -> Result<AllocatedDeviceStatus, StatusError> {
+    let (status, reason, message) = match outcome {
+        DeviceOutcome::Ready(iface) => {
+            ("True", REASON_READY.to_owned(), format!("{} is up in the pod", iface.name))
+        }
+        DeviceOutcome::Failed { reason, message } => {
+            if !is_camel_case_reason(reason) {
+                return Err(StatusError::Reason(reason.clone()));
+            }
+            ("False", reason.clone(), truncate(message, MAX_MESSAGE_BYTES))
+        }
+    };
+    let old_ready = old
+        .and_then(|entry| entry.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == READY));
+    let last_transition_time = match old_ready {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    let condition = Condition {
+        type_: READY.to_owned(),
+        status: status.to_owned(),
+        reason,
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    };
+    let (network_data, data) = match outcome {
+        DeviceOutcome::Ready(iface) => (Some(network_data(iface)), Some(network_status(iface))),
+        DeviceOutcome::Failed { .. } => (None, None),
+    };
+    Ok(AllocatedDeviceStatus {
+        driver: key.driver.clone(),
+        pool: key.pool.clone(),
+        device: key.device.clone(),
+        share_id: key.share_id.clone(),
+        conditions: Some(vec![condition]),
+        network_data,
+        data,
+    })
+}
+
+/// `networkData`: ips in the canonical CIDR form the API server demands (host bits kept;
+/// Rust's `Ipv6Addr` display is RFC 5952, the same as Go's `netip`).
+fn network_data(iface: &AttachedInterface) -> NetworkDeviceData {
+    let mut ips: Vec<String> = Vec::new();
+    for addr in &iface.addresses {
+        let ip = format!("{}/{}", addr.ip(), addr.prefix());
+        if !ips.contains(&ip) && ips.len() < MAX_IPS {
+            ips.push(ip);
+        }
+    }
+    NetworkDeviceData {
+        interface_name: Some(iface.name.clone()),
+        ips: Some(ips),
+        hardware_address: iface.mac.map(|mac| mac.to_string()),
+    }
+}
+
+/// `data`: the NetworkStatus object, routes dropped if it would pass the 10 KiB limit.
+fn network_status(iface: &AttachedInterface) -> RawExtension {
+    let mut gateways: Vec<String> = Vec::new();
+    for gw in iface.routes.iter().filter_map(|r| r.gateway) {
+        let gw = gw.to_string();
+        if !gateways.contains(&gw) {
+            gateways.push(gw);
+        }
+    }
+    let mut status = NetworkStatus {
+        api_version: "netclaim.dev/v1alpha1",
+        kind: "NetworkStatus",
+        mode: iface.mode.as_str(),
+        parent: &iface.host_device,
+        mtu: iface.mtu,
+        gateways,
+        routes: iface
+            .routes
+            .iter()
+            .map(|r| RouteStatus {
+                destination: r.destination.to_string(),
+                gateway: r.gateway.map(|g| g.to_string()),
+                metric: r.metric,
+            })
+            .collect(),
+    };
+    let mut value = serde_json::to_value(&status).unwrap_or(serde_json::Value::Null);
+    if value.to_string().len() > MAX_DATA_BYTES {
+        status.routes.clear();
+        status.gateways.truncate(MAX_IPS);
+        value = serde_json::to_value(&status).unwrap_or(serde_json::Value::Null);
+    }
+    RawExtension(value)
+}
+
+/// metav1.Condition reason rule: `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`, ≤ 1024 bytes.
+fn is_camel_case_reason(reason: &str) -> bool {
+    let bytes = reason.as_bytes();
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    reason.len() <= 1024
+        && first.is_ascii_alphabetic()
+        && (last.is_ascii_alphanumeric() || *last == b'_')
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b',' | b':'))
+}
+
+fn truncate(message: &str, max: usize) -> String {
+    if message.len() <= max {
+        return message.to_owned();
+    }
+    let mut end = max;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use ipnetwork::IpNetwork;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::model::network_config::{MacAddr, Mode, Route};
+
+    fn key(device: &str, share_id: Option<&str>) -> DeviceKey {
+        DeviceKey {
+            driver: "netclaim.dev".to_owned(),
+            pool: "node-a".to_owned(),
+            device: device.to_owned(),
+            share_id: share_id.map(str::to_owned),
+        }
+    }
+
+    fn iface(addresses: &[&str], routes: Vec<Route>) -> AttachedInterface {
+        AttachedInterface {
+            name: "net1".to_owned(),
+            mode: Mode::Macvlan,
+            host_device: "eth1".to_owned(),
+            mac: Some(MacAddr([0x02, 0, 0, 0, 0xab, 0x01])),
+            mtu: 1500,
+            addresses: addresses.iter().map(|a| a.parse().expect("test address")).collect(),
+            routes,
+        }
+    }
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).expect("valid test timestamp"))
+    }
+
+    #[test]
+    fn ips_are_canonical_cidr_with_host_bits() {
+        let ready = DeviceOutcome::Ready(iface(
+            &["2001:0db8:0000::0005/64", "10.10.1.5/24", "::ffff:192.0.2.1/128", "fe80::1/64"],
+            vec![],
+        ));
+        let entries = build_entries(&[(key("eth1", None), ready)], &[], Some(1), &at(10))
+            .expect("valid outcome");
+        let data = entries[0].network_data.as_ref().expect("ready has networkData");
+        assert_eq!(
+            data.ips.as_deref().expect("ips set"),
+            ["2001:db8::5/64", "10.10.1.5/24", "::ffff:192.0.2.1/128", "fe80::1/64"]
+        );
+        assert_eq!(data.hardware_address.as_deref(), Some("02:00:00:00:ab:01"));
+        assert_eq!(data.interface_name.as_deref(), Some("net1"));
+    }
+
+    #[test]
+    fn transition_time_kept_while_status_unchanged() {
+        let k = key("eth1", Some("4b4c6a3e-0c9a-4b1e-9d1c-2f1f6c1a7e11"));
+        let ready = DeviceOutcome::Ready(iface(&["10.10.1.5/24"], vec![]));
+        let first =
+            build_entries(&[(k.clone(), ready.clone())], &[], Some(1), &at(10)).expect("valid");
+        let again = build_entries(&[(k.clone(), ready)], &first, Some(2), &at(20)).expect("valid");
+        let cond = &again[0].conditions.as_ref().expect("conditions")[0];
+        assert_eq!(cond.last_transition_time, at(10));
+        assert_eq!(cond.observed_generation, Some(2));
+        let failed = DeviceOutcome::Failed {
+            reason: "AttachFailed".to_owned(),
+            message: "parent eth1 is gone".to_owned(),
+        };
+        let after = build_entries(&[(k, failed)], &again, Some(2), &at(30)).expect("valid");
+        let cond = &after[0].conditions.as_ref().expect("conditions")[0];
+        assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", "AttachFailed"));
+        assert_eq!(cond.last_transition_time, at(30));
+        assert!(after[0].network_data.is_none() && after[0].data.is_none());
+    }
+
+    #[test]
+    fn bad_reason_is_rejected() {
+        for reason in ["", "attach failed", "1Bad", "Trailing,"] {
+            let failed =
+                DeviceOutcome::Failed { reason: reason.to_owned(), message: String::new() };
+            assert_eq!(
+                build_entries(&[(key("eth1", None), failed)], &[], None, &at(1)),
+                Err(StatusError::Reason(reason.to_owned()))
+            );
+        }
+    }
+
+    #[test]
+    fn data_is_network_status_and_stays_within_limits() {
+        let gw: IpAddr = "10.10.1.1".parse().expect("test address");
+        let routes: Vec<Route> = (0..400u16)
+            .map(|i| Route {
+                destination: IpNetwork::new(
+                    IpAddr::from([10, 20, i.to_be_bytes()[0], i.to_be_bytes()[1]]),
+                    32,
+                )
+                .expect("valid prefix"),
+                gateway: Some(gw),
+                metric: Some(100),
+            })
+            .collect();
+        let many: Vec<String> = (1..=20).map(|i| format!("10.10.1.{i}/24")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let small = DeviceOutcome::Ready(iface(&["10.10.1.5/24"], routes[..1].to_vec()));
+        let big = DeviceOutcome::Ready(iface(&many, routes));
+        let entries = build_entries(
+            &[(key("eth1", None), small), (key("eth2", None), big)],
+            &[],
+            None,
+            &at(1),
+        )
+        .expect("valid");
+        let data = &entries[0].data.as_ref().expect("data").0;
+        assert_eq!(data["apiVersion"], "netclaim.dev/v1alpha1");
+        assert_eq!(data["kind"], "NetworkStatus");
+        assert_eq!(data["mode"], "macvlan");
+        assert_eq!(data["parent"], "eth1");
+        assert_eq!(data["mtu"], 1500);
+        assert_eq!(data["gateways"], serde_json::json!(["10.10.1.1"]));
+        assert_eq!(
+            data["routes"],
+            serde_json::json!([{"destination": "10.20.0.0/32", "gateway": "10.10.1.1", "metric": 100}])
+        );
+        let big_data = entries[1].data.as_ref().expect("data").0.to_string();
+        assert!(big_data.len() <= MAX_DATA_BYTES, "{} bytes", big_data.len());
+        let ips = entries[1].network_data.as_ref().and_then(|d| d.ips.as_ref()).expect("ips");
+        assert_eq!(ips.len(), MAX_IPS);
+    }
+}
