@@ -356,3 +356,38 @@ async fn deleted_claim_stops_retries() {
     assert_eq!(count(&metrics, "error"), 0);
     srv.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_status_wins() {
+    let srv = start("127.0.0.1:0".parse().expect("addr"), ServerOptions::default())
+        .await
+        .expect("server");
+    let client = client_for(&srv.url());
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let claim = allocated_claim(&client, "c4").await;
+    let metrics = Metrics::new();
+    let writer =
+        StatusWriter::new(client.clone(), DRIVER, fast(), Some(metrics.status_writes.clone()));
+    let [_, exclusive] = keys();
+    for i in 1..=50 {
+        let outcome =
+            DeviceOutcome::Failed { reason: "AttachFailed".into(), message: format!("try {i}") };
+        let entries =
+            build_entries(&[(exclusive.clone(), outcome)], &[], None, &now()).expect("entries");
+        writer.submit(claim_ref(&claim), entries);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while writer.in_flight() != 0 {
+        assert!(Instant::now() < deadline, "writer did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let landed = devices(&claims.get("c4").await.expect("get"));
+    let cond = &landed[0].conditions.as_ref().expect("conditions")[0];
+    assert_eq!(cond.message, "try 50");
+    let landed_writes = count(&metrics, "success");
+    assert!(
+        (1..50).contains(&landed_writes),
+        "{landed_writes} writes for 50 submits: older ones not coalesced"
+    );
+    srv.shutdown().await.expect("shutdown");
+}
