@@ -391,3 +391,36 @@ async fn latest_status_wins() {
     );
     srv.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_for_unallocated_device_is_rejected_not_retried() {
+    let srv = start("127.0.0.1:0".parse().expect("addr"), ServerOptions::default())
+        .await
+        .expect("server");
+    let client = client_for(&srv.url());
+    let claim = allocated_claim(&client, "c5").await;
+    let metrics = Metrics::new();
+    let writer =
+        StatusWriter::new(client.clone(), DRIVER, fast(), Some(metrics.status_writes.clone()));
+    let stranger = DeviceKey {
+        driver: DRIVER.into(),
+        pool: "node-1".into(),
+        device: "eth9".into(),
+        share_id: None,
+    };
+    let entries = build_entries(
+        &[(stranger, ready("net9", Mode::Macvlan, "eth9", "10.10.1.9/24"))],
+        &[],
+        None,
+        &now(),
+    )
+    .expect("entries");
+    writer.submit(claim_ref(&claim), entries);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while writer.in_flight() != 0 {
+        assert!(Instant::now() < deadline, "writer kept retrying a rejected status");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!((count(&metrics, "rejected"), count(&metrics, "error")), (1, 0));
+    srv.shutdown().await.expect("shutdown");
+}
