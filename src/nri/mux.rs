@@ -142,6 +142,9 @@ pub struct Mux {
     frames_tx: mpsc::Sender<(ConnId, Vec<u8>)>,
     state: watch::Receiver<MuxState>,
     cancel: CancellationToken,
+    /// Cancelled when the socket writer has finished (flushed or given up) and shut the
+    /// socket down; the read side may record the end state earlier.
+    writer_done: CancellationToken,
 }
 
 impl Mux {
@@ -156,6 +159,7 @@ impl Mux {
         let (state_tx, state) = watch::channel(MuxState::Running);
         let state_tx = Arc::new(state_tx);
         let cancel = CancellationToken::new();
+        let writer_done = CancellationToken::new();
 
         tokio::spawn(read_loop(
             reader,
@@ -163,8 +167,13 @@ impl Mux {
             Arc::clone(&state_tx),
             cancel.clone(),
         ));
-        tokio::spawn(write_loop(writer, frames_rx, state_tx, cancel.clone()));
-        Self { inbound, frames_tx, state, cancel }
+        let cancel_for_writer = cancel.clone();
+        let done = writer_done.clone();
+        tokio::spawn(async move {
+            write_loop(writer, frames_rx, state_tx, cancel_for_writer).await;
+            done.cancel();
+        });
+        Self { inbound, frames_tx, state, cancel, writer_done }
     }
 
     /// Opens logical connection `id` and returns it as a byte stream.
@@ -193,11 +202,16 @@ impl Mux {
         Ok(MuxConn { inner: user_side })
     }
 
-    /// Waits until the multiplexer stops; `Ok` for a clean end (local shutdown or the peer
-    /// closing the socket between frames), the cause otherwise.
+    /// Waits until the multiplexer stops and the socket is shut down; `Ok` for a clean end
+    /// (local shutdown or the peer closing the socket between frames), the cause otherwise.
+    ///
+    /// The reader usually sees the end first; waiting for the writer too means that when this
+    /// returns, queued frames were flushed or abandoned after the grace period, never still
+    /// trickling out.
     pub async fn closed(&self) -> Result<(), MuxError> {
         let mut state = self.state.clone();
         let result = state.wait_for(|s| !matches!(s, MuxState::Running)).await.map(|s| s.clone());
+        self.writer_done.cancelled().await;
         match result {
             Ok(MuxState::Failed(err)) => Err(err),
             // The sender lives in the I/O tasks; if both are gone the mux has ended.
