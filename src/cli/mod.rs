@@ -149,6 +149,23 @@ pub struct NodeArgs {
     /// /var/lib/kubelet/plugins/<driver-name>).
     #[arg(long, env = "NETCLAIM_KUBELET_PLUGIN_DIR")]
     pub kubelet_plugin_dir: Option<PathBuf>,
+
+    /// The container runtime's NRI socket (pod sandbox events).
+    #[arg(long, env = "NETCLAIM_NRI_SOCKET", default_value = "/var/run/nri/nri.sock")]
+    pub nri_socket: PathBuf,
+
+    /// Our NRI plugin index: two digits; plugins run in index order.
+    #[arg(long, env = "NETCLAIM_NRI_PLUGIN_INDEX", default_value = "10", value_parser = parse_nri_plugin_index)]
+    pub nri_plugin_index: String,
+}
+
+/// `--nri-plugin-index`: NRI orders plugins by a two-digit index.
+fn parse_nri_plugin_index(value: &str) -> Result<String, String> {
+    if value.len() == 2 && value.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!("{value:?} is not a two-digit NRI plugin index (00-99)"))
+    }
 }
 
 /// Flags of `netclaim dev`.

@@ -68,6 +68,8 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         kubelet_plugin_dir: args.kubelet_plugin_dir.clone().unwrap_or_else(|| {
             std::path::Path::new("/var/lib/kubelet/plugins").join(&args.driver_name)
         }),
+        nri_socket: args.nri_socket.clone(),
+        nri_plugin_index: args.nri_plugin_index.clone(),
     })
 }
 

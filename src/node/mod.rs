@@ -64,6 +64,10 @@ pub struct NodeConfig {
     pub kubelet_registry_dir: PathBuf,
     /// `--kubelet-plugin-dir`.
     pub kubelet_plugin_dir: PathBuf,
+    /// `--nri-socket`: the runtime's NRI socket.
+    pub nri_socket: PathBuf,
+    /// `--nri-plugin-index`: two digits.
+    pub nri_plugin_index: String,
 }
 
 /// A fatal daemon error.
