@@ -43,6 +43,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use netclaim::attach::PodAttachment;
 use netclaim::claims::PreparedClaim;
 use netclaim::cri::CriClient;
 use netclaim::dev::allocator::{AllocatorController, reserve_for};
@@ -367,7 +368,8 @@ impl Cluster {
         assert!(answer.claims.values().all(|c| c.error.is_empty()), "{answer:?}");
     }
 
-    /// Stops the daemon and checks its state dir holds no lease and no prepared claim.
+    /// Stops the daemon and checks its state dir holds no lease, no prepared claim and no pod
+    /// attachment.
     fn assert_state_empty(&self) {
         self.stop_node();
         let store = Store::open(self.state_dir()).unwrap();
@@ -375,6 +377,8 @@ impl Cluster {
         assert!(leases.is_empty(), "leases left in the state: {leases:?}");
         let claims = store.load_all::<PreparedClaim>().unwrap();
         assert!(claims.is_empty(), "prepared claims left in the state: {claims:?}");
+        let pods = store.load_all::<PodAttachment>().unwrap();
+        assert!(pods.is_empty(), "pod attachments left in the state: {pods:?}");
     }
 
     fn print_logs(&self) {
