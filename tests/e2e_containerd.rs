@@ -368,6 +368,29 @@ impl Cluster {
         assert!(answer.claims.values().all(|c| c.error.is_empty()), "{answer:?}");
     }
 
+    /// One sample's value from the daemon's `/metrics` (address from its log), 0 if absent.
+    async fn metric(&self, sample: &str) -> f64 {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let log = self.node_log();
+        let address = log
+            .lines()
+            .find(|l| l.contains("serving /metrics"))
+            .and_then(|l| l.split("address=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no metrics address in the node log:\n{log}"))
+            .to_owned();
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.unwrap();
+        body.lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Stops the daemon and checks its state dir holds no lease, no prepared claim and no pod
     /// attachment.
     fn assert_state_empty(&self) {
@@ -772,6 +795,20 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
             }
 
             let cri = cluster.cri().await;
+            // The baseline: pods without claims (the plugin is asked, and has nothing to do).
+            let mut baseline = Vec::new();
+            for i in 0..5 {
+                let plain =
+                    PodSpec { claim: String::new(), ..PodSpec::new(&cluster.prefix, 100 + i) };
+                let (pod, took) = run_pod(cluster, &cri, &plain, 0).await.unwrap();
+                baseline.push(took);
+                let names: BTreeSet<String> = links_in(&pod.netns_path()).into_keys().collect();
+                assert!(
+                    !names.contains(POD_IFNAME),
+                    "a pod without claims gets nothing: {names:?}"
+                );
+                stop_and_remove(&cri, &pod).await;
+            }
             let mut running = Vec::new();
             let mut timings = Vec::new();
             for pod in &pods {
@@ -793,7 +830,25 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
             }
             assert_eq!(addresses.len(), PODS, "distinct addresses: {addresses:?}");
             assert_eq!(macs.len(), PODS, "distinct MACs");
+            // Each pod was attached once, on its RunPodSandbox; the daemon's own attach time.
+            let attaches =
+                cluster.metric(r#"netclaim_attach_duration_seconds_count{mode="macvlan"}"#).await;
+            let attach_seconds =
+                cluster.metric(r#"netclaim_attach_duration_seconds_sum{mode="macvlan"}"#).await;
+            let expected = f64::from(u32::try_from(PODS).unwrap());
+            assert!(
+                (attaches - expected).abs() < f64::EPSILON,
+                "{attaches} attaches for {PODS} pods"
+            );
+            eprintln!(
+                "daemon attach time (event received -> link configured), mean over {PODS}: {:.1} ms",
+                attach_seconds * 1000.0 / attaches
+            );
             let ms: Vec<u128> = timings.iter().map(Duration::as_millis).collect();
+            eprintln!(
+                "RunPodSandbox wall time of 5 pods without claims (baseline): median {:?}",
+                median(baseline)
+            );
             eprintln!(
                 "RunPodSandbox wall time with the netclaim NRI attach over {PODS} pods: median {:?}, max {:?} (ms: {ms:?})",
                 median(timings.clone()),
