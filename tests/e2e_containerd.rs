@@ -926,9 +926,10 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
             }
 
             // The burst: all sandboxes at once, as kubelet does for pods scheduled together;
-            // kill -9 of the daemon once three sandboxes are up and the others are in flight.
-            // containerd hands NRI events to plugins one at a time, so at that moment the
-            // next sandbox's event is typically being attached, and the rest are queued.
+            // kill -9 of the daemon as soon as it has received three RunPodSandbox events
+            // (its debug log line), or three sandboxes are up, whichever is first. containerd
+            // sends the events of different sandboxes concurrently, so the kill lands while
+            // attaches are in progress and the other sandboxes are still in flight.
             let cri = cluster.cri().await;
             let cluster: &Cluster = cluster;
             let done = AtomicUsize::new(0);
@@ -942,9 +943,11 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
             }));
             let killer = async {
                 let started = Instant::now();
-                while done.load(Ordering::SeqCst) < KILL_AFTER {
+                while done.load(Ordering::SeqCst) < KILL_AFTER
+                    && cluster.node_log().matches("event=RunPodSandbox").count() < KILL_AFTER
+                {
                     assert!(started.elapsed() < PATIENCE, "no sandbox of the burst finished");
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 cluster.kill_node();
                 done.load(Ordering::SeqCst)
