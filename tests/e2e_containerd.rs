@@ -750,6 +750,35 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
 
             stop_and_remove(&cri, &running).await;
             drop(running);
+            // The status follows: not Ready, and no addresses of an interface that is gone.
+            let started = Instant::now();
+            loop {
+                let claim = cluster.claims().get(&pod.claim).await.unwrap();
+                let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+                // The dev API server's server-side apply leaves `networkData: {}` behind when
+                // the applier drops the field: empty counts as gone.
+                let stopped = devices.iter().any(|d| {
+                    d.driver == DRIVER
+                        && d.data.is_none()
+                        && d.network_data.as_ref().is_none_or(|n| {
+                            n.ips.is_none()
+                                && n.interface_name.is_none()
+                                && n.hardware_address.is_none()
+                        })
+                        && d.conditions.iter().flatten().any(|c| {
+                            c.type_ == "Ready" && c.status == "False" && c.reason == "PodStopped"
+                        })
+                });
+                if stopped {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "the status does not say the pod stopped: {devices:#?}\nnode log:\n{}",
+                    cluster.node_log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             cluster.unprepare(&mut dra, &claims).await;
             assert!(host_children_of(&parent).is_empty());
             assert!(host_links().contains_key(&parent), "the parent is intact");
