@@ -433,6 +433,8 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         // record that reconcile undoes, never an interface nobody knows about.
         self.persist(record.clone()).await.map_err(AttachFailure::Persist)?;
         lock(&self.inner).pods.insert(sandbox.uid.clone(), record.clone());
+        // Before the kernel moves a NIC out of the host's view, so no publication drops it.
+        self.refresh_moved();
 
         let failure = self.execute(&ops, &mut record, first_new, started).await;
         if let Some(failure) = failure {

@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod preparer;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -230,8 +231,8 @@ pub async fn run_until(
             () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
                 due = None;
                 first_trigger = None;
-                publisher.retain_moved(&moved.borrow_and_update());
-                match publish_round(&mut publisher, &sysfs, force, &metrics, &events).await {
+                moved.mark_unchanged();
+                match publish_round(&mut publisher, &sysfs, force, &metrics, &events, &moved).await {
                     Ok(()) => {
                         force = false;
                         retry_delay = RETRY_MIN;
@@ -375,8 +376,12 @@ async fn publish_round<A: crate::inventory::publish::SliceApi>(
     force: bool,
     metrics: &Metrics,
     events: &NodeEvents,
+    moved: &watch::Receiver<BTreeSet<String>>,
 ) -> Result<(), RoundError> {
     let interfaces = discovery::discover(sysfs).await?;
+    // Read after discovery: the attach service marks a NIC as moved before it moves it, so
+    // a discovery that no longer sees it always finds it here.
+    publisher.retain_moved(&moved.borrow());
     let report = publisher.sync(&interfaces, force).await?;
     metrics
         .slice_writes
