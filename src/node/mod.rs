@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod preparer;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +46,10 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 /// Retry bounds after a failed publication (API server down, conflict).
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How often prepared claims are checked against the API besides after each NRI
+/// `Synchronize` (a claim deleted while its pod was gone from the runtime is released).
+const GONE_CLAIM_SWEEP: Duration = Duration::from_mins(5);
 
 /// Settings of the node daemon, validated by the CLI.
 #[derive(Debug, Clone)]
@@ -180,14 +185,13 @@ pub async fn run_until(
     let (kubelet, attach_service) = start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
     // Devices that came back from pods destroyed while the daemon was down get their names
     // back before the first publication; running pods are reconciled at Synchronize.
-    attach_service.start().await;
-    let nri_stop = tokio_util::sync::CancellationToken::new();
-    let nri_task = attach::spawn_plugin(
+    let nri = attach::start_nri(
         Arc::clone(&attach_service),
         &config.nri_socket,
         &config.nri_plugin_index,
-        nri_stop.clone(),
-    )?;
+        GONE_CLAIM_SWEEP,
+    )
+    .await?;
     let mut moved = attach_service.moved_devices();
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
@@ -227,8 +231,8 @@ pub async fn run_until(
             () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
                 due = None;
                 first_trigger = None;
-                publisher.retain_moved(&moved.borrow_and_update());
-                match publish_round(&mut publisher, &sysfs, force, &metrics, &events).await {
+                moved.mark_unchanged();
+                match publish_round(&mut publisher, &sysfs, force, &metrics, &events, &moved).await {
                     Ok(()) => {
                         force = false;
                         retry_delay = RETRY_MIN;
@@ -248,8 +252,7 @@ pub async fn run_until(
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
     // Interfaces stay in running pods (DESIGN §6): the plugin only disconnects.
-    nri_stop.cancel();
-    let _ignored = tokio::time::timeout(Duration::from_secs(2), nri_task).await;
+    nri.stop().await;
     kubelet.stop();
     if let Err(err) = kubelet.wait().await {
         tracing::warn!(%err, "kubelet plugin stopped with an error");
@@ -373,8 +376,12 @@ async fn publish_round<A: crate::inventory::publish::SliceApi>(
     force: bool,
     metrics: &Metrics,
     events: &NodeEvents,
+    moved: &watch::Receiver<BTreeSet<String>>,
 ) -> Result<(), RoundError> {
     let interfaces = discovery::discover(sysfs).await?;
+    // Read after discovery: the attach service marks a NIC as moved before it moves it, so
+    // a discovery that no longer sees it always finds it here.
+    publisher.retain_moved(&moved.borrow());
     let report = publisher.sync(&interfaces, force).await?;
     metrics
         .slice_writes
