@@ -211,7 +211,12 @@ fn get(
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        return Ok(ok(table::table(&[&obj], &rv, q(req, "includeObject") == Some("Object"))));
+        return Ok(ok(table::table(
+            r.kind,
+            &[&obj],
+            &rv,
+            q(req, "includeObject") == Some("Object"),
+        )));
     }
     Ok(ok((*obj).clone()))
 }
@@ -283,8 +288,12 @@ fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRes
         }
     }
     if table::wants_table(req.accept) {
-        let mut t =
-            table::table(&items, &rv.to_string(), q(req, "includeObject") == Some("Object"));
+        let mut t = table::table(
+            r.kind,
+            &items,
+            &rv.to_string(),
+            q(req, "includeObject") == Some("Object"),
+        );
         t["metadata"] = meta;
         return Ok(ok(t));
     }
