@@ -129,7 +129,7 @@ pub async fn run(options: DemoOptions, interrupted: impl Future<Output = ()>) ->
         .clone()
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("netclaim-demo-{}-{tag}", std::process::id()));
-    let mut state = DemoState { topology: None, cluster: None };
+    let mut state = DemoState { topology: None, starting: None, cluster: None };
     tokio::pin!(interrupted);
     let steps = steps(&options, &names, &demo_dir, &progress, &mut report, &mut state);
     let outcome = tokio::select! {
@@ -166,6 +166,9 @@ pub async fn run(options: DemoOptions, interrupted: impl Future<Output = ()>) ->
 /// What must be cleaned up.
 struct DemoState {
     topology: Option<Topology>,
+    /// The cluster's start runs as a task of its own, so an interrupt during start does not
+    /// drop it half-way: cleanup waits for it and stops what it started.
+    starting: Option<tokio::task::JoinHandle<Result<Cluster, super::cluster::ClusterError>>>,
     cluster: Option<Cluster>,
 }
 
@@ -197,8 +200,12 @@ async fn steps(
     )
     .map_err(|e| format!("device selection: {e}"))?;
     let cluster_started = Instant::now();
-    let cluster =
-        Cluster::start(cluster_options).await.map_err(|e| format!("starting the cluster: {e}"))?;
+    let starting = state.starting.insert(tokio::spawn(Cluster::start(cluster_options)));
+    let started = starting.await;
+    state.starting = None;
+    let cluster = started
+        .map_err(|e| format!("starting the cluster: the task failed: {e}"))?
+        .map_err(|e| format!("starting the cluster: {e}"))?;
     report.timings.cluster_start_seconds = cluster_started.elapsed().as_secs_f64();
     progress.phase(&format!(
         "cluster up: API server {}, node daemon, allocator and dev kubelet on node {} (kubeconfig {})",
@@ -532,8 +539,13 @@ fn ping_from(netns: &Path, address: IpAddr) -> Result<String, String> {
 
 /// Deletes the demo's objects (pods first, waiting until the kubelet tore them down), stops
 /// the cluster, removes the links and namespaces, and checks the host is clean.
-async fn cleanup(state: DemoState, names: &TopologyNames, demo_dir: &Path) -> Cleanup {
+async fn cleanup(mut state: DemoState, names: &TopologyNames, demo_dir: &Path) -> Cleanup {
     let mut run_dir = None;
+    if let Some(starting) = state.starting.take()
+        && let Ok(Ok(cluster)) = starting.await
+    {
+        state.cluster = Some(cluster);
+    }
     if let Some(cluster) = state.cluster {
         let client = cluster.client.clone();
         run_dir = Some(cluster.run_dir.clone());
@@ -542,6 +554,13 @@ async fn cleanup(state: DemoState, names: &TopologyNames, demo_dir: &Path) -> Cl
     }
     if let Some(topology) = state.topology {
         topology.remove().await;
+    }
+    // An interrupt during the topology's creation leaves no handle: remove by name (the
+    // names are generated for this run, so they are ours).
+    topology::remove_links_with_prefix(names.prefix()).await;
+    let peer_netns = demo_dir.join("peer");
+    if let Err(err) = super::kubelet::netns::remove(&peer_netns) {
+        tracing::warn!(%err, "removing the demo's peer netns");
     }
     let _ignored = std::fs::remove_dir_all(demo_dir);
     let leftover_links = topology::links_with_prefix(names.prefix())

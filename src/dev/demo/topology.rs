@@ -182,6 +182,21 @@ async fn link_index(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
     })
 }
 
+/// Deletes every host link whose name starts with `prefix` (best effort, logged).
+pub async fn remove_links_with_prefix(prefix: &str) {
+    let Ok(names) = links_with_prefix(prefix).await else { return };
+    let Ok((connection, handle, _)) = rtnetlink::new_connection() else { return };
+    let task = tokio::spawn(connection);
+    for name in names {
+        if let Ok(index) = link_index(&handle, &name).await
+            && let Err(err) = handle.link().del(index).execute().await
+        {
+            tracing::warn!(link = %name, %err, "deleting a demo link");
+        }
+    }
+    task.abort();
+}
+
 /// Host links whose name starts with `prefix` (the clean-host check after the demo).
 pub async fn links_with_prefix(prefix: &str) -> Result<Vec<String>, TopologyError> {
     let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| {
