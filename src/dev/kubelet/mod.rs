@@ -314,9 +314,9 @@ impl DevKubelet {
                     }
                     if let Some((sender, _)) = workers.get(&uid) {
                         sender.send_replace(Desired::Pod(Box::new(pod)));
-                    } else if pod.metadata.deletion_timestamp.is_none()
-                        || pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some()
-                    {
+                    } else {
+                        // A pod first seen while being deleted gets a worker too: it has
+                        // nothing to tear down and finishes the deletion, as kubelet does.
                         let (sender, receiver) = watch::channel(Desired::Pod(Box::new(pod)));
                         let task = tokio::spawn(worker(Arc::clone(&self.context), receiver));
                         workers.insert(uid, (sender, task));
