@@ -418,13 +418,14 @@ async fn wait_for_pods(
                 .filter(|r| !(r.ready && r.network_ready))
                 .map(|r| {
                     let pod = pods.iter().find(|p| p.metadata.name.as_deref() == Some(&r.name));
-                    format!(
-                        "{} (phase {}, ready {}, networkReady {}: {})",
-                        r.name,
-                        r.phase,
-                        r.ready,
-                        r.network_ready,
+                    let why = if r.ready {
+                        format!("claim {:?} has no NetworkReady device status", r.claim)
+                    } else {
                         pod.and_then(pending_message).unwrap_or_default()
+                    };
+                    format!(
+                        "{} (phase {}, ready {}, networkReady {}: {why})",
+                        r.name, r.phase, r.ready, r.network_ready
                     )
                 })
                 .collect();
