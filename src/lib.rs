@@ -10,6 +10,7 @@
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
+pub mod attach;
 pub mod claims;
 pub mod cli;
 pub mod cri;

@@ -34,6 +34,41 @@ pub struct KubeletRequestLabels {
     pub code: &'static str,
 }
 
+/// Label set `{mode}` of attach and detach durations.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// `macvlan`, `host-device`, ...
+    pub mode: &'static str,
+}
+
+/// Label set `{event,result}` of NRI events.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NriEventLabels {
+    /// `RunPodSandbox`, `StopPodSandbox`, `RemovePodSandbox`, `CreateContainer`,
+    /// `Synchronize`.
+    pub event: &'static str,
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+/// Label set `{pool,state}` of IPAM addresses.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IpamLabels {
+    /// The pool's subnet.
+    pub pool: String,
+    /// `leased`.
+    pub state: &'static str,
+}
+
+/// A histogram family whose members share the attach buckets.
+pub type DurationFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// 50 µs to ~1.6 s: a macvlan attach takes well under a millisecond, a NIC move a few, a
+/// slow kernel (RCU grace periods) tens.
+fn link_duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
 /// The daemon's metric families.
 #[derive(Debug)]
 pub struct Metrics {
@@ -58,6 +93,14 @@ pub struct Metrics {
     pub unprepare_duration: Histogram,
     /// `netclaim_kubelet_requests_total{method,code}`.
     pub kubelet_requests: Family<KubeletRequestLabels, Counter>,
+    /// `netclaim_attach_duration_seconds{mode}`: sandbox event received to link configured.
+    pub attach_duration: DurationFamily<ModeLabel>,
+    /// `netclaim_detach_duration_seconds{mode}`: one interface's detach.
+    pub detach_duration: DurationFamily<ModeLabel>,
+    /// `netclaim_nri_events_total{event,result}`.
+    pub nri_events: Family<NriEventLabels, Counter>,
+    /// `netclaim_ipam_addresses{pool,state}`.
+    pub ipam_addresses: Family<IpamLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -123,6 +166,28 @@ impl Metrics {
             "Kubelet DRA calls by method and outcome",
             kubelet_requests.clone(),
         );
+        let attach_duration: DurationFamily<ModeLabel> =
+            Family::new_with_constructor(link_duration_histogram);
+        registry.register(
+            "attach_duration_seconds",
+            "Sandbox event received to pod interface configured, per interface",
+            attach_duration.clone(),
+        );
+        let detach_duration: DurationFamily<ModeLabel> =
+            Family::new_with_constructor(link_duration_histogram);
+        registry.register(
+            "detach_duration_seconds",
+            "Detach of one pod interface",
+            detach_duration.clone(),
+        );
+        let nri_events = Family::<NriEventLabels, Counter>::default();
+        registry.register("nri_events", "NRI events handled, by outcome", nri_events.clone());
+        let ipam_addresses = Family::<IpamLabels, Gauge>::default();
+        registry.register(
+            "ipam_addresses",
+            "Addresses of node-local pools by state",
+            ipam_addresses.clone(),
+        );
         Self {
             registry,
             devices_published,
@@ -134,6 +199,10 @@ impl Metrics {
             prepare_duration,
             unprepare_duration,
             kubelet_requests,
+            attach_duration,
+            detach_duration,
+            nri_events,
+            ipam_addresses,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use super::ClaimError;
+use super::{ClaimError, PodConsumer};
 use crate::kubelet::ClaimRef;
 use crate::model::network_config::{ConfigEntry, ConfigSource};
 
@@ -28,6 +28,10 @@ pub struct ClaimAllocation {
     pub results: Vec<AllocatedResult>,
     /// This driver's config entries (class and claim), in snapshot order.
     pub config: Vec<ConfigEntry>,
+    /// The pods of `status.reservedFor` (at most one: more is refused).
+    pub pods: Vec<PodConsumer>,
+    /// `metadata.generation`, for the conditions' `observedGeneration`.
+    pub generation: Option<i64>,
 }
 
 /// Checks the claim read from the API against kubelet's reference and extracts what this
@@ -57,6 +61,11 @@ pub fn extract(
                 .collect(),
         });
     }
+    let pods = consumers
+        .iter()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or_default().is_empty())
+        .map(|c| PodConsumer { name: c.name.clone(), uid: c.uid.clone() })
+        .collect();
     let Some(devices) = status.and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref())
     else {
         return Err(ClaimError::NotAllocated);
@@ -92,5 +101,5 @@ pub fn extract(
             parameters: opaque.parameters.0.clone(),
         });
     }
-    Ok(ClaimAllocation { results, config })
+    Ok(ClaimAllocation { results, config, pods, generation: claim.metadata.generation })
 }

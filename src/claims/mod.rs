@@ -35,7 +35,8 @@ use crate::kubelet::{
     ClaimFailure, ClaimPreparer, ClaimRef, PrepareResults, PreparedDevice, UnprepareResults,
 };
 use crate::model::network_config::{
-    self, Addressing, ConfigError, DeviceFacts, MacvlanMode, ResolvedMode, ResolvedNetworkConfig,
+    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, ResolvedMode,
+    ResolvedNetworkConfig, Sharing,
 };
 
 use allocation::ClaimAllocation;
@@ -106,6 +107,33 @@ pub struct PreparedClaim {
     pub name: String,
     /// One entry per allocation result of this driver on this node.
     pub devices: Vec<PreparedClaimDevice>,
+    /// The pods the claim is reserved for (`status.reservedFor`, resource `pods`), as read at
+    /// the first prepare; the attach step finds a pod's claims by these UIDs.
+    ///
+    /// A network claim serves one pod (a claim reserved for several is refused at prepare,
+    /// DESIGN §3), so this holds the one pod kubelet prepared the claim for: kubelet prepares
+    /// a claim only once the scheduler reserved it for a pod it is starting. A repeated
+    /// prepare answers from the record without an API call (the fast path) and does not
+    /// refresh the list: a pod that is added to `reservedFor` later does not get the
+    /// interface. That cannot happen for a claim used by one pod; kubelet unprepares the
+    /// claim once no pod on the node uses it, and a new pod's prepare reads it afresh.
+    /// Older records have no list (empty): their claims attach to no pod until prepared
+    /// again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved_for: Vec<PodConsumer>,
+    /// `metadata.generation` at prepare, for the status conditions' `observedGeneration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// A pod a claim is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodConsumer {
+    /// Pod name.
+    pub name: String,
+    /// Pod UID.
+    pub uid: String,
 }
 
 /// One prepared device: the attachment's plan input (resolved config, host interface,
@@ -128,6 +156,16 @@ pub struct PreparedClaimDevice {
     pub config: ResolvedNetworkConfig,
     /// Interface addresses (static ones, or the pool lease), CIDR form with host bits.
     pub addresses: Vec<IpNetwork>,
+    /// How the device was offered (exclusive, shared, slot); older records lack it and the
+    /// attach derives it from the mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Sharing>,
+    /// The device type at prepare.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<DeviceKind>,
+    /// The host interface's MTU at prepare (the parent's for shared devices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_mtu: Option<u32>,
 }
 
 impl PreparedClaim {
@@ -315,12 +353,54 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         lock(&self.state).prepared.get(uid).cloned()
     }
 
+    /// The prepared claims reserved for the pod with `pod_uid`, ordered by claim name (the
+    /// attach order when the pod's `resourceClaims` order is unknown, DESIGN §3).
+    #[must_use]
+    pub fn prepared_for_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {
+        let mut claims: Vec<PreparedClaim> = lock(&self.state)
+            .prepared
+            .values()
+            .filter(|c| c.reserved_for.iter().any(|p| p.uid == pod_uid))
+            .cloned()
+            .collect();
+        claims
+            .sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+        claims
+    }
+
+    /// Every prepared claim.
+    #[must_use]
+    pub fn all_prepared(&self) -> Vec<PreparedClaim> {
+        lock(&self.state).prepared.values().cloned().collect()
+    }
+
+    /// Addresses leased per pool subnet, for `netclaim_ipam_addresses`.
+    #[must_use]
+    pub fn leased_per_pool(&self) -> std::collections::BTreeMap<IpNetwork, usize> {
+        lock(&self.state).ipam.leased_per_pool()
+    }
+
     /// UIDs of every prepared claim.
     #[must_use]
     pub fn prepared_uids(&self) -> Vec<String> {
         let mut uids: Vec<String> = lock(&self.state).prepared.keys().cloned().collect();
         uids.sort_unstable();
         uids
+    }
+
+    /// Whether the claim `namespace/name` with `uid` still exists in the API (`false` when
+    /// it was deleted or replaced by another claim of the same name).
+    pub async fn exists_in_api(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<bool, ReadError> {
+        match self.reader.get(namespace, name).await {
+            Ok(claim) => Ok(claim.metadata.uid.as_deref() == Some(uid)),
+            Err(ReadError::NotFound) => Ok(false),
+            Err(err) => Err(err),
+        }
     }
 
     /// Runs `work` holding the per-UID lock of `uid`.
@@ -423,6 +503,8 @@ fn commit_prepare<S: ClaimStore>(
         namespace: claim.namespace.clone(),
         name: claim.name.clone(),
         devices: Vec::with_capacity(devices.len()),
+        reserved_for: allocation.pods.clone(),
+        generation: allocation.generation,
     };
     let outcome = (|| {
         for (result, facts, config) in devices {
@@ -447,6 +529,9 @@ fn commit_prepare<S: ClaimStore>(
                 pool: result.pool.clone(),
                 device: result.device.clone(),
                 share_id: result.share_id.clone(),
+                sharing: Some(facts.sharing),
+                kind: Some(facts.kind),
+                host_mtu: Some(facts.mtu),
                 if_name: facts.if_name,
                 config,
                 addresses,

@@ -3,4 +3,5 @@
 pub mod discovery;
 pub mod link_events;
 pub mod netlink;
+pub mod pod_netns;
 pub mod sysfs;

@@ -57,6 +57,18 @@ impl HostNetlink {
     pub fn handle(&self) -> &Handle {
         &self.handle
     }
+
+    /// Every link of the host netns (name, index, MTU, MAC, alias).
+    pub async fn links(&self) -> Result<Vec<LinkState>, LinkOpError> {
+        self.handle
+            .link()
+            .get()
+            .execute()
+            .map_ok(|message| link_state(&message))
+            .try_collect()
+            .await
+            .map_err(|err| op_error("RTM_GETLINK dump", Side::Host, err))
+    }
 }
 
 /// Opens `path` and creates a NETLINK_ROUTE socket inside that netns on a fresh OS thread; the
@@ -127,6 +139,13 @@ impl NetlinkOps {
             }
             Err(err) => Err(err),
         }
+    }
+
+    /// For host-side work only (restoring a returned device): pod-side operations report
+    /// [`LinkOpError::NetnsGone`].
+    #[must_use]
+    pub fn host_only(host: &HostNetlink) -> Self {
+        Self { host: host.clone(), pod: None, pod_path: PathBuf::new() }
     }
 
     fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {

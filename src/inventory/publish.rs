@@ -139,6 +139,20 @@ impl<A: SliceApi> Publisher<A> {
         self.retained = devices.into_iter().map(|d| (d.if_name.clone(), d)).collect();
     }
 
+    /// Keeps published the devices whose host interface is in `moved` (moved into a pod),
+    /// taking them from the last publication; a device no longer moved is no longer
+    /// retained (discovery sees it again, or it is gone for good).
+    pub fn retain_moved(&mut self, moved: &BTreeSet<String>) {
+        self.retained.retain(|if_name, _| moved.contains(if_name));
+        if let Some(published) = &self.published_devices {
+            for device in published {
+                if moved.contains(&device.if_name) && !self.retained.contains_key(&device.if_name) {
+                    self.retained.insert(device.if_name.clone(), device.clone());
+                }
+            }
+        }
+    }
+
     /// Names of the slices this publisher wrote last.
     #[must_use]
     pub fn slice_names(&self) -> BTreeSet<String> {

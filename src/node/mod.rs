@@ -1,8 +1,9 @@
 //! `netclaim node`: the node daemon's composition root. Builds the adapters, runs the
 //! ResourceSlice publisher with its triggers (netlink events, slice watch), loads the
-//! prepared claims and serves kubelet's DRA calls, serves metrics, and shuts down on
-//! SIGTERM/SIGINT.
+//! prepared claims and pod attachments, serves kubelet's DRA calls, runs the NRI plugin that
+//! attaches pod interfaces, serves metrics, and shuts down on SIGTERM/SIGINT.
 
+pub mod attach;
 pub mod preparer;
 
 use std::net::SocketAddr;
@@ -16,13 +17,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::attach::AttachService;
 use crate::claims::{ClaimService, ServiceIdentity};
 use crate::host::discovery::{self, DiscoveryError};
 use crate::host::link_events;
+use crate::host::netlink::HostNetlink;
 use crate::host::sysfs::Sysfs;
 use crate::inventory::publish::{Publisher, RequestedSharing, SliceApiError};
 use crate::inventory::slices::PoolIdentity;
 use crate::inventory::{InventoryError, Selection, SharingMode};
+use crate::k8s::claim_status::{Backoff, StatusWriter};
 use crate::k8s::claims::KubeClaims;
 use crate::k8s::events::NodeEvents;
 use crate::k8s::resource_slices::{KubeSlices, SliceEvent};
@@ -30,6 +34,7 @@ use crate::k8s::{self, ClientError};
 use crate::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
 use crate::metrics::{Health, Metrics, MetricsServerError, ResultLabel};
 use crate::store::Store;
+use attach::{AttachingPreparer, KubeStatus, NodeAttach};
 use preparer::{DiscoveredDevices, MeteredPreparer};
 
 /// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
@@ -94,6 +99,15 @@ pub enum NodeError {
     /// Loading the state panicked.
     #[error("loading the state: {0}")]
     StateTask(#[source] tokio::task::JoinError),
+    /// The pod attachments could not be loaded.
+    #[error("loading pod attachments: {0}")]
+    Attachments(#[source] crate::store::StoreError),
+    /// The host netlink socket could not be opened.
+    #[error("opening the host netlink socket: {0}")]
+    Netlink(#[from] crate::podnet::LinkOpError),
+    /// The NRI plugin options are invalid.
+    #[error(transparent)]
+    Nri(#[from] crate::nri::PluginError),
     /// The netlink event subscription failed.
     #[error("subscribing to netlink link events: {0}")]
     LinkEvents(#[source] std::io::Error),
@@ -163,7 +177,18 @@ pub async fn run_until(
         controller: Some(true),
         ..OwnerReference::default()
     });
-    let kubelet = start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
+    let (kubelet, attach_service) = start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
+    // Devices that came back from pods destroyed while the daemon was down get their names
+    // back before the first publication; running pods are reconciled at Synchronize.
+    attach_service.start().await;
+    let nri_stop = tokio_util::sync::CancellationToken::new();
+    let nri_task = attach::spawn_plugin(
+        Arc::clone(&attach_service),
+        &config.nri_socket,
+        &config.nri_plugin_index,
+        nri_stop.clone(),
+    )?;
+    let mut moved = attach_service.moved_devices();
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
     let mut slice_events = Box::pin(slices.watch());
@@ -190,6 +215,9 @@ pub async fn run_until(
             Some(()) = link_changes.recv() => {
                 schedule(&mut due, &mut first_trigger);
             }
+            Ok(()) = moved.changed() => {
+                schedule(&mut due, &mut first_trigger);
+            }
             Some(event) = slice_events.next() => {
                 if handle_slice_event(&publisher, event, &mut relisted) {
                     force = true;
@@ -199,6 +227,7 @@ pub async fn run_until(
             () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
                 due = None;
                 first_trigger = None;
+                publisher.retain_moved(&moved.borrow_and_update());
                 match publish_round(&mut publisher, &sysfs, force, &metrics, &events).await {
                     Ok(()) => {
                         force = false;
@@ -218,6 +247,9 @@ pub async fn run_until(
     // Slices stay: kubelet removes a node's slices itself once the driver is gone for good,
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
+    // Interfaces stay in running pods (DESIGN §6): the plugin only disconnects.
+    nri_stop.cancel();
+    let _ignored = tokio::time::timeout(Duration::from_secs(2), nri_task).await;
     kubelet.stop();
     if let Err(err) = kubelet.wait().await {
         tracing::warn!(%err, "kubelet plugin stopped with an error");
@@ -227,26 +259,50 @@ pub async fn run_until(
     Ok(())
 }
 
-/// Opens the state dir, loads the prepared claims and serves the kubelet sockets.
+/// Opens the state dir, loads the prepared claims and pod attachments, and serves the
+/// kubelet sockets.
 async fn start_kubelet_plugin(
     config: &NodeConfig,
     client: &kube::Client,
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
-) -> Result<KubeletPluginHandle, NodeError> {
+) -> Result<(KubeletPluginHandle, Arc<NodeAttach>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
     let devices = DiscoveredDevices::new(config.sysfs_root.clone(), config.selection.clone());
     let state_dir = config.state_dir.clone();
-    let service = tokio::task::spawn_blocking(move || {
+    let (service, store) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
-        ClaimService::load(identity, reader, devices, store).map_err(NodeError::Claims)
+        let service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
+            .map_err(NodeError::Claims)?;
+        Ok::<_, NodeError>((service, store))
     })
     .await
     .map_err(NodeError::StateTask)??;
     tracing::info!(claims = service.prepared_uids().len(), "loaded prepared claims");
-    let preparer = Arc::new(MeteredPreparer::new(service, Arc::clone(metrics)));
+    let claims = Arc::new(service);
+    let writer = StatusWriter::new(
+        client.clone(),
+        &config.driver_name,
+        Backoff::default(),
+        Some(metrics.status_writes.clone()),
+    );
+    let status = KubeStatus::new(writer, client.clone(), &config.driver_name, &config.node_name);
+    let host = HostNetlink::current()?;
+    let (driver, attach_claims, attach_metrics) =
+        (config.driver_name.clone(), Arc::clone(&claims), Arc::clone(metrics));
+    let attach_service = tokio::task::spawn_blocking(move || {
+        AttachService::load(&driver, attach_claims, host, store, status, attach_metrics)
+            .map_err(NodeError::Attachments)
+    })
+    .await
+    .map_err(NodeError::StateTask)??;
+    let attach_service = Arc::new(attach_service);
+    let preparer = Arc::new(MeteredPreparer::new(
+        AttachingPreparer::new(claims, Arc::clone(&attach_service), Arc::clone(metrics)),
+        Arc::clone(metrics),
+    ));
     let mut stopped = stop.clone();
     let handle = KubeletPlugin::start(
         KubeletPluginConfig::new(
@@ -260,7 +316,7 @@ async fn start_kubelet_plugin(
         },
     )
     .await?;
-    Ok(handle)
+    Ok((handle, attach_service))
 }
 
 /// Debounces a trigger: publish `DEBOUNCE` after the last one, at most `MAX_DELAY` after the

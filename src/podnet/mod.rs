@@ -14,7 +14,7 @@
 
 pub mod apply;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 pub mod ops;
 pub mod plan;
 

@@ -19,6 +19,7 @@
 //!
 //! All calls block on disk I/O: async callers use `spawn_blocking`.
 
+mod attachments;
 mod claims;
 mod leases;
 

@@ -1,0 +1,297 @@
+//! Restart reconcile (DESIGN §6): brings the pod records, the kernel and the prepared claims
+//! in line with the pods the runtime reports in `Synchronize`, and, at start, gives devices
+//! that came back from destroyed pod namespaces their host name and MTU again.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use super::{
+    AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence, NetnsAccess,
+    PodAttachment, PodClaims, Sandbox, StatusSink, lock, log_detach,
+};
+use crate::nri::PodSandbox;
+use crate::podnet::ops::LinkState;
+use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
+use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
+
+/// Longest the check for claims deleted from the API may take within one `Synchronize`
+/// (the runtime's request timeout is a few seconds; a pass cut short is repeated at the next
+/// registration).
+const CLAIM_CHECK_BUDGET: Duration = Duration::from_secs(1);
+
+/// What reconcile does with one pod record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RecordAction {
+    /// The pod runs in the recorded netns: check its interfaces.
+    Verify,
+    /// The pod is gone (or runs in another sandbox): detach and forget the record.
+    Detach,
+    /// Stopped and gone: forget the record.
+    Forget,
+    /// Stopped, and the runtime still lists the pod: wait for RemovePodSandbox.
+    Keep,
+}
+
+/// Decides what to do with `record` given the running pods (by UID). Pure.
+pub(super) fn record_action(
+    record: &PodAttachment,
+    running: &HashMap<&str, &PodSandbox>,
+) -> RecordAction {
+    let pod = running.get(record.pod_uid.as_str());
+    match (record.state, pod) {
+        (AttachmentState::Attached, Some(pod))
+            if pod.netns_path.as_deref().is_none_or(|p| p == record.netns) =>
+        {
+            RecordAction::Verify
+        }
+        (AttachmentState::Attached, _) => RecordAction::Detach,
+        (AttachmentState::Stopped, None) => RecordAction::Forget,
+        (AttachmentState::Stopped, Some(_)) => RecordAction::Keep,
+    }
+}
+
+impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+    /// Start-up work before any NRI event: counts the VLAN sub-interface users of attached
+    /// pods and restores devices that came back to the host from destroyed pod netns.
+    pub async fn start(&self) {
+        let links = match self.netns.host_links().await {
+            Ok(links) => links,
+            Err(err) => {
+                tracing::warn!(%err, "listing host links at start");
+                return;
+            }
+        };
+        let records: Vec<PodAttachment> = lock(&self.inner)
+            .pods
+            .values()
+            .filter(|r| r.state == AttachmentState::Attached)
+            .cloned()
+            .collect();
+        for record in &records {
+            for device in &record.devices {
+                self.adopt_vlans(device, &links).await;
+            }
+        }
+        self.restore_returned(&links).await;
+    }
+
+    async fn adopt_vlans(&self, device: &AttachedDevice, links: &[LinkState]) {
+        for step in &device.plan.steps {
+            if let Step::EnsureVlan { vlan } = step {
+                let owned = links
+                    .iter()
+                    .any(|l| l.name == vlan.name && l.alias.as_deref() == Some(VLAN_ALIAS));
+                self.vlans.adopt(vlan, &device.claim_uid, owned).await;
+            }
+        }
+    }
+
+    /// Restores every host link carrying our device alias: a NIC the kernel returned from a
+    /// destroyed pod netns under its pod-side name. Its host name comes from the alias, its
+    /// MTU and MAC from the pod record or the prepared claim (else they stay).
+    async fn restore_returned(&self, links: &[LinkState]) {
+        let returned: Vec<&LinkState> = links
+            .iter()
+            .filter(|l| l.alias.as_deref().and_then(parse_device_alias).is_some())
+            .collect();
+        if returned.is_empty() {
+            return;
+        }
+        let ops = match self.netns.host().await {
+            Ok(ops) => ops,
+            Err(err) => {
+                tracing::warn!(%err, "opening the host netns to restore returned devices");
+                return;
+            }
+        };
+        for link in returned {
+            let Some((host_name, claim_uid)) = link.alias.as_deref().and_then(parse_device_alias)
+            else {
+                continue;
+            };
+            let (mtu, mac) =
+                self.original_mtu_mac(host_name, claim_uid).unwrap_or((link.mtu, None));
+            match ops.restore_in_host(link.index, host_name, mtu, mac).await {
+                Ok(()) => tracing::info!(link = %link.name, host_name, claim = claim_uid, mtu,
+                    "restored a device returned from a destroyed pod netns"),
+                Err(err) => tracing::warn!(link = %link.name, host_name, %err,
+                    "restoring a device returned from a destroyed pod netns"),
+            }
+        }
+    }
+
+    fn original_mtu_mac(
+        &self,
+        host_name: &str,
+        claim_uid: &str,
+    ) -> Option<(u32, Option<crate::model::network_config::MacAddr>)> {
+        let from_record =
+            lock(&self.inner).pods.values().flat_map(|r| r.devices.iter()).find_map(|d| {
+                (d.claim_uid == claim_uid && d.plan.host_device == host_name)
+                    .then_some((d.plan.host_mtu, d.plan.host_mac_to_restore))
+            });
+        from_record.or_else(|| {
+            self.claims.all_claims().into_iter().filter(|c| c.uid == claim_uid).find_map(|c| {
+                c.devices
+                    .iter()
+                    .find(|d| d.if_name == host_name)
+                    .and_then(|d| d.host_mtu)
+                    .map(|m| (m, None))
+            })
+        })
+    }
+
+    /// `Synchronize`: the runtime's pods after (re)registration.
+    pub(super) async fn reconcile(&self, pods: &[PodSandbox]) {
+        let started = Instant::now();
+        let running: HashMap<&str, &PodSandbox> =
+            pods.iter().map(|p| (p.uid.as_str(), p)).collect();
+        let records: Vec<PodAttachment> = lock(&self.inner).pods.values().cloned().collect();
+        let (mut verified, mut detached) = (0usize, 0usize);
+        for record in records {
+            match record_action(&record, &running) {
+                RecordAction::Verify => {
+                    verified += 1;
+                    self.serialised(&record.pod_uid, self.verify(&record.pod_uid)).await;
+                }
+                RecordAction::Detach => {
+                    detached += 1;
+                    self.serialised(&record.pod_uid, async {
+                        self.detach_record(&record).await;
+                        self.submit_stopped(&record);
+                        self.drop_record(&record.pod_uid).await;
+                    })
+                    .await;
+                }
+                RecordAction::Forget => {
+                    self.serialised(&record.pod_uid, self.drop_record(&record.pod_uid)).await;
+                }
+                RecordAction::Keep => {}
+            }
+        }
+        // Pods whose sandbox started while the daemon was down (or whose attach never
+        // finished) get their interfaces now.
+        let mut attached = 0usize;
+        for pod in pods {
+            let sandbox = Sandbox::from_pod(pod);
+            lock(&self.inner).sandboxes.insert(sandbox.uid.clone(), sandbox.clone());
+            let claims = self.claims.claims_of_pod(&pod.uid);
+            if claims.is_empty() || self.covered(&pod.uid, pod.netns_path.as_deref(), &claims) {
+                continue;
+            }
+            attached += 1;
+            // Errors are reported on the claims and the Pod; CreateContainer retries.
+            let _reported = self.attach_and_report(&sandbox, Instant::now()).await;
+        }
+        match self.netns.host_links().await {
+            Ok(links) => self.restore_returned(&links).await,
+            Err(err) => tracing::warn!(%err, "listing host links for reconcile"),
+        }
+        self.refresh_moved();
+        let running_uids: BTreeSet<&str> = running.keys().copied().collect();
+        let released =
+            tokio::time::timeout(CLAIM_CHECK_BUDGET, self.release_gone_claims(&running_uids))
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::info!(
+                        "checking prepared claims against the API took too long; next time"
+                    );
+                    0
+                });
+        tracing::info!(pods = pods.len(), verified, detached, attached, released,
+            took = ?started.elapsed(), "reconciled with the runtime's pods");
+    }
+
+    /// Forgets the record of pod `uid` (store, then memory).
+    async fn drop_record(&self, uid: &str) {
+        if let Err(err) = self.forget(uid).await {
+            tracing::warn!(pod = %uid, %err, "forgetting the pod record");
+            return;
+        }
+        lock(&self.inner).pods.remove(uid);
+    }
+
+    /// Checks that a running pod still has its interfaces; attaches again what is missing
+    /// or was not finished before a crash.
+    async fn verify(&self, uid: &str) {
+        let Some(mut record) = lock(&self.inner).pods.get(uid).cloned() else {
+            return;
+        };
+        let ops = match self.netns.open(&record.netns).await {
+            Ok(ops) => ops,
+            Err(LinkOpError::NetnsGone { .. }) => {
+                // Listed as running, but its netns is gone: treat it as gone.
+                self.detach_record(&record).await;
+                self.drop_record(uid).await;
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(pod = %uid, %err, "opening the pod netns to verify its interfaces");
+                return;
+            }
+        };
+        let links = self.netns.host_links().await.unwrap_or_default();
+        let mut changed = false;
+        for index in 0..record.devices.len() {
+            let device = record.devices[index].clone();
+            let link = ops.link(Side::Pod, &device.plan.interface_name).await.ok().flatten();
+            if link.is_some() && device.result.is_some() {
+                self.adopt_vlans(&device, &links).await;
+                continue;
+            }
+            // Missing, or its result never reached the disk: the attach may have stopped
+            // half-way (a crash), so undo whatever is there and attach it again. For a
+            // result lost in the few milliseconds between a complete attach and its
+            // background write, this re-creates a working interface (same name and
+            // addresses): a short blip, never a wrong one.
+            if link.is_some() {
+                let report = detach(&ops, &self.vlans, &device.plan).await;
+                log_detach(&record, &device, &report);
+            }
+            self.adopt_vlans(&device, &links).await;
+            match attach(&ops, &self.vlans, &device.plan).await {
+                Ok(result) => {
+                    tracing::info!(pod = %uid, interface = %result.name, "re-attached a missing interface");
+                    record.devices[index].result = Some(result);
+                }
+                Err(err) => {
+                    tracing::warn!(pod = %uid, %err, "re-attaching a missing interface");
+                    record.devices[index].result = None;
+                }
+            }
+            changed = true;
+        }
+        if changed && let Err(err) = self.persist(record.clone()).await {
+            tracing::warn!(pod = %uid, %err, "persisting the verified pod");
+        }
+        let claims: Vec<_> = self.claims.claims_of_pod(uid);
+        for claim in &claims {
+            self.submit_ready(claim, &record);
+        }
+        lock(&self.inner).pods.insert(uid.to_owned(), record);
+    }
+
+    /// Releases prepared claims that no running pod uses and whose ResourceClaim is gone from
+    /// the API (kubelet will not unprepare a claim of a pod it forgot). Returns how many.
+    async fn release_gone_claims(&self, running: &BTreeSet<&str>) -> usize {
+        let mut released = 0;
+        for claim in self.claims.all_claims() {
+            if claim.reserved_for.iter().any(|p| running.contains(p.uid.as_str())) {
+                continue;
+            }
+            if self.claims.presence(&claim).await != ClaimPresence::Gone {
+                continue;
+            }
+            self.detach_claim(&claim.uid).await;
+            match self.claims.release(&claim).await {
+                Ok(()) => {
+                    released += 1;
+                    tracing::info!(claim = %claim.name, namespace = %claim.namespace,
+                        uid = %claim.uid, "released a prepared claim that is gone from the API");
+                }
+                Err(err) => tracing::warn!(claim = %claim.name, %err, "releasing a gone claim"),
+            }
+        }
+        released
+    }
+}

@@ -1,0 +1,688 @@
+//! Unit tests of the attach service over the fake kernel and in-memory ports.
+
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ipnetwork::IpNetwork;
+use serde_json::json;
+
+use super::reconcile::{RecordAction, record_action};
+use super::*;
+use crate::claims::PodConsumer;
+use crate::model::network_config::{
+    ConfigEntry, ConfigSource, DeviceFacts, MacAddr, Route, resolve,
+};
+use crate::podnet::fake::FakeKernel;
+use crate::podnet::ops::{EEXIST, LinkState};
+use crate::podnet::plan::ChildKind;
+
+/// [`LinkOps`] over a shared fake kernel (the service owns its ops).
+struct FakeOps(Arc<FakeKernel>);
+
+impl LinkOps for FakeOps {
+    async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        self.0.link(side, name).await
+    }
+    async fn create_child(
+        &self,
+        kind: ChildKind,
+        parent_index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        self.0.create_child(kind, parent_index, name, mtu, mac).await
+    }
+    async fn create_vlan(
+        &self,
+        parent_index: u32,
+        name: &str,
+        id: u16,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        self.0.create_vlan(parent_index, name, id, alias).await
+    }
+    async fn move_to_pod(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        self.0.move_to_pod(index, name, mtu, mac, alias).await
+    }
+    async fn move_to_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        self.0.move_to_host(index, name, mtu, mac).await
+    }
+    async fn restore_in_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        self.0.restore_in_host(index, name, mtu, mac).await
+    }
+    async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
+        self.0.delete_link(side, index).await
+    }
+    async fn add_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+        nodad: bool,
+    ) -> Result<(), LinkOpError> {
+        self.0.add_address(index, address, nodad).await
+    }
+    async fn delete_address(&self, index: u32, address: IpNetwork) -> Result<(), LinkOpError> {
+        self.0.delete_address(index, address).await
+    }
+    async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
+        self.0.set_up(index, up).await
+    }
+    async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        self.0.add_route(index, route).await
+    }
+    async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        self.0.delete_route(index, route).await
+    }
+}
+
+/// The fake kernel has one pod netns; `netns` lists the paths that "exist" for `open`.
+struct FakeNetns {
+    kernel: Arc<FakeKernel>,
+    netns: Arc<Mutex<BTreeSet<PathBuf>>>,
+}
+
+impl NetnsAccess for FakeNetns {
+    type Ops = FakeOps;
+
+    async fn open(&self, path: &Path) -> Result<FakeOps, LinkOpError> {
+        if self.netns.lock().unwrap().contains(path) {
+            Ok(FakeOps(Arc::clone(&self.kernel)))
+        } else {
+            Err(LinkOpError::NetnsGone { path: path.display().to_string() })
+        }
+    }
+
+    async fn open_for_detach(&self, _path: &Path) -> Result<FakeOps, LinkOpError> {
+        Ok(FakeOps(Arc::clone(&self.kernel)))
+    }
+
+    async fn host_links(&self) -> Result<Vec<LinkState>, LinkOpError> {
+        Ok(self
+            .kernel
+            .links(Side::Host)
+            .iter()
+            .filter_map(|name| self.kernel.get(Side::Host, name))
+            .collect())
+    }
+
+    async fn host(&self) -> Result<FakeOps, LinkOpError> {
+        Ok(FakeOps(Arc::clone(&self.kernel)))
+    }
+}
+
+#[derive(Default)]
+struct FakeClaims {
+    claims: Mutex<Vec<PreparedClaim>>,
+    gone: Mutex<BTreeSet<String>>,
+    released: Mutex<Vec<String>>,
+}
+
+impl PodClaims for Arc<FakeClaims> {
+    fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {
+        let mut claims: Vec<PreparedClaim> = self
+            .claims
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.reserved_for.iter().any(|p| p.uid == pod_uid))
+            .cloned()
+            .collect();
+        claims.sort_by(|a, b| a.name.cmp(&b.name));
+        claims
+    }
+    fn all_claims(&self) -> Vec<PreparedClaim> {
+        self.claims.lock().unwrap().clone()
+    }
+    async fn presence(&self, claim: &PreparedClaim) -> ClaimPresence {
+        if self.gone.lock().unwrap().contains(&claim.uid) {
+            ClaimPresence::Gone
+        } else {
+            ClaimPresence::Present
+        }
+    }
+    async fn release(&self, claim: &PreparedClaim) -> Result<(), String> {
+        self.claims.lock().unwrap().retain(|c| c.uid != claim.uid);
+        self.released.lock().unwrap().push(claim.uid.clone());
+        Ok(())
+    }
+}
+
+#[derive(Clone, Default)]
+struct MemStore(Arc<Mutex<BTreeMap<String, PodAttachment>>>);
+
+impl AttachmentStore for MemStore {
+    type Error = std::io::Error;
+    fn load_attachments(&self) -> Result<Vec<PodAttachment>, std::io::Error> {
+        Ok(self.0.lock().unwrap().values().cloned().collect())
+    }
+    fn save_attachment(&self, attachment: &PodAttachment) -> Result<(), std::io::Error> {
+        self.0.lock().unwrap().insert(attachment.pod_uid.clone(), attachment.clone());
+        Ok(())
+    }
+    fn remove_attachment(&self, pod_uid: &str) -> Result<(), std::io::Error> {
+        self.0.lock().unwrap().remove(pod_uid);
+        Ok(())
+    }
+}
+
+type Submitted = Vec<(StatusClaimRef, Vec<AllocatedDeviceStatus>)>;
+
+#[derive(Clone, Default)]
+struct Recorder {
+    statuses: Arc<Mutex<Submitted>>,
+    warnings: Arc<Mutex<Vec<(PodRef, String)>>>,
+}
+
+impl StatusSink for Recorder {
+    fn submit(&self, claim: StatusClaimRef, entries: Vec<AllocatedDeviceStatus>) {
+        self.statuses.lock().unwrap().push((claim, entries));
+    }
+    fn warn_pod(&self, pod: PodRef, reason: &'static str, message: String) {
+        self.warnings.lock().unwrap().push((pod, format!("{reason}: {message}")));
+    }
+}
+
+impl Recorder {
+    /// The last entries written for claim `name`.
+    fn last(&self, name: &str) -> Vec<AllocatedDeviceStatus> {
+        self.statuses
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(c, _)| c.name == name)
+            .map(|(_, e)| e.clone())
+            .unwrap_or_default()
+    }
+}
+
+type Service = AttachService<Arc<FakeClaims>, FakeNetns, MemStore, Recorder>;
+
+struct World {
+    kernel: Arc<FakeKernel>,
+    netns: Arc<Mutex<BTreeSet<PathBuf>>>,
+    claims: Arc<FakeClaims>,
+    store: MemStore,
+    status: Recorder,
+    metrics: Arc<Metrics>,
+}
+
+impl World {
+    fn new() -> Self {
+        let kernel = Arc::new(FakeKernel::new());
+        kernel.add_host_link("eth1", 1500, None);
+        kernel.add_host_link("eth2", 9000, None);
+        Self {
+            kernel,
+            netns: Arc::default(),
+            claims: Arc::default(),
+            store: MemStore::default(),
+            status: Recorder::default(),
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
+    fn service(&self) -> Service {
+        AttachService::load(
+            "netclaim.dev",
+            Arc::clone(&self.claims),
+            FakeNetns { kernel: Arc::clone(&self.kernel), netns: Arc::clone(&self.netns) },
+            self.store.clone(),
+            self.status.clone(),
+            Arc::clone(&self.metrics),
+        )
+        .unwrap()
+    }
+
+    /// Waits until the stored record of `pod` has its results (written in the background).
+    async fn results_stored(&self, pod: &str) {
+        for _ in 0..500 {
+            let stored = self.store.0.lock().unwrap().get(pod).cloned();
+            if stored.is_some_and(|r| r.devices.iter().all(|d| d.result.is_some())) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        panic!("the results of {pod} were never stored");
+    }
+
+    fn add_claim(&self, claim: PreparedClaim) {
+        self.claims.claims.lock().unwrap().push(claim);
+    }
+
+    fn pod(&self, uid: &str) -> PodSandbox {
+        let path = PathBuf::from(format!("/run/netns/{uid}"));
+        self.netns.lock().unwrap().insert(path.clone());
+        PodSandbox {
+            id: format!("sandbox-{uid}"),
+            uid: uid.to_owned(),
+            name: format!("pod-{uid}"),
+            namespace: "ns".to_owned(),
+            netns_path: Some(path),
+            ..PodSandbox::default()
+        }
+    }
+}
+
+fn facts(if_name: &str, sharing: Sharing, mtu: u32) -> DeviceFacts {
+    DeviceFacts {
+        sharing,
+        kind: DeviceKind::Physical,
+        if_name: if_name.to_owned(),
+        mtu,
+        min_mtu: 68,
+        max_mtu: 9000,
+        pf_mtu: None,
+        passthru_children: 0,
+        other_children: 0,
+    }
+}
+
+/// A prepared claim `name` (uid `uid-<name>`) for pod `pod`, one device per
+/// `(request, parent, config)`.
+fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> PreparedClaim {
+    let uid = format!("uid-{name}");
+    PreparedClaim {
+        uid,
+        namespace: "ns".to_owned(),
+        name: name.to_owned(),
+        devices: devices
+            .iter()
+            .map(|(request, if_name, parameters)| {
+                let mut parameters = parameters.clone();
+                parameters["apiVersion"] = json!("netclaim.dev/v1alpha1");
+                parameters["kind"] = json!("NetworkConfig");
+                let exclusive = parameters["mode"] == "host-device";
+                let sharing = if exclusive { Sharing::Exclusive } else { Sharing::Shared };
+                let device_facts =
+                    facts(if_name, sharing, if *if_name == "eth2" { 9000 } else { 1500 });
+                let entries =
+                    [ConfigEntry { source: ConfigSource::Claim, requests: Vec::new(), parameters }];
+                let config = resolve(&entries, request, &device_facts).unwrap();
+                let addresses = match &config.addressing {
+                    Addressing::Static(a) => a.clone(),
+                    _ => Vec::new(),
+                };
+                PreparedClaimDevice {
+                    request: (*request).to_owned(),
+                    pool: "node-a".to_owned(),
+                    device: (*if_name).to_owned(),
+                    share_id: (!exclusive).then(|| format!("share-{name}-{request}")),
+                    if_name: (*if_name).to_owned(),
+                    config,
+                    addresses,
+                    sharing: Some(sharing),
+                    kind: Some(DeviceKind::Physical),
+                    host_mtu: Some(device_facts.mtu),
+                }
+            })
+            .collect(),
+        reserved_for: vec![PodConsumer { name: format!("pod-{pod}"), uid: pod.to_owned() }],
+        generation: Some(3),
+    }
+}
+
+fn macvlan(address: &str) -> serde_json::Value {
+    json!({"mode": "macvlan", "ipam": {"addresses": [address]}})
+}
+
+fn ready(entries: &[AllocatedDeviceStatus]) -> Vec<(String, String, Option<String>)> {
+    entries
+        .iter()
+        .map(|e| {
+            let c = &e.conditions.as_ref().unwrap()[0];
+            (
+                c.status.clone(),
+                c.reason.clone(),
+                e.network_data.as_ref().and_then(|d| d.interface_name.clone()),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn claims_attach_in_name_order_with_default_names_and_report_ready() {
+    let world = World::new();
+    // Added out of order, and one request with an explicit name.
+    world.add_claim(claim("zeta", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
+    world.add_claim(claim(
+        "alpha",
+        "p1",
+        &[
+            ("b", "eth1", macvlan("10.0.1.6/24")),
+            ("a", "eth1", json!({"mode": "macvlan", "interface": {"name": "net1"}})),
+        ],
+    ));
+    let service = world.service();
+    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+
+    // alpha/a keeps its explicit net1; alpha/b and zeta/nic get net2 and net3.
+    let creates: Vec<String> =
+        world.kernel.log().into_iter().filter(|l| l.starts_with("create macvlan")).collect();
+    assert_eq!(creates.len(), 3, "{creates:?}");
+    assert!(
+        creates[0].contains(" net1 ")
+            && creates[1].contains(" net2 ")
+            && creates[2].contains(" net3 "),
+        "{creates:?}"
+    );
+    let record = service.attachment("p1").unwrap();
+    let names: Vec<(&str, &str)> = record
+        .devices
+        .iter()
+        .map(|d| (d.claim_name.as_str(), d.plan.interface_name.as_str()))
+        .collect();
+    assert_eq!(names, [("alpha", "net1"), ("alpha", "net2"), ("zeta", "net3")]);
+    assert!(record.devices.iter().all(|d| d.result.is_some()));
+    assert_eq!(world.store.0.lock().unwrap()["p1"].netns, PathBuf::from("/run/netns/p1"));
+
+    let zeta = world.status.last("zeta");
+    assert_eq!(
+        ready(&zeta),
+        [("True".to_owned(), "NetworkReady".to_owned(), Some("net3".to_owned()))]
+    );
+    let data = zeta[0].network_data.as_ref().unwrap();
+    assert_eq!(data.ips.as_deref().unwrap(), ["10.0.2.5/24"]);
+    assert!(data.hardware_address.is_some());
+    assert_eq!(zeta[0].share_id.as_deref(), Some("share-zeta-nic"));
+    assert_eq!(zeta[0].conditions.as_ref().unwrap()[0].observed_generation, Some(3));
+    assert_eq!(world.status.last("alpha").len(), 2);
+    let text = world.metrics.encode();
+    assert!(text.contains(r#"netclaim_attach_duration_seconds_count{mode="macvlan"} 3"#), "{text}");
+    assert!(
+        text.contains(r#"netclaim_nri_events_total{event="RunPodSandbox",result="success"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_failure_in_the_second_claim_rolls_back_the_first_and_names_the_step() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim("b", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
+    world.kernel.fail_on("add address 10.0.2.5/24", EEXIST);
+    let service = world.service();
+    let err = service.run_pod_sandbox(world.pod("p1")).await.unwrap_err();
+    let message = err.to_string();
+    for part in ["claim ns/b", "request nic", "device eth1", "add address 10.0.2.5/24", "errno 17"]
+    {
+        assert!(message.contains(part), "{part:?} missing in {message}");
+    }
+    assert!(world.kernel.links(Side::Pod).is_empty(), "{:?}", world.kernel.links(Side::Pod));
+    assert_eq!(world.kernel.leftovers(), (0, 0));
+    assert!(service.attachment("p1").is_none());
+    assert!(world.store.0.lock().unwrap().is_empty());
+    for name in ["a", "b"] {
+        let entries = world.status.last(name);
+        assert_eq!(
+            ready(&entries),
+            [("False".to_owned(), "AttachFailed".to_owned(), None)],
+            "{name}"
+        );
+    }
+    let warnings = world.status.warnings.lock().unwrap().clone();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].1.starts_with("AttachFailed: ") && warnings[0].0.uid == "p1");
+
+    // kubelet retries the sandbox: now it works.
+    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"]);
+    assert_eq!(ready(&world.status.last("b"))[0].0, "True");
+}
+
+#[tokio::test]
+async fn a_second_run_pod_sandbox_is_a_no_op() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    let service = world.service();
+    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    let calls = world.kernel.log().len();
+    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    service.create_container(world.pod("p1"), Container::default()).await.unwrap();
+    assert_eq!(world.kernel.log().len(), calls);
+}
+
+#[tokio::test]
+async fn pods_without_claims_cost_nothing() {
+    let world = World::new();
+    let service = world.service();
+    service.run_pod_sandbox(world.pod("other")).await.unwrap();
+    let mut host_network = world.pod("hostnet");
+    host_network.netns_path = None;
+    service.run_pod_sandbox(host_network).await.unwrap();
+    service.stop_pod_sandbox(world.pod("unknown")).await.unwrap();
+    service.remove_pod_sandbox(world.pod("unknown")).await.unwrap();
+    assert!(world.kernel.log().is_empty());
+    assert!(world.store.0.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn create_container_refuses_without_a_netns_and_attaches_when_it_knows_one() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    let service = world.service();
+    let mut pod = world.pod("p1");
+    pod.netns_path = None;
+    let err = service
+        .create_container(pod.clone(), Container { name: "app".into(), ..Container::default() })
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("container app") && err.to_string().contains("not attached"),
+        "{err}"
+    );
+    assert!(world.kernel.links(Side::Pod).is_empty());
+
+    // The runtime's CreateContainer carries the pod's netns: attach, then allow.
+    service.create_container(world.pod("p1"), Container::default()).await.unwrap();
+    assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+
+    // A netns that does not exist: refused with the cause.
+    world.add_claim(claim("b", "p2", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
+    let mut gone = world.pod("p2");
+    gone.netns_path = Some(PathBuf::from("/run/netns/never"));
+    let err = service.create_container(gone, Container::default()).await.unwrap_err();
+    assert!(err.to_string().contains("is gone"), "{err}");
+}
+
+#[tokio::test]
+async fn stop_detaches_and_keeps_the_record_until_remove() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim(
+        "nic",
+        "p1",
+        &[("dev", "eth2", json!({"mode": "host-device", "interface": {"mtu": 1500}}))],
+    ));
+    let service = world.service();
+    let moved = service.moved_devices();
+    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"]);
+    assert_eq!(*moved.borrow(), BTreeSet::from(["eth2".to_owned()]));
+
+    let mut stop = world.pod("p1");
+    stop.netns_path = None; // as containerd sends it
+    service.stop_pod_sandbox(stop.clone()).await.unwrap();
+    assert!(world.kernel.links(Side::Pod).is_empty());
+    let eth2 = world.kernel.get(Side::Host, "eth2").unwrap();
+    assert_eq!((eth2.mtu, eth2.alias), (9000, None));
+    assert!(moved.borrow().is_empty());
+    assert_eq!(service.attachment("p1").unwrap().state, AttachmentState::Stopped);
+    assert_eq!(
+        ready(&world.status.last("nic")),
+        [("False".to_owned(), "PodStopped".to_owned(), None)]
+    );
+    let text = world.metrics.encode();
+    assert!(
+        text.contains(r#"netclaim_detach_duration_seconds_count{mode="host-device"} 1"#),
+        "{text}"
+    );
+
+    service.remove_pod_sandbox(stop).await.unwrap();
+    assert!(service.attachment("p1").is_none());
+    assert!(world.store.0.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unprepare_of_an_attached_claim_detaches_it() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim("b", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
+    let service = world.service();
+    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    service.detach_claim("uid-a").await;
+    assert_eq!(world.kernel.links(Side::Pod), ["net2"]);
+    let record = service.attachment("p1").unwrap();
+    assert_eq!(record.devices.len(), 1);
+    assert_eq!(world.store.0.lock().unwrap()["p1"].devices.len(), 1);
+}
+
+fn running(p: &PodSandbox) -> HashMap<&str, &PodSandbox> {
+    HashMap::from([("p1", p)])
+}
+
+#[test]
+fn record_actions_follow_the_runtime_pods() {
+    use AttachmentState::{Attached, Stopped};
+
+    let record = |state| PodAttachment {
+        pod_uid: "p1".into(),
+        pod_name: "p".into(),
+        pod_namespace: "ns".into(),
+        sandbox_id: "s".into(),
+        netns: PathBuf::from("/run/netns/a"),
+        state,
+        devices: Vec::new(),
+    };
+    let pod = |netns: Option<&str>| PodSandbox {
+        uid: "p1".into(),
+        netns_path: netns.map(PathBuf::from),
+        ..PodSandbox::default()
+    };
+    let same = pod(Some("/run/netns/a"));
+    let other = pod(Some("/run/netns/b"));
+    let unknown = pod(None);
+    let none = HashMap::new();
+    assert_eq!(record_action(&record(Attached), &running(&same)), RecordAction::Verify);
+    assert_eq!(record_action(&record(Attached), &running(&unknown)), RecordAction::Verify);
+    assert_eq!(record_action(&record(Attached), &running(&other)), RecordAction::Detach);
+    assert_eq!(record_action(&record(Attached), &none), RecordAction::Detach);
+    assert_eq!(record_action(&record(Stopped), &none), RecordAction::Forget);
+    assert_eq!(record_action(&record(Stopped), &running(&same)), RecordAction::Keep);
+}
+
+#[tokio::test]
+async fn synchronize_attaches_running_pods_and_detaches_gone_ones() {
+    let world = World::new();
+    world.add_claim(claim("gone", "old", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    {
+        let service = world.service();
+        service.run_pod_sandbox(world.pod("old")).await.unwrap();
+        world.results_stored("old").await;
+    }
+    assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+    // Restart: pod "old" is gone, pod "new" started while the daemon was down.
+    world.add_claim(claim("fresh", "new", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
+    world.claims.gone.lock().unwrap().insert("uid-gone".into());
+    let service = world.service();
+    service.start().await;
+    service.synchronize(vec![world.pod("new")]).await.unwrap();
+
+    assert!(service.attachment("old").is_none());
+    assert!(!world.store.0.lock().unwrap().contains_key("old"));
+    let record = service.attachment("new").unwrap();
+    assert_eq!(record.devices[0].plan.addresses(), ["10.0.2.5/24".parse::<IpNetwork>().unwrap()]);
+    // One pod netns in the fake: the old net1 was deleted, the new pod's net1 created.
+    assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+    assert_eq!(*world.claims.released.lock().unwrap(), ["uid-gone"]);
+    assert_eq!(ready(&world.status.last("fresh"))[0].0, "True");
+    assert_eq!(ready(&world.status.last("gone"))[0].1, "PodStopped");
+}
+
+#[tokio::test]
+async fn synchronize_keeps_running_interfaces_and_restores_missing_ones() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim("b", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
+    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    world.results_stored("p1").await;
+    // Someone deleted net2 inside the pod while the daemon was down.
+    let net2 = world.kernel.get(Side::Pod, "net2").unwrap();
+    world.kernel.delete_link(Side::Pod, net2.index).await.unwrap();
+    let service = world.service();
+    let calls = world.kernel.log().len();
+    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    let after: Vec<String> = world.kernel.log()[calls..].to_vec();
+    assert!(after.iter().all(|l| !l.contains("net1")), "net1 untouched: {after:?}");
+    assert!(
+        after.iter().any(|l| l.starts_with("create macvlan") && l.contains("net2")),
+        "{after:?}"
+    );
+    assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"]);
+}
+
+#[tokio::test]
+async fn start_restores_a_device_that_came_back_under_its_pod_name() {
+    let world = World::new();
+    world.add_claim(claim(
+        "nic",
+        "p1",
+        &[("dev", "eth2", json!({"mode": "host-device", "interface": {"mtu": 1500}}))],
+    ));
+    // The pod netns died while the daemon was down: the kernel put the NIC back as net1.
+    world.kernel.add_host_link("net1", 1500, Some("netclaim.dev/device host=eth9 claim=uid-nic"));
+    // An administrator's link with another alias is never touched.
+    world.kernel.add_host_link("mine0", 1400, Some("something else"));
+    let service = world.service();
+    service.start().await;
+    assert!(world.kernel.get(Side::Host, "net1").is_none());
+    let eth9 = world.kernel.get(Side::Host, "eth9").unwrap();
+    // No record: the MTU comes from the prepared claim (eth9 is not its device, so the
+    // current MTU stays).
+    assert_eq!((eth9.mtu, eth9.alias), (1500, None));
+    assert_eq!(world.kernel.get(Side::Host, "mine0").unwrap().mtu, 1400);
+}
+
+#[tokio::test]
+async fn a_record_of_a_dead_pod_gives_the_nic_back_with_its_mtu() {
+    let world = World::new();
+    world.add_claim(claim(
+        "nic",
+        "p1",
+        &[("dev", "eth2", json!({"mode": "host-device", "interface": {"mtu": 1500}}))],
+    ));
+    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    // The pod netns is destroyed while the daemon is down; the kernel returns the NIC as net1.
+    let moved = world.kernel.get(Side::Pod, "net1").unwrap();
+    world.kernel.destroy_pod_netns();
+    world.kernel.add_host_link("net1", moved.mtu, moved.alias.as_deref());
+    let service = world.service();
+    service.start().await;
+    service.synchronize(Vec::new()).await.unwrap();
+    let eth2 = world.kernel.get(Side::Host, "eth2").unwrap();
+    assert_eq!((eth2.mtu, eth2.alias), (9000, None));
+    assert!(service.attachment("p1").is_none());
+}

@@ -1,0 +1,399 @@
+//! Root integration tests of pod interface attach through the real `netclaim node` binary:
+//! `netclaim dev --api-only` and the daemon run in a throwaway "node" netns with a veth
+//! parent; claims are allocated by the dev allocator as the scheduler would, prepared over
+//! kubelet's DRA socket, and pod sandboxes are announced by our in-process NRI runtime on a
+//! temp socket, each pod being another throwaway netns.
+
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimConsumerReference};
+use kube::Api;
+use kube::api::PostParams;
+use netclaim::dev::allocator::{AllocatorController, reserve_for};
+use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
+use netclaim::nri::{NriRuntime, PodSandbox, RuntimeOptions};
+use serde_json::json;
+use support::{Child, Netns, require_root};
+
+const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
+const API_LISTEN: &str = "127.0.0.1:16443";
+const METRICS_LISTEN: &str = "127.0.0.1:19178";
+/// Bound for "eventually": the daemon reacts within milliseconds; the bound only keeps a
+/// broken build from hanging.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The node: API server, veth parent, NRI runtime socket, state and kubelet dirs.
+struct Node {
+    netns: Netns,
+    dir: tempfile::TempDir,
+    parent: String,
+    runtime: tokio::runtime::Runtime,
+    nri: Option<NriRuntime>,
+    _api: Child,
+}
+
+impl Node {
+    fn start() -> Self {
+        let netns = Netns::new();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let api = netns.spawn(
+            NETCLAIM,
+            &[
+                "dev",
+                "--api-only",
+                "--listen",
+                API_LISTEN,
+                "--kubeconfig-out",
+                kubeconfig.to_str().unwrap(),
+            ],
+            &dir.path().join("api.log"),
+        );
+        let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
+        netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
+        netns.ip(&["link", "set", &parent, "up"]);
+        netns.ip(&["link", "set", &peer, "up"]);
+        // The runtime side of NRI only needs a Unix socket: it runs on the test's own runtime.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let socket = dir.path().join("nri.sock");
+        let nri =
+            runtime.block_on(async { NriRuntime::bind(RuntimeOptions::new(socket)).unwrap() });
+        let deadline = Instant::now() + PATIENCE;
+        while !kubeconfig.exists() {
+            assert!(Instant::now() < deadline, "the API server did not write its kubeconfig");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { netns, dir, parent, runtime, nri: Some(nri), _api: api }
+    }
+
+    fn nri(&self) -> &NriRuntime {
+        self.nri.as_ref().unwrap()
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn start_daemon(&self, log: &str) -> Child {
+        let path = |name: &str| self.dir.path().join(name).to_str().unwrap().to_owned();
+        let args = [
+            "node".to_owned(),
+            "--node-name".to_owned(),
+            "test-node".to_owned(),
+            "--kubeconfig".to_owned(),
+            path("kubeconfig"),
+            "--metrics-address".to_owned(),
+            METRICS_LISTEN.to_owned(),
+            "--state-dir".to_owned(),
+            path("state"),
+            "--kubelet-registry-dir".to_owned(),
+            path("registry"),
+            "--kubelet-plugin-dir".to_owned(),
+            path("plugin"),
+            "--nri-socket".to_owned(),
+            path("nri.sock"),
+            "--nri-plugin-index".to_owned(),
+            "10".to_owned(),
+            "--shared-parents".to_owned(),
+            self.parent.clone(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log));
+        let registered = self.runtime.block_on(self.nri().wait_for_plugins(1, PATIENCE));
+        assert!(registered.is_ok(), "the daemon's NRI plugin did not register:\n{}", self.log(log));
+        assert_eq!(self.nri().plugins()[0].full_name(), "10-netclaim");
+        child
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    /// Runs `work` with an API client, inside the node netns.
+    fn api<F, Fut, T>(&self, work: F) -> T
+    where
+        F: FnOnce(kube::Client) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+        T: Send + 'static,
+    {
+        let kubeconfig = self.kubeconfig();
+        self.netns.block_on(move || async move {
+            let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
+            work(client).await
+        })
+    }
+
+    /// A macvlan claim on the parent with a pool, allocated and reserved for `pod` as the
+    /// scheduler does; returns its UID once the daemon published the parent.
+    fn allocated_claim(&self, name: &str, pod: &PodSandbox, subnet: &str) -> String {
+        let (name, parent, subnet) = (name.to_owned(), self.parent.clone(), subnet.to_owned());
+        let consumer = ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".to_owned(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        };
+        let deadline = Instant::now() + PATIENCE;
+        self.api(move |client| async move {
+            let classes: Api<DeviceClass> = Api::all(client.clone());
+            if classes.get_opt("macvlan").await.unwrap().is_none() {
+                let class: DeviceClass = serde_json::from_value(json!({
+                    "metadata": {"name": "macvlan"},
+                    "spec": {"selectors": [{"cel": {"expression":
+                        format!("device.attributes['netclaim.dev'].ifName == '{parent}'")}}]},
+                }))
+                .unwrap();
+                classes.create(&PostParams::default(), &class).await.unwrap();
+            }
+            let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+            let claim: ResourceClaim = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"devices": {
+                    "requests": [{"name": "nic", "exactly": {"deviceClassName": "macvlan"}}],
+                    "config": [{"opaque": {"driver": "netclaim.dev", "parameters": {
+                        "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig",
+                        "mode": "macvlan", "ipam": {"pool": {"subnet": subnet}}}}}],
+                }},
+            }))
+            .unwrap();
+            claims.create(&PostParams::default(), &claim).await.unwrap();
+            let allocator = AllocatorController::new(client.clone(), "test-node");
+            // The daemon publishes its slice shortly after start: allocate once it is there.
+            loop {
+                allocator.reconcile().await.unwrap();
+                let found = claims.get(&name).await.unwrap();
+                if found.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the claim was never allocated");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let reserved = reserve_for(&client, "default", &name, &consumer).await.unwrap();
+            reserved.metadata.uid.unwrap()
+        })
+    }
+
+    /// NodePrepareResources for one claim, as kubelet calls it.
+    fn prepare(&self, name: &str, uid: &str) -> v1::NodePrepareResourceResponse {
+        let socket = self.dir.path().join("plugin").join("dra.sock");
+        let (name, uid) = (name.to_owned(), uid.to_owned());
+        self.netns.block_on(move || async move {
+            let channel = tonic::transport::Endpoint::try_from("http://localhost")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(socket).await?,
+                        ))
+                    }
+                }))
+                .await
+                .unwrap();
+            let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1::NodePrepareResourcesRequest {
+                claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
+            };
+            dra.node_prepare_resources(request).await.unwrap().into_inner().claims[&uid].clone()
+        })
+    }
+
+    fn claim(&self, name: &str) -> ResourceClaim {
+        let name = name.to_owned();
+        self.api(move |client| async move {
+            Api::<ResourceClaim>::namespaced(client, "default").get(&name).await.unwrap()
+        })
+    }
+
+    /// Waits until the claim's status entry has condition Ready with `status`/`reason`.
+    fn wait_for_status(&self, name: &str, status: &str, reason: &str, log: &str) -> ResourceClaim {
+        let started = Instant::now();
+        loop {
+            let claim = self.claim(name);
+            let ready = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.devices.as_ref())
+                .and_then(|d| d.first())
+                .and_then(|d| d.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| (c.status.clone(), c.reason.clone()));
+            if ready.as_ref().is_some_and(|(s, r)| s == status && r == reason) {
+                return claim;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "claim {name}: Ready is {ready:?}, want {status}/{reason}\n{}",
+                self.log(log)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One metric's value from the daemon's /metrics.
+    fn metric(&self, name: &str) -> f64 {
+        let name = name.to_owned();
+        self.netns.block_on(move || async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(METRICS_LISTEN).await.unwrap();
+            stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut body = String::new();
+            stream.read_to_string(&mut body).await.unwrap();
+            body.lines()
+                .find(|line| line.starts_with(&name))
+                .and_then(|line| line.rsplit(' ').next())
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0.0)
+        })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Close the runtime side before its tokio runtime goes.
+        if let Some(nri) = self.nri.take() {
+            self.runtime.block_on(nri.shutdown());
+        }
+    }
+}
+
+/// A pod: a throwaway netns announced as a sandbox.
+fn pod(netns: &Netns, name: &str) -> PodSandbox {
+    PodSandbox {
+        id: format!("sandbox-{}", netns.prefix),
+        uid: format!("uid-{}-{name}", netns.prefix),
+        name: name.to_owned(),
+        namespace: "default".to_owned(),
+        netns_path: Some(Path::new("/run/netns").join(&netns.name)),
+        ..PodSandbox::default()
+    }
+}
+
+/// `ip -j addr show dev net1` in the pod: the IPv4 address with prefix, or `None` when
+/// there is no net1.
+fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
+    let output = std::process::Command::new("ip")
+        .args(["-n", &pod_netns.name, "-j", "addr", "show", "dev", name])
+        .output()
+        .unwrap();
+    if !output.status.success() {
+        return None;
+    }
+    let parsed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let link = &parsed[0];
+    assert_eq!(link["operstate"].as_str().map(|s| s != "DOWN"), Some(true), "{link}");
+    link["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["family"] == "inet")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+}
+
+fn network_ips(claim: &ResourceClaim) -> Vec<String> {
+    claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0]
+        .network_data
+        .as_ref()
+        .and_then(|d| d.ips.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it() {
+    if !require_root("run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it") {
+        return;
+    }
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "web");
+    let uid = node.allocated_claim("web-net", &sandbox, "10.77.0.0/24");
+    let prepared = node.prepare("web-net", &uid);
+    assert_eq!(prepared.error, "", "{}", node.log("node.log"));
+
+    let started = Instant::now();
+    let ran = node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox));
+    println!("RunPodSandbox answered in {:?}", started.elapsed());
+    assert!(ran.is_ok(), "{ran:?}\n{}", node.log("node.log"));
+    // The interface is there when the event returns, not eventually.
+    let address = pod_ipv4(&pod_netns, "net1").expect("net1 in the pod");
+    assert!(address.starts_with("10.77.0.") && address.ends_with("/24"), "{address}");
+
+    let claim = node.wait_for_status("web-net", "True", "NetworkReady", "node.log");
+    assert_eq!(network_ips(&claim), std::slice::from_ref(&address));
+    let entry = &claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0];
+    let data = entry.network_data.as_ref().unwrap();
+    assert_eq!(data.interface_name.as_deref(), Some("net1"));
+    assert!(data.hardware_address.as_deref().is_some_and(|m| m.len() == 17));
+    assert_eq!(entry.data.as_ref().unwrap().0["parent"], node.parent.as_str());
+    assert!(node.metric("netclaim_attach_duration_seconds_count{mode=\"macvlan\"}") >= 1.0);
+    assert!(
+        node.metric(r#"netclaim_nri_events_total{event="RunPodSandbox",result="success"}"#) >= 1.0
+    );
+    assert!(node.metric(r#"netclaim_ipam_addresses{pool="10.77.0.0/24",state="leased"}"#) >= 1.0);
+
+    // A second RunPodSandbox is a no-op; a container may start.
+    node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
+    let container = netclaim::nri::Container {
+        id: "c1".into(),
+        pod_sandbox_id: sandbox.id.clone(),
+        name: "app".into(),
+    };
+    node.runtime.block_on(node.nri().create_container(&sandbox, &container)).unwrap();
+
+    // containerd sends no netns path at stop: the daemon remembers it.
+    let stopping = PodSandbox { netns_path: None, ..sandbox.clone() };
+    node.runtime.block_on(node.nri().stop_pod_sandbox(&stopping)).unwrap();
+    assert_eq!(pod_ipv4(&pod_netns, "net1"), None, "net1 is gone at once");
+    node.wait_for_status("web-net", "False", "PodStopped", "node.log");
+    node.runtime.block_on(node.nri().remove_pod_sandbox(&stopping)).unwrap();
+}
+
+#[test]
+fn a_sandbox_started_while_the_daemon_was_down_is_attached_at_synchronize() {
+    if !require_root("a_sandbox_started_while_the_daemon_was_down_is_attached_at_synchronize") {
+        return;
+    }
+    let node = Node::start();
+    let daemon = node.start_daemon("node1.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "db");
+    let uid = node.allocated_claim("db-net", &sandbox, "10.78.0.0/24");
+    assert_eq!(node.prepare("db-net", &uid).error, "", "{}", node.log("node1.log"));
+
+    // kill -9, then the sandbox starts without the plugin (the runtime goes on without it).
+    drop(daemon);
+    let deadline = Instant::now() + PATIENCE;
+    while !node.nri().plugins().is_empty() {
+        assert!(Instant::now() < deadline, "the runtime still lists the killed plugin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
+    assert_eq!(pod_ipv4(&pod_netns, "net1"), None);
+
+    let _daemon = node.start_daemon("node2.log");
+    let started = Instant::now();
+    let address = loop {
+        if let Some(address) = pod_ipv4(&pod_netns, "net1") {
+            break address;
+        }
+        assert!(started.elapsed() < PATIENCE, "not attached:\n{}", node.log("node2.log"));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!("attached {:?} after registration", started.elapsed());
+    assert!(address.starts_with("10.78.0."), "{address}");
+    let claim = node.wait_for_status("db-net", "True", "NetworkReady", "node2.log");
+    assert_eq!(network_ips(&claim), [address]);
+}
