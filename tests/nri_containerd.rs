@@ -16,69 +16,22 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers panic with the failing value, like the tests")]
 
+mod containerd_support;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::MetadataExt as _;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use containerd_support::{Containerd, container_config, terminate};
 use futures::FutureExt as _;
-use netclaim::cri::{CriClient, CriError, netns_path_from_verbose_info, proto};
+use netclaim::cri::{CriClient, CriError, proto};
 
-const IMAGE: &str = "localhost/netclaim/pause:1.0";
 const WAIT: Duration = Duration::from_secs(30);
-
-struct Tools {
-    containerd: PathBuf,
-    ctr: PathBuf,
-    bin_dir: PathBuf,
-    pause_tar: PathBuf,
-    plugin: PathBuf,
-}
-
-/// Skips (or, under CI, fails) when something the test needs is missing.
-fn require<T>(what: &str) -> Option<T> {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set but {what}: run scripts/setup/containerd.sh as root"
-    );
-    println!("SKIPPED: {what} (run scripts/setup/containerd.sh as root)");
-    None
-}
-
-fn find_tools() -> Option<Tools> {
-    let is_root = fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
-    if !is_root {
-        return require("not running as root");
-    }
-    let prefix = std::env::var_os("NETCLAIM_CONTAINERD_PREFIX")
-        .map_or_else(|| PathBuf::from("/opt/netclaim-test/containerd"), PathBuf::from);
-    let images = std::env::var_os("NETCLAIM_TEST_IMAGES")
-        .map_or_else(|| PathBuf::from("/opt/netclaim-test/images"), PathBuf::from);
-    let bin_dir = prefix.join("usr/bin");
-    let tools = Tools {
-        containerd: bin_dir.join("containerd"),
-        ctr: bin_dir.join("ctr"),
-        pause_tar: images.join("pause.tar"),
-        plugin: plugin_binary(),
-        bin_dir,
-    };
-    for path in [&tools.containerd, &tools.ctr, &tools.pause_tar] {
-        if !path.exists() {
-            return require(&format!("{} is missing", path.display()));
-        }
-    }
-    for path in ["/usr/sbin/runc", "/usr/lib/cni/bridge", "/usr/lib/cni/host-local"] {
-        if !Path::new(path).exists() {
-            return require(&format!("{path} is missing"));
-        }
-    }
-    Some(tools)
-}
 
 /// The example plugin: built next to this test by `cargo test`/`cargo nextest run` (examples
 /// are built with the tests), or named by `NETCLAIM_NRI_LOGGER`.
@@ -102,194 +55,34 @@ fn plugin_binary() -> PathBuf {
     built
 }
 
-/// Everything the test starts; dropping it stops and removes all of it.
+/// The private containerd plus the plugins the test runs; dropping it stops the plugins,
+/// then the containerd harness removes everything else.
 struct World {
-    dir: tempfile::TempDir,
-    tools: Tools,
-    bridge: String,
-    containerd: Option<Child>,
+    containerd: Containerd,
+    plugin: PathBuf,
     plugins: Vec<Child>,
     lines: Option<mpsc::Receiver<String>>,
-    /// Network namespaces containerd made for our pods (removed if a pod is left over).
-    netns_paths: Vec<PathBuf>,
 }
 
 impl World {
-    fn new(tools: Tools) -> Self {
-        let dir = tempfile::Builder::new().prefix("ncnri").tempdir_in("/tmp").unwrap();
-        let bridge = format!("ncnri{:x}", std::process::id() & 0xff_ffff);
-        let world = Self {
-            dir,
-            tools,
-            bridge,
-            containerd: None,
-            plugins: Vec::new(),
-            lines: None,
-            netns_paths: Vec::new(),
-        };
-        world.write_configs();
-        world
+    fn new(containerd: Containerd) -> Self {
+        Self { containerd, plugin: plugin_binary(), plugins: Vec::new(), lines: None }
     }
 
     fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn cri_socket(&self) -> PathBuf {
-        self.path("run/containerd.sock")
-    }
-
-    fn nri_socket(&self) -> PathBuf {
-        self.path("run/nri.sock")
-    }
-
-    fn write_configs(&self) {
-        for d in [
-            "root",
-            "state",
-            "run",
-            "cni/net.d",
-            "cni/state",
-            "nri/conf.d",
-            "nri/plugins",
-            "opt",
-            "pods",
-        ] {
-            fs::create_dir_all(self.path(d)).unwrap();
-        }
-        let p = |rel: &str| self.path(rel).display().to_string();
-        // Subnet from the PID as well, so two runs at once do not collide.
-        let subnet = format!("10.251.{}.0/24", std::process::id() % 250);
-        let config = format!(
-            r#"version = 2
-root = "{root}"
-state = "{state}"
-
-[grpc]
-  address = "{grpc}"
-
-[ttrpc]
-  address = "{grpc}.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  disable_connections = false
-  plugin_config_path = "{nri_conf}"
-  plugin_path = "{nri_plugins}"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-  socket_path = "{nri_sock}"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{IMAGE}"
-  stream_server_port = "0"
-  # The test machine lacks CAP_SYS_RESOURCE, so negative oom_score_adj values are refused.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "/usr/sbin/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni_conf}"
-    max_conf_num = 1
-"#,
-            root = p("root"),
-            state = p("state"),
-            grpc = self.cri_socket().display(),
-            opt = p("opt"),
-            nri_conf = p("nri/conf.d"),
-            nri_plugins = p("nri/plugins"),
-            nri_sock = self.nri_socket().display(),
-            cni_conf = p("cni/net.d"),
-        );
-        fs::write(self.path("containerd.toml"), config).unwrap();
-        // An isolated bridge: no uplink, no masquerading, no default route in pods.
-        let cni = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": format!("{}-net", self.bridge),
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": self.bridge,
-                    "isGateway": false,
-                    "ipMasq": false,
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": p("cni/state"),
-                        "ranges": [[{ "subnet": subnet }]]
-                    }
-                },
-                { "type": "loopback" }
-            ]
-        });
-        fs::write(self.path("cni/net.d/10-nri-e2e.conflist"), cni.to_string()).unwrap();
-    }
-
-    fn start_containerd(&mut self) {
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path("containerd.log"))
-            .unwrap();
-        let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", self.tools.bin_dir.display());
-        let child = Command::new(&self.tools.containerd)
-            .arg("--config")
-            .arg(self.path("containerd.toml"))
-            .env("PATH", path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting containerd");
-        self.containerd = Some(child);
-    }
-
-    /// SIGTERM, as a service manager restarting containerd would send, then wait.
-    fn stop_containerd(&mut self) {
-        if let Some(mut child) = self.containerd.take() {
-            terminate(&mut child);
-        }
+        self.containerd.path(rel)
     }
 
     async fn cri(&self) -> CriClient {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(client) = CriClient::connect(&self.cri_socket(), Duration::from_mins(1)).await
-                && client.version().await.is_ok()
-            {
-                return client;
-            }
-            assert!(Instant::now() < deadline, "containerd did not come up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn import_image(&self) {
-        let status = Command::new(&self.tools.ctr)
-            .arg("--address")
-            .arg(self.cri_socket())
-            .args(["-n", "k8s.io", "images", "import", "--platform", "linux/amd64"])
-            .arg(&self.tools.pause_tar)
-            .stdout(Stdio::null())
-            .status()
-            .expect("running ctr");
-        assert!(status.success(), "ctr images import failed");
+        self.containerd.cri(Duration::from_mins(1)).await
     }
 
     /// Starts an `nri_logger` with `args`; its stdout lines arrive on the returned channel.
     fn spawn_plugin(&mut self, log_name: &str, args: &[&str]) -> mpsc::Receiver<String> {
         let log = fs::File::create(self.path(log_name)).unwrap();
-        let mut child = Command::new(&self.tools.plugin)
+        let mut child = Command::new(&self.plugin)
             .arg("--socket")
-            .arg(self.nri_socket())
+            .arg(self.containerd.nri_socket())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -323,44 +116,6 @@ state = "{state}"
     fn expect_line(&self, prefix: &str) -> String {
         expect_line(self.lines.as_ref().expect("plugin started"), prefix)
     }
-
-    /// Stops and removes every sandbox of our containerd (ends the shims and pause processes
-    /// the normal way).
-    async fn remove_all_sandboxes(&self) {
-        if self.containerd.is_none() {
-            return;
-        }
-        let Ok(Ok(cri)) = tokio::time::timeout(
-            Duration::from_secs(5),
-            CriClient::connect(&self.cri_socket(), Duration::from_secs(20)),
-        )
-        .await
-        else {
-            return;
-        };
-        if let Ok(pods) = cri.list_pod_sandbox(None).await {
-            for pod in pods {
-                let _ = cri.stop_pod_sandbox(&pod.id).await;
-                let _ = cri.remove_pod_sandbox(&pod.id).await;
-            }
-        }
-    }
-
-    fn print_logs(&self) {
-        let containerd_log = fs::read_to_string(self.path("containerd.log")).unwrap_or_default();
-        println!("--- NRI lines of containerd.log ---");
-        for line in containerd_log.lines().filter(|l| l.contains("NRI") || l.contains("nri")) {
-            println!("{line}");
-        }
-        for log in ["containerd.log", "plugin.log", "big-plugin.log"] {
-            let text = fs::read_to_string(self.path(log)).unwrap_or_default();
-            let tail: Vec<_> = text.lines().rev().take(60).collect();
-            println!("--- last lines of {log} ---");
-            for line in tail.into_iter().rev() {
-                println!("{line}");
-            }
-        }
-    }
 }
 
 /// Waits for the next `EVENT` line starting with `prefix` on `lines`; earlier lines are
@@ -387,125 +142,12 @@ impl Drop for World {
         for mut plugin in self.plugins.drain(..) {
             terminate(&mut plugin);
         }
-        self.stop_containerd();
-        // Shims outlive containerd by design; ours name our socket on their command line.
-        // Containers left behind run binaries from rootfs mounts under our temp dir.
-        let ours = self.dir.path().to_string_lossy().into_owned();
-        for pid in processes_matching(&ours) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        unmount_under(self.dir.path());
-        for netns in &self.netns_paths {
-            if netns.exists() {
-                let _ = nix::mount::umount2(netns, nix::mount::MntFlags::MNT_DETACH);
-                let _ = fs::remove_file(netns);
-            }
-        }
-        let _ =
-            Command::new("ip").args(["link", "del", &self.bridge]).stderr(Stdio::null()).status();
-    }
-}
-
-fn terminate(child: &mut Child) {
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pids fit in i32"));
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// PIDs whose command line or executable path mentions `needle` (our unique temp dir).
-fn processes_matching(needle: &str) -> Vec<i32> {
-    let me = std::process::id();
-    let mut pids = Vec::new();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return pids;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if u32::try_from(pid).ok() == Some(me) {
-            continue;
-        }
-        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let exe = fs::read_link(entry.path().join("exe")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle)
-            || exe.to_string_lossy().contains(needle)
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// Detaches every mount below `dir` (deepest first), e.g. overlay rootfs and shm mounts of
-/// sandboxes left by a failed run.
-fn unmount_under(dir: &Path) {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<&str> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| Path::new(p).starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
 /// `key=value` fields of a plugin line.
 fn fields(line: &str) -> BTreeMap<&str, &str> {
     line.split(' ').filter_map(|f| f.split_once('=')).collect()
-}
-
-fn sandbox_config(world: &World, name: &str, uid: &str) -> proto::PodSandboxConfig {
-    let log_dir = world.path(&format!("pods/{name}"));
-    fs::create_dir_all(&log_dir).unwrap();
-    proto::PodSandboxConfig {
-        metadata: Some(proto::PodSandboxMetadata {
-            name: name.to_owned(),
-            uid: uid.to_owned(),
-            namespace: "default".to_owned(),
-            attempt: 0,
-        }),
-        hostname: name.to_owned(),
-        log_directory: log_dir.display().to_string(),
-        linux: Some(proto::LinuxPodSandboxConfig {
-            security_context: Some(proto::LinuxSandboxSecurityContext {
-                namespace_options: Some(proto::NamespaceOption {
-                    network: proto::NamespaceMode::Pod.into(),
-                    pid: proto::NamespaceMode::Container.into(),
-                    ipc: proto::NamespaceMode::Pod.into(),
-                    target_id: String::new(),
-                }),
-                privileged: false,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn container_config(name: &str) -> proto::ContainerConfig {
-    proto::ContainerConfig {
-        metadata: Some(proto::ContainerMetadata { name: name.to_owned(), attempt: 0 }),
-        image: Some(proto::ImageSpec { image: IMAGE.to_owned() }),
-        log_path: format!("{name}.log"),
-        linux: Some(proto::LinuxContainerConfig {}),
-        ..Default::default()
-    }
 }
 
 struct Pod {
@@ -523,13 +165,11 @@ async fn run_pod(
     timings: &mut Vec<Duration>,
 ) -> Pod {
     let uid = format!("{name}-uid-{}", std::process::id());
-    let config = sandbox_config(world, name, &uid);
+    let config = world.containerd.sandbox_config(name, &uid);
     let started = Instant::now();
     let id = cri.run_pod_sandbox(config.clone(), "").await.unwrap();
     timings.push(started.elapsed());
-    let status = cri.pod_sandbox_status(&id, true).await.unwrap();
-    let netns = netns_path_from_verbose_info(&status).expect("containerd reports the netns path");
-    world.netns_paths.push(netns.clone());
+    let netns = world.containerd.sandbox_netns(cri, &id).await;
 
     let line = world.expect_line(&format!("run_pod_sandbox pod=default/{name} "));
     let f = fields(&line);
@@ -553,14 +193,14 @@ async fn stop_and_remove(world: &World, cri: &CriClient, pod: &Pod) {
 async fn scenario(world: &mut World) {
     let suffix = format!("{:x}", std::process::id());
     let refused_name = format!("refused-{suffix}");
-    world.start_containerd();
+    world.containerd.start();
     let cri = world.cri().await;
     let version = cri.version().await.unwrap();
     println!(
         "runtime: {} {} (CRI {})",
         version.runtime_name, version.runtime_version, version.runtime_api_version
     );
-    world.import_image();
+    world.containerd.import_image();
 
     world.start_plugin(&refused_name);
     let configured = world.expect_line("status configured");
@@ -611,9 +251,9 @@ async fn scenario(world: &mut World) {
 
     // containerd restarts: the plugin loses the connection, reconnects with backoff, and is
     // synchronized with the pods that still exist.
-    world.stop_containerd();
+    world.containerd.stop();
     world.expect_line("status disconnected");
-    world.start_containerd();
+    world.containerd.start();
     let cri = world.cri().await;
     let sync = world.expect_line("synchronize pods=1 ");
     assert!(sync.contains(&allowed.name), "{sync}");
@@ -633,14 +273,14 @@ async fn scenario(world: &mut World) {
 
 #[test]
 fn nri_plugin_follows_containerd_sandboxes_and_survives_a_restart() {
-    let Some(tools) = find_tools() else { return };
+    let Some(tools) = containerd_support::find_tools() else { return };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let mut world = World::new(tools);
+    let mut world = World::new(Containerd::new(tools, Duration::from_secs(2)));
     let outcome = rt.block_on(AssertUnwindSafe(scenario(&mut world)).catch_unwind());
-    rt.block_on(world.remove_all_sandboxes());
+    rt.block_on(world.containerd.remove_all_sandboxes());
     if outcome.is_err() {
-        world.print_logs();
+        world.containerd.print_logs(&["plugin.log", "big-plugin.log"]);
     }
     drop(world);
     if let Err(panic) = outcome {

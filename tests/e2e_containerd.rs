@@ -1,0 +1,909 @@
+//! End to end against a real containerd 1.7 with NRI: the `netclaim node` daemon publishes
+//! veth interfaces the test created in the host netns, the dev allocator allocates claims on
+//! them as the scheduler would, the test calls `NodePrepareResources` over the DRA socket as
+//! kubelet does, then runs pod sandboxes through CRI; the daemon's NRI plugin attaches the
+//! interfaces in the pods' network namespaces and writes the claims' `status.devices`.
+//!
+//! Each test has its own containerd, `netclaim dev --api-only`, daemon, state dir, node name
+//! and interface names (`nc<hex>…`), so the tests run in parallel processes. Everything is
+//! removed on drop, also when a test fails: sandboxes, shims, mounts, network namespaces,
+//! the test's veth pairs (which takes any macvlan child along).
+//!
+//! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
+//! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
+//! sandbox, and whatever is still inside it is a leftover.
+//!
+//! Needs root and `scripts/setup/containerd.sh`; skips with `SKIPPED` otherwise, fails under
+//! `CI`.
+
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+#![allow(clippy::too_many_lines, reason = "each test is one scenario told step by step")]
+
+mod claims_support;
+mod containerd_support;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::future::Future;
+use std::os::fd::AsRawFd as _;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use claims_support::{DevApi, dra_client};
+use containerd_support::{Containerd, sandbox_config_with_attempt};
+use futures::FutureExt as _;
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceSlice,
+};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use netclaim::claims::PreparedClaim;
+use netclaim::cri::CriClient;
+use netclaim::dev::allocator::{AllocatorController, reserve_for};
+use netclaim::ipam::LeaseStore as _;
+use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
+use netclaim::store::Store;
+use serde_json::{Value, json};
+
+const DRIVER: &str = "netclaim.dev";
+const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
+/// Bound for "eventually" (the daemon reacts in milliseconds; the bound only keeps a broken
+/// build from hanging, and is generous because four builds may share two cores).
+const PATIENCE: Duration = Duration::from_mins(1);
+/// containerd's per-call bound for NRI plugins. Its default is 2 s; a loaded test machine
+/// gets more, so that a slow moment is not mistaken for a broken plugin (containerd drops a
+/// plugin that misses it).
+const NRI_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pod-side name of the first claim of a pod (DESIGN §3: `net1`, `net2`, …).
+const POD_IFNAME: &str = "net1";
+
+type Dra = v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
+
+/// A veth pair in the host netns with generated names; both ends are deleted on drop (if one
+/// end is in a pod, deleting the other removes the pair; a macvlan on it goes with it).
+struct HostVeth {
+    a: String,
+    b: String,
+}
+
+impl HostVeth {
+    fn new(a: String, b: String, mtu: u32) -> Self {
+        let veth = Self { a, b };
+        let mtu = mtu.to_string();
+        support::run("ip", &["link", "add", &veth.a, "type", "veth", "peer", "name", &veth.b]);
+        for end in [&veth.a, &veth.b] {
+            support::run("ip", &["link", "set", end, "mtu", &mtu, "up"]);
+        }
+        veth
+    }
+}
+
+impl Drop for HostVeth {
+    fn drop(&mut self) {
+        for end in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["link", "del", end]).stderr(Stdio::null()).status();
+        }
+    }
+}
+
+/// One test's world: containerd, the API server, the node daemon, the test's links.
+/// Fields drop in order: the daemon first, then containerd (sandboxes, namespaces), then the
+/// links, then the API server.
+struct Cluster {
+    node: Mutex<Option<std::process::Child>>,
+    containerd: Containerd,
+    links: Vec<HostVeth>,
+    api: DevApi,
+    /// `nc<6 hex>`: the prefix of every interface and object name of this test.
+    prefix: String,
+    node_name: String,
+    node_args: Vec<String>,
+    node_starts: AtomicU32,
+}
+
+impl Cluster {
+    async fn start(tools: containerd_support::Tools) -> Self {
+        let mut containerd = Containerd::new(tools, NRI_TIMEOUT);
+        containerd.start();
+        let cri = containerd.cri(Duration::from_mins(1)).await;
+        drop(cri);
+        containerd.import_image();
+        let api = DevApi::start().await;
+        let prefix = support::unique_prefix();
+        let node_name = format!("e2e-{prefix}");
+        Self {
+            node: Mutex::new(None),
+            containerd,
+            links: Vec::new(),
+            api,
+            prefix,
+            node_name,
+            node_args: Vec::new(),
+            node_starts: AtomicU32::new(0),
+        }
+    }
+
+    async fn cri(&self) -> CriClient {
+        self.containerd.cri(Duration::from_mins(2)).await
+    }
+
+    /// A veth pair `<prefix><a>` / `<prefix><b>`; returns the first name.
+    fn veth(&mut self, a: &str, b: &str, mtu: u32) -> String {
+        let (a, b) = (format!("{}{a}", self.prefix), format!("{}{b}", self.prefix));
+        assert!(a.len() <= 15 && b.len() <= 15);
+        self.links.push(HostVeth::new(a.clone(), b, mtu));
+        a
+    }
+
+    fn dir(&self) -> &Path {
+        self.api.dir.path()
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir().join("state")
+    }
+
+    fn dra_socket(&self) -> PathBuf {
+        self.dir().join("plugin/dra.sock")
+    }
+
+    /// The log of the daemon's latest start.
+    fn node_log(&self) -> String {
+        let n = self.node_starts.load(Ordering::SeqCst);
+        std::fs::read_to_string(self.dir().join(format!("node{n}.log"))).unwrap_or_default()
+    }
+
+    /// Starts `netclaim node` publishing `shared` as shared parents and `include` as
+    /// exclusive devices, connected to our containerd's NRI socket.
+    fn start_node(&mut self, shared: &str, include: &str) {
+        let dir = self.dir();
+        let path = |rel: &str| dir.join(rel).display().to_string();
+        self.node_args = vec![
+            "node".into(),
+            "--node-name".into(),
+            self.node_name.clone(),
+            "--kubeconfig".into(),
+            path("kubeconfig"),
+            "--metrics-address".into(),
+            "127.0.0.1:0".into(),
+            "--state-dir".into(),
+            path("state"),
+            "--kubelet-registry-dir".into(),
+            path("registry"),
+            "--kubelet-plugin-dir".into(),
+            path("plugin"),
+            "--nri-socket".into(),
+            self.containerd.nri_socket().display().to_string(),
+            "--nri-plugin-index".into(),
+            "10".into(),
+            "--include-interfaces".into(),
+            include.into(),
+        ];
+        if !shared.is_empty() {
+            self.node_args.extend(["--shared-parents".into(), shared.into()]);
+        }
+        self.restart_node();
+    }
+
+    /// Starts the daemon again with the same flags and state (log `node<N>.log`).
+    fn restart_node(&self) {
+        let mut node = self.node.lock().unwrap();
+        assert!(node.is_none(), "the daemon is still running");
+        let n = self.node_starts.fetch_add(1, Ordering::SeqCst) + 1;
+        let log = File::create(self.dir().join(format!("node{n}.log"))).unwrap();
+        let child = Command::new(NETCLAIM)
+            .args(&self.node_args)
+            .env("RUST_LOG", "info,netclaim=debug")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting netclaim node");
+        *node = Some(child);
+    }
+
+    /// `kill -9`: no shutdown code runs.
+    fn kill_node(&self) {
+        let mut child = self.node.lock().unwrap().take().expect("the daemon runs");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// SIGTERM and wait (the state dir is free afterwards).
+    fn stop_node(&self) {
+        let child = self.node.lock().unwrap().take();
+        if let Some(mut child) = child {
+            containerd_support::terminate(&mut child);
+        }
+    }
+
+    /// Waits until the daemon published `if_name` and is synchronized with containerd's
+    /// NRI (so the next sandbox reaches it).
+    async fn wait_node_ready(&self, if_name: &str) {
+        wait_until(&format!("{if_name} published"), self, || async {
+            self.device_name(if_name).await.is_some()
+        })
+        .await;
+        wait_until("the daemon's NRI plugin synchronized", self, || async {
+            self.node_log().contains("synchronizing with NRI runtime")
+        })
+        .await;
+        wait_until("the DRA socket", self, || async { self.dra_socket().exists() }).await;
+    }
+
+    /// The published device whose `ifName` attribute is `if_name`.
+    async fn device_name(&self, if_name: &str) -> Option<String> {
+        let api: Api<ResourceSlice> = Api::all(self.api.client.clone());
+        let slices = api.list(&ListParams::default()).await.ok()?.items;
+        slices
+            .iter()
+            .filter(|s| s.spec.node_name.as_deref() == Some(self.node_name.as_str()))
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .find(|d| {
+                d.attributes
+                    .as_ref()
+                    .and_then(|a| a.get("netclaim.dev/ifName"))
+                    .and_then(|a| a.string.as_deref())
+                    == Some(if_name)
+            })
+            .map(|d| d.name.clone())
+    }
+
+    /// A DeviceClass selecting exactly the device with `if_name`, with `mode` in its config.
+    async fn create_class(&self, name: &str, if_name: &str, mode: &str) {
+        let class: DeviceClass = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {
+                "selectors": [{"cel": {"expression": format!(
+                    r#"device.driver == "{DRIVER}" && device.attributes["netclaim.dev"].ifName == "{if_name}""#
+                )}}],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                    "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig", "mode": mode}}}],
+            },
+        }))
+        .unwrap();
+        Api::<DeviceClass>::all(self.api.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+
+    /// Creates claim `name` of `class` with `config` (the claim's own NetworkConfig fields).
+    async fn create_claim(&self, name: &str, class: &str, config: Value) {
+        let mut parameters =
+            json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+        let Value::Object(fields) = config else { panic!("a NetworkConfig is an object") };
+        parameters.as_object_mut().unwrap().extend(fields);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {
+                "requests": [{"name": "net", "exactly": {"deviceClassName": class}}],
+                "config": [{"requests": ["net"], "opaque": {"driver": DRIVER, "parameters": parameters}}],
+            }},
+        }))
+        .unwrap();
+        self.claims().create(&PostParams::default(), &claim).await.unwrap();
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.api.client.clone(), "default")
+    }
+
+    /// Runs allocator passes (as the scheduler would) until every claim in `names` is
+    /// allocated, then reserves each for its pod; returns the claims as kubelet sees them.
+    async fn allocate_and_reserve(&self, pods: &[PodSpec]) -> Vec<ResourceClaim> {
+        let allocator = AllocatorController::new(self.api.client.clone(), &self.node_name);
+        let started = Instant::now();
+        loop {
+            let summary = allocator.reconcile().await.unwrap();
+            if summary.pending == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "claims stay unallocated: {:?}",
+                allocator.pending_reasons().lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut reserved = Vec::new();
+        for pod in pods {
+            let consumer = ResourceClaimConsumerReference {
+                resource: "pods".to_owned(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                api_group: None,
+            };
+            let claim =
+                reserve_for(&self.api.client, "default", &pod.claim, &consumer).await.unwrap();
+            assert!(
+                claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some(),
+                "claim {} is allocated",
+                pod.claim
+            );
+            reserved.push(claim);
+        }
+        reserved
+    }
+
+    /// `NodePrepareResources` for `claims`, as kubelet calls it before `RunPodSandbox`.
+    async fn prepare(&self, dra: &mut Dra, claims: &[ResourceClaim]) {
+        let refs: Vec<v1::Claim> = claims.iter().map(claims_support::claim_ref).collect();
+        let answer = dra
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: refs.clone() })
+            .await
+            .unwrap()
+            .into_inner();
+        for claim in &refs {
+            let result = &answer.claims[&claim.uid];
+            assert_eq!(
+                result.error,
+                "",
+                "prepare of {}; node log:\n{}",
+                claim.name,
+                self.node_log()
+            );
+            assert_eq!(result.devices.len(), 1, "{result:?}");
+        }
+    }
+
+    /// `NodeUnprepareResources`, as kubelet calls it after the pod is gone.
+    async fn unprepare(&self, dra: &mut Dra, claims: &[ResourceClaim]) {
+        let refs: Vec<v1::Claim> = claims.iter().map(claims_support::claim_ref).collect();
+        let answer = dra
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: refs })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(answer.claims.values().all(|c| c.error.is_empty()), "{answer:?}");
+    }
+
+    /// Stops the daemon and checks its state dir holds no lease and no prepared claim.
+    fn assert_state_empty(&self) {
+        self.stop_node();
+        let store = Store::open(self.state_dir()).unwrap();
+        let leases = store.load_leases().unwrap();
+        assert!(leases.is_empty(), "leases left in the state: {leases:?}");
+        let claims = store.load_all::<PreparedClaim>().unwrap();
+        assert!(claims.is_empty(), "prepared claims left in the state: {claims:?}");
+    }
+
+    fn print_logs(&self) {
+        self.containerd.print_logs(&[]);
+        for n in 1..=self.node_starts.load(Ordering::SeqCst) {
+            let log = std::fs::read_to_string(self.dir().join(format!("node{n}.log")))
+                .unwrap_or_default();
+            println!("--- node{n}.log ---\n{log}");
+        }
+        let api = std::fs::read_to_string(self.dir().join("api.log")).unwrap_or_default();
+        let tail: Vec<_> = api.lines().rev().take(40).collect();
+        println!("--- last lines of api.log ---");
+        for line in tail.into_iter().rev() {
+            println!("{line}");
+        }
+    }
+}
+
+/// Polls `check` until it holds; on timeout fails with the daemon's log.
+async fn wait_until<F, Fut>(what: &str, cluster: &Cluster, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "timed out waiting for {what}; node log:\n{}",
+            cluster.node_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A pod of the test and its claim.
+#[derive(Debug, Clone)]
+struct PodSpec {
+    name: String,
+    uid: String,
+    claim: String,
+}
+
+impl PodSpec {
+    fn new(prefix: &str, i: usize) -> Self {
+        Self {
+            name: format!("{prefix}-pod{i}"),
+            uid: uuid::Uuid::new_v4().to_string(),
+            claim: format!("{prefix}-claim{i}"),
+        }
+    }
+}
+
+/// A running sandbox, with an open fd of its netns so that the namespace outlives the
+/// sandbox and the test can look inside after `StopPodSandbox`.
+struct RunningPod {
+    spec: PodSpec,
+    id: String,
+    netns: File,
+}
+
+impl RunningPod {
+    /// A path to the netns that stays valid while we hold the fd.
+    fn netns_path(&self) -> String {
+        format!("/proc/{}/fd/{}", std::process::id(), self.netns.as_raw_fd())
+    }
+}
+
+/// `RunPodSandbox` for `spec` (attempt `attempt`); returns the pod and the call's wall time.
+async fn run_pod(
+    cluster: &Cluster,
+    cri: &CriClient,
+    spec: &PodSpec,
+    attempt: u32,
+) -> Result<(RunningPod, Duration), netclaim::cri::CriError> {
+    let config = sandbox_config_with_attempt(&cluster.containerd, &spec.name, &spec.uid, attempt);
+    let started = Instant::now();
+    let id = cri.run_pod_sandbox(config, "").await?;
+    let took = started.elapsed();
+    let netns_path = cluster.containerd.sandbox_netns(cri, &id).await;
+    let netns = File::open(&netns_path).unwrap();
+    Ok((RunningPod { spec: spec.clone(), id, netns }, took))
+}
+
+/// A link as `ip -j -d addr` reports it.
+#[derive(Debug, Clone)]
+struct LinkInfo {
+    kind: Option<String>,
+    mac: String,
+    mtu: u64,
+    /// Global IPv4/IPv6 addresses in CIDR form.
+    addresses: Vec<IpNetwork>,
+}
+
+fn parse_links(json_text: &[u8]) -> BTreeMap<String, (LinkInfo, Value)> {
+    let links: Vec<Value> = serde_json::from_slice(json_text).unwrap_or_default();
+    links
+        .into_iter()
+        .map(|link| {
+            let addresses = link["addr_info"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| a["scope"] == "global")
+                .map(|a| {
+                    format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]).parse().unwrap()
+                })
+                .collect();
+            let info = LinkInfo {
+                kind: link["linkinfo"]["info_kind"].as_str().map(str::to_owned),
+                mac: link["address"].as_str().unwrap_or_default().to_owned(),
+                mtu: link["mtu"].as_u64().unwrap_or_default(),
+                addresses,
+            };
+            (link["ifname"].as_str().unwrap_or_default().to_owned(), (info, link))
+        })
+        .collect()
+}
+
+/// The links of the netns at `netns` (a path nsenter can open).
+fn links_in(netns: &str) -> BTreeMap<String, LinkInfo> {
+    let output = Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .args(["ip", "-j", "-d", "addr", "show"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    parse_links(&output.stdout).into_iter().map(|(name, (info, _))| (name, info)).collect()
+}
+
+/// The host netns's links, with the raw JSON (for `link`, the parent of a macvlan).
+fn host_links() -> BTreeMap<String, (LinkInfo, Value)> {
+    let output = support::run("ip", &["-j", "-d", "addr", "show"]);
+    parse_links(&output.stdout)
+}
+
+/// Macvlan (or ipvlan) links in the host netns whose parent is `parent`.
+fn host_children_of(parent: &str) -> Vec<String> {
+    host_links()
+        .into_iter()
+        .filter(|(_, (info, raw))| {
+            // A veth end also names its peer in `link`: only sub-interfaces count.
+            matches!(info.kind.as_deref(), Some("macvlan" | "ipvlan"))
+                && raw["link"].as_str() == Some(parent)
+        })
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// This driver's `status.devices` entry of `claim`, once it is Ready; checks it against the
+/// allocation and returns the `(ips, hardwareAddress)` it reports.
+async fn wait_ready_status(
+    cluster: &Cluster,
+    claim: &str,
+    pool: &IpNetwork,
+) -> (Vec<IpNetwork>, String) {
+    let claims = cluster.claims();
+    let started = Instant::now();
+    loop {
+        let current = claims.get(claim).await.unwrap();
+        let status = current.status.clone().unwrap_or_default();
+        let entry = status.devices.iter().flatten().find(|d| d.driver == DRIVER).cloned();
+        let ready = entry.as_ref().and_then(|e| {
+            e.conditions.iter().flatten().find(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        if let (Some(entry), Some(condition)) = (entry.as_ref(), ready) {
+            assert_eq!(condition.reason, "NetworkReady", "{entry:?}");
+            let result = &status
+                .allocation
+                .as_ref()
+                .unwrap()
+                .devices
+                .as_ref()
+                .unwrap()
+                .results
+                .as_ref()
+                .unwrap()[0];
+            assert_eq!(
+                (&entry.pool, &entry.device, &entry.share_id),
+                (&result.pool, &result.device, &result.share_id),
+                "the entry names the allocated device (and echoes the shareID)"
+            );
+            let data = entry.network_data.as_ref().expect("networkData");
+            assert_eq!(data.interface_name.as_deref(), Some(POD_IFNAME), "{entry:?}");
+            let ips: Vec<IpNetwork> = data
+                .ips
+                .iter()
+                .flatten()
+                .map(|ip| ip.parse().unwrap_or_else(|e| panic!("ip {ip:?} is not CIDR: {e}")))
+                .collect();
+            assert!(!ips.is_empty(), "{entry:?}");
+            for ip in &ips {
+                assert!(pool.contains(ip.ip()), "{ip} outside the pool {pool}");
+                assert_eq!(ip.prefix(), pool.prefix(), "{ip} has the pool's prefix length");
+            }
+            let raw = &entry.data.as_ref().expect("data").0;
+            assert_eq!(raw["kind"], "NetworkStatus", "{raw}");
+            assert_eq!(raw["apiVersion"], "netclaim.dev/v1alpha1", "{raw}");
+            let mac = data.hardware_address.clone().expect("hardwareAddress");
+            return (ips, mac);
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "claim {claim} never became Ready: {status:#?}\nnode log:\n{}",
+            cluster.node_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the pod has `net1` with an address; returns it.
+async fn wait_pod_link(cluster: &Cluster, pod: &RunningPod) -> LinkInfo {
+    let started = Instant::now();
+    loop {
+        if let Some(link) = links_in(&pod.netns_path()).remove(POD_IFNAME)
+            && !link.addresses.is_empty()
+        {
+            let names: BTreeSet<String> = links_in(&pod.netns_path()).into_keys().collect();
+            let expected: BTreeSet<String> =
+                ["lo", "eth0", POD_IFNAME].into_iter().map(str::to_owned).collect();
+            assert_eq!(names, expected, "pod {}: nothing but its interfaces", pod.spec.name);
+            return link;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "pod {} has no {POD_IFNAME} with an address; its links: {:?}\nnode log:\n{}",
+            pod.spec.name,
+            links_in(&pod.netns_path()).keys().collect::<Vec<_>>(),
+            cluster.node_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stops (with the netns still held) and removes a sandbox, then checks the daemon took its
+/// interface out of the namespace.
+async fn stop_and_remove(cri: &CriClient, pod: &RunningPod) {
+    cri.stop_pod_sandbox(&pod.id).await.unwrap();
+    let left = links_in(&pod.netns_path());
+    assert!(
+        !left.contains_key(POD_IFNAME),
+        "{POD_IFNAME} is still in pod {}'s netns after StopPodSandbox: {left:?}",
+        pod.spec.name
+    );
+    cri.remove_pod_sandbox(&pod.id).await.unwrap();
+}
+
+fn macvlan_config(subnet: &str) -> Value {
+    json!({"ipam": {"pool": {"subnet": subnet}}})
+}
+
+/// Runs `scenario` on a fresh cluster; prints the logs when it fails, then cleans up.
+fn run_e2e<F>(name: &str, scenario: F)
+where
+    F: for<'a> FnOnce(&'a mut Cluster) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
+{
+    let Some(tools) = containerd_support::find_tools() else { return };
+    if !support::require_root(name) {
+        return;
+    }
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut cluster = rt.block_on(Cluster::start(tools));
+    let outcome = rt.block_on(AssertUnwindSafe(scenario(&mut cluster)).catch_unwind());
+    if outcome.is_err() {
+        cluster.print_logs();
+    }
+    rt.block_on(cluster.containerd.remove_all_sandboxes());
+    drop(cluster);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort_unstable();
+    values[values.len() / 2]
+}
+
+#[test]
+fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
+    run_e2e("a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up", |cluster| {
+        Box::pin(async move {
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pool: IpNetwork = "10.77.1.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.1.0/24")).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            let cri = cluster.cri().await;
+            let (running, took) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            eprintln!("RunPodSandbox with the macvlan attach: {took:?}");
+            let link = wait_pod_link(cluster, &running).await;
+            assert_eq!(link.kind.as_deref(), Some("macvlan"), "{link:?}");
+            assert_eq!(link.addresses.len(), 1, "{link:?}");
+            assert!(pool.contains(link.addresses[0].ip()), "{link:?}");
+            let children = host_children_of(&parent);
+            assert!(children.is_empty(), "no macvlan stays in the host netns: {children:?}");
+
+            let (ips, mac) = wait_ready_status(cluster, &pod.claim, &pool).await;
+            assert_eq!(ips, link.addresses, "status ips = the pod's addresses");
+            assert_eq!(mac.to_lowercase(), link.mac.to_lowercase(), "hardwareAddress = link MAC");
+
+            stop_and_remove(&cri, &running).await;
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(host_children_of(&parent).is_empty());
+            assert!(host_links().contains_key(&parent), "the parent is intact");
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
+    run_e2e("a_host_device_claim_moves_a_veth_end_into_the_pod_and_back", |cluster| {
+        Box::pin(async move {
+            let device = cluster.veth("h0", "h1", 1400);
+            cluster.start_node("", &device);
+            cluster.wait_node_ready(&device).await;
+            let before = host_links()[&device].0.clone();
+            let class = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&class, &device, "host-device").await;
+            let pool: IpNetwork = "10.77.2.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            let config =
+                json!({"interface": {"mtu": 1300}, "ipam": {"pool": {"subnet": "10.77.2.0/24"}}});
+            cluster.create_claim(&pod.claim, &class, config).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            let cri = cluster.cri().await;
+            let (running, took) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            eprintln!("RunPodSandbox with the host-device attach: {took:?}");
+            let link = wait_pod_link(cluster, &running).await;
+            assert_eq!(link.kind.as_deref(), Some("veth"), "the veth end itself: {link:?}");
+            assert_eq!(link.mac, before.mac, "the same device (MAC) moved in");
+            assert_eq!(link.mtu, 1300, "the claim's MTU");
+            assert!(pool.contains(link.addresses[0].ip()), "{link:?}");
+            assert!(!host_links().contains_key(&device), "{device} left the host netns");
+            let (ips, mac) = wait_ready_status(cluster, &pod.claim, &pool).await;
+            assert_eq!(ips, link.addresses);
+            assert_eq!(mac.to_lowercase(), before.mac.to_lowercase());
+
+            stop_and_remove(&cri, &running).await;
+            // The netns is still held by us: the device came back because the daemon moved
+            // it, under its host name and MTU.
+            let hosts = host_links();
+            let (back, _) = hosts.get(&device).unwrap_or_else(|| {
+                panic!("{device} is not back in the host netns; node log:\n{}", cluster.node_log())
+            });
+            assert_eq!(
+                (back.mtu, &back.mac),
+                (before.mtu, &before.mac),
+                "name, MTU and MAC restored"
+            );
+            assert!(back.addresses.is_empty(), "the pod's address did not come along: {back:?}");
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
+    run_e2e("twenty_pods_on_one_parent_get_twenty_distinct_addresses", |cluster| {
+        Box::pin(async move {
+            const PODS: usize = 20;
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pool: IpNetwork = "10.77.3.0/24".parse().unwrap();
+            let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
+            for pod in &pods {
+                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.3.0/24")).await;
+            }
+            let claims = cluster.allocate_and_reserve(&pods).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            for claim in &claims {
+                cluster.prepare(&mut dra, std::slice::from_ref(claim)).await;
+            }
+
+            let cri = cluster.cri().await;
+            let mut running = Vec::new();
+            let mut timings = Vec::new();
+            for pod in &pods {
+                let (pod, took) = run_pod(cluster, &cri, pod, 0).await.unwrap();
+                timings.push(took);
+                running.push(pod);
+            }
+            let mut addresses = BTreeSet::new();
+            let mut macs = BTreeSet::new();
+            for pod in &running {
+                let link = wait_pod_link(cluster, pod).await;
+                assert_eq!(link.addresses.len(), 1, "{link:?}");
+                assert!(pool.contains(link.addresses[0].ip()));
+                let (ips, mac) = wait_ready_status(cluster, &pod.spec.claim, &pool).await;
+                assert_eq!(ips, link.addresses, "{}", pod.spec.name);
+                assert_eq!(mac.to_lowercase(), link.mac.to_lowercase());
+                addresses.insert(link.addresses[0].ip());
+                macs.insert(link.mac);
+            }
+            assert_eq!(addresses.len(), PODS, "distinct addresses: {addresses:?}");
+            assert_eq!(macs.len(), PODS, "distinct MACs");
+            let ms: Vec<u128> = timings.iter().map(Duration::as_millis).collect();
+            eprintln!(
+                "RunPodSandbox wall time with the netclaim NRI attach over {PODS} pods: median {:?}, max {:?} (ms: {ms:?})",
+                median(timings.clone()),
+                timings.iter().max().unwrap()
+            );
+
+            for pod in &running {
+                stop_and_remove(&cri, pod).await;
+            }
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(host_children_of(&parent).is_empty());
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
+    run_e2e("kill_9_during_a_burst_loses_nothing_and_leaks_nothing", |cluster| {
+        Box::pin(async move {
+            const PODS: usize = 10;
+            const KILL_AFTER: usize = 3;
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pool: IpNetwork = "10.77.4.0/24".parse().unwrap();
+            let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
+            for pod in &pods {
+                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.4.0/24")).await;
+            }
+            let claims = cluster.allocate_and_reserve(&pods).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            for claim in &claims {
+                cluster.prepare(&mut dra, std::slice::from_ref(claim)).await;
+            }
+
+            // The burst: all sandboxes at once, as kubelet does for pods scheduled together;
+            // kill -9 of the daemon once three sandboxes are up and the others are in flight.
+            // containerd hands NRI events to plugins one at a time, so at that moment the
+            // next sandbox's event is typically being attached, and the rest are queued.
+            let cri = cluster.cri().await;
+            let cluster: &Cluster = cluster;
+            let done = AtomicUsize::new(0);
+            let burst = futures::future::join_all(pods.iter().map(|pod| {
+                let (cri, done) = (&cri, &done);
+                async move {
+                    let result = run_pod(cluster, cri, pod, 0).await;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    result
+                }
+            }));
+            let killer = async {
+                let started = Instant::now();
+                while done.load(Ordering::SeqCst) < KILL_AFTER {
+                    assert!(started.elapsed() < PATIENCE, "no sandbox of the burst finished");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                cluster.kill_node();
+                done.load(Ordering::SeqCst)
+            };
+            let (results, done_at_kill) = tokio::join!(burst, killer);
+            eprintln!("kill -9 with {done_at_kill} of {PODS} sandboxes done");
+            assert!(done_at_kill < PODS, "the kill came after the burst");
+
+            // The daemon comes back on the same state; kubelet retries the failed sandboxes.
+            cluster.restart_node();
+            cluster.wait_node_ready(&parent).await;
+            let mut running = Vec::new();
+            let mut retried = Vec::new();
+            for (pod, result) in pods.iter().zip(results) {
+                match result {
+                    Ok((pod, _)) => running.push(pod),
+                    Err(err) => {
+                        eprintln!("sandbox of {} failed during the kill: {err}", pod.name);
+                        retried.push(pod.name.clone());
+                        running.push(run_pod(cluster, &cri, pod, 1).await.unwrap().0);
+                    }
+                }
+            }
+            eprintln!("retried after the restart: {retried:?}");
+            let listed = cri.list_pod_sandbox(None).await.unwrap();
+            let ready = listed.iter().filter(|s| s.state == 0).count();
+            assert_eq!(ready, PODS, "one ready sandbox per pod: {listed:?}");
+
+            // Every running pod has its interface; no address twice.
+            let mut addresses = BTreeSet::new();
+            for pod in &running {
+                let link = wait_pod_link(cluster, pod).await;
+                assert_eq!(link.addresses.len(), 1, "{}: {link:?}", pod.spec.name);
+                assert!(pool.contains(link.addresses[0].ip()));
+                let (ips, mac) = wait_ready_status(cluster, &pod.spec.claim, &pool).await;
+                assert_eq!(ips, link.addresses, "{}", pod.spec.name);
+                assert_eq!(mac.to_lowercase(), link.mac.to_lowercase());
+                assert!(
+                    addresses.insert(link.addresses[0].ip()),
+                    "{} got an address another pod has: {link:?}",
+                    pod.spec.name
+                );
+            }
+            assert!(host_children_of(&parent).is_empty(), "no half-made macvlan in the host");
+
+            for pod in &running {
+                stop_and_remove(&cri, pod).await;
+            }
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(host_children_of(&parent).is_empty(), "no leaked link");
+            let hosts = host_links();
+            let (parent_link, _) = hosts.get(&parent).expect("the parent is intact");
+            assert_eq!(parent_link.mtu, 1500);
+            cluster.assert_state_empty();
+        })
+    });
+}
