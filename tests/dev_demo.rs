@@ -5,10 +5,16 @@
 //! and that the host is clean afterwards (no link with the demo's names, no pinned netns, no
 //! run dir, no process left). It prints the demo's wall time and peak RSS.
 //!
-//! Needs root (bare network namespaces, links); without it prints `SKIPPED` (fails under CI).
+//! The containerd variant runs the same demo through a private containerd 1.7 with NRI
+//! (`tests/containerd_support`), with `--containerd` pointing at its CRI socket.
+//!
+//! Needs root (bare network namespaces, links), and containerd from
+//! `scripts/setup/containerd.sh` for the second test; without them it prints `SKIPPED`
+//! (fails under CI).
 
 #![allow(clippy::unwrap_used, reason = "a failed step fails the test")]
 
+mod containerd_support;
 mod support;
 
 use std::collections::BTreeSet;
@@ -158,4 +164,39 @@ fn demo_in_bare_netns_mode_brings_up_15_pods_that_ping_and_leaves_the_host_clean
     let (success, report, stderr) = run_demo(run_dir.path(), &[]);
     assert_eq!(report["mode"], "bare-netns");
     check_report(success, &report, &stderr, run_dir.path());
+}
+
+#[test]
+fn demo_through_containerd_brings_up_15_pods_that_ping_and_leaves_the_host_clean() {
+    let Some(tools) = containerd_support::find_tools() else { return };
+    let mut containerd = containerd_support::Containerd::new(tools, Duration::from_secs(2));
+    containerd.start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    drop(runtime.block_on(containerd.cri(Duration::from_secs(30))));
+    containerd.import_image();
+    let run_dir = tempfile::Builder::new().prefix("ncdemo").tempdir_in("/tmp").unwrap();
+    let cri = containerd.cri_socket();
+    let nri = containerd.nri_socket();
+    let (success, report, stderr) = run_demo(
+        run_dir.path(),
+        &[
+            "--containerd",
+            cri.to_str().unwrap(),
+            "--containerd-nri-socket",
+            nri.to_str().unwrap(),
+            "--pod-image",
+            containerd_support::IMAGE,
+        ],
+    );
+    if !success {
+        containerd.print_logs(&[]);
+    }
+    assert_eq!(report["mode"], "containerd");
+    check_report(success, &report, &stderr, run_dir.path());
+    // Every sandbox the demo started through CRI is gone again.
+    let sandboxes = runtime.block_on(async {
+        let client = containerd.cri(Duration::from_secs(30)).await;
+        client.list_pod_sandbox(None).await.unwrap()
+    });
+    assert!(sandboxes.is_empty(), "sandboxes left in containerd: {sandboxes:?}");
 }
