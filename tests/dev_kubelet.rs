@@ -144,6 +144,21 @@ async fn scenario(kubeconfig_in: PathBuf, parent_in: String, netns_dir_in: PathB
         "{message}"
     );
 
+    // The retries are Warning Events on the pod, visible to `kubectl describe pod` (core v1,
+    // field selector on involvedObject).
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let selector = format!(
+        "involvedObject.name=refused,involvedObject.uid={}",
+        refused.metadata.uid.as_deref().unwrap()
+    );
+    let warnings = events.list(&ListParams::default().fields(&selector)).await.unwrap().items;
+    assert!(
+        warnings.iter().any(|e| e.type_.as_deref() == Some("Warning")
+            && e.reason.as_deref() == Some("CreateContainerError")
+            && e.message.as_deref().is_some_and(|m| m.contains("refuses containers"))),
+        "{warnings:#?}"
+    );
+
     // The accepted pod's claim: generated, owned, recorded, allocated, reserved.
     let statuses = accepted.status.as_ref().unwrap().resource_claim_statuses.clone().unwrap();
     let claim_name = statuses[0].resource_claim_name.clone().unwrap();
