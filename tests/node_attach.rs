@@ -84,6 +84,10 @@ impl Node {
     }
 
     fn start_daemon(&self, log: &str) -> Child {
+        self.start_daemon_with(log, &[])
+    }
+
+    fn start_daemon_with(&self, log: &str, extra: &[&str]) -> Child {
         let path = |name: &str| self.dir.path().join(name).to_str().unwrap().to_owned();
         let args = [
             "node".to_owned(),
@@ -106,7 +110,8 @@ impl Node {
             "--shared-parents".to_owned(),
             self.parent.clone(),
         ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
         let child = self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log));
         let registered = self.runtime.block_on(self.nri().wait_for_plugins(1, PATIENCE));
         assert!(registered.is_ok(), "the daemon's NRI plugin did not register:\n{}", self.log(log));
@@ -135,7 +140,23 @@ impl Node {
     /// A macvlan claim on the parent with a pool, allocated and reserved for `pod` as the
     /// scheduler does; returns its UID once the daemon published the parent.
     fn allocated_claim(&self, name: &str, pod: &PodSandbox, subnet: &str) -> String {
-        let (name, parent, subnet) = (name.to_owned(), self.parent.clone(), subnet.to_owned());
+        let config = json!({"mode": "macvlan", "ipam": {"pool": {"subnet": subnet}}});
+        self.allocated_claim_on(name, pod, &self.parent.clone(), config)
+    }
+
+    /// A claim of the device with interface `if_name` and `config` (a `NetworkConfig`
+    /// without apiVersion/kind), allocated and reserved for `pod`; returns its UID.
+    fn allocated_claim_on(
+        &self,
+        name: &str,
+        pod: &PodSandbox,
+        if_name: &str,
+        config: serde_json::Value,
+    ) -> String {
+        let (name, parent) = (name.to_owned(), if_name.to_owned());
+        let mut parameters = config;
+        parameters["apiVersion"] = json!("netclaim.dev/v1alpha1");
+        parameters["kind"] = json!("NetworkConfig");
         let consumer = ResourceClaimConsumerReference {
             api_group: None,
             resource: "pods".to_owned(),
@@ -145,9 +166,9 @@ impl Node {
         let deadline = Instant::now() + PATIENCE;
         self.api(move |client| async move {
             let classes: Api<DeviceClass> = Api::all(client.clone());
-            if classes.get_opt("macvlan").await.unwrap().is_none() {
+            if classes.get_opt(&parent).await.unwrap().is_none() {
                 let class: DeviceClass = serde_json::from_value(json!({
-                    "metadata": {"name": "macvlan"},
+                    "metadata": {"name": parent},
                     "spec": {"selectors": [{"cel": {"expression":
                         format!("device.attributes['netclaim.dev'].ifName == '{parent}'")}}]},
                 }))
@@ -158,10 +179,8 @@ impl Node {
             let claim: ResourceClaim = serde_json::from_value(json!({
                 "metadata": {"name": name, "namespace": "default"},
                 "spec": {"devices": {
-                    "requests": [{"name": "nic", "exactly": {"deviceClassName": "macvlan"}}],
-                    "config": [{"opaque": {"driver": "netclaim.dev", "parameters": {
-                        "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig",
-                        "mode": "macvlan", "ipam": {"pool": {"subnet": subnet}}}}}],
+                    "requests": [{"name": "nic", "exactly": {"deviceClassName": parent}}],
+                    "config": [{"opaque": {"driver": "netclaim.dev", "parameters": parameters}}],
                 }},
             }))
             .unwrap();
@@ -396,4 +415,75 @@ fn a_sandbox_started_while_the_daemon_was_down_is_attached_at_synchronize() {
     assert!(address.starts_with("10.78.0."), "{address}");
     let claim = node.wait_for_status("db-net", "True", "NetworkReady", "node2.log");
     assert_eq!(network_ips(&claim), [address]);
+}
+
+/// The published device names of interface `if_name`.
+fn published(node: &Node, if_name: &str) -> bool {
+    let if_name = if_name.to_owned();
+    node.api(move |client| async move {
+        let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client);
+        let slices = api.list(&kube::api::ListParams::default()).await.unwrap().items;
+        slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).any(|d| {
+            d.attributes
+                .as_ref()
+                .and_then(|a| a.get("netclaim.dev/ifName"))
+                .and_then(|a| a.string.as_deref())
+                == Some(if_name.as_str())
+        })
+    })
+}
+
+fn host_link(netns: &Netns, name: &str) -> Option<serde_json::Value> {
+    let output = std::process::Command::new("ip")
+        .args(["-n", &netns.name, "-j", "-d", "link", "show", "dev", name])
+        .output()
+        .unwrap();
+    output
+        .status
+        .success()
+        .then(|| serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()[0].clone())
+}
+
+#[test]
+fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu() {
+    if !require_root("a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu")
+    {
+        return;
+    }
+    let node = Node::start();
+    let (nic, peer) = (node.netns.ifname("x0"), node.netns.ifname("x1"));
+    node.netns.ip(&["link", "add", &nic, "mtu", "1400", "type", "veth", "peer", "name", &peer]);
+    let include = format!("{}x*", node.netns.prefix);
+    let _daemon = node.start_daemon_with("node.log", &["--include-interfaces", &include]);
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "nic");
+    let config = json!({"mode": "host-device", "interface": {"mtu": 1300},
+        "ipam": {"addresses": ["192.0.2.10/24"]}});
+    let uid = node.allocated_claim_on("nic-net", &sandbox, &nic, config);
+    assert_eq!(node.prepare("nic-net", &uid).error, "", "{}", node.log("node.log"));
+
+    let syncs = |node: &Node| node.metric(r#"netclaim_slice_syncs_total{result="success"}"#);
+    let before = syncs(&node);
+    node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
+    assert_eq!(pod_ipv4(&pod_netns, "net1").as_deref(), Some("192.0.2.10/24"));
+    assert_eq!(host_link(&pod_netns, "net1").unwrap()["mtu"], 1300);
+    assert!(host_link(&node.netns, &nic).is_none(), "moved out of the node netns");
+    // The move is a link change: wait for the publication round it triggers, then the NIC
+    // must still be published (DESIGN §5.1).
+    let started = Instant::now();
+    while syncs(&node) <= before {
+        assert!(started.elapsed() < PATIENCE, "no publication after the move");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(published(&node, &nic), "the NIC left the slices while in the pod");
+    node.wait_for_status("nic-net", "True", "NetworkReady", "node.log");
+
+    node.runtime
+        .block_on(node.nri().stop_pod_sandbox(&PodSandbox { netns_path: None, ..sandbox.clone() }))
+        .unwrap();
+    let back = host_link(&node.netns, &nic).expect("the NIC is back under its host name");
+    assert_eq!(back["mtu"], 1400);
+    assert!(back.get("ifalias").is_none_or(|a| a.as_str() == Some("")), "{back}");
+    assert!(host_link(&pod_netns, "net1").is_none());
+    assert!(published(&node, &nic));
 }

@@ -241,6 +241,10 @@ pub struct AttachService<C, N, S, W> {
     inner: Arc<Mutex<Inner>>,
     gates: Arc<Gates>,
     moved: watch::Sender<BTreeSet<String>>,
+    /// Set by the first `Synchronize`: only then is the set of running pods known.
+    synchronized: std::sync::atomic::AtomicBool,
+    /// Woken after each `Synchronize`, for the sweep of claims gone from the API.
+    sweep_due: tokio::sync::Notify,
 }
 
 impl<C, N, S, W> std::fmt::Debug for AttachService<C, N, S, W> {
@@ -291,6 +295,8 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             inner: Arc::new(Mutex::new(Inner::default())),
             gates: Arc::new(Gates::default()),
             moved: watch::Sender::new(BTreeSet::new()),
+            synchronized: std::sync::atomic::AtomicBool::new(false),
+            sweep_due: tokio::sync::Notify::new(),
         };
         {
             let mut inner = lock(&service.inner);
@@ -532,15 +538,17 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         }
     }
 
-    /// StopPodSandbox: detaches the pod's interfaces and marks its record stopped.
-    async fn stop_pod(&self, uid: &str) {
+    /// StopPodSandbox: detaches the pod's interfaces and marks its record stopped. A stop of
+    /// another sandbox of the pod (an older one) leaves the record alone.
+    async fn stop_pod(&self, pod: &PodSandbox) {
+        let uid = pod.uid.as_str();
         self.serialised(uid, async {
             let record = lock(&self.inner).pods.get(uid).cloned();
             let Some(mut record) = record else {
                 tracing::debug!(pod = %uid, "stop of a pod without interfaces");
                 return;
             };
-            if record.state == AttachmentState::Stopped {
+            if record.state == AttachmentState::Stopped || !same_sandbox(&record, pod) {
                 return;
             }
             self.detach_record(&record).await;
@@ -556,10 +564,11 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
     }
 
     /// RemovePodSandbox: detaches what is still attached and forgets the pod.
-    async fn remove_pod(&self, uid: &str) {
+    async fn remove_pod(&self, pod: &PodSandbox) {
+        let uid = pod.uid.as_str();
         self.serialised(uid, async {
             let record = lock(&self.inner).pods.get(uid).cloned();
-            if let Some(record) = &record {
+            if let Some(record) = record.as_ref().filter(|r| same_sandbox(r, pod)) {
                 if record.state == AttachmentState::Attached {
                     self.detach_record(record).await;
                     self.submit_stopped(record);
@@ -568,10 +577,12 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                     tracing::warn!(pod = %uid, %err, "forgetting the pod record");
                     return;
                 }
+                lock(&self.inner).pods.remove(uid);
             }
             let mut inner = lock(&self.inner);
-            inner.pods.remove(uid);
-            inner.sandboxes.remove(uid);
+            if inner.sandboxes.get(uid).is_none_or(|s| s.id == pod.id || pod.id.is_empty()) {
+                inner.sandboxes.remove(uid);
+            }
             drop(inner);
             self.refresh_moved();
         })
@@ -826,6 +837,12 @@ fn log_detach(
     }
 }
 
+/// Whether an event's sandbox is the one `record` was attached to (an event without an ID
+/// is taken to be).
+fn same_sandbox(record: &PodAttachment, pod: &PodSandbox) -> bool {
+    pod.id.is_empty() || record.sandbox_id == pod.id
+}
+
 /// `err` with the causes its message does not already contain (the errno of a kernel
 /// refusal sits at the bottom of the chain).
 fn error_chain(err: &dyn std::error::Error) -> String {
@@ -985,13 +1002,13 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHand
     }
 
     async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
-        self.stop_pod(&pod.uid).await;
+        self.stop_pod(&pod).await;
         self.count("StopPodSandbox", true);
         Ok(())
     }
 
     async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
-        self.remove_pod(&pod.uid).await;
+        self.remove_pod(&pod).await;
         self.count("RemovePodSandbox", true);
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! that came back from destroyed pod namespaces their host name and MTU again.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -13,11 +14,6 @@ use crate::nri::PodSandbox;
 use crate::podnet::ops::LinkState;
 use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
 use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
-
-/// Longest the check for claims deleted from the API may take within one `Synchronize`
-/// (the runtime's request timeout is a few seconds; a pass cut short is repeated at the next
-/// registration).
-const CLAIM_CHECK_BUDGET: Duration = Duration::from_secs(1);
 
 /// What reconcile does with one pod record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,18 +184,42 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             Err(err) => tracing::warn!(%err, "listing host links for reconcile"),
         }
         self.refresh_moved();
-        let running_uids: BTreeSet<&str> = running.keys().copied().collect();
-        let released =
-            tokio::time::timeout(CLAIM_CHECK_BUDGET, self.release_gone_claims(&running_uids))
-                .await
-                .unwrap_or_else(|_| {
-                    tracing::info!(
-                        "checking prepared claims against the API took too long; next time"
-                    );
-                    0
-                });
-        tracing::info!(pods = pods.len(), verified, detached, attached, released,
+        {
+            // The runtime's list is the truth about running sandboxes from now on.
+            let mut inner = lock(&self.inner);
+            inner.sandboxes.retain(|uid, _| running.contains_key(uid.as_str()));
+        }
+        self.synchronized.store(true, Ordering::Release);
+        // Claims deleted from the API are checked off the runtime's request deadline.
+        self.sweep_due.notify_one();
+        tracing::info!(pods = pods.len(), verified, detached, attached,
             took = ?started.elapsed(), "reconciled with the runtime's pods");
+    }
+
+    /// Releases prepared claims that no running pod uses and whose ResourceClaim is gone from
+    /// the API; waits for the first `Synchronize` (before it the running pods are unknown).
+    /// Returns how many claims were released.
+    pub async fn sweep_gone_claims(&self) -> usize {
+        if !self.synchronized.load(Ordering::Acquire) {
+            return 0;
+        }
+        let running: BTreeSet<String> = lock(&self.inner).sandboxes.keys().cloned().collect();
+        self.release_gone_claims(&running).await
+    }
+
+    /// Runs [`Self::sweep_gone_claims`] after every `Synchronize` and every `period`, forever
+    /// (the caller aborts it).
+    pub async fn sweep_loop(&self, period: Duration) {
+        loop {
+            tokio::select! {
+                () = self.sweep_due.notified() => {}
+                () = tokio::time::sleep(period) => {}
+            }
+            let released = self.sweep_gone_claims().await;
+            if released > 0 {
+                tracing::info!(released, "released prepared claims gone from the API");
+            }
+        }
     }
 
     /// Forgets the record of pod `uid` (store, then memory).
@@ -273,10 +293,10 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
 
     /// Releases prepared claims that no running pod uses and whose ResourceClaim is gone from
     /// the API (kubelet will not unprepare a claim of a pod it forgot). Returns how many.
-    async fn release_gone_claims(&self, running: &BTreeSet<&str>) -> usize {
+    async fn release_gone_claims(&self, running: &BTreeSet<String>) -> usize {
         let mut released = 0;
         for claim in self.claims.all_claims() {
-            if claim.reserved_for.iter().any(|p| running.contains(p.uid.as_str())) {
+            if claim.reserved_for.iter().any(|p| running.contains(&p.uid)) {
                 continue;
             }
             if self.claims.presence(&claim).await != ClaimPresence::Gone {

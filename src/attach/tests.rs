@@ -541,6 +541,10 @@ async fn stop_detaches_and_keeps_the_record_until_remove() {
         "{text}"
     );
 
+    // Events of another (older) sandbox of the pod leave the record alone.
+    let older = PodSandbox { id: "sandbox-older".into(), ..stop.clone() };
+    service.remove_pod_sandbox(older).await.unwrap();
+    assert!(service.attachment("p1").is_some());
     service.remove_pod_sandbox(stop).await.unwrap();
     assert!(service.attachment("p1").is_none());
     assert!(world.store.0.lock().unwrap().is_empty());
@@ -609,7 +613,10 @@ async fn synchronize_attaches_running_pods_and_detaches_gone_ones() {
     world.claims.gone.lock().unwrap().insert("uid-gone".into());
     let service = world.service();
     service.start().await;
+    // Before the runtime told which pods run, nothing is released.
+    assert_eq!(service.sweep_gone_claims().await, 0);
     service.synchronize(vec![world.pod("new")]).await.unwrap();
+    assert_eq!(service.sweep_gone_claims().await, 1);
 
     assert!(service.attachment("old").is_none());
     assert!(!world.store.0.lock().unwrap().contains_key("old"));

@@ -3,6 +3,7 @@
 //! unpreparing it; and the NRI plugin that feeds the service.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use tokio_util::sync::CancellationToken;
@@ -122,19 +123,46 @@ pub fn plugin_events() -> EventMask {
         .with(Event::CreateContainer)
 }
 
-/// Runs the NRI plugin `netclaim` (reconnecting whenever the runtime restarts) until
-/// `shutdown` is cancelled.
+/// The running NRI side of the daemon: the plugin connection and the sweep of claims gone
+/// from the API.
+#[derive(Debug)]
+pub struct NriHandle {
+    stop: CancellationToken,
+    plugin: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl NriHandle {
+    /// Disconnects from the runtime (interfaces stay in running pods) and stops the sweep.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.sweeper.abort();
+        let _ignored = tokio::time::timeout(Duration::from_secs(2), self.plugin).await;
+    }
+}
+
+/// Runs the attach service's start-up work, then the NRI plugin `netclaim` (reconnecting
+/// whenever the runtime restarts) and the sweep of gone claims (after each `Synchronize`
+/// and every `sweep_period`).
 ///
 /// # Errors
 /// [`PluginError`] when the index is not two digits.
-pub fn spawn_plugin(
+pub async fn start_nri(
     attach: Arc<NodeAttach>,
     socket: &std::path::Path,
     index: &str,
-    shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, PluginError> {
+    sweep_period: Duration,
+) -> Result<NriHandle, PluginError> {
     let options =
         PluginOptions::new("netclaim", index)?.socket_path(socket).events(plugin_events());
+    attach.start().await;
+    let stop = CancellationToken::new();
+    let sweeper = {
+        let attach = Arc::clone(&attach);
+        tokio::spawn(async move { attach.sweep_loop(sweep_period).await })
+    };
     let plugin = Plugin::new(attach, options);
-    Ok(tokio::spawn(async move { plugin.run(shutdown).await }))
+    let token = stop.clone();
+    let plugin = tokio::spawn(async move { plugin.run(token).await });
+    Ok(NriHandle { stop, plugin, sweeper })
 }

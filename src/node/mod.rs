@@ -46,6 +46,10 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// How often prepared claims are checked against the API besides after each NRI
+/// `Synchronize` (a claim deleted while its pod was gone from the runtime is released).
+const GONE_CLAIM_SWEEP: Duration = Duration::from_mins(5);
+
 /// Settings of the node daemon, validated by the CLI.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -180,14 +184,13 @@ pub async fn run_until(
     let (kubelet, attach_service) = start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
     // Devices that came back from pods destroyed while the daemon was down get their names
     // back before the first publication; running pods are reconciled at Synchronize.
-    attach_service.start().await;
-    let nri_stop = tokio_util::sync::CancellationToken::new();
-    let nri_task = attach::spawn_plugin(
+    let nri = attach::start_nri(
         Arc::clone(&attach_service),
         &config.nri_socket,
         &config.nri_plugin_index,
-        nri_stop.clone(),
-    )?;
+        GONE_CLAIM_SWEEP,
+    )
+    .await?;
     let mut moved = attach_service.moved_devices();
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
@@ -248,8 +251,7 @@ pub async fn run_until(
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
     // Interfaces stay in running pods (DESIGN §6): the plugin only disconnects.
-    nri_stop.cancel();
-    let _ignored = tokio::time::timeout(Duration::from_secs(2), nri_task).await;
+    nri.stop().await;
     kubelet.stop();
     if let Err(err) = kubelet.wait().await {
         tracing::warn!(%err, "kubelet plugin stopped with an error");
