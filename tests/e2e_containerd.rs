@@ -9,6 +9,15 @@
 //! removed on drop, also when a test fails: sandboxes, shims, mounts, network namespaces,
 //! the test's veth pairs (which takes any macvlan child along).
 //!
+//! Scenarios: a macvlan claim on a shared parent (interface, address, claim status, detach
+//! at stop, release at unprepare); a host-device claim moving a veth end into the pod and
+//! back (name, MTU and MAC restored); 20 pods on one parent (distinct addresses; prints the
+//! median `RunPodSandbox` wall time and the daemon's mean attach time); `kill -9` of the
+//! daemon during a burst of 10 sandboxes, then a restart on the same state (every pod gets
+//! its interface, no address twice, nothing leaked). Beyond those: pods stopped while the
+//! daemon is down, a host-device pod across a daemon restart, a containerd restart, and a
+//! pod with two claims (`net1`, `net2` in claim-name order).
+//!
 //! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
 //! sandbox, and whatever is still inside it is a leftover.
@@ -43,6 +52,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use netclaim::attach::PodAttachment;
 use netclaim::claims::PreparedClaim;
 use netclaim::cri::CriClient;
 use netclaim::dev::allocator::{AllocatorController, reserve_for};
@@ -238,6 +248,15 @@ impl Cluster {
         wait_until("the DRA socket", self, || async { self.dra_socket().exists() }).await;
     }
 
+    /// Waits until the daemon's latest log shows `count` NRI synchronizations (one per
+    /// connection to the runtime).
+    async fn wait_synchronized(&self, count: usize) {
+        wait_until(&format!("NRI synchronization #{count}"), self, || async {
+            self.node_log().matches("synchronizing with NRI runtime").count() >= count
+        })
+        .await;
+    }
+
     /// The published device whose `ifName` attribute is `if_name`.
     async fn device_name(&self, if_name: &str) -> Option<String> {
         let api: Api<ResourceSlice> = Api::all(self.api.client.clone());
@@ -298,8 +317,8 @@ impl Cluster {
         Api::namespaced(self.api.client.clone(), "default")
     }
 
-    /// Runs allocator passes (as the scheduler would) until every claim in `names` is
-    /// allocated, then reserves each for its pod; returns the claims as kubelet sees them.
+    /// Runs allocator passes (as the scheduler would) until no claim is pending, then
+    /// reserves each pod's claim for it; returns the claims as kubelet then sees them.
     async fn allocate_and_reserve(&self, pods: &[PodSpec]) -> Vec<ResourceClaim> {
         let allocator = AllocatorController::new(self.api.client.clone(), &self.node_name);
         let started = Instant::now();
@@ -367,14 +386,46 @@ impl Cluster {
         assert!(answer.claims.values().all(|c| c.error.is_empty()), "{answer:?}");
     }
 
-    /// Stops the daemon and checks its state dir holds no lease and no prepared claim.
+    /// One sample's value from the daemon's `/metrics` (address from its log), 0 if absent.
+    async fn metric(&self, sample: &str) -> f64 {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let log = self.node_log();
+        let address = log
+            .lines()
+            .find(|l| l.contains("serving /metrics"))
+            .and_then(|l| l.split("address=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no metrics address in the node log:\n{log}"))
+            .to_owned();
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.unwrap();
+        body.lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Stops the daemon and checks its state dir holds no lease, no prepared claim and no pod
+    /// attachment.
     fn assert_state_empty(&self) {
+        let exited = self.node.lock().unwrap().as_mut().map(|c| c.try_wait().unwrap());
+        assert!(
+            matches!(exited, Some(None)),
+            "the daemon is not running (exit {exited:?}); log:\n{}",
+            self.node_log()
+        );
         self.stop_node();
         let store = Store::open(self.state_dir()).unwrap();
         let leases = store.load_leases().unwrap();
         assert!(leases.is_empty(), "leases left in the state: {leases:?}");
         let claims = store.load_all::<PreparedClaim>().unwrap();
         assert!(claims.is_empty(), "prepared claims left in the state: {claims:?}");
+        let pods = store.load_all::<PodAttachment>().unwrap();
+        assert!(pods.is_empty(), "pod attachments left in the state: {pods:?}");
     }
 
     fn print_logs(&self) {
@@ -531,6 +582,16 @@ async fn wait_ready_status(
     claim: &str,
     pool: &IpNetwork,
 ) -> (Vec<IpNetwork>, String) {
+    wait_ready_status_of(cluster, claim, pool, POD_IFNAME).await
+}
+
+/// [`wait_ready_status`] for an interface named `if_name` in the pod.
+async fn wait_ready_status_of(
+    cluster: &Cluster,
+    claim: &str,
+    pool: &IpNetwork,
+    if_name: &str,
+) -> (Vec<IpNetwork>, String) {
     let claims = cluster.claims();
     let started = Instant::now();
     loop {
@@ -558,7 +619,7 @@ async fn wait_ready_status(
                 "the entry names the allocated device (and echoes the shareID)"
             );
             let data = entry.network_data.as_ref().expect("networkData");
-            assert_eq!(data.interface_name.as_deref(), Some(POD_IFNAME), "{entry:?}");
+            assert_eq!(data.interface_name.as_deref(), Some(if_name), "{entry:?}");
             let ips: Vec<IpNetwork> = data
                 .ips
                 .iter()
@@ -587,22 +648,27 @@ async fn wait_ready_status(
 
 /// Waits until the pod has `net1` with an address; returns it.
 async fn wait_pod_link(cluster: &Cluster, pod: &RunningPod) -> LinkInfo {
+    wait_pod_links(cluster, pod, &[POD_IFNAME]).await.remove(0)
+}
+
+/// Waits until the pod has each of `names` with an address, and no other link than those,
+/// `lo` and `eth0`; returns them in the order of `names`.
+async fn wait_pod_links(cluster: &Cluster, pod: &RunningPod, names: &[&str]) -> Vec<LinkInfo> {
     let started = Instant::now();
     loop {
-        if let Some(link) = links_in(&pod.netns_path()).remove(POD_IFNAME)
-            && !link.addresses.is_empty()
-        {
-            let names: BTreeSet<String> = links_in(&pod.netns_path()).into_keys().collect();
-            let expected: BTreeSet<String> =
-                ["lo", "eth0", POD_IFNAME].into_iter().map(str::to_owned).collect();
-            assert_eq!(names, expected, "pod {}: nothing but its interfaces", pod.spec.name);
-            return link;
+        let links = links_in(&pod.netns_path());
+        if names.iter().all(|n| links.get(*n).is_some_and(|l| !l.addresses.is_empty())) {
+            let found: BTreeSet<&str> = links.keys().map(String::as_str).collect();
+            let expected: BTreeSet<&str> =
+                ["lo", "eth0"].into_iter().chain(names.iter().copied()).collect();
+            assert_eq!(found, expected, "pod {}: nothing but its interfaces", pod.spec.name);
+            return names.iter().map(|n| links[*n].clone()).collect();
         }
         assert!(
             started.elapsed() < PATIENCE,
-            "pod {} has no {POD_IFNAME} with an address; its links: {:?}\nnode log:\n{}",
+            "pod {} lacks one of {names:?} with an address; its links: {:?}\nnode log:\n{}",
             pod.spec.name,
-            links_in(&pod.netns_path()).keys().collect::<Vec<_>>(),
+            links.keys().collect::<Vec<_>>(),
             cluster.node_log()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -627,14 +693,12 @@ fn macvlan_config(subnet: &str) -> Value {
 }
 
 /// Runs `scenario` on a fresh cluster; prints the logs when it fails, then cleans up.
-fn run_e2e<F>(name: &str, scenario: F)
+fn run_e2e<F>(scenario: F)
 where
     F: for<'a> FnOnce(&'a mut Cluster) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
 {
+    // Checks root as well; prints the SKIPPED line (or fails under CI).
     let Some(tools) = containerd_support::find_tools() else { return };
-    if !support::require_root(name) {
-        return;
-    }
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut cluster = rt.block_on(Cluster::start(tools));
@@ -656,7 +720,7 @@ fn median(mut values: Vec<Duration>) -> Duration {
 
 #[test]
 fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
-    run_e2e("a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up", |cluster| {
+    run_e2e(|cluster| {
         Box::pin(async move {
             let parent = cluster.veth("p0", "p1", 1500);
             cluster.start_node(&parent, &parent);
@@ -696,7 +760,7 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
 
 #[test]
 fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
-    run_e2e("a_host_device_claim_moves_a_veth_end_into_the_pod_and_back", |cluster| {
+    run_e2e(|cluster| {
         Box::pin(async move {
             let device = cluster.veth("h0", "h1", 1400);
             cluster.start_node("", &device);
@@ -748,7 +812,7 @@ fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
 
 #[test]
 fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
-    run_e2e("twenty_pods_on_one_parent_get_twenty_distinct_addresses", |cluster| {
+    run_e2e(|cluster| {
         Box::pin(async move {
             const PODS: usize = 20;
             let parent = cluster.veth("p0", "p1", 1500);
@@ -768,6 +832,20 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
             }
 
             let cri = cluster.cri().await;
+            // The baseline: pods without claims (the plugin is asked, and has nothing to do).
+            let mut baseline = Vec::new();
+            for i in 0..5 {
+                let plain =
+                    PodSpec { claim: String::new(), ..PodSpec::new(&cluster.prefix, 100 + i) };
+                let (pod, took) = run_pod(cluster, &cri, &plain, 0).await.unwrap();
+                baseline.push(took);
+                let names: BTreeSet<String> = links_in(&pod.netns_path()).into_keys().collect();
+                assert!(
+                    !names.contains(POD_IFNAME),
+                    "a pod without claims gets nothing: {names:?}"
+                );
+                stop_and_remove(&cri, &pod).await;
+            }
             let mut running = Vec::new();
             let mut timings = Vec::new();
             for pod in &pods {
@@ -789,7 +867,25 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
             }
             assert_eq!(addresses.len(), PODS, "distinct addresses: {addresses:?}");
             assert_eq!(macs.len(), PODS, "distinct MACs");
+            // Each pod was attached once, on its RunPodSandbox; the daemon's own attach time.
+            let attaches =
+                cluster.metric(r#"netclaim_attach_duration_seconds_count{mode="macvlan"}"#).await;
+            let attach_seconds =
+                cluster.metric(r#"netclaim_attach_duration_seconds_sum{mode="macvlan"}"#).await;
+            let expected = f64::from(u32::try_from(PODS).unwrap());
+            assert!(
+                (attaches - expected).abs() < f64::EPSILON,
+                "{attaches} attaches for {PODS} pods"
+            );
+            eprintln!(
+                "daemon attach time (event received -> link configured), mean over {PODS}: {:.1} ms",
+                attach_seconds * 1000.0 / attaches
+            );
             let ms: Vec<u128> = timings.iter().map(Duration::as_millis).collect();
+            eprintln!(
+                "RunPodSandbox wall time of 5 pods without claims (baseline): median {:?}",
+                median(baseline)
+            );
             eprintln!(
                 "RunPodSandbox wall time with the netclaim NRI attach over {PODS} pods: median {:?}, max {:?} (ms: {ms:?})",
                 median(timings.clone()),
@@ -809,7 +905,7 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
 
 #[test]
 fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
-    run_e2e("kill_9_during_a_burst_loses_nothing_and_leaks_nothing", |cluster| {
+    run_e2e(|cluster| {
         Box::pin(async move {
             const PODS: usize = 10;
             const KILL_AFTER: usize = 3;
@@ -903,6 +999,215 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
             let hosts = host_links();
             let (parent_link, _) = hosts.get(&parent).expect("the parent is intact");
             assert_eq!(parent_link.mtu, 1500);
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            const PODS: usize = 3;
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pool: IpNetwork = "10.77.5.0/24".parse().unwrap();
+            let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
+            for pod in &pods {
+                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.5.0/24")).await;
+            }
+            let claims = cluster.allocate_and_reserve(&pods).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+            let cri = cluster.cri().await;
+            let mut running = Vec::new();
+            for pod in &pods {
+                let (pod, _) = run_pod(cluster, &cri, pod, 0).await.unwrap();
+                wait_pod_link(cluster, &pod).await;
+                wait_ready_status(cluster, &pod.spec.claim, &pool).await;
+                running.push(pod);
+            }
+
+            // The daemon dies; kubelet stops and removes the pods meanwhile (containerd runs
+            // them down without the plugin, and the namespaces go with the sandboxes: the
+            // test lets go of them first).
+            cluster.kill_node();
+            let ids: Vec<String> = running.drain(..).map(|pod| pod.id).collect();
+            for id in &ids {
+                cri.stop_pod_sandbox(id).await.unwrap();
+                cri.remove_pod_sandbox(id).await.unwrap();
+            }
+
+            // Back up: Synchronize lists none of them, so their records are dropped; kubelet
+            // then unprepares the claims, which releases the addresses.
+            cluster.restart_node();
+            cluster.wait_node_ready(&parent).await;
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(host_children_of(&parent).is_empty(), "no leaked link");
+            assert!(host_links().contains_key(&parent), "the parent is intact");
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_host_device_comes_back_at_stop_after_a_daemon_restart() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let device = cluster.veth("h0", "h1", 1400);
+            cluster.start_node("", &device);
+            cluster.wait_node_ready(&device).await;
+            let before = host_links()[&device].0.clone();
+            let class = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&class, &device, "host-device").await;
+            let pool: IpNetwork = "10.77.6.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            let config =
+                json!({"interface": {"mtu": 1300}, "ipam": {"pool": {"subnet": "10.77.6.0/24"}}});
+            cluster.create_claim(&pod.claim, &class, config).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            let link = wait_pod_link(cluster, &running).await;
+            wait_ready_status(cluster, &pod.claim, &pool).await;
+
+            // kill -9 and restart while the pod runs: the pod keeps its device (same link,
+            // same address), and the new daemon still knows how to give it back.
+            cluster.kill_node();
+            cluster.restart_node();
+            cluster.wait_node_ready(&device).await;
+            let after = wait_pod_link(cluster, &running).await;
+            assert_eq!((&after.mac, &after.addresses), (&link.mac, &link.addresses));
+            assert!(!host_links().contains_key(&device));
+
+            stop_and_remove(&cri, &running).await;
+            let hosts = host_links();
+            let (back, _) = hosts.get(&device).unwrap_or_else(|| {
+                panic!("{device} is not back in the host netns; node log:\n{}", cluster.node_log())
+            });
+            assert_eq!(
+                (back.mtu, &back.mac),
+                (before.mtu, &before.mac),
+                "name, MTU and MAC restored"
+            );
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            const PODS: usize = 3;
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pool: IpNetwork = "10.77.7.0/24".parse().unwrap();
+            let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
+            for pod in &pods {
+                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.7.0/24")).await;
+            }
+            let claims = cluster.allocate_and_reserve(&pods).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+            let cri = cluster.cri().await;
+            let mut before_restart = Vec::new();
+            for pod in &pods[..2] {
+                let (pod, _) = run_pod(cluster, &cri, pod, 0).await.unwrap();
+                let link = wait_pod_link(cluster, &pod).await;
+                before_restart.push((pod, link));
+            }
+
+            // containerd restarts (the pods' shims keep running); the daemon reconnects and
+            // is synchronized with both pods, which keep their interfaces.
+            cluster.containerd.stop();
+            cluster.containerd.start();
+            let cri = cluster.cri().await;
+            cluster.wait_synchronized(2).await;
+            for (pod, link) in &before_restart {
+                let after = wait_pod_link(cluster, pod).await;
+                assert_eq!((&after.mac, &after.addresses), (&link.mac, &link.addresses));
+            }
+
+            // A pod started by the new containerd is attached and detached as usual.
+            let (third, _) = run_pod(cluster, &cri, &pods[2], 0).await.unwrap();
+            let link = wait_pod_link(cluster, &third).await;
+            let (ips, _) = wait_ready_status(cluster, &pods[2].claim, &pool).await;
+            assert_eq!(ips, link.addresses);
+            stop_and_remove(&cri, &third).await;
+            drop(third);
+
+            // containerd 1.7 sends no NRI stop/remove for a sandbox it did not run since it
+            // started (see nri_containerd): the first two pods go away unannounced. The test
+            // lets go of their namespaces, as nothing else would hold them.
+            for (pod, _) in before_restart.drain(..) {
+                let id = pod.id.clone();
+                drop(pod);
+                cri.stop_pod_sandbox(&id).await.unwrap();
+                cri.remove_pod_sandbox(&id).await.unwrap();
+            }
+            // kubelet unprepares the claims: addresses, claims and pod records all go.
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(host_children_of(&parent).is_empty(), "no leaked link");
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let parent = cluster.veth("p0", "p1", 1500);
+            let device = cluster.veth("h0", "h1", 1400);
+            cluster.start_node(&parent, &format!("{parent},{device}"));
+            cluster.wait_node_ready(&parent).await;
+            cluster.wait_node_ready(&device).await;
+            let shared = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&shared, &parent, "macvlan").await;
+            let nic = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&nic, &device, "host-device").await;
+            let (pool_a, pool_b): (IpNetwork, IpNetwork) =
+                ("10.77.8.0/24".parse().unwrap(), "10.77.9.0/24".parse().unwrap());
+            // One pod, two claims: `…-a` (macvlan) sorts before `…-b` (host-device).
+            let first = PodSpec {
+                claim: format!("{}-a", cluster.prefix),
+                ..PodSpec::new(&cluster.prefix, 0)
+            };
+            let second = PodSpec { claim: format!("{}-b", cluster.prefix), ..first.clone() };
+            cluster.create_claim(&second.claim, &nic, macvlan_config("10.77.9.0/24")).await;
+            cluster.create_claim(&first.claim, &shared, macvlan_config("10.77.8.0/24")).await;
+            let claims = cluster.allocate_and_reserve(&[first.clone(), second.clone()]).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &first, 0).await.unwrap();
+            let links = wait_pod_links(cluster, &running, &["net1", "net2"]).await;
+            assert_eq!(links[0].kind.as_deref(), Some("macvlan"), "net1 is claim a: {links:?}");
+            assert_eq!(links[1].kind.as_deref(), Some("veth"), "net2 is claim b: {links:?}");
+            let (ips_a, _) = wait_ready_status_of(cluster, &first.claim, &pool_a, "net1").await;
+            let (ips_b, _) = wait_ready_status_of(cluster, &second.claim, &pool_b, "net2").await;
+            assert_eq!((ips_a, ips_b), (links[0].addresses.clone(), links[1].addresses.clone()));
+
+            cri.stop_pod_sandbox(&running.id).await.unwrap();
+            let left = links_in(&running.netns_path());
+            assert!(!left.contains_key("net1") && !left.contains_key("net2"), "{left:?}");
+            assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
+            cri.remove_pod_sandbox(&running.id).await.unwrap();
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(host_children_of(&parent).is_empty());
             cluster.assert_state_empty();
         })
     });
