@@ -70,10 +70,13 @@ struct Progress {
     human: bool,
     terminal: bool,
     started: Instant,
+    /// A bar is on the current line (ended before the next phase line).
+    drawing: std::cell::Cell<bool>,
 }
 
 impl Progress {
     fn phase(&self, text: &str) {
+        self.end_bar();
         if self.human {
             eprintln!("[{:>5.1}s] {text}", self.started.elapsed().as_secs_f64());
         }
@@ -88,10 +91,11 @@ impl Progress {
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r\x1b[2K  pods ready [{bar}] {done}/{total} {waiting}");
         let _ = err.flush();
+        self.drawing.set(true);
     }
 
     fn end_bar(&self) {
-        if self.human && self.terminal {
+        if self.drawing.replace(false) {
             eprintln!();
         }
     }
@@ -109,6 +113,7 @@ pub async fn run(options: DemoOptions, interrupted: impl Future<Output = ()>) ->
         human: options.output == DemoOutput::Human,
         terminal: std::io::stderr().is_terminal(),
         started,
+        drawing: std::cell::Cell::new(false),
     };
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let names = TopologyNames::new(tag);
