@@ -484,30 +484,28 @@ async fn pings(rows: &[PodRow], peer: IpAddr) -> Vec<PingResult> {
     if !rows.is_empty() {
         plan.push((0, "peer".to_owned(), Some(peer)));
     }
-    let mut results = Vec::new();
-    for (from, to, address) in plan {
+    // The pings are independent: run them at once (each takes ~0.4 s).
+    let runs = plan.into_iter().map(|(from, to, address)| {
         let source = &rows[from];
-        let result = match (address, &source.netns) {
-            (Some(address), Some(netns)) => {
-                let netns = PathBuf::from(netns);
-                match tokio::task::spawn_blocking(move || ping_from(&netns, address)).await {
-                    Ok(Ok(summary)) => (true, summary, address.to_string()),
-                    Ok(Err(why)) => (false, why, address.to_string()),
-                    Err(err) => (false, format!("ping task failed: {err}"), address.to_string()),
+        async move {
+            let (ok, detail, address) = match (address, &source.netns) {
+                (Some(address), Some(netns)) => {
+                    let netns = PathBuf::from(netns);
+                    match tokio::task::spawn_blocking(move || ping_from(&netns, address)).await {
+                        Ok(Ok(summary)) => (true, summary, address.to_string()),
+                        Ok(Err(why)) => (false, why, address.to_string()),
+                        Err(err) => {
+                            (false, format!("ping task failed: {err}"), address.to_string())
+                        }
+                    }
                 }
-            }
-            (None, _) => (false, format!("{to} has no address"), String::new()),
-            (_, None) => (false, format!("{} has no known netns", source.name), String::new()),
-        };
-        results.push(PingResult {
-            from: source.name.clone(),
-            to,
-            address: result.2,
-            ok: result.0,
-            detail: result.1,
-        });
-    }
-    results
+                (None, _) => (false, format!("{to} has no address"), String::new()),
+                (_, None) => (false, format!("{} has no known netns", source.name), String::new()),
+            };
+            PingResult { from: source.name.clone(), to, address, ok, detail }
+        }
+    });
+    futures::future::join_all(runs).await
 }
 
 /// Runs `ping -c 3 -i 0.2 -W 2 <address>` from a thread inside `netns`; Ok(summary line) when
