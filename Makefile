@@ -1,9 +1,17 @@
 # The entry points for people and CI. `.ci/run` calls `make lint` and `make test`.
 CARGO ?= cargo
 
-.PHONY: run setup build lint test bench
+.PHONY: demo run setup build lint test bench
 
-# First command of the README: install what is needed, build, show this node's devices.
+# First command of the README: install what the demo needs (base tools, ping), build, run
+# `netclaim dev --demo` (15 pods with a macvlan each on a veth it creates; cleans up after).
+demo:
+	bash scripts/setup/00-base.sh
+	bash scripts/setup/20-podnet.sh
+	$(CARGO) build --release --bin netclaim
+	./target/release/netclaim dev --demo --listen 127.0.0.1:0
+
+# Install what is needed, build, show this node's devices.
 # Needs only the base tools (the test-only installs of `setup` are skipped).
 run:
 	bash scripts/setup/00-base.sh

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    telemetry::init(cli.log_format);
+    match &cli.command {
+        Command::Dev(args) if args.demo => telemetry::init_with_default(cli.log_format, "warn"),
+        _ => telemetry::init(cli.log_format),
+    }
     let (result, usage) = match &cli.command {
         Command::Node(args) => {
             let result = cli::node::run(args);

@@ -1,53 +1,111 @@
-//! `netclaim dev`: serve the in-memory API server until SIGTERM/SIGINT.
+//! `netclaim dev`: the API server alone (`--api-only`), the whole single-node cluster, or the
+//! demo (`--demo`), until SIGTERM/SIGINT.
 
-use super::DevArgs;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{DemoOutputArg, DevArgs, SharingModeArg};
 use crate::dev::api_only::{self, ApiOnlyError};
 use crate::dev::apiserver::ServerOptions;
+use crate::dev::cluster::{Cluster, ClusterError, ClusterOptions, ContainerdSockets};
+use crate::dev::demo::{self, DemoOptions, DemoOutput};
+use crate::inventory::publish::RequestedSharing;
+use crate::inventory::{InventoryError, Selection, SharingMode};
+
+/// Name of the node when the host name is not a DNS subdomain.
+const FALLBACK_NODE_NAME: &str = "dev-node";
 
 /// Why `netclaim dev` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DevCommandError {
-    /// Only `--api-only` exists so far.
-    #[error(
-        "netclaim dev needs --api-only: the allocator, dev kubelet and --demo are not built yet"
-    )]
-    NotApiOnly,
     /// The address is not loopback.
     #[error("--listen {0}: the dev API server has no authentication; listen on loopback only")]
     NotLoopback(std::net::SocketAddr),
+    /// Bad interface patterns.
+    #[error(transparent)]
+    Selection(#[from] InventoryError),
     /// The async runtime could not start.
     #[error("starting the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
     /// The server failed.
     #[error(transparent)]
     Server(#[from] ApiOnlyError),
+    /// The cluster failed to start.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// A signal handler could not be installed.
     #[error("installing a signal handler: {0}")]
     Signal(#[source] std::io::Error),
+    /// The demo ran but something did not work (the report says what).
+    #[error("the demo failed: {0}")]
+    DemoFailed(String),
 }
 
 impl DevCommandError {
     /// Whether this is a usage error (exit code 2).
     #[must_use]
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::NotApiOnly | Self::NotLoopback(_))
+        matches!(self, Self::NotLoopback(_) | Self::Selection(_))
     }
+}
+
+/// The node name: `--node-name`, else the host name if it is a DNS subdomain, else
+/// `dev-node`.
+#[must_use]
+pub fn node_name(flag: Option<&str>, hostname: Option<&str>) -> String {
+    if let Some(name) = flag {
+        return name.to_owned();
+    }
+    hostname
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| crate::inventory::naming::is_dns_subdomain(h))
+        .unwrap_or_else(|| FALLBACK_NODE_NAME.to_owned())
+}
+
+fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    let sharing = match args.selection.sharing_mode {
+        SharingModeArg::Auto => RequestedSharing::Auto,
+        SharingModeArg::Capacity => RequestedSharing::Capacity,
+        SharingModeArg::Slots => RequestedSharing::Slots,
+    };
+    Ok(ClusterOptions {
+        listen: args.listen,
+        server: ServerOptions {
+            drop_consumable_capacity: args.drop_consumable_capacity,
+            ..ServerOptions::default()
+        },
+        kubeconfig_out: args.kubeconfig_out.clone(),
+        node_name: node_name(args.node_name.as_deref(), hostname.as_deref()),
+        driver_name: args.driver_name.clone(),
+        selection: Selection::new(
+            &args.selection.include_interfaces,
+            &args.selection.exclude_interfaces,
+            &args.selection.shared_parents,
+            SharingMode::Capacity,
+        )?,
+        sharing,
+        containerd: args.containerd.as_ref().map(|cri| ContainerdSockets {
+            cri: cri.clone(),
+            nri: args.containerd_nri_socket.clone(),
+        }),
+        run_parent: args.run_dir.clone(),
+    })
 }
 
 /// Runs the command.
 pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
-    if !args.api_only {
-        return Err(DevCommandError::NotApiOnly);
-    }
     if !args.listen.ip().is_loopback() {
         return Err(DevCommandError::NotLoopback(args.listen));
     }
+    let options = cluster_options(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
+        .thread_name("netclaim-worker")
         .build()
         .map_err(DevCommandError::Runtime)?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut terminate = signal(SignalKind::terminate()).map_err(DevCommandError::Signal)?;
         let mut interrupt = signal(SignalKind::interrupt()).map_err(DevCommandError::Signal)?;
@@ -57,18 +115,77 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
                 _ = interrupt.recv() => {}
             }
         };
-        let options = ServerOptions {
-            drop_consumable_capacity: args.drop_consumable_capacity,
-            ..ServerOptions::default()
-        };
-        api_only::run(
-            args.listen,
-            options,
-            args.kubeconfig_out.as_deref(),
-            |url| tracing::info!(%url, "API server ready"),
-            shutdown,
-        )
-        .await?;
-        Ok(())
-    })
+        if args.api_only {
+            api_only::run(
+                args.listen,
+                options.server,
+                args.kubeconfig_out.as_deref(),
+                |url| tracing::info!(%url, "API server ready"),
+                shutdown,
+            )
+            .await?;
+            Ok(())
+        } else if args.demo {
+            let demo_options = DemoOptions {
+                cluster: options,
+                pods: usize::from(args.pods),
+                image: args.pod_image.clone(),
+                ready_timeout: Duration::from_secs(args.ready_timeout),
+                output: match args.output {
+                    DemoOutputArg::Human => DemoOutput::Human,
+                    DemoOutputArg::Json => DemoOutput::Json,
+                },
+            };
+            let report = demo::run(demo_options, shutdown).await;
+            if report.success {
+                Ok(())
+            } else {
+                Err(DevCommandError::DemoFailed(report.errors.join("; ")))
+            }
+        } else {
+            serve_cluster(options, shutdown).await
+        }
+    });
+    // Watches and netlink tasks end with the runtime; do not wait for them.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+async fn serve_cluster(
+    options: ClusterOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DevCommandError> {
+    let kubeconfig_out = options.kubeconfig_out.clone();
+    let cluster = Cluster::start(options).await?;
+    let kubeconfig: &Path = kubeconfig_out.as_deref().unwrap_or(&cluster.kubeconfig);
+    tracing::info!(
+        url = %cluster.url,
+        node = %cluster.node_name,
+        kubeconfig = %kubeconfig.display(),
+        run_dir = %cluster.run_dir.display(),
+        "dev cluster ready"
+    );
+    eprintln!(
+        "netclaim dev: API server {} on node {}; try: kubectl --kubeconfig {} get resourceslices,resourceclaims,pods -o wide",
+        cluster.url,
+        cluster.node_name,
+        kubeconfig.display()
+    );
+    shutdown.await;
+    tracing::info!("shutting down: tearing pods down");
+    cluster.stop().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_name_prefers_the_flag_then_a_valid_host_name() {
+        assert_eq!(node_name(Some("n1"), Some("host")), "n1");
+        assert_eq!(node_name(None, Some("Build-Box-7\n")), "build-box-7");
+        assert_eq!(node_name(None, Some("under_score")), FALLBACK_NODE_NAME);
+        assert_eq!(node_name(None, None), FALLBACK_NODE_NAME);
+    }
 }

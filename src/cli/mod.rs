@@ -32,7 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the node daemon: publish this node's devices as ResourceSlices.
     Node(NodeArgs),
-    /// Run Kubernetes in a box for trying netclaim and for tests (today: `--api-only`).
+    /// Run Kubernetes in a box: API server, allocator, node daemon and dev kubelet (`--demo`
+    /// shows it working; `--api-only` serves just the API).
     Dev(DevArgs),
     /// Print the ResourceSlices this node would publish, without any cluster.
     Inventory(InventoryArgs),
@@ -171,10 +172,14 @@ fn parse_nri_plugin_index(value: &str) -> Result<String, String> {
 /// Flags of `netclaim dev`.
 #[derive(Debug, Clone, Args)]
 pub struct DevArgs {
-    /// Serve only the in-memory Kubernetes API server (required until the allocator and dev
-    /// kubelet land).
-    #[arg(long, env = "NETCLAIM_API_ONLY")]
+    /// Serve only the in-memory Kubernetes API server (no allocator, node daemon or kubelet).
+    #[arg(long, env = "NETCLAIM_API_ONLY", conflicts_with = "demo")]
     pub api_only: bool,
+
+    /// Run the demo: a shared parent, a DeviceClass, a ResourceClaimTemplate and 15 pods
+    /// with a macvlan each; ping between them; clean up; exit 0 only if all of it worked.
+    #[arg(long, env = "NETCLAIM_DEMO")]
+    pub demo: bool,
 
     /// Address the API server listens on (port 0 picks a free one; loopback only by design:
     /// there is no authentication).
@@ -189,6 +194,62 @@ pub struct DevArgs {
     /// allowMultipleAllocations and capacity request policies from ResourceSlices.
     #[arg(long, env = "NETCLAIM_DROP_CONSUMABLE_CAPACITY")]
     pub drop_consumable_capacity: bool,
+
+    /// Run pod sandboxes through this containerd CRI socket (NRI enabled) instead of bare
+    /// network namespaces.
+    #[arg(long, env = "NETCLAIM_CONTAINERD", value_name = "SOCKET")]
+    pub containerd: Option<PathBuf>,
+
+    /// With --containerd: containerd's NRI socket, where the node daemon's plugin connects.
+    #[arg(
+        long,
+        env = "NETCLAIM_CONTAINERD_NRI_SOCKET",
+        default_value = "/var/run/nri/nri.sock",
+        value_name = "SOCKET"
+    )]
+    pub containerd_nri_socket: PathBuf,
+
+    /// Node name, also the pool name (default: the host name if it is a DNS subdomain, else
+    /// dev-node).
+    #[arg(long, env = "NETCLAIM_NODE_NAME", value_parser = parse_node_name)]
+    pub node_name: Option<String>,
+
+    /// DRA driver name.
+    #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
+    pub driver_name: String,
+
+    /// The node daemon's device selection (the demo publishes only its own veth).
+    #[command(flatten)]
+    pub selection: DeviceSelectionArgs,
+
+    /// Where the run dir (state, sockets, pod namespaces) is made (default: the temp dir).
+    #[arg(long, env = "NETCLAIM_RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
+
+    /// Demo: how the result is printed.
+    #[arg(short, long, env = "NETCLAIM_OUTPUT", value_enum, default_value_t = DemoOutputArg::Human)]
+    pub output: DemoOutputArg,
+
+    /// Demo: number of pods.
+    #[arg(long, env = "NETCLAIM_DEMO_PODS", default_value_t = 15, value_parser = clap::value_parser!(u16).range(1..=200))]
+    pub pods: u16,
+
+    /// Demo: the pods' container image (with --containerd it must already be in containerd).
+    #[arg(long, env = "NETCLAIM_DEMO_IMAGE", default_value = "localhost/netclaim/pause:1.0")]
+    pub pod_image: String,
+
+    /// Demo: seconds the pods have to come up.
+    #[arg(long, env = "NETCLAIM_DEMO_TIMEOUT", default_value_t = 120)]
+    pub ready_timeout: u64,
+}
+
+/// Output of `netclaim dev --demo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DemoOutputArg {
+    /// Progress lines, a table and a claim status for people.
+    Human,
+    /// One JSON document.
+    Json,
 }
 
 /// Output format of `netclaim inventory`.

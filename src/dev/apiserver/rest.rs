@@ -211,7 +211,12 @@ fn get(
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        return Ok(ok(table::table(&[&obj], &rv, q(req, "includeObject") == Some("Object"))));
+        return Ok(ok(table::table(
+            r.kind,
+            &[&obj],
+            &rv,
+            q(req, "includeObject") == Some("Object"),
+        )));
     }
     Ok(ok((*obj).clone()))
 }
@@ -259,8 +264,23 @@ fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRes
         Some(c) => Some(unhex(c).ok_or_else(|| ApiError::bad_request("invalid continue token"))?),
         None => None,
     };
-    let (objects, rv) =
+    let (mut objects, rv) =
         shared.store.transact(false, |t| (t.list(r, target.namespace.as_deref()), t.rv()));
+    // One Event resource, two API versions (as in Kubernetes): core v1 lists include the
+    // events.k8s.io/v1 Events, converted, so `kubectl describe` shows what controllers
+    // recorded through the newer API.
+    if r.group.is_empty()
+        && r.plural == "events"
+        && let Some(newer) = super::resources::lookup("events.k8s.io", "v1", "events")
+    {
+        let converted =
+            shared.store.transact(false, |t| t.list(newer, target.namespace.as_deref()));
+        objects.extend(converted.iter().map(|e| std::sync::Arc::new(core_event(e))));
+        objects.sort_by_key(|o| {
+            let (ns, name) = objects::key_of(o);
+            format!("{ns}/{name}")
+        });
+    }
     let sort_key = |o: &Value| {
         let (ns, name) = objects::key_of(o);
         format!("{ns}/{name}")
@@ -283,8 +303,12 @@ fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRes
         }
     }
     if table::wants_table(req.accept) {
-        let mut t =
-            table::table(&items, &rv.to_string(), q(req, "includeObject") == Some("Object"));
+        let mut t = table::table(
+            r.kind,
+            &items,
+            &rv.to_string(),
+            q(req, "includeObject") == Some("Object"),
+        );
         t["metadata"] = meta;
         return Ok(ok(t));
     }
@@ -577,4 +601,38 @@ fn delete_collection(
     Ok(ok(
         json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
     ))
+}
+
+/// An events.k8s.io/v1 Event in core/v1 form (the fields kubectl describe prints).
+fn core_event(event: &Value) -> Value {
+    let pick = |field: &str| event.get(field).cloned().unwrap_or(Value::Null);
+    let mut metadata = pick("metadata");
+    if let Some(m) = metadata.as_object_mut() {
+        m.remove("managedFields");
+    }
+    let count =
+        event.get("deprecatedCount").cloned().or_else(|| event.pointer("/series/count").cloned());
+    let last = event
+        .get("deprecatedLastTimestamp")
+        .cloned()
+        .or_else(|| event.pointer("/series/lastObservedTime").cloned())
+        .or_else(|| event.get("eventTime").cloned());
+    json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": metadata,
+        "involvedObject": pick("regarding"),
+        "related": pick("related"),
+        "reason": pick("reason"),
+        "message": pick("note"),
+        "type": pick("type"),
+        "action": pick("action"),
+        "eventTime": pick("eventTime"),
+        "firstTimestamp": event.get("deprecatedFirstTimestamp").cloned().or_else(|| event.get("eventTime").cloned()),
+        "lastTimestamp": last,
+        "count": count.unwrap_or(json!(1)),
+        "source": {"component": pick("reportingController"), "host": event.get("deprecatedSource").and_then(|s| s.get("host")).cloned()},
+        "reportingComponent": pick("reportingController"),
+        "reportingInstance": pick("reportingInstance"),
+    })
 }

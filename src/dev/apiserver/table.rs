@@ -38,29 +38,170 @@ fn age_of(obj: &Value) -> String {
         )
 }
 
-/// A Table of `objects` (Name and Age columns). `include_object` selects whether rows
-/// carry the full object or only its metadata (`includeObject=Object|Metadata`).
-pub(crate) fn table(objects: &[&Value], resource_version: &str, include_object: bool) -> Value {
+/// One column: header, `-o wide` only (priority 1), and the cell of an object.
+struct Column {
+    name: &'static str,
+    wide: bool,
+    cell: fn(&Value) -> Value,
+}
+
+fn text(obj: &Value, pointer: &str) -> Value {
+    json!(obj.pointer(pointer).and_then(Value::as_str).unwrap_or("<none>"))
+}
+
+/// kubectl's `READY` of a pod: ready containers / containers.
+fn pod_ready(obj: &Value) -> Value {
+    let total = obj.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
+    let statuses = obj.pointer("/status/containerStatuses").and_then(Value::as_array);
+    let ready = if let Some(statuses) = statuses {
+        statuses.iter().filter(|s| s["ready"] == true).count()
+    } else {
+        // Without container statuses, the pod's Ready condition stands for all of them.
+        let conditions = obj.pointer("/status/conditions").and_then(Value::as_array);
+        let ready = conditions
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        if ready { total } else { 0 }
+    };
+    json!(format!("{ready}/{total}"))
+}
+
+/// kubectl's `STATUS` of a pod: Terminating, the failure reason, or the phase.
+fn pod_status(obj: &Value) -> Value {
+    if obj.pointer("/metadata/deletionTimestamp").is_some() {
+        return json!("Terminating");
+    }
+    let reason = obj.pointer("/status/reason").and_then(Value::as_str);
+    let phase = obj.pointer("/status/phase").and_then(Value::as_str).unwrap_or("Pending");
+    json!(reason.unwrap_or(phase))
+}
+
+/// kubectl's `STATE` of a claim: `pending`, `allocated`, `allocated,reserved`, `deleted`.
+fn claim_state(obj: &Value) -> Value {
+    let mut states = Vec::new();
+    if obj.pointer("/status/allocation").is_some() {
+        states.push("allocated");
+    } else {
+        states.push("pending");
+    }
+    if obj.pointer("/status/reservedFor").and_then(Value::as_array).is_some_and(|r| !r.is_empty()) {
+        states.push("reserved");
+    }
+    if obj.pointer("/metadata/deletionTimestamp").is_some() {
+        states.push("deleted");
+    }
+    json!(states.join(","))
+}
+
+fn claim_devices(obj: &Value) -> Value {
+    let names: Vec<&str> = obj
+        .pointer("/status/allocation/devices/results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("device").and_then(Value::as_str))
+        .collect();
+    json!(if names.is_empty() { "<none>".to_owned() } else { names.join(",") })
+}
+
+/// Interfaces and addresses the drivers reported (`status.devices[].networkData`).
+fn claim_network(obj: &Value) -> Value {
+    let entries: Vec<String> = obj
+        .pointer("/status/devices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("networkData"))
+        .map(|n| {
+            let name = n.get("interfaceName").and_then(Value::as_str).unwrap_or("?");
+            let ips: Vec<&str> = n
+                .get("ips")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            format!("{name}={}", ips.join("+"))
+        })
+        .collect();
+    json!(if entries.is_empty() { "<none>".to_owned() } else { entries.join(",") })
+}
+
+fn slice_devices(obj: &Value) -> Value {
+    json!(obj.pointer("/spec/devices").and_then(Value::as_array).map_or(0, Vec::len))
+}
+
+/// The columns kubectl shows for `kind` (its built-in printers; Name and Age for the rest).
+fn columns(kind: &str) -> Vec<Column> {
+    let name = Column { name: "Name", wide: false, cell: |o| text(o, "/metadata/name") };
+    let age = Column { name: "Age", wide: false, cell: |o| json!(age_of(o)) };
+    match kind {
+        "Pod" => vec![
+            name,
+            Column { name: "Ready", wide: false, cell: pod_ready },
+            Column { name: "Status", wide: false, cell: pod_status },
+            Column { name: "Restarts", wide: false, cell: |_| json!(0) },
+            age,
+            Column { name: "IP", wide: true, cell: |o| text(o, "/status/podIP") },
+            Column { name: "Node", wide: true, cell: |o| text(o, "/spec/nodeName") },
+        ],
+        "ResourceClaim" => vec![
+            name,
+            Column { name: "State", wide: false, cell: claim_state },
+            age,
+            Column { name: "Devices", wide: true, cell: claim_devices },
+            Column { name: "Network", wide: true, cell: claim_network },
+        ],
+        "ResourceSlice" => vec![
+            name,
+            Column { name: "Node", wide: false, cell: |o| text(o, "/spec/nodeName") },
+            Column { name: "Driver", wide: false, cell: |o| text(o, "/spec/driver") },
+            Column { name: "Pool", wide: false, cell: |o| text(o, "/spec/pool/name") },
+            age,
+            Column { name: "Devices", wide: true, cell: slice_devices },
+            Column {
+                name: "Generation",
+                wide: true,
+                cell: |o| o.pointer("/spec/pool/generation").cloned().unwrap_or(Value::Null),
+            },
+        ],
+        _ => vec![name, age],
+    }
+}
+
+/// A Table of `objects` of `kind` with kubectl's columns for it. `include_object` selects
+/// whether rows carry the full object or only its metadata (`includeObject=Object|Metadata`).
+pub(crate) fn table(
+    kind: &str,
+    objects: &[&Value],
+    resource_version: &str,
+    include_object: bool,
+) -> Value {
+    let columns = columns(kind);
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| {
-            let name = o.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
             let object = if include_object {
                 (*o).clone()
             } else {
                 json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]})
             };
-            json!({"cells": [name, age_of(o)], "object": object})
+            let cells: Vec<Value> = columns.iter().map(|c| (c.cell)(o)).collect();
+            json!({"cells": cells, "object": object})
+        })
+        .collect();
+    let definitions: Vec<Value> = columns
+        .iter()
+        .map(|c| {
+            let format = if c.name == "Name" { "name" } else { "" };
+            let kind = if c.name == "Restarts" || c.name == "Devices" && kind == "ResourceSlice" || c.name == "Generation" { "integer" } else { "string" };
+            json!({"name": c.name, "type": kind, "format": format, "description": "", "priority": i32::from(c.wide)})
         })
         .collect();
     json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": [
-            {"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0},
-            {"name": "Age", "type": "string", "format": "", "description": "Time since creation.", "priority": 0},
-        ],
+        "columnDefinitions": definitions,
         "rows": rows,
     })
 }
@@ -77,6 +218,44 @@ mod tests {
         assert_eq!(human_age(4 * 3600 + 60), "4h1m");
         assert_eq!(human_age(10 * 3600), "10h");
         assert_eq!(human_age(3 * 86400), "3d");
+    }
+
+    #[test]
+    fn pods_and_claims_get_kubectls_columns() {
+        let pod = json!({
+            "metadata": {"name": "p1", "creationTimestamp": "2026-11-22T10:00:00Z"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        let t = table("Pod", &[&pod], "5", false);
+        let names: Vec<&str> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node"]);
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(
+            (&cells[0], &cells[1], &cells[2], &cells[6]),
+            (&json!("p1"), &json!("1/1"), &json!("Running"), &json!("n1"))
+        );
+        assert_eq!(t["columnDefinitions"][6]["priority"], 1);
+
+        let claim = json!({
+            "metadata": {"name": "c1"},
+            "status": {
+                "allocation": {"devices": {"results": [{"device": "eth1"}]}},
+                "reservedFor": [{"resource": "pods", "name": "p1", "uid": "u"}],
+                "devices": [{"networkData": {"interfaceName": "net1", "ips": ["10.0.0.2/24"]}}],
+            },
+        });
+        let cells = &table("ResourceClaim", &[&claim], "5", false)["rows"][0]["cells"];
+        assert_eq!(cells[1], "allocated,reserved");
+        assert_eq!(cells[3], "eth1");
+        assert_eq!(cells[4], "net1=10.0.0.2/24");
+        let cells = &table("ConfigMap", &[&claim], "5", false)["rows"][0]["cells"];
+        assert_eq!(cells.as_array().unwrap().len(), 2);
     }
 
     #[test]

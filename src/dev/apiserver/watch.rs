@@ -52,7 +52,7 @@ impl WatchRequest {
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            table::table(&[obj], rv, false)
+            table::table(self.resource.kind, &[obj], rv, false)
         } else {
             obj.clone()
         };
