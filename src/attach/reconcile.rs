@@ -208,8 +208,8 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
     }
 
     /// Runs [`Self::sweep_gone_claims`] after every `Synchronize` and every `period`, forever
-    /// (the caller aborts it).
-    pub async fn sweep_loop(&self, period: Duration) {
+    /// (the caller aborts it); `after_release` runs when claims were released.
+    pub async fn sweep_loop(&self, period: Duration, after_release: impl Fn() + Send) {
         loop {
             tokio::select! {
                 () = self.sweep_due.notified() => {}
@@ -218,6 +218,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             let released = self.sweep_gone_claims().await;
             if released > 0 {
                 tracing::info!(released, "released prepared claims gone from the API");
+                after_release();
             }
         }
     }
