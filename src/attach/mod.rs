@@ -746,22 +746,25 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         sandbox: &Sandbox,
         started: Instant,
     ) -> Result<(), HandlerError> {
-        match self.attach_pod(sandbox, started).await {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let message = format!(
-                    "attaching the network interfaces of pod {}/{}: {}",
-                    sandbox.namespace,
-                    sandbox.name,
-                    error_chain(&err)
-                );
-                tracing::warn!(pod = %sandbox.uid, "{message}");
-                let claims = self.claims.claims_of_pod(&sandbox.uid);
-                self.submit_failed(&claims, &error_chain(&err));
-                self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
-                Err(HandlerError::new(message))
-            }
-        }
+        self.attach_pod(sandbox, started)
+            .await
+            .map_err(|err| HandlerError::new(self.report_failure(sandbox, &err)))
+    }
+
+    /// Logs a failed attach, marks the pod's claims `Ready=False` (reason
+    /// [`REASON_ATTACH_FAILED`]) and records a Warning Event on the Pod; returns the message.
+    fn report_failure(&self, sandbox: &Sandbox, err: &AttachFailure) -> String {
+        let message = format!(
+            "attaching the network interfaces of pod {}/{}: {}",
+            sandbox.namespace,
+            sandbox.name,
+            error_chain(err)
+        );
+        tracing::warn!(pod = %sandbox.uid, "{message}");
+        let claims = self.claims.claims_of_pod(&sandbox.uid);
+        self.submit_failed(&claims, &error_chain(err));
+        self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
+        message
     }
 
     fn count(&self, event: &'static str, ok: bool) {

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{
-    AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence, NetnsAccess,
-    PodAttachment, PodClaims, Sandbox, StatusSink, lock, log_detach,
+    AttachFailure, AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence,
+    NetnsAccess, PodAttachment, PodClaims, Sandbox, StatusSink, lock, log_detach,
 };
 use crate::nri::PodSandbox;
 use crate::podnet::ops::LinkState;
@@ -176,8 +176,18 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 continue;
             }
             attached += 1;
-            // Errors are reported on the claims and the Pod; CreateContainer retries.
-            let _reported = self.attach_and_report(&sandbox, Instant::now()).await;
+            match self.attach_pod(&sandbox, Instant::now()).await {
+                Ok(()) => {}
+                // A sandbox the runtime still lists but whose netns is already gone (stopped,
+                // not yet removed): nothing to attach and nothing to report.
+                Err(AttachFailure::Netns { source: LinkOpError::NetnsGone { .. }, .. }) => {
+                    tracing::debug!(pod = %pod.uid, "listed sandbox without a netns; skipped");
+                }
+                // Reported on the claims and the Pod; CreateContainer retries.
+                Err(err) => {
+                    let _message = self.report_failure(&sandbox, &err);
+                }
+            }
         }
         match self.netns.host_links().await {
             Ok(links) => self.restore_returned(&links).await,
