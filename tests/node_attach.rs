@@ -226,6 +226,33 @@ impl Node {
         })
     }
 
+    /// NodeUnprepareResources for one claim; returns the per-claim error text.
+    fn unprepare(&self, name: &str, uid: &str) -> String {
+        let socket = self.dir.path().join("plugin").join("dra.sock");
+        let (name, uid) = (name.to_owned(), uid.to_owned());
+        self.netns.block_on(move || async move {
+            let channel = tonic::transport::Endpoint::try_from("http://localhost")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(socket).await?,
+                        ))
+                    }
+                }))
+                .await
+                .unwrap();
+            let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1::NodeUnprepareResourcesRequest {
+                claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
+            };
+            dra.node_unprepare_resources(request).await.unwrap().into_inner().claims[&uid]
+                .error
+                .clone()
+        })
+    }
+
     fn claim(&self, name: &str) -> ResourceClaim {
         let name = name.to_owned();
         self.api(move |client| async move {
@@ -281,10 +308,9 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // Close the runtime side before its tokio runtime goes.
-        if let Some(nri) = self.nri.take() {
-            self.runtime.block_on(nri.shutdown());
-        }
+        // Close the runtime side (socket, connections) while its tokio runtime still runs.
+        let _entered = self.runtime.enter();
+        drop(self.nri.take());
     }
 }
 
@@ -550,4 +576,26 @@ fn a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries() 
     node.runtime.block_on(node.nri().create_container(&sandbox, &container)).unwrap();
     assert!(pod_ipv4(&pod_netns, "net1").is_some_and(|a| a.starts_with("10.79.0.")));
     node.wait_for_status("busy-net", "True", "NetworkReady", "node.log");
+}
+
+#[test]
+fn unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address() {
+    if !require_root("unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address") {
+        return;
+    }
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "forced");
+    let uid = node.allocated_claim("forced-net", &sandbox, "10.80.0.0/24");
+    assert_eq!(node.prepare("forced-net", &uid).error, "", "{}", node.log("node.log"));
+    node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
+    assert!(pod_ipv4(&pod_netns, "net1").is_some());
+    let leased = r#"netclaim_ipam_addresses{pool="10.80.0.0/24",state="leased"}"#;
+    assert!((node.metric(leased) - 1.0).abs() < f64::EPSILON);
+
+    // The pod was force-deleted: no StopPodSandbox, kubelet unprepares the claim.
+    assert_eq!(node.unprepare("forced-net", &uid), "", "{}", node.log("node.log"));
+    assert_eq!(pod_ipv4(&pod_netns, "net1"), None, "detached before the claim was released");
+    assert!(node.metric(leased).abs() < f64::EPSILON);
 }
