@@ -22,7 +22,7 @@ pub(super) enum RecordAction {
     Verify,
     /// The pod is gone (or runs in another sandbox): detach and forget the record.
     Detach,
-    /// Stopped and gone: forget the record.
+    /// Stopped and gone: detach again (idempotent) and forget the record.
     Forget,
     /// Stopped, and the runtime still lists the pod: wait for RemovePodSandbox.
     Keep,
@@ -160,7 +160,13 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                     .await;
                 }
                 RecordAction::Forget => {
-                    self.serialised(&record.pod_uid, self.drop_record(&record.pod_uid)).await;
+                    // The stop already detached; again costs nothing and catches a stop whose
+                    // detach could not open the netns.
+                    self.serialised(&record.pod_uid, async {
+                        self.detach_record(&record).await;
+                        self.drop_record(&record.pod_uid).await;
+                    })
+                    .await;
                 }
                 RecordAction::Keep => {}
             }
