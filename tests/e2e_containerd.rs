@@ -15,8 +15,9 @@
 //! median `RunPodSandbox` wall time and the daemon's mean attach time); `kill -9` of the
 //! daemon during a burst of 10 sandboxes, then a restart on the same state (every pod gets
 //! its interface, no address twice, nothing leaked). Beyond those: pods stopped while the
-//! daemon is down, a host-device pod across a daemon restart, a containerd restart, and a
-//! pod with two claims (`net1`, `net2` in claim-name order).
+//! daemon is down, a host-device pod across a daemon restart, a containerd restart, a pod
+//! with two claims (`net1`, `net2` in claim-name order), and a failed attach (the sandbox
+//! fails with the reason on the claim and the Pod; kubelet's retry succeeds).
 //!
 //! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
@@ -1240,6 +1241,83 @@ fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
             drop(running);
             cluster.unprepare(&mut dra, &claims).await;
             assert!(host_children_of(&parent).is_empty());
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let device = cluster.veth("h0", "h1", 1400);
+            let peer = format!("{}h1", cluster.prefix);
+            cluster.start_node("", &device);
+            cluster.wait_node_ready(&device).await;
+            let class = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&class, &device, "host-device").await;
+            let pool: IpNetwork = "10.77.11.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.11.0/24")).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            // The device vanishes between prepare and the sandbox: the attach fails, and so
+            // does the sandbox (kubelet retries it), with the reason on the claim and the Pod.
+            support::run("ip", &["link", "del", &device]);
+            let cri = cluster.cri().await;
+            let err = run_pod(cluster, &cri, &pod, 0).await.err().expect("the sandbox fails");
+            let message = err.to_string();
+            assert!(message.contains(&device), "the error names the device: {message}");
+            eprintln!("RunPodSandbox without the device: {message}");
+            let started = Instant::now();
+            loop {
+                let claim = cluster.claims().get(&pod.claim).await.unwrap();
+                let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+                let failed = devices.iter().find_map(|d| {
+                    d.conditions
+                        .iter()
+                        .flatten()
+                        .find(|c| c.type_ == "Ready" && c.status == "False")
+                });
+                if let Some(condition) = failed {
+                    assert_eq!(condition.reason, "AttachFailed", "{condition:?}");
+                    assert!(condition.message.contains(&device), "{condition:?}");
+                    break;
+                }
+                assert!(started.elapsed() < PATIENCE, "no failure in the status: {devices:#?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(cluster.api.client.clone(), "default");
+            wait_until("a Warning Event on the Pod", cluster, || async {
+                let list = events.list(&ListParams::default()).await.unwrap().items;
+                list.iter().any(|e| {
+                    e.reason.as_deref() == Some("AttachFailed")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().and_then(|r| r.uid.as_deref())
+                            == Some(pod.uid.as_str())
+                })
+            })
+            .await;
+            assert!(
+                cri.list_pod_sandbox(None).await.unwrap().is_empty(),
+                "containerd removed the failed sandbox"
+            );
+
+            // The device is back (same name): kubelet's next attempt gets it.
+            support::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
+            support::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
+            let (running, _) = run_pod(cluster, &cri, &pod, 1).await.unwrap();
+            let link = wait_pod_link(cluster, &running).await;
+            assert_eq!(link.kind.as_deref(), Some("veth"));
+            let (ips, _) = wait_ready_status(cluster, &pod.claim, &pool).await;
+            assert_eq!(ips, link.addresses);
+            stop_and_remove(&cri, &running).await;
+            assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
             cluster.assert_state_empty();
         })
     });
