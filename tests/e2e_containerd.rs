@@ -17,7 +17,8 @@
 //! its interface, no address twice, nothing leaked). Beyond those: pods stopped while the
 //! daemon is down, a host-device pod across a daemon restart, a containerd restart, a pod
 //! with two claims (`net1`, `net2` in claim-name order), and a failed attach (the sandbox
-//! fails with the reason on the claim and the Pod; kubelet's retry succeeds).
+//! fails with the reason on the claim and the Pod; kubelet's retry succeeds), and no
+//! container created while a pod lacks its interface.
 //!
 //! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
@@ -1314,6 +1315,64 @@ fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
             assert_eq!(link.kind.as_deref(), Some("veth"));
             let (ips, _) = wait_ready_status(cluster, &pod.claim, &pool).await;
             assert_eq!(ips, link.addresses);
+            stop_and_remove(&cri, &running).await;
+            assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn no_container_starts_while_the_pod_lacks_its_interface() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let device = cluster.veth("h0", "h1", 1400);
+            let peer = format!("{}h1", cluster.prefix);
+            cluster.start_node("", &device);
+            cluster.wait_node_ready(&device).await;
+            let class = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&class, &device, "host-device").await;
+            let pool: IpNetwork = "10.77.12.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.12.0/24")).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            // The sandbox starts while the daemon is down (no plugin: containerd runs it
+            // without), and the device is gone when the daemon comes back, so the reconcile
+            // cannot attach it.
+            cluster.kill_node();
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            support::run("ip", &["link", "del", &device]);
+            cluster.restart_node();
+            cluster.wait_synchronized(1).await;
+            assert!(!links_in(&running.netns_path()).contains_key(POD_IFNAME));
+
+            // kubelet's CreateContainer is refused while the interface is missing...
+            let config = cluster.containerd.sandbox_config(&pod.name, &pod.uid);
+            let container = containerd_support::container_config("app");
+            let err = cri
+                .create_container(&running.id, container.clone(), config.clone())
+                .await
+                .expect_err("no container without the pod's interface");
+            let message = err.to_string();
+            assert!(message.contains(&device), "the refusal names the device: {message}");
+            eprintln!("CreateContainer refused: {message}");
+
+            // ...and its retry, once the device is back, attaches it and creates the container.
+            support::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
+            support::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
+            let id = cri.create_container(&running.id, container, config).await.unwrap();
+            assert!(!id.is_empty());
+            let link = wait_pod_link(cluster, &running).await;
+            assert_eq!(link.kind.as_deref(), Some("veth"));
+            let (ips, _) = wait_ready_status(cluster, &pod.claim, &pool).await;
+            assert_eq!(ips, link.addresses);
+            cri.remove_container(&id).await.unwrap();
             stop_and_remove(&cri, &running).await;
             assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
             drop(running);
