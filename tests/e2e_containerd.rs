@@ -18,7 +18,8 @@
 //! daemon is down, a host-device pod across a daemon restart, a containerd restart, a pod
 //! with two claims (`net1`, `net2` in claim-name order), and a failed attach (the sandbox
 //! fails with the reason on the claim and the Pod; kubelet's retry succeeds), and no
-//! container created while a pod lacks its interface.
+//! container created while a pod lacks its interface; a claim's explicit name, static
+//! address, MAC, MTU and route, in the pod and in the status.
 //!
 //! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
@@ -1375,6 +1376,62 @@ fn no_container_starts_while_the_pod_lacks_its_interface() {
             cri.remove_container(&id).await.unwrap();
             stop_and_remove(&cri, &running).await;
             assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            let config = json!({
+                "interface": {"name": "data0", "mtu": 1400, "hardwareAddress": "02:00:00:00:aa:01"},
+                "ipam": {"addresses": ["192.168.77.5/24"]},
+                "routes": [{"destination": "10.99.0.0/16", "gateway": "192.168.77.1"}],
+            });
+            cluster.create_claim(&pod.claim, &class, config).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            let link = wait_pod_links(cluster, &running, &["data0"]).await.remove(0);
+            assert_eq!(link.mtu, 1400, "{link:?}");
+            assert_eq!(link.mac, "02:00:00:00:aa:01", "{link:?}");
+            assert_eq!(link.addresses, vec!["192.168.77.5/24".parse::<IpNetwork>().unwrap()]);
+            let output = Command::new("nsenter")
+                .arg(format!("--net={}", running.netns_path()))
+                .args(["ip", "-j", "route", "show", "10.99.0.0/16"])
+                .output()
+                .unwrap();
+            let routes: Vec<Value> = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(routes.len(), 1, "{routes:?}");
+            assert_eq!(
+                (&routes[0]["gateway"], &routes[0]["dev"]),
+                (&json!("192.168.77.1"), &json!("data0"))
+            );
+            let pool: IpNetwork = "192.168.77.0/24".parse().unwrap();
+            let (ips, mac) = wait_ready_status_of(cluster, &pod.claim, &pool, "data0").await;
+            assert_eq!(ips, link.addresses);
+            assert_eq!(mac, "02:00:00:00:aa:01");
+            let claim = cluster.claims().get(&pod.claim).await.unwrap();
+            let entry = claim.status.unwrap().devices.unwrap().remove(0);
+            let data = entry.data.unwrap().0;
+            assert_eq!(data["mtu"], 1400, "{data}");
+            assert_eq!(data["routes"][0]["destination"], "10.99.0.0/16", "{data}");
+
+            cri.stop_pod_sandbox(&running.id).await.unwrap();
+            assert!(!links_in(&running.netns_path()).contains_key("data0"));
+            cri.remove_pod_sandbox(&running.id).await.unwrap();
             drop(running);
             cluster.unprepare(&mut dra, &claims).await;
             cluster.assert_state_empty();
