@@ -491,3 +491,63 @@ fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu(
     assert!(host_link(&pod_netns, "net1").is_none());
     assert!(published(&node, &nic));
 }
+
+#[test]
+fn a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries() {
+    if !require_root("a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries") {
+        return;
+    }
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "busy");
+    let uid = node.allocated_claim("busy-net", &sandbox, "10.79.0.0/24");
+    assert_eq!(node.prepare("busy-net", &uid).error, "", "{}", node.log("node.log"));
+    // The pod already has a net1: the kernel refuses the name (EEXIST).
+    let peer = pod_netns.ifname("q");
+    pod_netns.ip(&["link", "add", "net1", "type", "veth", "peer", "name", &peer]);
+
+    let refused = node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap_err();
+    let message = refused.to_string();
+    for part in ["claim default/busy-net", "already has an interface named net1", "errno 17"] {
+        assert!(message.contains(part), "{part:?} missing in {message}");
+    }
+    let claim = node.wait_for_status("busy-net", "False", "AttachFailed", "node.log");
+    let condition =
+        &claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0].conditions.as_ref().unwrap()
+            [0];
+    assert!(condition.message.contains("net1"), "{}", condition.message);
+    let pod_uid = sandbox.uid.clone();
+    let started = Instant::now();
+    loop {
+        let uid = pod_uid.clone();
+        let reasons = node.api(move |client| async move {
+            let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client);
+            let events = api.list(&kube::api::ListParams::default()).await.unwrap().items;
+            events
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+                })
+                .map(|e| (e.type_, e.reason))
+                .collect::<Vec<_>>()
+        });
+        if reasons.contains(&(Some("Warning".to_owned()), Some("AttachFailed".to_owned()))) {
+            break;
+        }
+        assert!(started.elapsed() < PATIENCE, "no Warning Event on the pod: {reasons:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The name is free again; the runtime (or kubelet's retry) creates a container: the
+    // plugin attaches first, then lets it through.
+    pod_netns.ip(&["link", "del", "net1"]);
+    let container = netclaim::nri::Container {
+        id: "c1".into(),
+        pod_sandbox_id: sandbox.id.clone(),
+        name: "app".into(),
+    };
+    node.runtime.block_on(node.nri().create_container(&sandbox, &container)).unwrap();
+    assert!(pod_ipv4(&pod_netns, "net1").is_some_and(|a| a.starts_with("10.79.0.")));
+    node.wait_for_status("busy-net", "True", "NetworkReady", "node.log");
+}
