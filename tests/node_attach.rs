@@ -226,6 +226,33 @@ impl Node {
         })
     }
 
+    /// NodeUnprepareResources for one claim; returns the per-claim error text.
+    fn unprepare(&self, name: &str, uid: &str) -> String {
+        let socket = self.dir.path().join("plugin").join("dra.sock");
+        let (name, uid) = (name.to_owned(), uid.to_owned());
+        self.netns.block_on(move || async move {
+            let channel = tonic::transport::Endpoint::try_from("http://localhost")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(socket).await?,
+                        ))
+                    }
+                }))
+                .await
+                .unwrap();
+            let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1::NodeUnprepareResourcesRequest {
+                claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
+            };
+            dra.node_unprepare_resources(request).await.unwrap().into_inner().claims[&uid]
+                .error
+                .clone()
+        })
+    }
+
     fn claim(&self, name: &str) -> ResourceClaim {
         let name = name.to_owned();
         self.api(move |client| async move {
@@ -281,10 +308,9 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // Close the runtime side before its tokio runtime goes.
-        if let Some(nri) = self.nri.take() {
-            self.runtime.block_on(nri.shutdown());
-        }
+        // Close the runtime side (socket, connections) while its tokio runtime still runs.
+        let _entered = self.runtime.enter();
+        drop(self.nri.take());
     }
 }
 
@@ -358,6 +384,10 @@ fn run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it() {
     assert!(data.hardware_address.as_deref().is_some_and(|m| m.len() == 17));
     assert_eq!(entry.data.as_ref().unwrap().0["parent"], node.parent.as_str());
     assert!(node.metric("netclaim_attach_duration_seconds_count{mode=\"macvlan\"}") >= 1.0);
+    println!(
+        "daemon-side attach (event received to link configured): {:.2} ms",
+        node.metric("netclaim_attach_duration_seconds_sum{mode=\"macvlan\"}") * 1000.0
+    );
     assert!(
         node.metric(r#"netclaim_nri_events_total{event="RunPodSandbox",result="success"}"#) >= 1.0
     );
@@ -490,4 +520,86 @@ fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu(
     assert!(back.get("ifalias").is_none_or(|a| a.as_str() == Some("")), "{back}");
     assert!(host_link(&pod_netns, "net1").is_none());
     assert!(published(&node, &nic));
+}
+
+#[test]
+fn a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries() {
+    if !require_root("a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries") {
+        return;
+    }
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "busy");
+    let uid = node.allocated_claim("busy-net", &sandbox, "10.79.0.0/24");
+    assert_eq!(node.prepare("busy-net", &uid).error, "", "{}", node.log("node.log"));
+    // The pod already has a net1: the kernel refuses the name (EEXIST).
+    let peer = pod_netns.ifname("q");
+    pod_netns.ip(&["link", "add", "net1", "type", "veth", "peer", "name", &peer]);
+
+    let refused = node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap_err();
+    let message = refused.to_string();
+    for part in ["claim default/busy-net", "already has an interface named net1", "errno 17"] {
+        assert!(message.contains(part), "{part:?} missing in {message}");
+    }
+    let claim = node.wait_for_status("busy-net", "False", "AttachFailed", "node.log");
+    let condition =
+        &claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0].conditions.as_ref().unwrap()
+            [0];
+    assert!(condition.message.contains("net1"), "{}", condition.message);
+    let pod_uid = sandbox.uid.clone();
+    let started = Instant::now();
+    loop {
+        let uid = pod_uid.clone();
+        let reasons = node.api(move |client| async move {
+            let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client);
+            let events = api.list(&kube::api::ListParams::default()).await.unwrap().items;
+            events
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+                })
+                .map(|e| (e.type_, e.reason))
+                .collect::<Vec<_>>()
+        });
+        if reasons.contains(&(Some("Warning".to_owned()), Some("AttachFailed".to_owned()))) {
+            break;
+        }
+        assert!(started.elapsed() < PATIENCE, "no Warning Event on the pod: {reasons:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The name is free again; the runtime (or kubelet's retry) creates a container: the
+    // plugin attaches first, then lets it through.
+    pod_netns.ip(&["link", "del", "net1"]);
+    let container = netclaim::nri::Container {
+        id: "c1".into(),
+        pod_sandbox_id: sandbox.id.clone(),
+        name: "app".into(),
+    };
+    node.runtime.block_on(node.nri().create_container(&sandbox, &container)).unwrap();
+    assert!(pod_ipv4(&pod_netns, "net1").is_some_and(|a| a.starts_with("10.79.0.")));
+    node.wait_for_status("busy-net", "True", "NetworkReady", "node.log");
+}
+
+#[test]
+fn unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address() {
+    if !require_root("unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address") {
+        return;
+    }
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "forced");
+    let uid = node.allocated_claim("forced-net", &sandbox, "10.80.0.0/24");
+    assert_eq!(node.prepare("forced-net", &uid).error, "", "{}", node.log("node.log"));
+    node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
+    assert!(pod_ipv4(&pod_netns, "net1").is_some());
+    let leased = r#"netclaim_ipam_addresses{pool="10.80.0.0/24",state="leased"}"#;
+    assert!((node.metric(leased) - 1.0).abs() < f64::EPSILON);
+
+    // The pod was force-deleted: no StopPodSandbox, kubelet unprepares the claim.
+    assert_eq!(node.unprepare("forced-net", &uid), "", "{}", node.log("node.log"));
+    assert_eq!(pod_ipv4(&pod_netns, "net1"), None, "detached before the claim was released");
+    assert!(node.metric(leased).abs() < f64::EPSILON);
 }
