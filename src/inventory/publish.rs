@@ -10,7 +10,7 @@ use std::future::Future;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::slices::{PoolIdentity, build_slices};
+use super::slices::{PoolIdentity, build_slices, exclusive_device_from_api};
 use super::{Inventory, Selection, SharingMode};
 use crate::model::device::{Device, HostInterface};
 
@@ -84,6 +84,11 @@ pub struct Publisher<A> {
     stored: BTreeMap<String, ResourceSliceSpec>,
     /// Devices kept published although discovery no longer sees them (moved into a pod).
     retained: BTreeMap<String, Device>,
+    /// Host interfaces currently moved into pods (from the attach service).
+    moved: BTreeSet<String>,
+    /// Exclusive devices of this pool as the API held them when the publisher started: the
+    /// source for devices that were already inside a pod when the daemon (re)started.
+    found_at_start: Vec<Device>,
     capacity_drop_reported: bool,
 }
 
@@ -112,6 +117,8 @@ impl<A: SliceApi> Publisher<A> {
             published_devices: None,
             stored: BTreeMap::new(),
             retained: BTreeMap::new(),
+            moved: BTreeSet::new(),
+            found_at_start: Vec::new(),
             capacity_drop_reported: false,
         }
     }
@@ -142,13 +149,22 @@ impl<A: SliceApi> Publisher<A> {
     /// Keeps published the devices whose host interface is in `moved` (moved into a pod),
     /// taking them from the last publication; a device no longer moved is no longer
     /// retained (discovery sees it again, or it is gone for good).
+    ///
+    /// After a restart the last publication is the one the API server still holds (read at
+    /// the first [`Self::sync`]), so a NIC that stayed in its pod is not unpublished while
+    /// the pod runs.
     pub fn retain_moved(&mut self, moved: &BTreeSet<String>) {
+        self.moved.clone_from(moved);
+        self.refresh_retained();
+    }
+
+    fn refresh_retained(&mut self) {
+        let moved = &self.moved;
         self.retained.retain(|if_name, _| moved.contains(if_name));
-        if let Some(published) = &self.published_devices {
-            for device in published {
-                if moved.contains(&device.if_name) && !self.retained.contains_key(&device.if_name) {
-                    self.retained.insert(device.if_name.clone(), device.clone());
-                }
+        let source = self.published_devices.as_deref().unwrap_or(&self.found_at_start);
+        for device in source {
+            if moved.contains(&device.if_name) && !self.retained.contains_key(&device.if_name) {
+                self.retained.insert(device.if_name.clone(), device.clone());
             }
         }
     }
@@ -185,7 +201,14 @@ impl<A: SliceApi> Publisher<A> {
             let existing = self.api.list().await?;
             let highest = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
             self.pool.generation = highest + 1;
+            self.found_at_start = existing
+                .iter()
+                .filter(|slice| slice.spec.pool.generation == highest)
+                .flat_map(|slice| slice.spec.devices.iter().flatten())
+                .filter_map(exclusive_device_from_api)
+                .collect();
             self.started = true;
+            self.refresh_retained();
         }
         let devices = self.devices_for(interfaces);
         let changed = self.published_devices.as_ref() != Some(&devices);

@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::naming;
-use crate::model::device::{AttributeValue, Device, Sharing};
-use crate::model::names::{CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE};
+use crate::model::device::{AttributeValue, Device, DeviceType, Sharing};
+use crate::model::names::{ATTRIBUTE_DOMAIN, CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE, attr};
 
 /// Identity of the pool a node publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +103,54 @@ pub fn api_device(device: &Device) -> ApiDevice {
         capacity,
         ..ApiDevice::default()
     }
+}
+
+/// An exclusive device read back from a published slice, for keeping a NIC published while
+/// it sits in a pod across a daemon restart (discovery cannot see it in the host netns, and
+/// the publisher has no earlier publication of its own). `None` for shared or slot devices
+/// (they never move) and for devices without our `ifName` and `type` attributes.
+#[must_use]
+pub fn exclusive_device_from_api(device: &ApiDevice) -> Option<Device> {
+    if device.allow_multiple_allocations == Some(true) || device.capacity.is_some() {
+        return None;
+    }
+    let attributes: BTreeMap<String, AttributeValue> = device
+        .attributes
+        .as_ref()?
+        .iter()
+        .filter_map(|(key, value)| {
+            let value = match (&value.string, value.int, value.bool) {
+                (Some(text), None, None) => AttributeValue::String(text.clone()),
+                (None, Some(number), None) => AttributeValue::Int(number),
+                (None, None, Some(flag)) => AttributeValue::Bool(flag),
+                _ => return None,
+            };
+            Some((key.clone(), value))
+        })
+        .collect();
+    let string = |name: &str| match attributes.get(&format!("{ATTRIBUTE_DOMAIN}/{name}")) {
+        Some(AttributeValue::String(text)) => Some(text.clone()),
+        _ => None,
+    };
+    let device_type = match string(attr::TYPE)?.as_str() {
+        "physical" => DeviceType::Physical,
+        "sriov-pf" => DeviceType::SriovPf,
+        "sriov-vf" => DeviceType::SriovVf,
+        "virtual" => DeviceType::Virtual,
+        // Bonds and VLANs are only ever shared parents; a slot device names its parent.
+        _ => return None,
+    };
+    // Slot devices are exclusive in the API but stand for a shared parent.
+    if string(attr::SHARING).as_deref() != Some("exclusive") {
+        return None;
+    }
+    Some(Device {
+        name: device.name.clone(),
+        if_name: string(attr::IF_NAME)?,
+        device_type,
+        sharing: Sharing::Exclusive,
+        attributes,
+    })
 }
 
 fn api_attribute(value: &AttributeValue) -> DeviceAttribute {

@@ -223,6 +223,32 @@ async fn devices_moved_into_pods_stay_published() {
 }
 
 #[tokio::test]
+async fn a_nic_inside_a_pod_stays_published_across_a_daemon_restart() {
+    let api = FakeApi::default();
+    let all = nics(3);
+    publisher(&api, &["veth0"], RequestedSharing::Auto)
+        .sync(&[all.clone(), vec![veth("veth0")]].concat(), false)
+        .await
+        .unwrap();
+    let before = api.slices.lock().unwrap().values().next().unwrap().spec.devices.clone();
+
+    // The daemon restarts while ens0 is inside a pod: discovery no longer sees it and the new
+    // publisher has published nothing yet; the API server still holds the device.
+    let mut restarted = publisher(&api, &["veth0"], RequestedSharing::Auto);
+    restarted.retain_moved(&BTreeSet::from(["ens0".to_owned()]));
+    let report =
+        restarted.sync(&[all[1..].to_vec(), vec![veth("veth0")]].concat(), false).await.unwrap();
+    assert_eq!(report.devices, 4, "ens0 stays published while its pod runs");
+    let after = api.slices.lock().unwrap().values().next().unwrap().spec.devices.clone();
+    assert_eq!(after, before, "the device reads back exactly as it was published");
+
+    // Back on the host and no longer moved: discovery sees it again.
+    restarted.retain_moved(&BTreeSet::new());
+    let report = restarted.sync(&all[1..], false).await.unwrap();
+    assert_eq!(report.devices, 2, "neither a gone shared parent nor a gone NIC is kept");
+}
+
+#[tokio::test]
 async fn the_owner_reference_is_set_on_every_slice() {
     let api = FakeApi::default();
     let owner = OwnerReference {
