@@ -475,7 +475,11 @@ fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu(
         assert!(started.elapsed() < PATIENCE, "no publication after the move");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(published(&node, &nic), "the NIC left the slices while in the pod");
+    assert!(
+        published(&node, &nic),
+        "the NIC left the slices while in the pod:\n{}",
+        node.log("node.log")
+    );
     node.wait_for_status("nic-net", "True", "NetworkReady", "node.log");
 
     node.runtime

@@ -42,6 +42,9 @@ use crate::podnet::{
     PodNetns, Side, VlanUsers, assign_interface_names, attach, detach, plan_attach,
 };
 
+/// Pods attached at the same time; more wait (each holds a netns thread and socket).
+pub const MAX_CONCURRENT_ATTACHES: usize = 16;
+
 /// Condition reason of a failed attach.
 pub const REASON_ATTACH_FAILED: &str = "AttachFailed";
 /// Condition reason after the pod's sandbox stopped: the interface is gone, the claim stays
@@ -245,6 +248,8 @@ pub struct AttachService<C, N, S, W> {
     synchronized: std::sync::atomic::AtomicBool,
     /// Woken after each `Synchronize`, for the sweep of claims gone from the API.
     sweep_due: tokio::sync::Notify,
+    /// Bounds the pods attached at the same time (DESIGN §6: bounded concurrency).
+    kernel_slots: tokio::sync::Semaphore,
 }
 
 impl<C, N, S, W> std::fmt::Debug for AttachService<C, N, S, W> {
@@ -297,6 +302,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             moved: watch::Sender::new(BTreeSet::new()),
             synchronized: std::sync::atomic::AtomicBool::new(false),
             sweep_due: tokio::sync::Notify::new(),
+            kernel_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES),
         };
         {
             let mut inner = lock(&service.inner);
@@ -411,6 +417,8 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             .filter(|r| r.state == AttachmentState::Attached)
             .cloned();
         let slots = assign_slots(&claims, existing.as_ref())?;
+        // Each open costs an OS thread and a socket: a burst of sandboxes queues here.
+        let _slot = self.kernel_slots.acquire().await;
         let ops = self
             .netns
             .open(&netns)
@@ -433,6 +441,8 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         // record that reconcile undoes, never an interface nobody knows about.
         self.persist(record.clone()).await.map_err(AttachFailure::Persist)?;
         lock(&self.inner).pods.insert(sandbox.uid.clone(), record.clone());
+        // Before the kernel moves a NIC out of the host's view, so no publication drops it.
+        self.refresh_moved();
 
         let failure = self.execute(&ops, &mut record, first_new, started).await;
         if let Some(failure) = failure {
@@ -736,22 +746,25 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         sandbox: &Sandbox,
         started: Instant,
     ) -> Result<(), HandlerError> {
-        match self.attach_pod(sandbox, started).await {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let message = format!(
-                    "attaching the network interfaces of pod {}/{}: {}",
-                    sandbox.namespace,
-                    sandbox.name,
-                    error_chain(&err)
-                );
-                tracing::warn!(pod = %sandbox.uid, "{message}");
-                let claims = self.claims.claims_of_pod(&sandbox.uid);
-                self.submit_failed(&claims, &error_chain(&err));
-                self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
-                Err(HandlerError::new(message))
-            }
-        }
+        self.attach_pod(sandbox, started)
+            .await
+            .map_err(|err| HandlerError::new(self.report_failure(sandbox, &err)))
+    }
+
+    /// Logs a failed attach, marks the pod's claims `Ready=False` (reason
+    /// [`REASON_ATTACH_FAILED`]) and records a Warning Event on the Pod; returns the message.
+    fn report_failure(&self, sandbox: &Sandbox, err: &AttachFailure) -> String {
+        let message = format!(
+            "attaching the network interfaces of pod {}/{}: {}",
+            sandbox.namespace,
+            sandbox.name,
+            error_chain(err)
+        );
+        tracing::warn!(pod = %sandbox.uid, "{message}");
+        let claims = self.claims.claims_of_pod(&sandbox.uid);
+        self.submit_failed(&claims, &error_chain(err));
+        self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
+        message
     }
 
     fn count(&self, event: &'static str, ok: bool) {

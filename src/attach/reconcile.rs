@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{
-    AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence, NetnsAccess,
-    PodAttachment, PodClaims, Sandbox, StatusSink, lock, log_detach,
+    AttachFailure, AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence,
+    NetnsAccess, PodAttachment, PodClaims, Sandbox, StatusSink, lock, log_detach,
 };
 use crate::nri::PodSandbox;
 use crate::podnet::ops::LinkState;
@@ -176,8 +176,18 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 continue;
             }
             attached += 1;
-            // Errors are reported on the claims and the Pod; CreateContainer retries.
-            let _reported = self.attach_and_report(&sandbox, Instant::now()).await;
+            match self.attach_pod(&sandbox, Instant::now()).await {
+                Ok(()) => {}
+                // A sandbox the runtime still lists but whose netns is already gone (stopped,
+                // not yet removed): nothing to attach and nothing to report.
+                Err(AttachFailure::Netns { source: LinkOpError::NetnsGone { .. }, .. }) => {
+                    tracing::debug!(pod = %pod.uid, "listed sandbox without a netns; skipped");
+                }
+                // Reported on the claims and the Pod; CreateContainer retries.
+                Err(err) => {
+                    let _message = self.report_failure(&sandbox, &err);
+                }
+            }
         }
         match self.netns.host_links().await {
             Ok(links) => self.restore_returned(&links).await,
@@ -208,8 +218,8 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
     }
 
     /// Runs [`Self::sweep_gone_claims`] after every `Synchronize` and every `period`, forever
-    /// (the caller aborts it).
-    pub async fn sweep_loop(&self, period: Duration) {
+    /// (the caller aborts it); `after_release` runs when claims were released.
+    pub async fn sweep_loop(&self, period: Duration, after_release: impl Fn() + Send) {
         loop {
             tokio::select! {
                 () = self.sweep_due.notified() => {}
@@ -218,6 +228,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             let released = self.sweep_gone_claims().await;
             if released > 0 {
                 tracing::info!(released, "released prepared claims gone from the API");
+                after_release();
             }
         }
     }

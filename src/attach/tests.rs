@@ -693,3 +693,16 @@ async fn a_record_of_a_dead_pod_gives_the_nic_back_with_its_mtu() {
     assert_eq!((eth2.mtu, eth2.alias), (9000, None));
     assert!(service.attachment("p1").is_none());
 }
+
+#[tokio::test]
+async fn a_listed_sandbox_without_its_netns_is_skipped_quietly() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    let service = world.service();
+    let mut stopped = world.pod("p1");
+    stopped.netns_path = Some(PathBuf::from("/run/netns/already-gone"));
+    service.synchronize(vec![stopped]).await.unwrap();
+    assert!(world.status.statuses.lock().unwrap().is_empty());
+    assert!(world.status.warnings.lock().unwrap().is_empty());
+    assert!(service.attachment("p1").is_none());
+}

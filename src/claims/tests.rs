@@ -512,3 +512,81 @@ async fn fifty_claims_in_one_request_run_concurrently_with_distinct_addresses() 
     addresses.dedup();
     assert_eq!(addresses.len(), 50, "every claim has its own address");
 }
+
+#[tokio::test]
+async fn the_pod_of_reserved_for_is_recorded_and_finds_its_claims_after_a_restart() {
+    let api = Arc::new(FakeApi::default());
+    for (name, uid) in [("b", "ub"), ("a", "ua")] {
+        let mut found = claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config("FromClaim", DRIVER, &[], pool_config())],
+        );
+        found.metadata.generation = Some(4);
+        api.put(found);
+    }
+    let mut other = simple_claim("other", "uo");
+    other.status.as_mut().unwrap().reserved_for = Some(vec![consumer("pod-2")]);
+    api.put(other);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let service = service(&api, dir.path());
+        for (name, uid) in [("b", "ub"), ("a", "ua"), ("other", "uo")] {
+            prepare_one(&service, &reference(name, uid)).await.unwrap();
+        }
+    }
+    let service = service(&api, dir.path());
+    let mine = service.prepared_for_pod("uid-pod-1");
+    let names: Vec<&str> = mine.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["a", "b"], "ordered by claim name");
+    assert_eq!(
+        mine[0].reserved_for,
+        [PodConsumer { name: "pod-1".into(), uid: "uid-pod-1".into() }]
+    );
+    assert_eq!(mine[0].generation, Some(4));
+    let device = &mine[0].devices[0];
+    assert_eq!(
+        (device.sharing, device.kind, device.host_mtu),
+        (Some(Sharing::Shared), Some(DeviceKind::Physical), Some(1500))
+    );
+    assert_eq!(service.prepared_for_pod("uid-pod-2")[0].name, "other");
+    assert!(service.prepared_for_pod("uid-nobody").is_empty());
+    assert_eq!(service.leased_per_pool().values().sum::<usize>(), 2);
+}
+
+#[test]
+fn a_record_written_before_reserved_for_was_kept_still_loads() {
+    // The shape of a prepared claim as the first release wrote it.
+    let old = json!({
+        "uid": "u1", "namespace": "default", "name": "c",
+        "devices": [{"request": "nic", "pool": "node-a", "device": "eth2", "ifName": "eth2",
+            "config": serde_json::to_value(
+                crate::model::network_config::resolve(
+                    &[crate::model::network_config::ConfigEntry {
+                        source: crate::model::network_config::ConfigSource::Claim,
+                        requests: Vec::new(),
+                        parameters: params(json!({"mode": "macvlan"})),
+                    }],
+                    "nic",
+                    &DeviceFacts {
+                        sharing: Sharing::Shared,
+                        kind: DeviceKind::Physical,
+                        if_name: "eth2".into(),
+                        mtu: 1500,
+                        min_mtu: 68,
+                        max_mtu: 9000,
+                        pf_mtu: None,
+                        passthru_children: 0,
+                        other_children: 0,
+                    },
+                )
+                .unwrap(),
+            )
+            .unwrap(),
+            "addresses": []}],
+    });
+    let loaded: PreparedClaim = serde_json::from_value(old).unwrap();
+    assert!(loaded.reserved_for.is_empty() && loaded.generation.is_none());
+    assert_eq!(loaded.devices[0].sharing, None);
+}

@@ -85,14 +85,19 @@ impl AttachingPreparer {
 
     /// Sets `netclaim_ipam_addresses{pool,state="leased"}` from the leases.
     pub fn refresh_ipam_gauge(&self) {
-        let counts = self.claims.leased_per_pool();
-        self.metrics.ipam_addresses.clear();
-        for (pool, leased) in counts {
-            self.metrics
-                .ipam_addresses
-                .get_or_create(&IpamLabels { pool: pool.to_string(), state: "leased" })
-                .set(i64::try_from(leased).unwrap_or(i64::MAX));
-        }
+        refresh_ipam_gauge(&self.claims, &self.metrics);
+    }
+}
+
+/// Sets `netclaim_ipam_addresses{pool,state="leased"}` from the claim service's leases.
+pub fn refresh_ipam_gauge(claims: &NodeClaims, metrics: &Metrics) {
+    let counts = claims.leased_per_pool();
+    metrics.ipam_addresses.clear();
+    for (pool, leased) in counts {
+        metrics
+            .ipam_addresses
+            .get_or_create(&IpamLabels { pool: pool.to_string(), state: "leased" })
+            .set(i64::try_from(leased).unwrap_or(i64::MAX));
     }
 }
 
@@ -149,6 +154,8 @@ impl NriHandle {
 /// [`PluginError`] when the index is not two digits.
 pub async fn start_nri(
     attach: Arc<NodeAttach>,
+    claims: Arc<NodeClaims>,
+    metrics: Arc<Metrics>,
     socket: &std::path::Path,
     index: &str,
     sweep_period: Duration,
@@ -159,7 +166,9 @@ pub async fn start_nri(
     let stop = CancellationToken::new();
     let sweeper = {
         let attach = Arc::clone(&attach);
-        tokio::spawn(async move { attach.sweep_loop(sweep_period).await })
+        tokio::spawn(async move {
+            attach.sweep_loop(sweep_period, || refresh_ipam_gauge(&claims, &metrics)).await;
+        })
     };
     let plugin = Plugin::new(attach, options);
     let token = stop.clone();

@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod preparer;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -181,11 +182,14 @@ pub async fn run_until(
         controller: Some(true),
         ..OwnerReference::default()
     });
-    let (kubelet, attach_service) = start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
+    let (kubelet, attach_service, claims) =
+        start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
     // Devices that came back from pods destroyed while the daemon was down get their names
     // back before the first publication; running pods are reconciled at Synchronize.
     let nri = attach::start_nri(
         Arc::clone(&attach_service),
+        claims,
+        Arc::clone(&metrics),
         &config.nri_socket,
         &config.nri_plugin_index,
         GONE_CLAIM_SWEEP,
@@ -230,8 +234,8 @@ pub async fn run_until(
             () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
                 due = None;
                 first_trigger = None;
-                publisher.retain_moved(&moved.borrow_and_update());
-                match publish_round(&mut publisher, &sysfs, force, &metrics, &events).await {
+                moved.mark_unchanged();
+                match publish_round(&mut publisher, &sysfs, force, &metrics, &events, &moved).await {
                     Ok(()) => {
                         force = false;
                         retry_delay = RETRY_MIN;
@@ -268,7 +272,7 @@ async fn start_kubelet_plugin(
     client: &kube::Client,
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
-) -> Result<(KubeletPluginHandle, Arc<NodeAttach>), NodeError> {
+) -> Result<(KubeletPluginHandle, Arc<NodeAttach>, Arc<attach::NodeClaims>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
@@ -302,7 +306,11 @@ async fn start_kubelet_plugin(
     .map_err(NodeError::StateTask)??;
     let attach_service = Arc::new(attach_service);
     let preparer = Arc::new(MeteredPreparer::new(
-        AttachingPreparer::new(claims, Arc::clone(&attach_service), Arc::clone(metrics)),
+        AttachingPreparer::new(
+            Arc::clone(&claims),
+            Arc::clone(&attach_service),
+            Arc::clone(metrics),
+        ),
         Arc::clone(metrics),
     ));
     let mut stopped = stop.clone();
@@ -318,7 +326,7 @@ async fn start_kubelet_plugin(
         },
     )
     .await?;
-    Ok((handle, attach_service))
+    Ok((handle, attach_service, claims))
 }
 
 /// Debounces a trigger: publish `DEBOUNCE` after the last one, at most `MAX_DELAY` after the
@@ -375,8 +383,12 @@ async fn publish_round<A: crate::inventory::publish::SliceApi>(
     force: bool,
     metrics: &Metrics,
     events: &NodeEvents,
+    moved: &watch::Receiver<BTreeSet<String>>,
 ) -> Result<(), RoundError> {
     let interfaces = discovery::discover(sysfs).await?;
+    // Read after discovery: the attach service marks a NIC as moved before it moves it, so
+    // a discovery that no longer sees it always finds it here.
+    publisher.retain_moved(&moved.borrow());
     let report = publisher.sync(&interfaces, force).await?;
     metrics
         .slice_writes
