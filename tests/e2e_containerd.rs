@@ -15,8 +15,11 @@
 //! median `RunPodSandbox` wall time and the daemon's mean attach time); `kill -9` of the
 //! daemon during a burst of 10 sandboxes, then a restart on the same state (every pod gets
 //! its interface, no address twice, nothing leaked). Beyond those: pods stopped while the
-//! daemon is down, a host-device pod across a daemon restart, a containerd restart, and a
-//! pod with two claims (`net1`, `net2` in claim-name order).
+//! daemon is down, a host-device pod across a daemon restart, a containerd restart, a pod
+//! with two claims (`net1`, `net2` in claim-name order), and a failed attach (the sandbox
+//! fails with the reason on the claim and the Pod; kubelet's retry succeeds), and no
+//! container created while a pod lacks its interface; a claim's explicit name, static
+//! address, MAC, MTU and route, in the pod and in the status.
 //!
 //! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
@@ -750,6 +753,35 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
 
             stop_and_remove(&cri, &running).await;
             drop(running);
+            // The status follows: not Ready, and no addresses of an interface that is gone.
+            let started = Instant::now();
+            loop {
+                let claim = cluster.claims().get(&pod.claim).await.unwrap();
+                let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+                // The dev API server's server-side apply leaves `networkData: {}` behind when
+                // the applier drops the field: empty counts as gone.
+                let stopped = devices.iter().any(|d| {
+                    d.driver == DRIVER
+                        && d.data.is_none()
+                        && d.network_data.as_ref().is_none_or(|n| {
+                            n.ips.is_none()
+                                && n.interface_name.is_none()
+                                && n.hardware_address.is_none()
+                        })
+                        && d.conditions.iter().flatten().any(|c| {
+                            c.type_ == "Ready" && c.status == "False" && c.reason == "PodStopped"
+                        })
+                });
+                if stopped {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "the status does not say the pod stopped: {devices:#?}\nnode log:\n{}",
+                    cluster.node_log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             cluster.unprepare(&mut dra, &claims).await;
             assert!(host_children_of(&parent).is_empty());
             assert!(host_links().contains_key(&parent), "the parent is intact");
@@ -926,9 +958,10 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
             }
 
             // The burst: all sandboxes at once, as kubelet does for pods scheduled together;
-            // kill -9 of the daemon once three sandboxes are up and the others are in flight.
-            // containerd hands NRI events to plugins one at a time, so at that moment the
-            // next sandbox's event is typically being attached, and the rest are queued.
+            // kill -9 of the daemon as soon as it has received three RunPodSandbox events
+            // (its debug log line), or three sandboxes are up, whichever is first. containerd
+            // sends the events of different sandboxes concurrently, so the kill lands while
+            // attaches are in progress and the other sandboxes are still in flight.
             let cri = cluster.cri().await;
             let cluster: &Cluster = cluster;
             let done = AtomicUsize::new(0);
@@ -942,9 +975,11 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
             }));
             let killer = async {
                 let started = Instant::now();
-                while done.load(Ordering::SeqCst) < KILL_AFTER {
+                while done.load(Ordering::SeqCst) < KILL_AFTER
+                    && cluster.node_log().matches("event=RunPodSandbox").count() < KILL_AFTER
+                {
                     assert!(started.elapsed() < PATIENCE, "no sandbox of the burst finished");
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 cluster.kill_node();
                 done.load(Ordering::SeqCst)
@@ -1208,6 +1243,197 @@ fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
             drop(running);
             cluster.unprepare(&mut dra, &claims).await;
             assert!(host_children_of(&parent).is_empty());
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let device = cluster.veth("h0", "h1", 1400);
+            let peer = format!("{}h1", cluster.prefix);
+            cluster.start_node("", &device);
+            cluster.wait_node_ready(&device).await;
+            let class = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&class, &device, "host-device").await;
+            let pool: IpNetwork = "10.77.11.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.11.0/24")).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            // The device vanishes between prepare and the sandbox: the attach fails, and so
+            // does the sandbox (kubelet retries it), with the reason on the claim and the Pod.
+            support::run("ip", &["link", "del", &device]);
+            let cri = cluster.cri().await;
+            let err = run_pod(cluster, &cri, &pod, 0).await.err().expect("the sandbox fails");
+            let message = err.to_string();
+            assert!(message.contains(&device), "the error names the device: {message}");
+            eprintln!("RunPodSandbox without the device: {message}");
+            let started = Instant::now();
+            loop {
+                let claim = cluster.claims().get(&pod.claim).await.unwrap();
+                let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+                let failed = devices.iter().find_map(|d| {
+                    d.conditions
+                        .iter()
+                        .flatten()
+                        .find(|c| c.type_ == "Ready" && c.status == "False")
+                });
+                if let Some(condition) = failed {
+                    assert_eq!(condition.reason, "AttachFailed", "{condition:?}");
+                    assert!(condition.message.contains(&device), "{condition:?}");
+                    break;
+                }
+                assert!(started.elapsed() < PATIENCE, "no failure in the status: {devices:#?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(cluster.api.client.clone(), "default");
+            wait_until("a Warning Event on the Pod", cluster, || async {
+                let list = events.list(&ListParams::default()).await.unwrap().items;
+                list.iter().any(|e| {
+                    e.reason.as_deref() == Some("AttachFailed")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().and_then(|r| r.uid.as_deref())
+                            == Some(pod.uid.as_str())
+                })
+            })
+            .await;
+            assert!(
+                cri.list_pod_sandbox(None).await.unwrap().is_empty(),
+                "containerd removed the failed sandbox"
+            );
+
+            // The device is back (same name): kubelet's next attempt gets it.
+            support::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
+            support::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
+            let (running, _) = run_pod(cluster, &cri, &pod, 1).await.unwrap();
+            let link = wait_pod_link(cluster, &running).await;
+            assert_eq!(link.kind.as_deref(), Some("veth"));
+            let (ips, _) = wait_ready_status(cluster, &pod.claim, &pool).await;
+            assert_eq!(ips, link.addresses);
+            stop_and_remove(&cri, &running).await;
+            assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn no_container_starts_while_the_pod_lacks_its_interface() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let device = cluster.veth("h0", "h1", 1400);
+            let peer = format!("{}h1", cluster.prefix);
+            cluster.start_node("", &device);
+            cluster.wait_node_ready(&device).await;
+            let class = format!("{}-nic", cluster.prefix);
+            cluster.create_class(&class, &device, "host-device").await;
+            let pool: IpNetwork = "10.77.12.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.12.0/24")).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+
+            // The sandbox starts while the daemon is down (no plugin: containerd runs it
+            // without), and the device is gone when the daemon comes back, so the reconcile
+            // cannot attach it.
+            cluster.kill_node();
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            support::run("ip", &["link", "del", &device]);
+            cluster.restart_node();
+            cluster.wait_synchronized(1).await;
+            assert!(!links_in(&running.netns_path()).contains_key(POD_IFNAME));
+
+            // kubelet's CreateContainer is refused while the interface is missing...
+            let config = cluster.containerd.sandbox_config(&pod.name, &pod.uid);
+            let container = containerd_support::container_config("app");
+            let err = cri
+                .create_container(&running.id, container.clone(), config.clone())
+                .await
+                .expect_err("no container without the pod's interface");
+            let message = err.to_string();
+            assert!(message.contains(&device), "the refusal names the device: {message}");
+            eprintln!("CreateContainer refused: {message}");
+
+            // ...and its retry, once the device is back, attaches it and creates the container.
+            support::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
+            support::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
+            let id = cri.create_container(&running.id, container, config).await.unwrap();
+            assert!(!id.is_empty());
+            let link = wait_pod_link(cluster, &running).await;
+            assert_eq!(link.kind.as_deref(), Some("veth"));
+            let (ips, _) = wait_ready_status(cluster, &pod.claim, &pool).await;
+            assert_eq!(ips, link.addresses);
+            cri.remove_container(&id).await.unwrap();
+            stop_and_remove(&cri, &running).await;
+            assert_eq!(host_links()[&device].0.mtu, 1400, "{device} is back");
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
+#[test]
+fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that() {
+    run_e2e(|cluster| {
+        Box::pin(async move {
+            let parent = cluster.veth("p0", "p1", 1500);
+            cluster.start_node(&parent, &parent);
+            cluster.wait_node_ready(&parent).await;
+            let class = format!("{}-macvlan", cluster.prefix);
+            cluster.create_class(&class, &parent, "macvlan").await;
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            let config = json!({
+                "interface": {"name": "data0", "mtu": 1400, "hardwareAddress": "02:00:00:00:aa:01"},
+                "ipam": {"addresses": ["192.168.77.5/24"]},
+                "routes": [{"destination": "10.99.0.0/16", "gateway": "192.168.77.1"}],
+            });
+            cluster.create_claim(&pod.claim, &class, config).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            cluster.prepare(&mut dra, &claims).await;
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            let link = wait_pod_links(cluster, &running, &["data0"]).await.remove(0);
+            assert_eq!(link.mtu, 1400, "{link:?}");
+            assert_eq!(link.mac, "02:00:00:00:aa:01", "{link:?}");
+            assert_eq!(link.addresses, vec!["192.168.77.5/24".parse::<IpNetwork>().unwrap()]);
+            let output = Command::new("nsenter")
+                .arg(format!("--net={}", running.netns_path()))
+                .args(["ip", "-j", "route", "show", "10.99.0.0/16"])
+                .output()
+                .unwrap();
+            let routes: Vec<Value> = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(routes.len(), 1, "{routes:?}");
+            assert_eq!(
+                (&routes[0]["gateway"], &routes[0]["dev"]),
+                (&json!("192.168.77.1"), &json!("data0"))
+            );
+            let pool: IpNetwork = "192.168.77.0/24".parse().unwrap();
+            let (ips, mac) = wait_ready_status_of(cluster, &pod.claim, &pool, "data0").await;
+            assert_eq!(ips, link.addresses);
+            assert_eq!(mac, "02:00:00:00:aa:01");
+            let claim = cluster.claims().get(&pod.claim).await.unwrap();
+            let entry = claim.status.unwrap().devices.unwrap().remove(0);
+            let data = entry.data.unwrap().0;
+            assert_eq!(data["mtu"], 1400, "{data}");
+            assert_eq!(data["routes"][0]["destination"], "10.99.0.0/16", "{data}");
+
+            cri.stop_pod_sandbox(&running.id).await.unwrap();
+            assert!(!links_in(&running.netns_path()).contains_key("data0"));
+            cri.remove_pod_sandbox(&running.id).await.unwrap();
+            drop(running);
+            cluster.unprepare(&mut dra, &claims).await;
             cluster.assert_state_empty();
         })
     });
