@@ -131,7 +131,26 @@ enum MuxState {
     Failed(MuxError),
 }
 
-type Inbound = Arc<Mutex<HashMap<ConnId, mpsc::Sender<Vec<u8>>>>>;
+/// Most bytes kept for connections the local side has not opened yet.
+const EARLY_FRAMES_LIMIT: usize = 1024 * 1024;
+
+/// Where received frames go, shared by the socket reader and [`Mux::open`].
+#[derive(Debug, Default)]
+struct InboundRoutes {
+    /// Open connections.
+    open: HashMap<ConnId, mpsc::Sender<Vec<u8>>>,
+    /// Frames that arrived before their connection was opened. The peer may write as soon as
+    /// the socket connects (an NRI plugin sends RegisterPlugin at once), and the reader task
+    /// runs on another worker before the local side opens its connections: dropping these
+    /// frames lost the registration.
+    early: HashMap<ConnId, Vec<Vec<u8>>>,
+    /// Bytes held in `early`.
+    early_bytes: usize,
+    /// Set when the reader stopped: no frame will arrive any more.
+    closed: bool,
+}
+
+type Inbound = Arc<Mutex<InboundRoutes>>;
 
 /// One Unix stream carrying several logical connections; see the module docs.
 ///
@@ -190,14 +209,20 @@ impl Mux {
         let (user_side, mux_side) = tokio::io::duplex(CONN_PIPE_CAPACITY);
         let (mux_read, mux_write) = tokio::io::split(mux_side);
         let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(16);
-        {
+        let early = {
             let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
-            if inbound.contains_key(&id) {
+            if inbound.open.contains_key(&id) {
                 return Err(MuxError::AlreadyOpen(id));
             }
-            inbound.insert(id, in_tx);
-        }
-        tokio::spawn(deliver_loop(in_rx, mux_write));
+            let early = inbound.early.remove(&id).unwrap_or_default();
+            inbound.early_bytes -= early.iter().map(Vec::len).sum::<usize>();
+            // After the reader stopped, the connection only sees what arrived early, then EOF.
+            if !inbound.closed {
+                inbound.open.insert(id, in_tx);
+            }
+            early
+        };
+        tokio::spawn(deliver_loop(early, in_rx, mux_write));
         tokio::spawn(frame_loop(id, mux_read, self.frames_tx.clone(), self.cancel.clone()));
         Ok(MuxConn { inner: user_side })
     }
@@ -303,15 +328,23 @@ async fn read_loop<R: AsyncRead>(
             Ok(None) => break MuxState::Ended,
             Err(err) => break MuxState::Failed(err),
             Ok(Some((conn, payload))) => {
-                let sender =
-                    inbound.lock().unwrap_or_else(PoisonError::into_inner).get(&conn).cloned();
-                let Some(sender) = sender else {
-                    tracing::debug!(%conn, len = payload.len(), "dropping frame for unopened connection");
-                    continue;
-                };
                 if payload.is_empty() {
                     continue;
                 }
+                let sender = {
+                    let mut routes = inbound.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(sender) = routes.open.get(&conn) {
+                        sender.clone()
+                    } else {
+                        if routes.early_bytes + payload.len() > EARLY_FRAMES_LIMIT {
+                            tracing::warn!(%conn, len = payload.len(), "dropping frame for a connection that is not open (early buffer full)");
+                        } else {
+                            routes.early_bytes += payload.len();
+                            routes.early.entry(conn).or_default().push(payload);
+                        }
+                        continue;
+                    }
+                };
                 // Waiting here is the back-pressure: the socket is not read while a logical
                 // connection's pipe is full.
                 tokio::select! {
@@ -327,7 +360,11 @@ async fn read_loop<R: AsyncRead>(
     };
     finish(&state, end);
     // Dropping the senders ends every delivery loop, so readers see EOF.
-    inbound.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    {
+        let mut routes = inbound.lock().unwrap_or_else(PoisonError::into_inner);
+        routes.open.clear();
+        routes.closed = true;
+    }
     cancel.cancel();
 }
 
@@ -394,11 +431,22 @@ async fn write_loop<W: AsyncWrite>(
     cancel.cancel();
 }
 
-/// Moves frames received for one connection into its pipe.
+/// Moves frames received for one connection into its pipe, starting with those that arrived
+/// before it was opened.
 ///
 /// Ends when the socket reader drops its sender (socket closed or mux stopped), after every
 /// frame already received has been handed over, so a reply followed by a close is not lost.
-async fn deliver_loop(mut frames: mpsc::Receiver<Vec<u8>>, mut pipe: WriteHalf<DuplexStream>) {
+async fn deliver_loop(
+    early: Vec<Vec<u8>>,
+    mut frames: mpsc::Receiver<Vec<u8>>,
+    mut pipe: WriteHalf<DuplexStream>,
+) {
+    for payload in early {
+        if pipe.write_all(&payload).await.is_err() {
+            while frames.recv().await.is_some() {}
+            return;
+        }
+    }
     while let Some(payload) = frames.recv().await {
         if pipe.write_all(&payload).await.is_err() {
             // The local user dropped its end; keep draining so the socket reader never blocks.
@@ -673,6 +721,33 @@ mod tests {
         peer.write_all(&header).await.unwrap();
         let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
         assert!(matches!(closed, Err(MuxError::FrameTooLarge { conn: 2, .. })), "{closed:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_that_arrive_before_the_connection_is_opened_are_kept() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        // The peer speaks first, as an NRI plugin does with RegisterPlugin.
+        let first = ttrpc_message(1, 100);
+        let second = ttrpc_message(2, 5000);
+        for message in [&first, &second] {
+            for frame in go_frames(message.clone()) {
+                peer.write_all(&raw_frame(2, &frame)).await.unwrap();
+            }
+        }
+        let mux = Mux::new(ours);
+        // Let the reader route the frames before anything is open.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut conn = mux.open(RUNTIME_SERVICE_CONN).unwrap();
+        let expected = [first, second].concat();
+        let mut got = vec![0u8; expected.len()];
+        tokio::time::timeout(WAIT, conn.read_exact(&mut got)).await.unwrap().unwrap();
+        assert!(got == expected, "early frames are delivered in order and whole");
+        // Frames after the open still flow.
+        let third = ttrpc_message(3, 10);
+        peer.write_all(&raw_frame(2, &third)).await.unwrap();
+        let mut got = vec![0u8; third.len()];
+        tokio::time::timeout(WAIT, conn.read_exact(&mut got)).await.unwrap().unwrap();
+        assert_eq!(got, third);
     }
 
     #[tokio::test]
