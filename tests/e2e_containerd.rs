@@ -357,6 +357,45 @@ impl Cluster {
         reserved
     }
 
+    /// Starts the daemon on a new veth pair `<prefix><a>`/`<prefix><b>` (the first end
+    /// published: as a shared parent for `macvlan`, else as an exclusive NIC) and creates a
+    /// DeviceClass for it; returns the published end and the class.
+    async fn node_with_device(
+        &mut self,
+        a: &str,
+        b: &str,
+        mtu: u32,
+        mode: &str,
+    ) -> (String, String) {
+        let device = self.veth(a, b, mtu);
+        let (shared, kind) =
+            if mode == "macvlan" { (device.clone(), "macvlan") } else { (String::new(), "nic") };
+        self.start_node(&shared, &device);
+        self.wait_node_ready(&device).await;
+        let class = format!("{}-{kind}", self.prefix);
+        self.create_class(&class, &device, mode).await;
+        (device, class)
+    }
+
+    /// One claim per pod from `class` with `config`, allocated and reserved as the scheduler
+    /// would, then prepared one claim (here: one pod) per call, as kubelet prepares per pod.
+    async fn prepared_claims(
+        &self,
+        pods: &[PodSpec],
+        class: &str,
+        config: &Value,
+    ) -> (Vec<ResourceClaim>, Dra) {
+        for pod in pods {
+            self.create_claim(&pod.claim, class, config.clone()).await;
+        }
+        let claims = self.allocate_and_reserve(pods).await;
+        let mut dra = dra_client(&self.dra_socket()).await;
+        for claim in &claims {
+            self.prepare(&mut dra, std::slice::from_ref(claim)).await;
+        }
+        (claims, dra)
+    }
+
     /// `NodePrepareResources` for `claims`, as kubelet calls it before `RunPodSandbox`.
     async fn prepare(&self, dra: &mut Dra, claims: &[ResourceClaim]) {
         let refs: Vec<v1::Claim> = claims.iter().map(claims_support::claim_ref).collect();
@@ -725,17 +764,16 @@ fn median(mut values: Vec<Duration>) -> Duration {
 fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
     run_e2e(|cluster| {
         Box::pin(async move {
-            let parent = cluster.veth("p0", "p1", 1500);
-            cluster.start_node(&parent, &parent);
-            cluster.wait_node_ready(&parent).await;
-            let class = format!("{}-macvlan", cluster.prefix);
-            cluster.create_class(&class, &parent, "macvlan").await;
+            let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.1.0/24".parse().unwrap();
             let pod = PodSpec::new(&cluster.prefix, 0);
-            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.1.0/24")).await;
-            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) = cluster
+                .prepared_claims(
+                    std::slice::from_ref(&pod),
+                    &class,
+                    &macvlan_config("10.77.1.0/24"),
+                )
+                .await;
 
             let cri = cluster.cri().await;
             let (running, took) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
@@ -794,20 +832,14 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
 fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
     run_e2e(|cluster| {
         Box::pin(async move {
-            let device = cluster.veth("h0", "h1", 1400);
-            cluster.start_node("", &device);
-            cluster.wait_node_ready(&device).await;
+            let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let before = host_links()[&device].0.clone();
-            let class = format!("{}-nic", cluster.prefix);
-            cluster.create_class(&class, &device, "host-device").await;
             let pool: IpNetwork = "10.77.2.0/24".parse().unwrap();
             let pod = PodSpec::new(&cluster.prefix, 0);
             let config =
                 json!({"interface": {"mtu": 1300}, "ipam": {"pool": {"subnet": "10.77.2.0/24"}}});
-            cluster.create_claim(&pod.claim, &class, config).await;
-            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) =
+                cluster.prepared_claims(std::slice::from_ref(&pod), &class, &config).await;
 
             let cri = cluster.cri().await;
             let (running, took) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
@@ -847,21 +879,11 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
     run_e2e(|cluster| {
         Box::pin(async move {
             const PODS: usize = 20;
-            let parent = cluster.veth("p0", "p1", 1500);
-            cluster.start_node(&parent, &parent);
-            cluster.wait_node_ready(&parent).await;
-            let class = format!("{}-macvlan", cluster.prefix);
-            cluster.create_class(&class, &parent, "macvlan").await;
+            let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.3.0/24".parse().unwrap();
             let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
-            for pod in &pods {
-                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.3.0/24")).await;
-            }
-            let claims = cluster.allocate_and_reserve(&pods).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            for claim in &claims {
-                cluster.prepare(&mut dra, std::slice::from_ref(claim)).await;
-            }
+            let (claims, mut dra) =
+                cluster.prepared_claims(&pods, &class, &macvlan_config("10.77.3.0/24")).await;
 
             let cri = cluster.cri().await;
             // The baseline: pods without claims (the plugin is asked, and has nothing to do).
@@ -941,21 +963,11 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
         Box::pin(async move {
             const PODS: usize = 10;
             const KILL_AFTER: usize = 3;
-            let parent = cluster.veth("p0", "p1", 1500);
-            cluster.start_node(&parent, &parent);
-            cluster.wait_node_ready(&parent).await;
-            let class = format!("{}-macvlan", cluster.prefix);
-            cluster.create_class(&class, &parent, "macvlan").await;
+            let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.4.0/24".parse().unwrap();
             let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
-            for pod in &pods {
-                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.4.0/24")).await;
-            }
-            let claims = cluster.allocate_and_reserve(&pods).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            for claim in &claims {
-                cluster.prepare(&mut dra, std::slice::from_ref(claim)).await;
-            }
+            let (claims, mut dra) =
+                cluster.prepared_claims(&pods, &class, &macvlan_config("10.77.4.0/24")).await;
 
             // The burst: all sandboxes at once, as kubelet does for pods scheduled together;
             // kill -9 of the daemon as soon as it has received three RunPodSandbox events
@@ -1044,19 +1056,11 @@ fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
     run_e2e(|cluster| {
         Box::pin(async move {
             const PODS: usize = 3;
-            let parent = cluster.veth("p0", "p1", 1500);
-            cluster.start_node(&parent, &parent);
-            cluster.wait_node_ready(&parent).await;
-            let class = format!("{}-macvlan", cluster.prefix);
-            cluster.create_class(&class, &parent, "macvlan").await;
+            let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.5.0/24".parse().unwrap();
             let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
-            for pod in &pods {
-                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.5.0/24")).await;
-            }
-            let claims = cluster.allocate_and_reserve(&pods).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) =
+                cluster.prepared_claims(&pods, &class, &macvlan_config("10.77.5.0/24")).await;
             let cri = cluster.cri().await;
             let mut running = Vec::new();
             for pod in &pods {
@@ -1092,20 +1096,14 @@ fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
 fn a_host_device_comes_back_at_stop_after_a_daemon_restart() {
     run_e2e(|cluster| {
         Box::pin(async move {
-            let device = cluster.veth("h0", "h1", 1400);
-            cluster.start_node("", &device);
-            cluster.wait_node_ready(&device).await;
+            let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let before = host_links()[&device].0.clone();
-            let class = format!("{}-nic", cluster.prefix);
-            cluster.create_class(&class, &device, "host-device").await;
             let pool: IpNetwork = "10.77.6.0/24".parse().unwrap();
             let pod = PodSpec::new(&cluster.prefix, 0);
             let config =
                 json!({"interface": {"mtu": 1300}, "ipam": {"pool": {"subnet": "10.77.6.0/24"}}});
-            cluster.create_claim(&pod.claim, &class, config).await;
-            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) =
+                cluster.prepared_claims(std::slice::from_ref(&pod), &class, &config).await;
             let cri = cluster.cri().await;
             let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
             let link = wait_pod_link(cluster, &running).await;
@@ -1142,19 +1140,11 @@ fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up() {
     run_e2e(|cluster| {
         Box::pin(async move {
             const PODS: usize = 3;
-            let parent = cluster.veth("p0", "p1", 1500);
-            cluster.start_node(&parent, &parent);
-            cluster.wait_node_ready(&parent).await;
-            let class = format!("{}-macvlan", cluster.prefix);
-            cluster.create_class(&class, &parent, "macvlan").await;
+            let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.7.0/24".parse().unwrap();
             let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
-            for pod in &pods {
-                cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.7.0/24")).await;
-            }
-            let claims = cluster.allocate_and_reserve(&pods).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) =
+                cluster.prepared_claims(&pods, &class, &macvlan_config("10.77.7.0/24")).await;
             let cri = cluster.cri().await;
             let mut before_restart = Vec::new();
             for pod in &pods[..2] {
@@ -1252,18 +1242,17 @@ fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
 fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
     run_e2e(|cluster| {
         Box::pin(async move {
-            let device = cluster.veth("h0", "h1", 1400);
+            let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let peer = format!("{}h1", cluster.prefix);
-            cluster.start_node("", &device);
-            cluster.wait_node_ready(&device).await;
-            let class = format!("{}-nic", cluster.prefix);
-            cluster.create_class(&class, &device, "host-device").await;
             let pool: IpNetwork = "10.77.11.0/24".parse().unwrap();
             let pod = PodSpec::new(&cluster.prefix, 0);
-            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.11.0/24")).await;
-            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) = cluster
+                .prepared_claims(
+                    std::slice::from_ref(&pod),
+                    &class,
+                    &macvlan_config("10.77.11.0/24"),
+                )
+                .await;
 
             // The device vanishes between prepare and the sandbox: the attach fails, and so
             // does the sandbox (kubelet retries it), with the reason on the claim and the Pod.
@@ -1329,18 +1318,17 @@ fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
 fn no_container_starts_while_the_pod_lacks_its_interface() {
     run_e2e(|cluster| {
         Box::pin(async move {
-            let device = cluster.veth("h0", "h1", 1400);
+            let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let peer = format!("{}h1", cluster.prefix);
-            cluster.start_node("", &device);
-            cluster.wait_node_ready(&device).await;
-            let class = format!("{}-nic", cluster.prefix);
-            cluster.create_class(&class, &device, "host-device").await;
             let pool: IpNetwork = "10.77.12.0/24".parse().unwrap();
             let pod = PodSpec::new(&cluster.prefix, 0);
-            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.12.0/24")).await;
-            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) = cluster
+                .prepared_claims(
+                    std::slice::from_ref(&pod),
+                    &class,
+                    &macvlan_config("10.77.12.0/24"),
+                )
+                .await;
 
             // The sandbox starts while the daemon is down (no plugin: containerd runs it
             // without), and the device is gone when the daemon comes back, so the reconcile
@@ -1387,21 +1375,15 @@ fn no_container_starts_while_the_pod_lacks_its_interface() {
 fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that() {
     run_e2e(|cluster| {
         Box::pin(async move {
-            let parent = cluster.veth("p0", "p1", 1500);
-            cluster.start_node(&parent, &parent);
-            cluster.wait_node_ready(&parent).await;
-            let class = format!("{}-macvlan", cluster.prefix);
-            cluster.create_class(&class, &parent, "macvlan").await;
+            let (_, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pod = PodSpec::new(&cluster.prefix, 0);
             let config = json!({
                 "interface": {"name": "data0", "mtu": 1400, "hardwareAddress": "02:00:00:00:aa:01"},
                 "ipam": {"addresses": ["192.168.77.5/24"]},
                 "routes": [{"destination": "10.99.0.0/16", "gateway": "192.168.77.1"}],
             });
-            cluster.create_claim(&pod.claim, &class, config).await;
-            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
-            let mut dra = dra_client(&cluster.dra_socket()).await;
-            cluster.prepare(&mut dra, &claims).await;
+            let (claims, mut dra) =
+                cluster.prepared_claims(std::slice::from_ref(&pod), &class, &config).await;
             let cri = cluster.cri().await;
             let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
             let link = wait_pod_links(cluster, &running, &["data0"]).await.remove(0);
