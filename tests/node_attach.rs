@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
+mod claims_support;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -18,11 +19,9 @@ use netclaim::dev::allocator::{AllocatorController, reserve_for};
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::nri::{NriRuntime, PodSandbox, RuntimeOptions};
 use serde_json::json;
-use support::{Child, Netns, require_root};
+use support::{Child, Netns, node_daemon_args, require_root, scrape_metric, start_api_server};
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
-const API_LISTEN: &str = "127.0.0.1:16443";
-const METRICS_LISTEN: &str = "127.0.0.1:19178";
 /// Bound for "eventually": the daemon reacts within milliseconds; the bound only keeps a
 /// broken build from hanging.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -41,19 +40,7 @@ impl Node {
     fn start() -> Self {
         let netns = Netns::new();
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        let api = netns.spawn(
-            NETCLAIM,
-            &[
-                "dev",
-                "--api-only",
-                "--listen",
-                API_LISTEN,
-                "--kubeconfig-out",
-                kubeconfig.to_str().unwrap(),
-            ],
-            &dir.path().join("api.log"),
-        );
+        let api = start_api_server(&netns, NETCLAIM, dir.path(), &[]);
         let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
         netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
         netns.ip(&["link", "set", &parent, "up"]);
@@ -67,11 +54,6 @@ impl Node {
         let socket = dir.path().join("nri.sock");
         let nri =
             runtime.block_on(async { NriRuntime::bind(RuntimeOptions::new(socket)).unwrap() });
-        let deadline = Instant::now() + PATIENCE;
-        while !kubeconfig.exists() {
-            assert!(Instant::now() < deadline, "the API server did not write its kubeconfig");
-            std::thread::sleep(Duration::from_millis(20));
-        }
         Self { netns, dir, parent, runtime, nri: Some(nri), _api: api }
     }
 
@@ -88,28 +70,15 @@ impl Node {
     }
 
     fn start_daemon_with(&self, log: &str, extra: &[&str]) -> Child {
-        let path = |name: &str| self.dir.path().join(name).to_str().unwrap().to_owned();
-        let args = [
-            "node".to_owned(),
-            "--node-name".to_owned(),
-            "test-node".to_owned(),
-            "--kubeconfig".to_owned(),
-            path("kubeconfig"),
-            "--metrics-address".to_owned(),
-            METRICS_LISTEN.to_owned(),
-            "--state-dir".to_owned(),
-            path("state"),
-            "--kubelet-registry-dir".to_owned(),
-            path("registry"),
-            "--kubelet-plugin-dir".to_owned(),
-            path("plugin"),
+        let mut args = node_daemon_args(self.dir.path());
+        args.extend([
             "--nri-socket".to_owned(),
-            path("nri.sock"),
+            self.dir.path().join("nri.sock").to_str().unwrap().to_owned(),
             "--nri-plugin-index".to_owned(),
             "10".to_owned(),
             "--shared-parents".to_owned(),
             self.parent.clone(),
-        ];
+        ]);
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
         let child = self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log));
@@ -206,19 +175,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let channel = tonic::transport::Endpoint::try_from("http://localhost")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-                    let socket = socket.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                            tokio::net::UnixStream::connect(socket).await?,
-                        ))
-                    }
-                }))
-                .await
-                .unwrap();
-            let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let mut dra = claims_support::dra_client(&socket).await;
             let request = v1::NodePrepareResourcesRequest {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };
@@ -231,19 +188,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let channel = tonic::transport::Endpoint::try_from("http://localhost")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-                    let socket = socket.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                            tokio::net::UnixStream::connect(socket).await?,
-                        ))
-                    }
-                }))
-                .await
-                .unwrap();
-            let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let mut dra = claims_support::dra_client(&socket).await;
             let request = v1::NodeUnprepareResourcesRequest {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };
@@ -288,21 +233,7 @@ impl Node {
     /// One metric's value from the daemon's /metrics.
     fn metric(&self, name: &str) -> f64 {
         let name = name.to_owned();
-        self.netns.block_on(move || async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut stream = tokio::net::TcpStream::connect(METRICS_LISTEN).await.unwrap();
-            stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut body = String::new();
-            stream.read_to_string(&mut body).await.unwrap();
-            body.lines()
-                .find(|line| line.starts_with(&name))
-                .and_then(|line| line.rsplit(' ').next())
-                .and_then(|value| value.parse().ok())
-                .unwrap_or(0.0)
-        })
+        self.netns.block_on(move || async move { scrape_metric(&name).await })
     }
 }
 

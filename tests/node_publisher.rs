@@ -12,11 +12,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
-use support::{Child, Netns, require_root};
+use support::{Child, Netns, node_daemon_args, require_root, scrape_metric, start_api_server};
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
-const API_LISTEN: &str = "127.0.0.1:16443";
-const METRICS_LISTEN: &str = "127.0.0.1:19178";
 /// Generous bound for "eventually" (the daemon reacts within a few hundred milliseconds; the
 /// bound only keeps a broken build from hanging).
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -35,22 +33,7 @@ impl Cluster {
     fn start_with(api_flags: &[&str]) -> Self {
         let netns = Netns::new();
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        let mut args = vec![
-            "dev",
-            "--api-only",
-            "--listen",
-            API_LISTEN,
-            "--kubeconfig-out",
-            kubeconfig.to_str().unwrap(),
-        ];
-        args.extend_from_slice(api_flags);
-        let api = netns.spawn(NETCLAIM, &args, &dir.path().join("api.log"));
-        let deadline = Instant::now() + PATIENCE;
-        while !kubeconfig.exists() {
-            assert!(Instant::now() < deadline, "the API server did not write its kubeconfig");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let api = start_api_server(&netns, NETCLAIM, dir.path(), api_flags);
         Self { netns, dir, _api: api }
     }
 
@@ -59,26 +42,9 @@ impl Cluster {
     }
 
     fn start_node(&self, extra: &[&str], log_name: &str) -> Child {
-        let kubeconfig = self.kubeconfig();
         // The daemon also serves kubelet's sockets and keeps state: all inside the test's dir.
-        let state = self.dir.path().join("state");
-        let registry = self.dir.path().join("plugins_registry");
-        let plugin = self.dir.path().join("plugin");
-        let mut args = vec![
-            "node",
-            "--node-name",
-            "test-node",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--metrics-address",
-            METRICS_LISTEN,
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--kubelet-registry-dir",
-            registry.to_str().unwrap(),
-            "--kubelet-plugin-dir",
-            plugin.to_str().unwrap(),
-        ];
+        let args = node_daemon_args(self.dir.path());
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
         self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log_name))
     }
@@ -136,21 +102,7 @@ impl Cluster {
     /// One metric's value from the daemon's /metrics.
     fn metric(&self, name: &str) -> f64 {
         let name = name.to_owned();
-        self.netns.block_on(move || async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut stream = tokio::net::TcpStream::connect(METRICS_LISTEN).await.unwrap();
-            stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut body = String::new();
-            stream.read_to_string(&mut body).await.unwrap();
-            body.lines()
-                .find(|line| line.starts_with(&name))
-                .and_then(|line| line.rsplit(' ').next())
-                .and_then(|value| value.parse().ok())
-                .unwrap_or(0.0)
-        })
+        self.netns.block_on(move || async move { scrape_metric(&name).await })
     }
 }
 
@@ -366,7 +318,7 @@ fn the_daemon_prepares_a_claim_on_its_published_device() {
     let device_name = device(&cluster.slices(), &parent).unwrap().name.clone();
     let socket = cluster.dir.path().join("plugin").join("dra.sock");
     assert!(socket.exists(), "no DRA socket; node log:\n{}", cluster.log("node.log"));
-    assert!(cluster.dir.path().join("plugins_registry/netclaim.dev-reg.sock").exists());
+    assert!(cluster.dir.path().join("registry/netclaim.dev-reg.sock").exists());
     let kubeconfig = cluster.kubeconfig();
     let response = netns.block_on(move || async move {
         let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();

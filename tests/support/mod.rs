@@ -179,3 +179,82 @@ impl Drop for Netns {
         let _ignored = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
+
+/// Where the API server and the daemon's metrics listen inside a test's own netns (each test
+/// has its own loopback, so fixed ports cannot collide).
+pub(crate) const NETNS_API_LISTEN: &str = "127.0.0.1:16443";
+/// See [`NETNS_API_LISTEN`].
+pub(crate) const NETNS_METRICS_LISTEN: &str = "127.0.0.1:19178";
+
+/// Starts `netclaim dev --api-only` (`binary`) inside `netns` on [`NETNS_API_LISTEN`], writing
+/// `<dir>/kubeconfig` and logging to `<dir>/api.log`; returns once the kubeconfig exists.
+pub(crate) fn start_api_server(
+    netns: &Netns,
+    binary: &str,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> Child {
+    let kubeconfig = dir.join("kubeconfig");
+    let kubeconfig_arg = kubeconfig.to_str().expect("temp paths are UTF-8").to_owned();
+    let mut args = vec![
+        "dev",
+        "--api-only",
+        "--listen",
+        NETNS_API_LISTEN,
+        "--kubeconfig-out",
+        &kubeconfig_arg,
+    ];
+    args.extend_from_slice(extra);
+    let api = netns.spawn(binary, &args, &dir.join("api.log"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !kubeconfig.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the API server did not write its kubeconfig:\n{}",
+            std::fs::read_to_string(dir.join("api.log")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    api
+}
+
+/// The flags every `netclaim node` of a netns test gets: node `test-node`, the kubeconfig,
+/// metrics on [`NETNS_METRICS_LISTEN`], and state and kubelet dirs under `dir`.
+pub(crate) fn node_daemon_args(dir: &std::path::Path) -> Vec<String> {
+    let path = |name: &str| dir.join(name).to_str().expect("temp paths are UTF-8").to_owned();
+    vec![
+        "node".to_owned(),
+        "--node-name".to_owned(),
+        "test-node".to_owned(),
+        "--kubeconfig".to_owned(),
+        path("kubeconfig"),
+        "--metrics-address".to_owned(),
+        NETNS_METRICS_LISTEN.to_owned(),
+        "--state-dir".to_owned(),
+        path("state"),
+        "--kubelet-registry-dir".to_owned(),
+        path("registry"),
+        "--kubelet-plugin-dir".to_owned(),
+        path("plugin"),
+    ]
+}
+
+/// One metric's value from the daemon's `/metrics` on [`NETNS_METRICS_LISTEN`] (0 when
+/// absent); must run inside the netns (see [`Netns::block_on`]).
+pub(crate) async fn scrape_metric(name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(NETNS_METRICS_LISTEN)
+        .await
+        .expect("the daemon serves /metrics");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("writing the request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.expect("reading /metrics");
+    body.lines()
+        .find(|line| line.starts_with(name))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
