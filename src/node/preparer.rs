@@ -1,9 +1,10 @@
 //! The node daemon's [`ClaimPreparer`]: the claim service with call metrics, and the
 //! [`DeviceLookup`] that re-discovers this node's interfaces.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::claims::{DeviceLookup, LookupError, facts};
 use crate::host::discovery;
@@ -11,6 +12,7 @@ use crate::host::sysfs::Sysfs;
 use crate::inventory::Selection;
 use crate::kubelet::{ClaimPreparer, ClaimRef, PrepareResults, UnprepareResults};
 use crate::metrics::{KubeletRequestLabels, Metrics};
+use crate::model::device::HostInterface;
 use crate::model::network_config::DeviceFacts;
 
 /// Wraps a preparer with `netclaim_{prepare,unprepare}_duration_seconds` and
@@ -58,29 +60,71 @@ impl<P: ClaimPreparer> ClaimPreparer for MeteredPreparer<P> {
     }
 }
 
-/// Looks allocated devices up in a fresh discovery of the node's interfaces, so a device
+/// How long one discovery answers device lookups: a kubelet request with many claims (or a
+/// burst of pods) shares one netlink dump and sysfs walk instead of repeating it per claim,
+/// while a device renamed or removed since publication is still noticed within this window.
+const DISCOVERY_REUSE: Duration = Duration::from_millis(500);
+
+/// Looks allocated devices up in a recent discovery of the node's interfaces, so a device
 /// renamed or removed since publication is noticed at prepare time.
 #[derive(Debug, Clone)]
 pub struct DiscoveredDevices {
     sysfs_root: PathBuf,
     selection: Selection,
+    recent: Arc<RecentSnapshot<Vec<HostInterface>>>,
 }
 
 impl DiscoveredDevices {
     /// Lookup with the daemon's sysfs root and selection.
     #[must_use]
     pub fn new(sysfs_root: PathBuf, selection: Selection) -> Self {
-        Self { sysfs_root, selection }
+        Self { sysfs_root, selection, recent: Arc::new(RecentSnapshot::new(DISCOVERY_REUSE)) }
     }
 }
 
 impl DeviceLookup for DiscoveredDevices {
     async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
-        let interfaces = discovery::discover(&Sysfs::new(&self.sysfs_root))
-            .await
-            .map_err(|e| LookupError::Failed(e.to_string()))?;
+        let interfaces = self
+            .recent
+            .get_or_refresh(|| async {
+                discovery::discover(&Sysfs::new(&self.sysfs_root))
+                    .await
+                    .map_err(|e| LookupError::Failed(e.to_string()))
+            })
+            .await?;
         facts::device_facts(&interfaces, &self.selection, name)
             .ok_or_else(|| LookupError::NotFound(name.to_owned()))
+    }
+}
+
+/// A value that is refreshed when older than `reuse`; concurrent callers wait for one refresh
+/// instead of each running their own.
+#[derive(Debug)]
+struct RecentSnapshot<T> {
+    reuse: Duration,
+    current: tokio::sync::Mutex<Option<(Instant, Arc<T>)>>,
+}
+
+impl<T> RecentSnapshot<T> {
+    fn new(reuse: Duration) -> Self {
+        Self { reuse, current: tokio::sync::Mutex::new(None) }
+    }
+
+    async fn get_or_refresh<F, Fut, E>(&self, refresh: F) -> Result<Arc<T>, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        // Held across the refresh on purpose: callers arriving meanwhile reuse its result.
+        let mut current = self.current.lock().await;
+        if let Some((taken, value)) = current.as_ref()
+            && taken.elapsed() < self.reuse
+        {
+            return Ok(Arc::clone(value));
+        }
+        let value = Arc::new(refresh().await?);
+        *current = Some((Instant::now(), Arc::clone(&value)));
+        Ok(value)
     }
 }
 
@@ -88,6 +132,37 @@ impl DeviceLookup for DiscoveredDevices {
 mod tests {
     use super::*;
     use crate::kubelet::UnavailablePreparer;
+
+    #[tokio::test]
+    async fn one_discovery_serves_concurrent_and_recent_lookups_and_is_redone_when_old() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let refreshes = AtomicUsize::new(0);
+        let refresh = || async {
+            // Slow enough that the concurrent callers arrive while it runs.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, ()>(refreshes.fetch_add(1, Ordering::SeqCst))
+        };
+        let recent = RecentSnapshot::new(Duration::from_hours(1));
+        let all = futures::future::join_all((0..20).map(|_| recent.get_or_refresh(refresh))).await;
+        assert!(all.iter().all(|v| **v.as_ref().unwrap() == 0), "20 lookups, one refresh: {all:?}");
+        assert_eq!(
+            *recent.get_or_refresh(refresh).await.unwrap(),
+            0,
+            "a recent snapshot is reused"
+        );
+
+        let expired = RecentSnapshot::new(Duration::ZERO);
+        assert_eq!(*expired.get_or_refresh(refresh).await.unwrap(), 1);
+        assert_eq!(*expired.get_or_refresh(refresh).await.unwrap(), 2, "an old snapshot is redone");
+
+        let failing = RecentSnapshot::<u32>::new(Duration::from_hours(1));
+        assert_eq!(
+            failing.get_or_refresh(|| async { Err("dump failed") }).await,
+            Err("dump failed")
+        );
+        let after = failing.get_or_refresh(|| async { Ok::<_, &str>(7) }).await;
+        assert_eq!(*after.unwrap(), 7, "a failure is not kept");
+    }
 
     #[tokio::test]
     async fn calls_are_timed_and_counted_by_method_and_outcome() {
