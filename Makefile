@@ -22,16 +22,16 @@ setup:
 	./scripts/setup.sh
 
 build:
-	$(CARGO) build --all-targets
+	$(CARGO) build --workspace --all-targets
 
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # The whole suite: unit, in-process, root integration (throwaway netns), e2e.
 # Must run as root; it ends with nextest's summary line.
 test: setup
-	$(CARGO) nextest run --no-fail-fast
+	$(CARGO) nextest run --workspace --no-fail-fast
 
 bench:
 	$(CARGO) bench

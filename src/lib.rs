@@ -13,7 +13,7 @@
 pub mod attach;
 pub mod claims;
 pub mod cli;
-pub mod cri;
+#[cfg(feature = "dev")]
 pub mod dev;
 pub mod host;
 pub mod inventory;
@@ -23,7 +23,6 @@ pub mod kubelet;
 pub mod metrics;
 pub mod model;
 pub mod node;
-pub mod nri;
 pub mod podnet;
 pub mod store;
 pub mod telemetry;

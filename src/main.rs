@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         }
     };
     match &cli.command {
+        #[cfg(feature = "dev")]
         Command::Dev(args) if args.demo => telemetry::init_with_default(cli.log_format, "warn"),
         _ => telemetry::init(cli.log_format),
     }
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
             let usage = result.as_ref().err().is_some_and(cli::node::NodeCommandError::is_usage);
             (result.map_err(anyhow::Error::from), usage)
         }
+        #[cfg(feature = "dev")]
         Command::Dev(args) => {
             let result = cli::dev::run(args);
             let usage = result.as_ref().err().is_some_and(cli::dev::DevCommandError::is_usage);

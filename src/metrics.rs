@@ -206,6 +206,17 @@ impl Metrics {
         }
     }
 
+    /// Sets `netclaim_ipam_addresses{pool,state="leased"}` to `leased` (addresses per pool
+    /// subnet), dropping the series of pools that no longer hold any.
+    pub fn set_ipam_leased(&self, leased: impl IntoIterator<Item = (String, usize)>) {
+        self.ipam_addresses.clear();
+        for (pool, count) in leased {
+            self.ipam_addresses
+                .get_or_create(&IpamLabels { pool, state: "leased" })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The text exposition format.
     #[must_use]
     pub fn encode(&self) -> String {

@@ -9,11 +9,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use netclaim::claims::status::{DeviceKey, DeviceOutcome, build_entries};
-use netclaim::dev::apiserver::{ServerOptions, start};
-use netclaim::k8s::claim_status::{Backoff, ClaimRef, PodRef, StatusWriter, warn_pod};
+use kube_inmemory::apiserver::{ServerOptions, start};
+use netclaim::attach::status::{DeviceKey, DeviceOutcome, build_entries};
+use netclaim::k8s::claim_status::{Backoff, StatusWriter, warn_pod};
 use netclaim::metrics::{Metrics, ResultLabel};
 use netclaim::model::network_config::{MacAddr, Mode, Route};
+use netclaim::model::{ClaimRef, PodRef};
 use netclaim::podnet::apply::AttachedInterface;
 use serde_json::json;
 
@@ -92,7 +93,7 @@ fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
     ClaimRef {
         namespace: "default".into(),
         name: claim.metadata.name.clone().expect("name"),
-        uid: claim.metadata.uid.clone(),
+        uid: claim.metadata.uid.clone().expect("the API server sets a uid"),
     }
 }
 

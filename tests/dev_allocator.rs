@@ -12,8 +12,8 @@ use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceSlice,
 };
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use netclaim::dev::allocator::{AllocatorController, reserve_for};
-use netclaim::dev::apiserver::{ApiServer, ServerOptions, start};
+use kube_inmemory::allocator::{AllocatorController, reserve_for};
+use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 use netclaim::inventory::slices::{PoolIdentity, build_slices};
 use netclaim::model::device::{AttributeValue, Device, DeviceType, Sharing};
 use serde_json::json;
@@ -285,7 +285,7 @@ async fn two_allocators_racing_never_allocate_a_claim_twice() {
     // The entry point `netclaim dev` spawns allocates a claim created later.
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let node = NODE.to_owned();
-    let task = tokio::spawn(netclaim::dev::allocator::run(client.clone(), &node, async move {
+    let task = tokio::spawn(kube_inmemory::allocator::run(client.clone(), &node, async move {
         let _ = stop_rx.await;
     }));
     drop(node);

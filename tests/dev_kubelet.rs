@@ -38,7 +38,7 @@ fn nri_logger() -> PathBuf {
     let built = exe.parent().and_then(Path::parent).unwrap().join("examples/nri_logger");
     if !built.exists() {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "nri_logger"])
+            .args(["build", "-p", "nri-rs", "--example", "nri_logger"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .unwrap();

@@ -55,10 +55,10 @@ use k8s_openapi::api::resource::v1::{
 };
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use kube_inmemory::allocator::{AllocatorController, reserve_for};
 use netclaim::attach::PodAttachment;
 use netclaim::claims::PreparedClaim;
-use netclaim::cri::CriClient;
-use netclaim::dev::allocator::{AllocatorController, reserve_for};
+use netclaim::dev::cri::CriClient;
 use netclaim::ipam::LeaseStore as _;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::store::Store;
@@ -542,7 +542,7 @@ async fn run_pod(
     cri: &CriClient,
     spec: &PodSpec,
     attempt: u32,
-) -> Result<(RunningPod, Duration), netclaim::cri::CriError> {
+) -> Result<(RunningPod, Duration), netclaim::dev::cri::CriError> {
     let config = sandbox_config_with_attempt(&cluster.containerd, &spec.name, &spec.uid, attempt);
     let started = Instant::now();
     let id = cri.run_pod_sandbox(config, "").await?;

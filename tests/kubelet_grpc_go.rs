@@ -15,13 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kubelet_support::{PluginDirs, eventually};
+use netclaim::claims::{
+    ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer, UnprepareResults,
+};
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use netclaim::kubelet::{
-    ClaimPreparer, ClaimRef, KubeletPlugin, KubeletPluginConfig, PrepareResults, PreparedDevice,
-    UnavailablePreparer, UnprepareResults,
-};
+use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig};
+use netclaim::model::ClaimRef;
 use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;

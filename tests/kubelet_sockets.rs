@@ -13,14 +13,16 @@ use std::time::Duration;
 use kubelet_support::{
     Outcome, PluginDirs, RawGrpcClient, eventually, tonic_channel, weird_authorities,
 };
+use netclaim::claims::{
+    ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer,
+    UnprepareResults,
+};
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::{v1, v1beta1};
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use netclaim::kubelet::{
-    ClaimFailure, ClaimPreparer, ClaimRef, KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle,
-    PrepareResults, PreparedDevice, UnavailablePreparer, UnprepareResults,
-};
+use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
+use netclaim::model::ClaimRef;
 use prost::Message;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimConsumerReference};
 use kube::Api;
 use kube::api::PostParams;
-use netclaim::dev::allocator::{AllocatorController, reserve_for};
+use kube_inmemory::allocator::{AllocatorController, reserve_for};
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
-use netclaim::nri::{NriRuntime, PodSandbox, RuntimeOptions};
+use nri_rs::{NriRuntime, PodSandbox, RuntimeOptions};
 use serde_json::json;
 use support::{Child, Netns, node_daemon_args, require_root, scrape_metric, start_api_server};
 
@@ -326,7 +326,7 @@ fn run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it() {
 
     // A second RunPodSandbox is a no-op; a container may start.
     node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
-    let container = netclaim::nri::Container {
+    let container = nri_rs::Container {
         id: "c1".into(),
         pod_sandbox_id: sandbox.id.clone(),
         name: "app".into(),
@@ -503,7 +503,7 @@ fn a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries() 
     // The name is free again; the runtime (or kubelet's retry) creates a container: the
     // plugin attaches first, then lets it through.
     pod_netns.ip(&["link", "del", "net1"]);
-    let container = netclaim::nri::Container {
+    let container = nri_rs::Container {
         id: "c1".into(),
         pod_sandbox_id: sandbox.id.clone(),
         name: "app".into(),

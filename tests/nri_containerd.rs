@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use containerd_support::{Containerd, container_config, terminate};
 use futures::FutureExt as _;
-use netclaim::cri::{CriClient, CriError, proto};
+use netclaim::dev::cri::{CriClient, CriError, proto};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -46,7 +46,7 @@ fn plugin_binary() -> PathBuf {
     if !built.exists() {
         // Built only when the test was run on its own (`cargo test --test nri_containerd`).
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "nri_logger"])
+            .args(["build", "-p", "nri-rs", "--example", "nri_logger"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("running cargo");

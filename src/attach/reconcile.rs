@@ -6,11 +6,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use nri_rs::PodSandbox;
+
+use super::handler::Sandbox;
+use super::service::log_detach;
 use super::{
     AttachFailure, AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence,
-    NetnsAccess, PodAttachment, PodClaims, Sandbox, StatusSink, lock, log_detach,
+    NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
 };
-use crate::nri::PodSandbox;
 use crate::podnet::ops::LinkState;
 use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
 use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
@@ -182,7 +185,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 continue;
             }
             attached += 1;
-            match self.attach_pod(&sandbox, Instant::now()).await {
+            match self.attach_pod(&sandbox, &claims, Instant::now()).await {
                 Ok(()) => {}
                 // A sandbox the runtime still lists but whose netns is already gone (stopped,
                 // not yet removed): nothing to attach and nothing to report.
@@ -191,7 +194,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 }
                 // Reported on the claims and the Pod; CreateContainer retries.
                 Err(err) => {
-                    let _message = self.report_failure(&sandbox, &err);
+                    let _message = self.report_failure(&sandbox, &claims, &err);
                 }
             }
         }

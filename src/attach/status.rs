@@ -1,11 +1,19 @@
 //! Builds this driver's `status.devices` entries of one claim (DESIGN §5.4) from the attach
-//! outcome of each allocated device; pure, no I/O.
+//! outcome of each allocated device (pure, no I/O), and the attach service's submission of
+//! them through its [`StatusSink`] port.
 
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde::Serialize;
 
+use super::handler::Sandbox;
+use super::{
+    AttachFailure, AttachService, AttachedDevice, AttachmentStore, NetnsAccess, PodAttachment,
+    PodClaims, REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, error_chain, lock,
+};
+use crate::claims::PreparedClaim;
+use crate::model::ClaimRef;
 use crate::podnet::apply::AttachedInterface;
 
 /// The API server's limit on `status.devices[].data` (protocols.md §3.3).
@@ -226,6 +234,155 @@ fn truncate(message: &str, max: usize) -> String {
         end -= 1;
     }
     message[..end].to_owned()
+}
+
+/// The claim identity a status write needs.
+#[derive(Debug, Clone)]
+struct AttachedClaim {
+    uid: String,
+    namespace: String,
+    name: String,
+    generation: Option<i64>,
+}
+
+impl AttachedClaim {
+    fn from_prepared(claim: &PreparedClaim) -> Self {
+        Self {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            generation: claim.generation,
+        }
+    }
+
+    fn from_device(device: &AttachedDevice) -> Self {
+        Self {
+            uid: device.claim_uid.clone(),
+            namespace: device.claim_namespace.clone(),
+            name: device.claim_name.clone(),
+            generation: None,
+        }
+    }
+}
+
+impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+    fn submit(&self, claim: &AttachedClaim, outcomes: &[(DeviceKey, DeviceOutcome)]) {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let previous = lock(&self.inner).statuses.get(&claim.uid).cloned().unwrap_or_default();
+        match build_entries(outcomes, &previous, claim.generation, &now) {
+            Ok(entries) => {
+                lock(&self.inner).statuses.insert(claim.uid.clone(), entries.clone());
+                self.status.submit(
+                    ClaimRef {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                        uid: claim.uid.clone(),
+                    },
+                    entries,
+                );
+            }
+            Err(err) => tracing::warn!(claim = %claim.name, %err, "building the claim status"),
+        }
+    }
+
+    fn key(&self, pool: &str, device: &str, share_id: Option<&String>) -> DeviceKey {
+        DeviceKey {
+            driver: self.driver.clone(),
+            pool: pool.to_owned(),
+            device: device.to_owned(),
+            share_id: share_id.cloned(),
+        }
+    }
+
+    pub(super) fn submit_ready(&self, claim: &PreparedClaim, record: &PodAttachment) {
+        let outcomes: Vec<_> = record
+            .devices
+            .iter()
+            .filter(|d| d.claim_uid == claim.uid)
+            .map(|d| {
+                let outcome = match &d.result {
+                    Some(result) => DeviceOutcome::Ready(result.clone()),
+                    None => DeviceOutcome::Failed {
+                        reason: REASON_ATTACH_FAILED.to_owned(),
+                        message: format!("{} is not attached", d.plan.interface_name),
+                    },
+                };
+                (self.key(&d.pool, &d.device, d.share_id.as_ref()), outcome)
+            })
+            .collect();
+        self.submit(&AttachedClaim::from_prepared(claim), &outcomes);
+    }
+
+    pub(super) fn submit_failed(&self, claims: &[PreparedClaim], message: &str) {
+        for claim in claims {
+            let outcomes: Vec<_> = claim
+                .devices
+                .iter()
+                .map(|d| {
+                    (
+                        self.key(&d.pool, &d.device, d.share_id.as_ref()),
+                        DeviceOutcome::Failed {
+                            reason: REASON_ATTACH_FAILED.to_owned(),
+                            message: message.to_owned(),
+                        },
+                    )
+                })
+                .collect();
+            self.submit(&AttachedClaim::from_prepared(claim), &outcomes);
+        }
+    }
+
+    /// After a stop the interfaces are gone: `Ready=False` (reason [`REASON_POD_STOPPED`])
+    /// without `networkData`, so nobody reads addresses of an interface that no longer
+    /// exists. The claim stays prepared and keeps its addresses until unprepare.
+    pub(super) fn submit_stopped(&self, record: &PodAttachment) {
+        let mut by_claim: Vec<(AttachedClaim, Vec<(DeviceKey, DeviceOutcome)>)> = Vec::new();
+        for d in &record.devices {
+            let outcome = DeviceOutcome::Failed {
+                reason: REASON_POD_STOPPED.to_owned(),
+                message: format!(
+                    "the sandbox of pod {}/{} stopped; {} was removed",
+                    record.pod_namespace, record.pod_name, d.plan.interface_name
+                ),
+            };
+            let key = self.key(&d.pool, &d.device, d.share_id.as_ref());
+            match by_claim.iter_mut().find(|(c, _)| c.uid == d.claim_uid) {
+                Some((_, outcomes)) => outcomes.push((key, outcome)),
+                None => by_claim.push((AttachedClaim::from_device(d), vec![(key, outcome)])),
+            }
+        }
+        for (claim, outcomes) in by_claim {
+            // observedGeneration: the generation seen at prepare, when the claim is still
+            // prepared.
+            let generation = self
+                .claims
+                .all_claims()
+                .into_iter()
+                .find(|c| c.uid == claim.uid)
+                .and_then(|c| c.generation);
+            self.submit(&AttachedClaim { generation, ..claim }, &outcomes);
+        }
+    }
+
+    /// Logs a failed attach, marks the pod's claims `Ready=False` (reason
+    /// [`REASON_ATTACH_FAILED`]) and records a Warning Event on the Pod; returns the message.
+    pub(super) fn report_failure(
+        &self,
+        sandbox: &Sandbox,
+        claims: &[PreparedClaim],
+        err: &AttachFailure,
+    ) -> String {
+        let message = format!(
+            "attaching the network interfaces of pod {}/{}: {}",
+            sandbox.namespace,
+            sandbox.name,
+            error_chain(err)
+        );
+        tracing::warn!(pod = %sandbox.uid, "{message}");
+        self.submit_failed(claims, &error_chain(err));
+        self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
+        message
+    }
 }
 
 #[cfg(test)]

@@ -9,15 +9,22 @@ use std::sync::{Arc, Mutex};
 use ipnetwork::IpNetwork;
 use serde_json::json;
 
+use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
+use nri_rs::{Container, PluginHandler, PodSandbox};
+
 use super::reconcile::{RecordAction, record_action};
 use super::*;
-use crate::claims::PodConsumer;
+use crate::claims::{PodConsumer, PreparedClaim, PreparedClaimDevice};
+use crate::metrics::Metrics;
 use crate::model::network_config::{
-    ConfigEntry, ConfigSource, DeviceFacts, MacAddr, Route, resolve,
+    Addressing, ConfigEntry, ConfigSource, DeviceFacts, DeviceKind, MacAddr, Route, Sharing,
+    resolve,
 };
+use crate::model::{ClaimRef, PodRef};
 use crate::podnet::fake::FakeKernel;
 use crate::podnet::ops::{EEXIST, LinkState};
 use crate::podnet::plan::ChildKind;
+use crate::podnet::{LinkOpError, LinkOps, Side};
 
 /// [`LinkOps`] over a shared fake kernel (the service owns its ops).
 struct FakeOps(Arc<FakeKernel>);
@@ -188,7 +195,7 @@ impl AttachmentStore for MemStore {
     }
 }
 
-type Submitted = Vec<(StatusClaimRef, Vec<AllocatedDeviceStatus>)>;
+type Submitted = Vec<(ClaimRef, Vec<AllocatedDeviceStatus>)>;
 
 #[derive(Clone, Default)]
 struct Recorder {
@@ -197,7 +204,7 @@ struct Recorder {
 }
 
 impl StatusSink for Recorder {
-    fn submit(&self, claim: StatusClaimRef, entries: Vec<AllocatedDeviceStatus>) {
+    fn submit(&self, claim: ClaimRef, entries: Vec<AllocatedDeviceStatus>) {
         self.statuses.lock().unwrap().push((claim, entries));
     }
     fn warn_pod(&self, pod: PodRef, reason: &'static str, message: String) {

@@ -5,7 +5,7 @@
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::{ClaimError, PodConsumer};
-use crate::kubelet::ClaimRef;
+use crate::model::ClaimRef;
 use crate::model::network_config::{ConfigEntry, ConfigSource};
 
 /// One device allocated to the claim by this driver in this node's pool.

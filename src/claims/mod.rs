@@ -15,8 +15,12 @@
 //! claim is already forgotten).
 
 pub mod allocation;
-pub mod facts;
-pub mod status;
+pub mod preparer;
+
+pub use preparer::{
+    ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer,
+    UnprepareResults,
+};
 
 #[cfg(test)]
 mod tests;
@@ -31,9 +35,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
 use crate::ipam::{Ipam, IpamError, LeaseOwner, LeaseStore};
-use crate::kubelet::{
-    ClaimFailure, ClaimPreparer, ClaimRef, PrepareResults, PreparedDevice, UnprepareResults,
-};
+use crate::model::ClaimRef;
 use crate::model::network_config::{
     self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, ResolvedMode,
     ResolvedNetworkConfig, Sharing,

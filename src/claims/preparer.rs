@@ -1,25 +1,11 @@
-//! The seam between kubelet's DRA calls and the claim logic: [`ClaimPreparer`] and its
-//! version-independent request and result types (no gRPC types here).
+//! The prepare port: [`ClaimPreparer`], which kubelet's DRA adapter calls, and its
+//! version-independent result types (no gRPC types here). The claim service implements it;
+//! adapters and decorators (metrics, detach before unprepare) wrap it.
 
 use std::collections::HashMap;
 use std::future::Future;
 
-/// A `ResourceClaim` as kubelet names it in `NodePrepareResources` / `NodeUnprepareResources`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClaimRef {
-    /// Namespace of the claim.
-    pub namespace: String,
-    /// Name of the claim.
-    pub name: String,
-    /// UID of the claim; the key of every per-claim answer.
-    pub uid: String,
-}
-
-impl std::fmt::Display for ClaimRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
-    }
-}
+use crate::model::ClaimRef;
 
 /// One allocated device of a prepared claim, as kubelet needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -102,5 +88,15 @@ impl ClaimPreparer for UnavailablePreparer {
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
+    }
+}
+
+impl<P: ClaimPreparer> ClaimPreparer for std::sync::Arc<P> {
+    fn prepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = PrepareResults> + Send {
+        P::prepare(self, claims)
+    }
+
+    fn unprepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = UnprepareResults> + Send {
+        P::unprepare(self, claims)
     }
 }

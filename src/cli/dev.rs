@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use super::{DemoOutputArg, DevArgs, SharingModeArg};
 use crate::dev::api_only::{self, ApiOnlyError};
-use crate::dev::apiserver::ServerOptions;
 use crate::dev::cluster::{Cluster, ClusterError, ClusterOptions, ContainerdSockets};
 use crate::dev::demo::{self, DemoOptions, DemoOutput};
 use crate::inventory::publish::RequestedSharing;
 use crate::inventory::{InventoryError, Selection, SharingMode};
+use kube_inmemory::apiserver::ServerOptions;
 
 /// Name of the node when the host name is not a DNS subdomain.
 const FALLBACK_NODE_NAME: &str = "dev-node";

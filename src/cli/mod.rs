@@ -3,6 +3,7 @@
 //! Every flag of a subcommand also reads `NETCLAIM_<FLAG>` from the environment. Parse
 //! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2.
 
+#[cfg(feature = "dev")]
 pub mod dev;
 pub mod inventory;
 pub mod node;
@@ -34,6 +35,7 @@ pub enum Command {
     Node(NodeArgs),
     /// Run Kubernetes in a box: API server, allocator, node daemon and dev kubelet (`--demo`
     /// shows it working; `--api-only` serves just the API).
+    #[cfg(feature = "dev")]
     Dev(DevArgs),
     /// Print the ResourceSlices this node would publish, without any cluster.
     Inventory(InventoryArgs),

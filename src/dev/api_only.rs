@@ -5,8 +5,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use super::apiserver::{self, ApiServerError, ServerOptions};
-use super::kubeconfig::{self, KubeconfigError};
+use kube_inmemory::apiserver::{self, ApiServerError, ServerOptions};
+use kube_inmemory::kubeconfig::{self, KubeconfigError};
 
 /// Errors of `netclaim dev --api-only`.
 #[derive(Debug, thiserror::Error)]

@@ -16,16 +16,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::apiserver::{self, ApiServerError, ServerOptions};
-use super::kubeconfig::{self, KubeconfigError};
 use super::kubelet::sandbox::SandboxBackend;
 use super::kubelet::{self, DevKubelet, DevKubeletConfig, DevKubeletError, Sandboxes};
-use crate::cri::{CriClient, CriError};
+use crate::dev::cri::{CriClient, CriError};
 use crate::inventory::Selection;
 use crate::inventory::publish::RequestedSharing;
 use crate::k8s::{self, ClientError};
 use crate::node::{self, NodeConfig, NodeError};
-use crate::nri::{NriRuntime, RuntimeError, RuntimeOptions};
+use kube_inmemory::apiserver::{self, ApiServerError, ServerOptions};
+use kube_inmemory::kubeconfig::{self, KubeconfigError};
+use nri_rs::{NriRuntime, RuntimeError, RuntimeOptions};
 
 /// How long start waits for the node daemon's DRA socket.
 const DRIVER_READY_LIMIT: Duration = Duration::from_secs(30);
@@ -128,7 +128,7 @@ pub struct Cluster {
     stop_node: watch::Sender<bool>,
     node: std::thread::JoinHandle<Result<(), NodeError>>,
     stop_allocator: watch::Sender<bool>,
-    allocator: JoinHandle<Result<(), crate::dev::allocator::ControllerError>>,
+    allocator: JoinHandle<Result<(), kube_inmemory::allocator::ControllerError>>,
     nri: Option<Arc<NriRuntime>>,
     stop_server: watch::Sender<bool>,
     server: apiserver::ServeTask,
@@ -243,7 +243,7 @@ impl Cluster {
         let node = spawn_node_daemon(node_config, node_stopped)?;
 
         let (stop_allocator, allocator_stopped) = watch::channel(false);
-        let allocator = tokio::spawn(crate::dev::allocator::run(
+        let allocator = tokio::spawn(kube_inmemory::allocator::run(
             client.clone(),
             &options.node_name,
             stopped(allocator_stopped),

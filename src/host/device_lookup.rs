@@ -1,64 +1,17 @@
-//! The node daemon's [`ClaimPreparer`]: the claim service with call metrics, and the
-//! [`DeviceLookup`] that re-discovers this node's interfaces.
+//! [`DeviceLookup`] over this node's interfaces: a recent netlink dump and sysfs walk, shared by
+//! the lookups of one kubelet request, checked against the operator's selection.
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::claims::{DeviceLookup, LookupError, facts};
+use crate::claims::{DeviceLookup, LookupError};
 use crate::host::discovery;
 use crate::host::sysfs::Sysfs;
-use crate::inventory::Selection;
-use crate::kubelet::{ClaimPreparer, ClaimRef, PrepareResults, UnprepareResults};
-use crate::metrics::{KubeletRequestLabels, Metrics};
+use crate::inventory::{Selection, facts};
 use crate::model::device::HostInterface;
 use crate::model::network_config::DeviceFacts;
-
-/// Wraps a preparer with `netclaim_{prepare,unprepare}_duration_seconds` and
-/// `netclaim_kubelet_requests_total{method,code}`.
-#[derive(Debug)]
-pub struct MeteredPreparer<P> {
-    inner: P,
-    metrics: Arc<Metrics>,
-}
-
-impl<P> MeteredPreparer<P> {
-    /// Records the calls of `inner` in `metrics`.
-    #[must_use]
-    pub fn new(inner: P, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics }
-    }
-
-    /// The wrapped preparer.
-    #[must_use]
-    pub fn inner(&self) -> &P {
-        &self.inner
-    }
-
-    fn count(&self, method: &'static str, all_ok: bool) {
-        let code = if all_ok { "OK" } else { "ClaimError" };
-        self.metrics.kubelet_requests.get_or_create(&KubeletRequestLabels { method, code }).inc();
-    }
-}
-
-impl<P: ClaimPreparer> ClaimPreparer for MeteredPreparer<P> {
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
-        let started = Instant::now();
-        let results = self.inner.prepare(claims).await;
-        self.metrics.prepare_duration.observe(started.elapsed().as_secs_f64());
-        self.count("NodePrepareResources", results.values().all(Result::is_ok));
-        results
-    }
-
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
-        let started = Instant::now();
-        let results = self.inner.unprepare(claims).await;
-        self.metrics.unprepare_duration.observe(started.elapsed().as_secs_f64());
-        self.count("NodeUnprepareResources", results.values().all(Result::is_ok));
-        results
-    }
-}
 
 /// How long one discovery answers device lookups: a kubelet request with many claims (or a
 /// burst of pods) shares one netlink dump and sysfs walk instead of repeating it per claim,
@@ -131,7 +84,6 @@ impl<T> RecentSnapshot<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubelet::UnavailablePreparer;
 
     #[tokio::test]
     async fn one_discovery_serves_concurrent_and_recent_lookups_and_is_redone_when_old() {
@@ -162,24 +114,5 @@ mod tests {
         );
         let after = failing.get_or_refresh(|| async { Ok::<_, &str>(7) }).await;
         assert_eq!(*after.unwrap(), 7, "a failure is not kept");
-    }
-
-    #[tokio::test]
-    async fn calls_are_timed_and_counted_by_method_and_outcome() {
-        let metrics = Arc::new(Metrics::new());
-        let preparer =
-            MeteredPreparer::new(UnavailablePreparer::new("netclaim.dev"), Arc::clone(&metrics));
-        let claim = ClaimRef { namespace: "ns".into(), name: "c".into(), uid: "u".into() };
-        preparer.prepare(vec![claim.clone()]).await;
-        preparer.unprepare(vec![claim]).await;
-        let text = metrics.encode();
-        for line in [
-            r#"netclaim_kubelet_requests_total{method="NodePrepareResources",code="ClaimError"} 1"#,
-            r#"netclaim_kubelet_requests_total{method="NodeUnprepareResources",code="OK"} 1"#,
-            "netclaim_prepare_duration_seconds_count 1",
-            "netclaim_unprepare_duration_seconds_count 1",
-        ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
-        }
     }
 }

@@ -16,6 +16,7 @@ use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteType};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::sysfs::{Sysfs, SysfsError};
+use crate::inventory::publish::InterfaceSource;
 use crate::model::device::{Controller, HostInterface, LinkKind, MacAddress, OperState};
 
 /// `RT_TABLE_MAIN`: default routes elsewhere (policy routing tables) do not make an
@@ -40,6 +41,28 @@ pub enum DiscoveryError {
     /// Reading sysfs failed.
     #[error(transparent)]
     Sysfs(#[from] SysfsError),
+}
+
+/// [`InterfaceSource`] over this host's netlink and sysfs (a fresh dump per call).
+#[derive(Debug, Clone)]
+pub struct HostInterfaces {
+    sysfs: Sysfs,
+}
+
+impl HostInterfaces {
+    /// Discovery reading PCI facts under `sysfs`.
+    #[must_use]
+    pub fn new(sysfs: Sysfs) -> Self {
+        Self { sysfs }
+    }
+}
+
+impl InterfaceSource for HostInterfaces {
+    type Error = DiscoveryError;
+
+    async fn discover(&self) -> Result<Vec<HostInterface>, DiscoveryError> {
+        discover(&self.sysfs).await
+    }
 }
 
 /// Discovers the interfaces of the calling thread's network namespace.

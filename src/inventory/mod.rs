@@ -4,6 +4,7 @@
 //! devices to publish and, for every interface left out, the reason (so `netclaim inventory`
 //! can answer "why is my NIC not there?").
 
+pub mod facts;
 pub mod naming;
 pub mod publish;
 pub mod slices;

@@ -2,7 +2,12 @@
 //! read-back of every write and the fallback to slot devices.
 //!
 //! The publisher talks to the API through the [`SliceApi`] port, so this logic is tested
-//! against an in-memory fake; `k8s::resource_slices` is the real adapter.
+//! against an in-memory fake; `k8s::resource_slices` is the real adapter. [`run`] is the
+//! loop that publishes on the node's triggers.
+
+mod run;
+
+pub use run::{InterfaceSource, NodeWarnings, SliceEvent, Triggers, run};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -15,18 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::metrics::ResultLabel;
-
-/// The claim a status belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClaimRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID, when known: the apply then fails (and is dropped) if the claim was replaced by
-    /// another one of the same name.
-    pub uid: Option<String>,
-}
+use crate::model::{ClaimRef, PodRef};
 
 /// Retry pacing of the writer.
 #[derive(Debug, Clone, Copy)]
@@ -142,10 +131,11 @@ impl Inner {
 
     async fn apply(&self, claim: &ClaimRef, entries: &[AllocatedDeviceStatus]) -> Attempt {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-        let mut metadata = serde_json::json!({"name": claim.name, "namespace": claim.namespace});
-        if let Some(uid) = &claim.uid {
-            metadata["uid"] = serde_json::Value::String(uid.clone());
-        }
+        // With the UID in the body the apply fails (409) if the claim was replaced by another
+        // one of the same name, instead of writing this status into the new claim.
+        let metadata = serde_json::json!({
+            "name": claim.name, "namespace": claim.namespace, "uid": claim.uid,
+        });
         let body = serde_json::json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -156,9 +146,7 @@ impl Inner {
         match api.patch_status(&claim.name, &params, &Patch::Apply(body)).await {
             Ok(_) => Attempt::Landed,
             Err(kube::Error::Api(status)) if status.code == 404 => Attempt::Gone,
-            Err(kube::Error::Api(status)) if status.code == 409 && claim.uid.is_some() => {
-                Attempt::Gone
-            }
+            Err(kube::Error::Api(status)) if status.code == 409 => Attempt::Gone,
             Err(err) => match &err {
                 kube::Error::Api(status) if matches!(status.code, 400 | 422) => {
                     Attempt::Rejected(err)
@@ -203,17 +191,6 @@ async fn run_claim(inner: Arc<Inner>, claim: ClaimRef) {
             }
         }
     }
-}
-
-/// The Pod an Event is about.
-#[derive(Debug, Clone)]
-pub struct PodRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID.
-    pub uid: String,
 }
 
 /// Publishes a Warning Event (events.k8s.io/v1) on a Pod, where `kubectl describe pod` shows

@@ -41,3 +41,9 @@ impl NodeEvents {
         }
     }
 }
+
+impl crate::inventory::publish::NodeWarnings for NodeEvents {
+    async fn warn(&self, reason: &str, action: &str, note: String) {
+        NodeEvents::warn(self, reason, action, note).await;
+    }
+}

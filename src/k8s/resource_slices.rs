@@ -7,7 +7,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
-use crate::inventory::publish::{SliceApi, SliceApiError};
+use crate::inventory::publish::{SliceApi, SliceApiError, SliceEvent};
 
 /// The slices of `node` published by `driver`.
 #[derive(Clone)]
@@ -44,21 +44,6 @@ impl KubeSlices {
             Err(err) => SliceEvent::Error(err.to_string()),
         })
     }
-}
-
-/// What the watch of our slices reports.
-#[derive(Debug)]
-pub enum SliceEvent {
-    /// A slice exists with this content (added, modified, or listed at a restart).
-    Present(Box<ResourceSlice>),
-    /// A slice was deleted.
-    Deleted(String),
-    /// The watch restarted; `Present` events of every slice follow, then `Relisted`.
-    Relisting,
-    /// The relist is complete.
-    Relisted,
-    /// The watch failed (it retries by itself).
-    Error(String),
 }
 
 fn api_error(operation: &'static str, name: &str, err: &kube::Error) -> SliceApiError {

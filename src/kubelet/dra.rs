@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use super::preparer::{ClaimFailure, ClaimPreparer, ClaimRef, PreparedDevice};
 use super::proto::k8s::io::kubelet::pkg::apis::dra::{v1, v1beta1};
+use crate::claims::{ClaimFailure, ClaimPreparer, PreparedDevice};
+use crate::model::ClaimRef;
 
 /// Serves both DRA API versions from one [`ClaimPreparer`].
 #[derive(Debug)]

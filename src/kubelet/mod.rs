@@ -8,7 +8,7 @@
 
 pub mod authority;
 pub mod dra;
-pub mod preparer;
+pub mod metered;
 pub mod proto;
 pub mod registration;
 pub mod transport;
@@ -22,11 +22,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use authority::{AuthorityRewriteError, ClientStreamRewriter};
-pub use preparer::{
-    ClaimFailure, ClaimPreparer, ClaimRef, PrepareResults, PreparedDevice, UnavailablePreparer,
-    UnprepareResults,
-};
 
+use crate::claims::ClaimPreparer;
 use dra::DraService;
 use registration::{RegistrationSettings, run_registration};
 use transport::{adapted_incoming, bind_private_socket, create_private_dir, remove_socket_if_ours};

@@ -3,3 +3,6 @@
 pub mod device;
 pub mod names;
 pub mod network_config;
+pub mod refs;
+
+pub use refs::{ClaimRef, PodRef};

@@ -3,49 +3,42 @@
 //! prepared claims and pod attachments, serves kubelet's DRA calls, runs the NRI plugin that
 //! attaches pod interfaces, serves metrics, and shuts down on SIGTERM/SIGINT.
 
-pub mod attach;
-pub mod preparer;
-
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use nri_rs::{Plugin, PluginError, PluginOptions};
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::attach::AttachService;
+use crate::attach::{AttachService, DetachingPreparer, plugin_events};
 use crate::claims::{ClaimService, ServiceIdentity};
-use crate::host::discovery::{self, DiscoveryError};
+use crate::host::device_lookup::DiscoveredDevices;
+use crate::host::discovery::HostInterfaces;
 use crate::host::link_events;
 use crate::host::netlink::HostNetlink;
 use crate::host::sysfs::Sysfs;
-use crate::inventory::publish::{Publisher, RequestedSharing, SliceApiError};
+use crate::inventory::publish::{self, Publisher, RequestedSharing, Triggers};
 use crate::inventory::slices::PoolIdentity;
-use crate::inventory::{InventoryError, Selection, SharingMode};
+use crate::inventory::{InventoryError, Selection};
 use crate::k8s::claim_status::{Backoff, StatusWriter};
 use crate::k8s::claims::KubeClaims;
 use crate::k8s::events::NodeEvents;
-use crate::k8s::resource_slices::{KubeSlices, SliceEvent};
+use crate::k8s::resource_slices::KubeSlices;
+use crate::k8s::status_sink::KubeStatus;
 use crate::k8s::{self, ClientError};
+use crate::kubelet::metered::MeteredPreparer;
 use crate::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
-use crate::metrics::{Health, Metrics, MetricsServerError, ResultLabel};
+use crate::metrics::{Health, Metrics, MetricsServerError};
 use crate::store::Store;
-use attach::{AttachingPreparer, KubeStatus, NodeAttach};
-use preparer::{DiscoveredDevices, MeteredPreparer};
 
-/// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
-/// coming up, SR-IOV VFs being created) settles into one publication.
-const DEBOUNCE: Duration = Duration::from_millis(200);
-/// Longest a continuous burst can postpone a publication.
-const MAX_DELAY: Duration = Duration::from_secs(1);
-/// Retry bounds after a failed publication (API server down, conflict).
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+/// The daemon's claim service.
+pub type NodeClaims = ClaimService<KubeClaims, DiscoveredDevices, Arc<Store>>;
+/// The daemon's attach service.
+pub type NodeAttach = AttachService<Arc<NodeClaims>, HostNetlink, Arc<Store>, KubeStatus>;
 
 /// How often prepared claims are checked against the API besides after each NRI
 /// `Synchronize` (a claim deleted while its pod was gone from the runtime is released).
@@ -112,7 +105,7 @@ pub enum NodeError {
     Netlink(#[from] crate::podnet::LinkOpError),
     /// The NRI plugin options are invalid.
     #[error(transparent)]
-    Nri(#[from] crate::nri::PluginError),
+    Nri(#[from] nri_rs::PluginError),
     /// The netlink event subscription failed.
     #[error("subscribing to netlink link events: {0}")]
     LinkEvents(#[source] std::io::Error),
@@ -125,15 +118,6 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Why one publication round failed (retried with backoff).
-#[derive(Debug, thiserror::Error)]
-enum RoundError {
-    #[error(transparent)]
-    Discovery(#[from] DiscoveryError),
-    #[error(transparent)]
-    Api(#[from] SliceApiError),
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -154,10 +138,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
 }
 
 /// Runs the daemon until `stop` turns true.
-pub async fn run_until(
-    config: NodeConfig,
-    mut stop: watch::Receiver<bool>,
-) -> Result<(), NodeError> {
+pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Result<(), NodeError> {
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let mut metrics_stop = stop.clone();
@@ -186,7 +167,7 @@ pub async fn run_until(
         start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
     // Devices that came back from pods destroyed while the daemon was down get their names
     // back before the first publication; running pods are reconciled at Synchronize.
-    let nri = attach::start_nri(
+    let nri = start_nri(
         Arc::clone(&attach_service),
         claims,
         Arc::clone(&metrics),
@@ -195,62 +176,22 @@ pub async fn run_until(
         GONE_CLAIM_SWEEP,
     )
     .await?;
-    let mut moved = attach_service.moved_devices();
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
-    let mut slice_events = Box::pin(slices.watch());
+    let triggers = Triggers {
+        link_changes: link_events::subscribe().map_err(NodeError::LinkEvents)?,
+        moved: attach_service.moved_devices(),
+        slice_events: Box::pin(slices.watch()),
+        stop: stop.clone(),
+    };
     let pool = PoolIdentity {
         driver: config.driver_name.clone(),
         node: config.node_name.clone(),
         generation: 0,
     };
-    let mut publisher =
-        Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
-    let mut link_changes = link_events::subscribe().map_err(NodeError::LinkEvents)?;
-    let sysfs = Sysfs::new(&config.sysfs_root);
-
-    // Publish at once, then on triggers.
-    let mut due: Option<Instant> = Some(Instant::now());
-    let mut first_trigger: Option<Instant> = None;
-    let mut force = false;
-    let mut retry_delay = RETRY_MIN;
-    let mut relisted: Option<Vec<String>> = None;
-    loop {
-        let sleep_until = due.unwrap_or_else(|| Instant::now() + Duration::from_hours(1));
-        tokio::select! {
-            _ = stop.wait_for(|stopped| *stopped) => break,
-            Some(()) = link_changes.recv() => {
-                schedule(&mut due, &mut first_trigger);
-            }
-            Ok(()) = moved.changed() => {
-                schedule(&mut due, &mut first_trigger);
-            }
-            Some(event) = slice_events.next() => {
-                if handle_slice_event(&publisher, event, &mut relisted) {
-                    force = true;
-                    schedule(&mut due, &mut first_trigger);
-                }
-            }
-            () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
-                due = None;
-                first_trigger = None;
-                moved.mark_unchanged();
-                match publish_round(&mut publisher, &sysfs, force, &metrics, &events, &moved).await {
-                    Ok(()) => {
-                        force = false;
-                        retry_delay = RETRY_MIN;
-                        health.set_ready(true);
-                    }
-                    Err(err) => {
-                        tracing::warn!(%err, retry_in = ?retry_delay, "publishing ResourceSlices failed");
-                        metrics.slice_syncs.get_or_create(&ResultLabel { result: "error" }).inc();
-                        due = Some(Instant::now() + retry_delay);
-                        retry_delay = (retry_delay * 2).min(RETRY_MAX);
-                    }
-                }
-            }
-        }
-    }
+    let publisher = Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
+    let interfaces = HostInterfaces::new(Sysfs::new(&config.sysfs_root));
+    publish::run(publisher, &interfaces, &events, triggers, &metrics, &health).await;
     // Slices stay: kubelet removes a node's slices itself once the driver is gone for good,
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
@@ -272,7 +213,7 @@ async fn start_kubelet_plugin(
     client: &kube::Client,
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
-) -> Result<(KubeletPluginHandle, Arc<NodeAttach>, Arc<attach::NodeClaims>), NodeError> {
+) -> Result<(KubeletPluginHandle, Arc<NodeAttach>, Arc<NodeClaims>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
@@ -305,12 +246,12 @@ async fn start_kubelet_plugin(
     .await
     .map_err(NodeError::StateTask)??;
     let attach_service = Arc::new(attach_service);
+    let gauge = {
+        let (claims, metrics) = (Arc::clone(&claims), Arc::clone(metrics));
+        move || refresh_ipam_gauge(&claims, &metrics)
+    };
     let preparer = Arc::new(MeteredPreparer::new(
-        AttachingPreparer::new(
-            Arc::clone(&claims),
-            Arc::clone(&attach_service),
-            Arc::clone(metrics),
-        ),
+        DetachingPreparer::new(Arc::clone(&claims), Arc::clone(&attach_service), gauge),
         Arc::clone(metrics),
     ));
     let mut stopped = stop.clone();
@@ -329,94 +270,6 @@ async fn start_kubelet_plugin(
     Ok((handle, attach_service, claims))
 }
 
-/// Debounces a trigger: publish `DEBOUNCE` after the last one, at most `MAX_DELAY` after the
-/// first of a burst.
-fn schedule(due: &mut Option<Instant>, first_trigger: &mut Option<Instant>) {
-    let now = Instant::now();
-    let first = *first_trigger.get_or_insert(now);
-    *due = Some((now + DEBOUNCE).min(first + MAX_DELAY));
-}
-
-/// Whether a watch event means our slices must be rewritten.
-fn handle_slice_event<A: crate::inventory::publish::SliceApi>(
-    publisher: &Publisher<A>,
-    event: SliceEvent,
-    relisted: &mut Option<Vec<String>>,
-) -> bool {
-    match event {
-        SliceEvent::Present(slice) => {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            if let Some(seen) = relisted.as_mut() {
-                seen.push(name.clone());
-            }
-            let repair = publisher.needs_repair(&name, Some(&slice.spec));
-            if repair {
-                tracing::info!(slice = %name, "slice changed behind our back; republishing");
-            }
-            repair
-        }
-        SliceEvent::Deleted(name) => {
-            let repair = publisher.needs_repair(&name, None);
-            if repair {
-                tracing::info!(slice = %name, "slice deleted; republishing");
-            }
-            repair
-        }
-        SliceEvent::Relisting => {
-            *relisted = Some(Vec::new());
-            false
-        }
-        SliceEvent::Relisted => {
-            let seen = relisted.take().unwrap_or_default();
-            publisher.slice_names().iter().any(|name| !seen.contains(name))
-        }
-        SliceEvent::Error(message) => {
-            tracing::debug!(%message, "slice watch error (retrying)");
-            false
-        }
-    }
-}
-
-async fn publish_round<A: crate::inventory::publish::SliceApi>(
-    publisher: &mut Publisher<A>,
-    sysfs: &Sysfs,
-    force: bool,
-    metrics: &Metrics,
-    events: &NodeEvents,
-    moved: &watch::Receiver<BTreeSet<String>>,
-) -> Result<(), RoundError> {
-    let interfaces = discovery::discover(sysfs).await?;
-    // Read after discovery: the attach service marks a NIC as moved before it moves it, so
-    // a discovery that no longer sees it always finds it here.
-    publisher.retain_moved(&moved.borrow());
-    let report = publisher.sync(&interfaces, force).await?;
-    metrics
-        .slice_writes
-        .get_or_create(&ResultLabel { result: "success" })
-        .inc_by(report.applied as u64);
-    metrics.slice_syncs.get_or_create(&ResultLabel { result: "success" }).inc();
-    metrics.devices_published.set(i64::try_from(report.devices).unwrap_or(i64::MAX));
-    metrics.pool_generation.set(report.generation);
-    if report.applied > 0 || report.deleted > 0 {
-        tracing::info!(
-            generation = report.generation,
-            devices = report.devices,
-            written = report.applied,
-            deleted = report.deleted,
-            "published ResourceSlices"
-        );
-    }
-    if let Some(message) = report.capacity_dropped {
-        metrics.capacity_dropped.set(1);
-        tracing::warn!("{message}");
-        events.warn("ConsumableCapacityUnsupported", "PublishResourceSlices", message).await;
-    }
-    if publisher.sharing_mode() == SharingMode::Slots {
-        tracing::debug!("shared parents published as slots");
-    }
-    Ok(())
-}
-
 /// The Node's uid, for owner references (slices are garbage-collected with their Node).
 async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
@@ -431,4 +284,56 @@ async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// Sets `netclaim_ipam_addresses{pool,state="leased"}` from the claim service's leases.
+fn refresh_ipam_gauge(claims: &NodeClaims, metrics: &Metrics) {
+    metrics.set_ipam_leased(
+        claims.leased_per_pool().into_iter().map(|(pool, leased)| (pool.to_string(), leased)),
+    );
+}
+
+/// The running NRI side of the daemon: the plugin connection and the sweep of claims gone
+/// from the API.
+#[derive(Debug)]
+struct NriHandle {
+    stop: CancellationToken,
+    plugin: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl NriHandle {
+    /// Disconnects from the runtime (interfaces stay in running pods) and stops the sweep.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.sweeper.abort();
+        let _ignored = tokio::time::timeout(Duration::from_secs(2), self.plugin).await;
+    }
+}
+
+/// Runs the attach service's start-up work, then the NRI plugin `netclaim` (reconnecting
+/// whenever the runtime restarts) and the sweep of gone claims (after each `Synchronize`
+/// and every `sweep_period`).
+async fn start_nri(
+    attach: Arc<NodeAttach>,
+    claims: Arc<NodeClaims>,
+    metrics: Arc<Metrics>,
+    socket: &std::path::Path,
+    index: &str,
+    sweep_period: Duration,
+) -> Result<NriHandle, PluginError> {
+    let options =
+        PluginOptions::new("netclaim", index)?.socket_path(socket).events(plugin_events());
+    attach.start().await;
+    let stop = CancellationToken::new();
+    let sweeper = {
+        let attach = Arc::clone(&attach);
+        tokio::spawn(async move {
+            attach.sweep_loop(sweep_period, || refresh_ipam_gauge(&claims, &metrics)).await;
+        })
+    };
+    let plugin = Plugin::new(attach, options);
+    let token = stop.clone();
+    let plugin = tokio::spawn(async move { plugin.run(token).await });
+    Ok(NriHandle { stop, plugin, sweeper })
 }

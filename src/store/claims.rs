@@ -46,10 +46,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::claims::ClaimPreparer;
     use crate::claims::{
         ClaimReader, ClaimService, DeviceLookup, LookupError, ReadError, ServiceIdentity,
     };
-    use crate::kubelet::{ClaimPreparer, ClaimRef};
+    use crate::model::ClaimRef;
     use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing};
     use crate::store::tests::{KillAt, run_child_and_kill};
 

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use netclaim::cri::{CriClient, netns_path_from_verbose_info, proto};
+use netclaim::dev::cri::{CriClient, netns_path_from_verbose_info, proto};
 
 /// The pause image `scripts/setup/containerd.sh` builds (imported into each containerd).
 pub(crate) const IMAGE: &str = "localhost/netclaim/pause:1.0";

@@ -13,7 +13,7 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::core::{DynamicObject, GroupVersionKind};
-use netclaim::dev::apiserver::{ApiServer, ServerOptions, start};
+use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 use serde_json::{Value, json};
 
 async fn server(options: ServerOptions) -> (ApiServer, kube::Client) {

@@ -1,13 +1,13 @@
 //! The dev API server against kubectl (the machine's v1.32, or `$KUBECTL`): get, create -f, apply
 //! --server-side, client-side apply, delete, get -w with a timeout, and the kubeconfig
-//! written by `dev::kubeconfig`. Without kubectl the tests print `SKIPPED` (and fail
+//! written by `kube_inmemory::kubeconfig`. Without kubectl the tests print `SKIPPED` (and fail
 //! when `CI` is set).
 #![allow(clippy::unwrap_used, reason = "test helpers: a failed setup step should panic")]
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use netclaim::dev::apiserver::{ApiServer, ServerOptions, start};
+use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 
 /// `$KUBECTL`, else `/usr/bin/kubectl`, else what `scripts/setup/kubectl.sh` unpacked.
 fn kubectl_path() -> Option<PathBuf> {
@@ -72,7 +72,7 @@ async fn setup() -> Option<(ApiServer, Kubectl)> {
     let bin = kubectl_path()?;
     let srv = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    netclaim::dev::kubeconfig::write(&dir.path().join("kubeconfig"), &srv.url()).unwrap();
+    kube_inmemory::kubeconfig::write(&dir.path().join("kubeconfig"), &srv.url()).unwrap();
     Some((srv, Kubectl { bin, dir }))
 }
 

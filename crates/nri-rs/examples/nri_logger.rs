@@ -1,4 +1,4 @@
-//! An NRI plugin built on `netclaim::nri` that logs pod sandbox events and can refuse
+//! An NRI plugin built on `nri_rs` that logs pod sandbox events and can refuse
 //! containers of chosen pods.
 //!
 //! Every event goes to stdout as one line starting with `EVENT` (the containerd e2e test reads
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use netclaim::nri::{
+use nri_rs::{
     Container, Event, EventMask, HandlerError, Plugin, PluginHandler, PluginOptions, PluginStatus,
     PodSandbox,
 };
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 struct Args {
     /// The runtime's NRI socket.
-    #[arg(long, default_value = netclaim::nri::plugin::DEFAULT_SOCKET_PATH)]
+    #[arg(long, default_value = nri_rs::plugin::DEFAULT_SOCKET_PATH)]
     socket: PathBuf,
     /// Plugin name.
     #[arg(long, default_value = "nri-logger")]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netclaim::nri::{
+use nri_rs::{
     Container, Event, EventMask, HandlerError, NriRuntime, Plugin, PluginError, PluginHandler,
     PluginOptions, PluginStatus, PodSandbox, RuntimeError, RuntimeOptions, RuntimeProtocol,
 };

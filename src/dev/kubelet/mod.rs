@@ -47,7 +47,7 @@ use self::dra_client::{ClaimRef, DraClient, DraClientError};
 use self::pod_claims::{ClaimSource, object_key};
 use self::pod_status::{PodProgress, Step};
 use self::sandbox::{Sandbox, SandboxBackend, SandboxError};
-use crate::dev::allocator;
+use kube_inmemory::allocator;
 
 /// `reportingController` of the dev kubelet's Events.
 const REPORTER: &str = "netclaim-dev-kubelet";

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::netns::{self, NetnsError};
-use crate::cri::{self, CriClient, CriError, proto};
-use crate::nri::{Container, NriRuntime, PodSandbox, RuntimeError};
+use crate::dev::cri::{self, CriClient, CriError, proto};
+use nri_rs::{Container, NriRuntime, PodSandbox, RuntimeError};
 
 /// Errors of a sandbox operation.
 #[derive(Debug, thiserror::Error)]

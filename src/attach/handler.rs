@@ -1,0 +1,142 @@
+//! The NRI side of the attach service: the sandbox and container events it handles, what it
+//! remembers of a running sandbox, and the event mask the plugin subscribes to.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use nri_rs::{Container, Event, EventMask, HandlerError, PluginHandler, PodSandbox};
+
+use super::{
+    AttachService, AttachmentStore, NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
+};
+use crate::claims::PreparedClaim;
+use crate::model::PodRef;
+
+/// The events the plugin subscribes to.
+#[must_use]
+pub fn plugin_events() -> EventMask {
+    EventMask::EMPTY
+        .with(Event::RunPodSandbox)
+        .with(Event::StopPodSandbox)
+        .with(Event::RemovePodSandbox)
+        .with(Event::CreateContainer)
+}
+
+/// What the service knows of a running sandbox (from RunPodSandbox, Synchronize or
+/// CreateContainer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Sandbox {
+    pub(super) uid: String,
+    pub(super) name: String,
+    pub(super) namespace: String,
+    pub(super) id: String,
+    pub(super) netns: Option<PathBuf>,
+}
+
+impl Sandbox {
+    pub(super) fn from_pod(pod: &PodSandbox) -> Self {
+        Self {
+            uid: pod.uid.clone(),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            id: pod.id.clone(),
+            netns: pod.netns_path.clone(),
+        }
+    }
+
+    pub(super) fn pod_ref(&self) -> PodRef {
+        PodRef { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
+    }
+}
+
+/// Whether an event's sandbox is the one `record` was attached to (an event without an ID
+/// is taken to be).
+pub(super) fn same_sandbox(record: &PodAttachment, pod: &PodSandbox) -> bool {
+    pod.id.is_empty() || record.sandbox_id == pod.id
+}
+
+impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+    /// RunPodSandbox and CreateContainer's attach, with status and events on failure.
+    async fn attach_and_report(
+        &self,
+        sandbox: &Sandbox,
+        claims: &[PreparedClaim],
+        started: Instant,
+    ) -> Result<(), HandlerError> {
+        self.attach_pod(sandbox, claims, started)
+            .await
+            .map_err(|err| HandlerError::new(self.report_failure(sandbox, claims, &err)))
+    }
+}
+
+impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHandler
+    for AttachService<C, N, S, W>
+{
+    async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), HandlerError> {
+        self.reconcile(&pods).await;
+        self.count("Synchronize", true);
+        Ok(())
+    }
+
+    async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        let started = Instant::now();
+        let sandbox = Sandbox::from_pod(&pod);
+        // Read once per event: the same list serves planning, status and failure reports.
+        let claims = self.claims.claims_of_pod(&sandbox.uid);
+        if sandbox.netns.is_none() && claims.is_empty() {
+            // A host-network pod without our claims: nothing to do.
+            self.count("RunPodSandbox", true);
+            return Ok(());
+        }
+        let result = self.attach_and_report(&sandbox, &claims, started).await;
+        self.count("RunPodSandbox", result.is_ok());
+        result
+    }
+
+    async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        self.stop_pod(&pod).await;
+        self.count("StopPodSandbox", true);
+        Ok(())
+    }
+
+    async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        self.remove_pod(&pod).await;
+        self.count("RemovePodSandbox", true);
+        Ok(())
+    }
+
+    async fn create_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), HandlerError> {
+        let started = Instant::now();
+        let claims = self.claims.claims_of_pod(&pod.uid);
+        if claims.is_empty() || self.covered(&pod.uid, None, &claims) {
+            self.count("CreateContainer", true);
+            return Ok(());
+        }
+        let mut sandbox = Sandbox::from_pod(&pod);
+        if sandbox.netns.is_none() {
+            let inner = lock(&self.inner);
+            sandbox.netns = inner
+                .sandboxes
+                .get(&pod.uid)
+                .and_then(|s| s.netns.clone())
+                .or_else(|| inner.pods.get(&pod.uid).map(|r| r.netns.clone()));
+        }
+        let result = if sandbox.netns.is_some() {
+            self.attach_and_report(&sandbox, &claims, started).await.map_err(|err| {
+                HandlerError::new(format!("container {} refused: {err}", container.name))
+            })
+        } else {
+            Err(HandlerError::new(format!(
+                "container {} of pod {pod} refused: the pod's network interfaces are not attached \
+                 and its network namespace is unknown (waiting for its sandbox)",
+                container.name
+            )))
+        };
+        self.count("CreateContainer", result.is_ok());
+        result
+    }
+}

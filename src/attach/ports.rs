@@ -1,0 +1,111 @@
+//! The attach service's ports: the prepared claims ([`PodClaims`]), netlink in the host and
+//! pod namespaces ([`NetnsAccess`]), durable pod records ([`AttachmentStore`]) and where claim
+//! statuses and Pod events go ([`StatusSink`]). Each speaks model types only.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
+
+use super::PodAttachment;
+use crate::claims::{ClaimReader, ClaimService, ClaimStore, DeviceLookup, PreparedClaim};
+use crate::model::{ClaimRef, PodRef};
+use crate::podnet::ops::LinkState;
+use crate::podnet::{LinkOpError, LinkOps};
+
+/// Whether a prepared claim still exists in the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimPresence {
+    /// The claim (same UID) is there.
+    Present,
+    /// Deleted, or replaced by another claim of the same name.
+    Gone,
+    /// The API could not tell (unreachable): keep the claim.
+    Unknown,
+}
+
+/// The prepared claims, as the attach step needs them.
+pub trait PodClaims: Send + Sync + 'static {
+    /// Prepared claims reserved for the pod `pod_uid`, in attach order (claim name).
+    fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim>;
+    /// Every prepared claim.
+    fn all_claims(&self) -> Vec<PreparedClaim>;
+    /// Whether `claim` still exists in the API.
+    fn presence(&self, claim: &PreparedClaim) -> impl Future<Output = ClaimPresence> + Send;
+    /// Releases `claim` as an unprepare would (addresses freed, record forgotten).
+    fn release(&self, claim: &PreparedClaim) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Netlink access: per-pod [`LinkOps`] and a view of the host's links.
+pub trait NetnsAccess: Send + Sync + 'static {
+    /// Kernel operations on the host netns and one pod netns.
+    type Ops: LinkOps + Send + Sync + 'static;
+    /// Ops for an attach into `path` (the netns must exist).
+    fn open(&self, path: &Path) -> impl Future<Output = Result<Self::Ops, LinkOpError>> + Send;
+    /// Ops for a detach from `path` (a netns that is gone is fine).
+    fn open_for_detach(
+        &self,
+        path: &Path,
+    ) -> impl Future<Output = Result<Self::Ops, LinkOpError>> + Send;
+    /// Every link of the host netns.
+    fn host_links(&self) -> impl Future<Output = Result<Vec<LinkState>, LinkOpError>> + Send;
+    /// Ops on the host netns only (pod-side calls report the netns gone).
+    fn host(&self) -> impl Future<Output = Result<Self::Ops, LinkOpError>> + Send;
+}
+
+/// Durable pod records; calls block on disk I/O (the service runs them on the blocking pool).
+pub trait AttachmentStore: Clone + Send + Sync + 'static {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Every record.
+    fn load_attachments(&self) -> Result<Vec<PodAttachment>, Self::Error>;
+    /// Persists a record durably before returning.
+    fn save_attachment(&self, attachment: &PodAttachment) -> Result<(), Self::Error>;
+    /// Forgets a record; a missing one succeeds.
+    fn remove_attachment(&self, pod_uid: &str) -> Result<(), Self::Error>;
+}
+
+/// Where claim statuses and Pod events go; both return at once (the writes retry in the
+/// background).
+pub trait StatusSink: Send + Sync + 'static {
+    /// This driver's full set of `status.devices` entries of `claim`.
+    fn submit(&self, claim: ClaimRef, entries: Vec<AllocatedDeviceStatus>);
+    /// A Warning Event on the Pod.
+    fn warn_pod(&self, pod: PodRef, reason: &'static str, message: String);
+}
+
+impl<R, D, S> PodClaims for Arc<ClaimService<R, D, S>>
+where
+    R: ClaimReader,
+    D: DeviceLookup,
+    S: ClaimStore,
+{
+    fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {
+        self.prepared_for_pod(pod_uid)
+    }
+
+    fn all_claims(&self) -> Vec<PreparedClaim> {
+        self.all_prepared()
+    }
+
+    async fn presence(&self, claim: &PreparedClaim) -> ClaimPresence {
+        match self.exists_in_api(&claim.namespace, &claim.name, &claim.uid).await {
+            Ok(true) => ClaimPresence::Present,
+            Ok(false) => ClaimPresence::Gone,
+            Err(err) => {
+                tracing::debug!(claim = %claim.name, %err, "reading a prepared claim");
+                ClaimPresence::Unknown
+            }
+        }
+    }
+
+    async fn release(&self, claim: &PreparedClaim) -> Result<(), String> {
+        let reference = ClaimRef {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        };
+        self.unprepare_claim(&reference).await.map_err(|e| e.to_string())
+    }
+}

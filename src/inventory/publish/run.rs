@@ -1,0 +1,231 @@
+//! The publisher's loop: publish at once, then after each trigger (a netlink change on the
+//! host, a NIC moved into or out of a pod, a slice changed or deleted behind our back),
+//! debounced so a burst settles into one publication, retried with backoff when the API
+//! fails. It reaches the world through ports only: [`SliceApi`], [`InterfaceSource`] (the
+//! node's interfaces) and [`NodeWarnings`] (Events on the Node).
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::{Publisher, SliceApi, SliceApiError};
+use crate::inventory::SharingMode;
+use crate::metrics::{Health, Metrics, ResultLabel};
+use crate::model::device::HostInterface;
+
+/// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
+/// coming up, SR-IOV VFs being created) settles into one publication.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Longest a continuous burst can postpone a publication.
+const MAX_DELAY: Duration = Duration::from_secs(1);
+/// Retry bounds after a failed publication (API server down, conflict).
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// What the watch of our slices reports.
+#[derive(Debug)]
+pub enum SliceEvent {
+    /// A slice exists with this content (added, modified, or listed at a restart).
+    Present(Box<ResourceSlice>),
+    /// A slice was deleted.
+    Deleted(String),
+    /// The watch restarted; `Present` events of every slice follow, then `Relisted`.
+    Relisting,
+    /// The relist is complete.
+    Relisted,
+    /// The watch failed (it retries by itself).
+    Error(String),
+}
+
+/// The node's network interfaces as discovery sees them now.
+pub trait InterfaceSource: Send + Sync {
+    /// Why discovery failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Every interface of the host netns with its facts.
+    fn discover(&self) -> impl Future<Output = Result<Vec<HostInterface>, Self::Error>> + Send;
+}
+
+/// Warning Events on this node's Node object.
+pub trait NodeWarnings: Send + Sync {
+    /// Records a Warning (`reason`, `action`, `note`); failures are the adapter's to log.
+    fn warn(&self, reason: &str, action: &str, note: String) -> impl Future<Output = ()> + Send;
+}
+
+/// What makes the loop publish again, and when it stops.
+pub struct Triggers<E> {
+    /// A netlink change on the host (coalesced: one message stands for many).
+    pub link_changes: mpsc::Receiver<()>,
+    /// Host interfaces currently moved into pods (kept published while there).
+    pub moved: watch::Receiver<BTreeSet<String>>,
+    /// Watch events of our own slices.
+    pub slice_events: E,
+    /// Becomes `true` when the daemon stops.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// A failed publication round.
+#[derive(Debug, thiserror::Error)]
+enum RoundError<D: std::error::Error + 'static> {
+    #[error(transparent)]
+    Discovery(D),
+    #[error(transparent)]
+    Api(#[from] SliceApiError),
+}
+
+/// Runs `publisher` until `triggers.stop`; marks `health` ready after each successful round.
+pub async fn run<A, I, W, E>(
+    mut publisher: Publisher<A>,
+    interfaces: &I,
+    warnings: &W,
+    mut triggers: Triggers<E>,
+    metrics: &Metrics,
+    health: &Health,
+) where
+    A: SliceApi,
+    I: InterfaceSource,
+    W: NodeWarnings,
+    E: Stream<Item = SliceEvent> + Unpin,
+{
+    // Publish at once, then on triggers.
+    let mut due: Option<Instant> = Some(Instant::now());
+    let mut first_trigger: Option<Instant> = None;
+    let mut force = false;
+    let mut retry_delay = RETRY_MIN;
+    let mut relisted: Option<Vec<String>> = None;
+    loop {
+        let sleep_until = due.unwrap_or_else(|| Instant::now() + Duration::from_hours(1));
+        tokio::select! {
+            _ = triggers.stop.wait_for(|stopped| *stopped) => break,
+            Some(()) = triggers.link_changes.recv() => {
+                schedule(&mut due, &mut first_trigger);
+            }
+            Ok(()) = triggers.moved.changed() => {
+                schedule(&mut due, &mut first_trigger);
+            }
+            Some(event) = triggers.slice_events.next() => {
+                if handle_slice_event(&publisher, event, &mut relisted) {
+                    force = true;
+                    schedule(&mut due, &mut first_trigger);
+                }
+            }
+            () = tokio::time::sleep_until(sleep_until), if due.is_some() => {
+                due = None;
+                first_trigger = None;
+                triggers.moved.mark_unchanged();
+                let round = publish_round(
+                    &mut publisher, interfaces, force, metrics, warnings, &triggers.moved,
+                );
+                match round.await {
+                    Ok(()) => {
+                        force = false;
+                        retry_delay = RETRY_MIN;
+                        health.set_ready(true);
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, retry_in = ?retry_delay, "publishing ResourceSlices failed");
+                        metrics.slice_syncs.get_or_create(&ResultLabel { result: "error" }).inc();
+                        due = Some(Instant::now() + retry_delay);
+                        retry_delay = (retry_delay * 2).min(RETRY_MAX);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Debounces: due [`DEBOUNCE`] after the last trigger, at most [`MAX_DELAY`] after the first.
+fn schedule(due: &mut Option<Instant>, first_trigger: &mut Option<Instant>) {
+    let now = Instant::now();
+    let first = *first_trigger.get_or_insert(now);
+    *due = Some((now + DEBOUNCE).min(first + MAX_DELAY));
+}
+
+/// Whether `event` means our slices must be written again.
+fn handle_slice_event<A: SliceApi>(
+    publisher: &Publisher<A>,
+    event: SliceEvent,
+    relisted: &mut Option<Vec<String>>,
+) -> bool {
+    match event {
+        SliceEvent::Present(slice) => {
+            let name = slice_name(&slice);
+            if let Some(seen) = relisted.as_mut() {
+                seen.push(name.clone());
+            }
+            let repair = publisher.needs_repair(&name, Some(&slice.spec));
+            if repair {
+                tracing::info!(slice = %name, "slice changed behind our back; republishing");
+            }
+            repair
+        }
+        SliceEvent::Deleted(name) => {
+            let repair = publisher.needs_repair(&name, None);
+            if repair {
+                tracing::info!(slice = %name, "slice deleted; republishing");
+            }
+            repair
+        }
+        SliceEvent::Relisting => {
+            *relisted = Some(Vec::new());
+            false
+        }
+        SliceEvent::Relisted => {
+            let seen = relisted.take().unwrap_or_default();
+            publisher.slice_names().iter().any(|name| !seen.contains(name))
+        }
+        SliceEvent::Error(message) => {
+            tracing::debug!(%message, "slice watch error (retrying)");
+            false
+        }
+    }
+}
+
+fn slice_name(slice: &ResourceSlice) -> String {
+    slice.metadata.name.clone().unwrap_or_default()
+}
+
+/// One publication: discover, keep moved NICs, write, report.
+async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings>(
+    publisher: &mut Publisher<A>,
+    interfaces: &I,
+    force: bool,
+    metrics: &Metrics,
+    warnings: &W,
+    moved: &watch::Receiver<BTreeSet<String>>,
+) -> Result<(), RoundError<I::Error>> {
+    let found = interfaces.discover().await.map_err(RoundError::Discovery)?;
+    // Read after discovery: the attach service marks a NIC as moved before it moves it, so
+    // a discovery that no longer sees it always finds it here.
+    publisher.retain_moved(&moved.borrow());
+    let report = publisher.sync(&found, force).await?;
+    metrics
+        .slice_writes
+        .get_or_create(&ResultLabel { result: "success" })
+        .inc_by(report.applied as u64);
+    metrics.slice_syncs.get_or_create(&ResultLabel { result: "success" }).inc();
+    metrics.devices_published.set(i64::try_from(report.devices).unwrap_or(i64::MAX));
+    metrics.pool_generation.set(report.generation);
+    if report.applied > 0 || report.deleted > 0 {
+        tracing::info!(
+            generation = report.generation,
+            devices = report.devices,
+            written = report.applied,
+            deleted = report.deleted,
+            "published ResourceSlices"
+        );
+    }
+    if let Some(message) = report.capacity_dropped {
+        metrics.capacity_dropped.set(1);
+        tracing::warn!("{message}");
+        warnings.warn("ConsumableCapacityUnsupported", "PublishResourceSlices", message).await;
+    }
+    if publisher.sharing_mode() == SharingMode::Slots {
+        tracing::debug!("shared parents published as slots");
+    }
+    Ok(())
+}
