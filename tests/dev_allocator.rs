@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube_inmemory::allocator::{AllocatorController, reserve_for};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 use netclaim::inventory::slices::{PoolIdentity, build_slices};
-use netclaim::model::device::{AttributeValue, Device, DeviceType, Sharing};
+use netclaim::model::device::{AttributeValue, Device, DeviceKind, Sharing};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -31,22 +31,22 @@ async fn server() -> (ApiServer, kube::Client) {
 fn device(
     name: &str,
     if_name: &str,
-    device_type: DeviceType,
-    sharing: Sharing,
-    kind: &str,
+    kind: DeviceKind,
+    shared_capacity: Option<u32>,
 ) -> Device {
-    let sharing_attr =
-        if matches!(sharing, Sharing::Shared { .. }) { "shared" } else { "exclusive" };
+    let sharing = if shared_capacity.is_some() { Sharing::Shared } else { Sharing::Exclusive };
     Device {
         name: name.to_owned(),
         if_name: if_name.to_owned(),
-        device_type,
+        kind,
         sharing,
+        shared_capacity,
+        slot_index: None,
         attributes: BTreeMap::from([
             ("netclaim.dev/ifName".to_owned(), AttributeValue::String(if_name.to_owned())),
-            ("netclaim.dev/type".to_owned(), AttributeValue::String(kind.to_owned())),
+            ("netclaim.dev/type".to_owned(), AttributeValue::String(kind.as_str().to_owned())),
             ("netclaim.dev/mtu".to_owned(), AttributeValue::Int(1500)),
-            ("netclaim.dev/sharing".to_owned(), AttributeValue::String(sharing_attr.to_owned())),
+            ("netclaim.dev/sharing".to_owned(), AttributeValue::String(sharing.as_str().to_owned())),
         ]),
     }
 }
@@ -54,14 +54,8 @@ fn device(
 /// Publishes a shared parent (`parent0`, 256 interfaces) and one exclusive NIC (`eth1`).
 async fn publish(client: &kube::Client) {
     let devices = vec![
-        device(
-            "parent0",
-            "parent0",
-            DeviceType::Virtual,
-            Sharing::Shared { capacity: 256 },
-            "virtual",
-        ),
-        device("eth1", "eth1", DeviceType::Physical, Sharing::Exclusive, "physical"),
+        device("parent0", "parent0", DeviceKind::Virtual, Some(256)),
+        device("eth1", "eth1", DeviceKind::Physical, None),
     ];
     let pool = PoolIdentity { driver: DRIVER.to_owned(), node: NODE.to_owned(), generation: 1 };
     let api: Api<ResourceSlice> = Api::all(client.clone());

@@ -36,6 +36,7 @@ pub use service::AttachService;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::model::cause::Cause;
 use crate::podnet::plan::NameError;
 use crate::podnet::{AttachError, LinkOpError, PlanError};
 
@@ -108,27 +109,11 @@ pub enum AttachFailure {
     },
     /// The pod record could not be persisted (nothing was attached).
     #[error("persisting the pod's attachment: {0}")]
-    Persist(String),
+    Persist(#[source] Cause),
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Maps are changed only after the store accepted the change; a panic elsewhere leaves
     // consistent data behind.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `err` with the causes its message does not already contain (the errno of a kernel
-/// refusal sits at the bottom of the chain).
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let line = cause.to_string();
-        if !text.contains(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        source = cause.source();
-    }
-    text
 }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 
 use super::PodAttachment;
-use crate::claims::{ClaimReader, ClaimService, ClaimStore, DeviceLookup, PreparedClaim};
+use crate::claims::{
+    ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup, PreparedClaim,
+};
 use crate::model::{ClaimRef, PodRef};
 use crate::podnet::ops::LinkState;
 use crate::podnet::{LinkOpError, LinkOps};
@@ -34,7 +36,10 @@ pub trait PodClaims: Send + Sync + 'static {
     /// Whether `claim` still exists in the API.
     fn presence(&self, claim: &PreparedClaim) -> impl Future<Output = ClaimPresence> + Send;
     /// Releases `claim` as an unprepare would (addresses freed, record forgotten).
-    fn release(&self, claim: &PreparedClaim) -> impl Future<Output = Result<(), String>> + Send;
+    fn release(
+        &self,
+        claim: &PreparedClaim,
+    ) -> impl Future<Output = Result<(), ClaimError>> + Send;
 }
 
 /// Netlink access: per-pod [`LinkOps`] and a view of the host's links.
@@ -100,12 +105,12 @@ where
         }
     }
 
-    async fn release(&self, claim: &PreparedClaim) -> Result<(), String> {
+    async fn release(&self, claim: &PreparedClaim) -> Result<(), ClaimError> {
         let reference = ClaimRef {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             uid: claim.uid.clone(),
         };
-        self.unprepare_claim(&reference).await.map_err(|e| e.to_string())
+        self.unprepare_claim(&reference).await
     }
 }

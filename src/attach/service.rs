@@ -20,6 +20,7 @@ use super::{
 };
 use crate::claims::PreparedClaim;
 use crate::metrics::{Metrics, ModeLabel, NriEventLabels};
+use crate::model::cause::{Cause, cause};
 use crate::podnet::{PodNetns, VlanUsers, attach, detach};
 
 /// One async lock per pod UID in use, so the same pod is never worked on twice at once.
@@ -149,21 +150,21 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         self.gates.serialised(uid, work).await
     }
 
-    pub(super) async fn persist(&self, record: PodAttachment) -> Result<(), String> {
+    pub(super) async fn persist(&self, record: PodAttachment) -> Result<(), Cause> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.save_attachment(&record))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+            .map_err(cause)?
+            .map_err(cause)
     }
 
-    pub(super) async fn forget(&self, pod_uid: &str) -> Result<(), String> {
+    pub(super) async fn forget(&self, pod_uid: &str) -> Result<(), Cause> {
         let store = self.store.clone();
         let uid = pod_uid.to_owned();
         tokio::task::spawn_blocking(move || store.remove_attachment(&uid))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+            .map_err(cause)?
+            .map_err(cause)
     }
 
     /// Whether pod `uid` has an attached record in `netns` covering every device of `claims`.

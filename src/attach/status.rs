@@ -10,10 +10,11 @@ use serde::Serialize;
 use super::handler::Sandbox;
 use super::{
     AttachFailure, AttachService, AttachedDevice, AttachmentStore, NetnsAccess, PodAttachment,
-    PodClaims, REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, error_chain, lock,
+    PodClaims, REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
 };
 use crate::claims::PreparedClaim;
 use crate::model::ClaimRef;
+use crate::model::cause::chain;
 use crate::podnet::apply::AttachedInterface;
 
 /// The API server's limit on `status.devices[].data` (protocols.md §3.3).
@@ -376,10 +377,10 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             "attaching the network interfaces of pod {}/{}: {}",
             sandbox.namespace,
             sandbox.name,
-            error_chain(err)
+            chain(err)
         );
         tracing::warn!(pod = %sandbox.uid, "{message}");
-        self.submit_failed(claims, &error_chain(err));
+        self.submit_failed(claims, &chain(err));
         self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
         message
     }

@@ -170,7 +170,7 @@ impl PodClaims for Arc<FakeClaims> {
             ClaimPresence::Present
         }
     }
-    async fn release(&self, claim: &PreparedClaim) -> Result<(), String> {
+    async fn release(&self, claim: &PreparedClaim) -> Result<(), crate::claims::ClaimError> {
         self.claims.lock().unwrap().retain(|c| c.uid != claim.uid);
         self.released.lock().unwrap().push(claim.uid.clone());
         Ok(())

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ipam::{Ipam, IpamError, LeaseOwner, LeaseStore};
 use crate::model::ClaimRef;
+use crate::model::cause::Cause;
 use crate::model::network_config::{
     self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, ResolvedMode,
     ResolvedNetworkConfig, Sharing,
@@ -55,7 +56,7 @@ pub enum ReadError {
     NotFound,
     /// The request failed (network, authorisation, server error).
     #[error("reading the ResourceClaim: {0}")]
-    Failed(String),
+    Failed(#[source] Cause),
 }
 
 /// Reads `ResourceClaim`s by namespace and name (a direct GET; DESIGN §10: no claim watch
@@ -77,7 +78,7 @@ pub enum LookupError {
     NotFound(String),
     /// Discovering the node's interfaces failed.
     #[error("discovering the node's interfaces: {0}")]
-    Failed(String),
+    Failed(#[source] Cause),
 }
 
 /// Finds an allocated device in this node's current inventory.
@@ -266,7 +267,7 @@ pub enum ClaimError {
     Persist(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A blocking task died.
     #[error("internal error: {0}")]
-    Task(String),
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// Why the service could not load its state.
@@ -440,7 +441,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             let claim = claim.clone();
             tokio::task::spawn_blocking(move || commit_prepare(&state, &claim, &allocation, facts))
                 .await
-                .map_err(|e| ClaimError::Task(e.to_string()))?
+                .map_err(ClaimError::Task)?
         })
         .await
     }
@@ -452,7 +453,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             let uid = claim.uid.clone();
             tokio::task::spawn_blocking(move || commit_unprepare(&state, &uid))
                 .await
-                .map_err(|e| ClaimError::Task(e.to_string()))?
+                .map_err(ClaimError::Task)?
         })
         .await
     }

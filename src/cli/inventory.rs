@@ -148,13 +148,13 @@ fn table_row(device: &Device) -> [String; 8] {
     };
     let sharing = match &device.sharing {
         Sharing::Exclusive => "exclusive".to_owned(),
-        Sharing::Shared { capacity } => format!("shared ({capacity})"),
-        Sharing::Slot { index, .. } => format!("slot {index}"),
+        Sharing::Shared => format!("shared ({})", device.shared_capacity.unwrap_or_default()),
+        Sharing::Slot => format!("slot {}", device.slot_index.unwrap_or_default()),
     };
     [
         device.name.clone(),
         device.if_name.clone(),
-        device.device_type.as_str().to_owned(),
+        device.kind.as_str().to_owned(),
         sharing,
         text(attr::PCI_ADDRESS),
         number(attr::NUMA_NODE),

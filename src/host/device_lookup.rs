@@ -10,6 +10,7 @@ use crate::claims::{DeviceLookup, LookupError};
 use crate::host::discovery;
 use crate::host::sysfs::Sysfs;
 use crate::inventory::{Selection, facts};
+use crate::model::cause::cause;
 use crate::model::device::HostInterface;
 use crate::model::network_config::DeviceFacts;
 
@@ -42,7 +43,7 @@ impl DeviceLookup for DiscoveredDevices {
             .get_or_refresh(|| async {
                 discovery::discover(&Sysfs::new(&self.sysfs_root))
                     .await
-                    .map_err(|e| LookupError::Failed(e.to_string()))
+                    .map_err(|e| LookupError::Failed(cause(e)))
             })
             .await?;
         facts::device_facts(&interfaces, &self.selection, name)

@@ -3,8 +3,10 @@
 //! re-derives its own inventory). Pure.
 
 use crate::inventory::{Inventory, Selection, SharingMode};
-use crate::model::device::{self, DeviceType, HostInterface, SriovRole};
-use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+use crate::model::device::{self, HostInterface, SriovRole};
+use crate::model::network_config::DeviceFacts;
+#[cfg(test)]
+use crate::model::device::{DeviceKind, Sharing};
 
 /// Smallest MTU Linux accepts on an Ethernet device without `IFLA_MIN_MTU` (`ETH_MIN_MTU`).
 const DEFAULT_MIN_MTU: u32 = 68;
@@ -35,19 +37,6 @@ fn facts_of(
     interface: &HostInterface,
     interfaces: &[HostInterface],
 ) -> DeviceFacts {
-    let sharing = match device.sharing {
-        device::Sharing::Exclusive => Sharing::Exclusive,
-        device::Sharing::Shared { .. } => Sharing::Shared,
-        device::Sharing::Slot { .. } => Sharing::Slot,
-    };
-    let kind = match device.device_type {
-        DeviceType::Physical => DeviceKind::Physical,
-        DeviceType::SriovPf => DeviceKind::SriovPf,
-        DeviceType::SriovVf => DeviceKind::SriovVf,
-        DeviceType::Virtual => DeviceKind::Virtual,
-        DeviceType::Bond => DeviceKind::Bond,
-        DeviceType::Vlan => DeviceKind::Vlan,
-    };
     let pf_mtu = match interface.hardware.pci.as_ref().map(|p| &p.sriov) {
         Some(SriovRole::VirtualFunction { pf_name: Some(pf), .. }) => {
             interfaces.iter().find(|i| i.name == *pf).map(|i| i.mtu)
@@ -55,8 +44,8 @@ fn facts_of(
         _ => None,
     };
     DeviceFacts {
-        sharing,
-        kind,
+        sharing: device.sharing,
+        kind: device.kind,
         if_name: interface.name.clone(),
         mtu: interface.mtu,
         min_mtu: interface.min_mtu.unwrap_or(DEFAULT_MIN_MTU),

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use crate::model::device::{
-    AttributeValue, Device, DeviceType, HostInterface, LinkKind, Sharing, SriovRole,
+    AttributeValue, Device, DeviceKind, HostInterface, LinkKind, Sharing, SriovRole,
 };
 use crate::model::names::{self, ATTRIBUTE_DOMAIN, ATTRIBUTE_PCIE_ROOT, attr};
 
@@ -242,18 +242,18 @@ impl Inventory {
 
 /// The device type attribute for an interface.
 #[must_use]
-pub fn device_type(interface: &HostInterface) -> DeviceType {
+pub fn device_kind(interface: &HostInterface) -> DeviceKind {
     match &interface.kind {
-        Some(LinkKind::Bond) => DeviceType::Bond,
-        Some(LinkKind::Vlan) => DeviceType::Vlan,
-        Some(_) => DeviceType::Virtual,
+        Some(LinkKind::Bond) => DeviceKind::Bond,
+        Some(LinkKind::Vlan) => DeviceKind::Vlan,
+        Some(_) => DeviceKind::Virtual,
         None => match interface.hardware.pci.as_ref().map(|pci| &pci.sriov) {
-            Some(SriovRole::VirtualFunction { .. }) => DeviceType::SriovVf,
+            Some(SriovRole::VirtualFunction { .. }) => DeviceKind::SriovVf,
             Some(SriovRole::PhysicalFunction { total_vfs, .. }) if *total_vfs > 0 => {
-                DeviceType::SriovPf
+                DeviceKind::SriovPf
             }
-            _ if interface.hardware.has_device => DeviceType::Physical,
-            _ => DeviceType::Virtual,
+            _ if interface.hardware.has_device => DeviceKind::Physical,
+            _ => DeviceKind::Virtual,
         },
     }
 }
@@ -325,37 +325,43 @@ fn base_device_name(interface: &HostInterface) -> String {
 }
 
 fn exclusive_device(interface: &HostInterface) -> Device {
-    let device_type = device_type(interface);
-    let mut attributes = attributes(interface, device_type);
+    let kind = device_kind(interface);
+    let mut attributes = attributes(interface, kind);
     put_string(&mut attributes, attr::SHARING, "exclusive");
     Device {
         name: base_device_name(interface),
         if_name: interface.name.clone(),
-        device_type,
+        kind,
         sharing: Sharing::Exclusive,
+        shared_capacity: None,
+        slot_index: None,
         attributes,
     }
 }
 
 fn shared_devices(interface: &HostInterface, selection: &Selection) -> Vec<Device> {
-    let device_type = device_type(interface);
-    let mut attributes = attributes(interface, device_type);
+    let kind = device_kind(interface);
+    let mut attributes = attributes(interface, kind);
     put_string(&mut attributes, attr::SHARING, "shared");
     let base = base_device_name(interface);
     match selection.sharing_mode {
         SharingMode::Capacity => vec![Device {
             name: base,
             if_name: interface.name.clone(),
-            device_type,
-            sharing: Sharing::Shared { capacity: selection.shared_capacity },
+            kind,
+            sharing: Sharing::Shared,
+            shared_capacity: Some(selection.shared_capacity),
+            slot_index: None,
             attributes,
         }],
         SharingMode::Slots => (0..selection.slot_count)
             .map(|index| Device {
                 name: naming::fit_label(&format!("{base}-s{index}"), naming::MAX_LABEL_LEN),
                 if_name: interface.name.clone(),
-                device_type,
-                sharing: Sharing::Slot { parent: interface.name.clone(), index },
+                kind,
+                sharing: Sharing::Slot,
+                shared_capacity: None,
+                slot_index: Some(index),
                 attributes: attributes.clone(),
             })
             .collect(),
@@ -364,11 +370,11 @@ fn shared_devices(interface: &HostInterface, selection: &Selection) -> Vec<Devic
 
 fn attributes(
     interface: &HostInterface,
-    device_type: DeviceType,
+    kind: DeviceKind,
 ) -> BTreeMap<String, AttributeValue> {
     let mut attributes = BTreeMap::new();
     put_string(&mut attributes, attr::IF_NAME, &interface.name);
-    put_string(&mut attributes, attr::TYPE, device_type.as_str());
+    put_string(&mut attributes, attr::TYPE, kind.as_str());
     put_int(&mut attributes, attr::MTU, Some(interface.mtu));
     put_string(&mut attributes, attr::OPER_STATE, interface.oper_state.as_str());
     if let Some(mac) = &interface.mac {
@@ -437,9 +443,9 @@ fn make_names_unique(devices: &mut [Device]) {
     }
     for device in devices.iter_mut() {
         if counts.get(&device.name).copied().unwrap_or(0) > 1 {
-            let key = match &device.sharing {
-                Sharing::Slot { index, .. } => format!("{}/{index}", device.if_name),
-                _ => device.if_name.clone(),
+            let key = match device.slot_index {
+                Some(index) => format!("{}/{index}", device.if_name),
+                None => device.if_name.clone(),
             };
             device.name = naming::with_hash_suffix(&device.name, &key, naming::MAX_LABEL_LEN);
         }

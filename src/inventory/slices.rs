@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::naming;
-use crate::model::device::{AttributeValue, Device, DeviceType, Sharing};
+use crate::model::device::{AttributeValue, Device, DeviceKind, Sharing};
 use crate::model::names::{ATTRIBUTE_DOMAIN, CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE, attr};
 
 /// Identity of the pool a node publishes.
@@ -76,8 +76,8 @@ pub fn build_slices(pool: &PoolIdentity, devices: &[Device]) -> Vec<ResourceSlic
 pub fn api_device(device: &Device) -> ApiDevice {
     let attributes: BTreeMap<String, DeviceAttribute> =
         device.attributes.iter().map(|(key, value)| (key.clone(), api_attribute(value))).collect();
-    let (allow_multiple_allocations, capacity) = match device.sharing {
-        Sharing::Shared { capacity } => (
+    let (allow_multiple_allocations, capacity) = match (device.sharing, device.shared_capacity) {
+        (Sharing::Shared, Some(capacity)) => (
             Some(true),
             Some(BTreeMap::from([(
                 CAPACITY_INTERFACES.to_owned(),
@@ -94,7 +94,7 @@ pub fn api_device(device: &Device) -> ApiDevice {
                 },
             )])),
         ),
-        Sharing::Exclusive | Sharing::Slot { .. } => (None, None),
+        _ => (None, None),
     };
     ApiDevice {
         name: device.name.clone(),
@@ -132,11 +132,11 @@ pub fn exclusive_device_from_api(device: &ApiDevice) -> Option<Device> {
         Some(AttributeValue::String(text)) => Some(text.clone()),
         _ => None,
     };
-    let device_type = match string(attr::TYPE)?.as_str() {
-        "physical" => DeviceType::Physical,
-        "sriov-pf" => DeviceType::SriovPf,
-        "sriov-vf" => DeviceType::SriovVf,
-        "virtual" => DeviceType::Virtual,
+    let kind = match string(attr::TYPE)?.as_str() {
+        "physical" => DeviceKind::Physical,
+        "sriov-pf" => DeviceKind::SriovPf,
+        "sriov-vf" => DeviceKind::SriovVf,
+        "virtual" => DeviceKind::Virtual,
         // Bonds and VLANs are only ever shared parents; a slot device names its parent.
         _ => return None,
     };
@@ -147,8 +147,10 @@ pub fn exclusive_device_from_api(device: &ApiDevice) -> Option<Device> {
     Some(Device {
         name: device.name.clone(),
         if_name: string(attr::IF_NAME)?,
-        device_type,
+        kind,
         sharing: Sharing::Exclusive,
+        shared_capacity: None,
+        slot_index: None,
         attributes,
     })
 }

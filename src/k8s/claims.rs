@@ -5,6 +5,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
 use crate::claims::{ClaimReader, ReadError};
+use crate::model::cause::cause;
 
 /// Reads claims with a shared client.
 #[derive(Clone)]
@@ -32,7 +33,7 @@ impl ClaimReader for KubeClaims {
         match api.get_opt(name).await {
             Ok(Some(claim)) => Ok(claim),
             Ok(None) => Err(ReadError::NotFound),
-            Err(err) => Err(ReadError::Failed(err.to_string())),
+            Err(err) => Err(ReadError::Failed(cause(err))),
         }
     }
 }

@@ -5,6 +5,8 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
+
+use crate::model::cause::cause;
 use kube::{Api, Client};
 
 use crate::inventory::publish::{SliceApi, SliceApiError, SliceEvent};
@@ -41,7 +43,7 @@ impl KubeSlices {
             }
             Ok(watcher::Event::Init) => SliceEvent::Relisting,
             Ok(watcher::Event::InitDone) => SliceEvent::Relisted,
-            Err(err) => SliceEvent::Error(err.to_string()),
+            Err(err) => SliceEvent::Error(cause(err)),
         })
     }
 }

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 /// A host network interface with everything discovery learned about it.
 ///
 /// Filled by `host::discovery` from netlink and sysfs; consumed by the pure `inventory`.
@@ -280,24 +282,25 @@ impl OperState {
 }
 
 /// The `type` attribute of a device (DESIGN §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DeviceType {
-    /// A NIC backed by a bus device, not SR-IOV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// A physical NIC without SR-IOV.
     Physical,
     /// An SR-IOV physical function.
     SriovPf,
     /// An SR-IOV virtual function.
     SriovVf,
-    /// A software interface.
+    /// A virtual link (veth, dummy, ...).
     Virtual,
-    /// A bond.
+    /// A bond (cannot change network namespace).
     Bond,
-    /// A VLAN sub-interface.
+    /// A VLAN link.
     Vlan,
 }
 
-impl DeviceType {
-    /// The attribute value.
+impl DeviceKind {
+    /// The attribute value (also the persisted form).
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -308,6 +311,12 @@ impl DeviceType {
             Self::Bond => "bond",
             Self::Vlan => "vlan",
         }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -322,24 +331,34 @@ pub enum AttributeValue {
     Bool(bool),
 }
 
-/// How a device is offered to claims.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a device may be used (from the inventory / `ResourceSlice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Sharing {
-    /// Moved whole into one pod.
+    /// A whole NIC or VF, moved into one pod.
     Exclusive,
-    /// A parent for macvlan/ipvlan, allocated many times through consumable capacity.
-    Shared {
-        /// Value of the `netclaim.dev/interfaces` capacity.
-        capacity: u32,
-    },
-    /// One of the N exclusive stand-ins of a shared parent on clusters without consumable
-    /// capacity.
-    Slot {
-        /// Host interface name of the parent.
-        parent: String,
-        /// Slot number, `0..N`.
-        index: u32,
-    },
+    /// A parent for macvlan/ipvlan children (consumable capacity).
+    Shared,
+    /// One sub-interface slot of a shared parent (clusters without consumable capacity).
+    Slot,
+}
+
+impl Sharing {
+    /// The `sharing` attribute value (also the persisted form).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+            Self::Slot => "slot",
+        }
+    }
+}
+
+impl fmt::Display for Sharing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A device as this node publishes it: name, attributes and how it is shared.
@@ -349,10 +368,16 @@ pub struct Device {
     pub name: String,
     /// Host interface this device stands for.
     pub if_name: String,
-    /// The device type.
-    pub device_type: DeviceType,
-    /// Sharing mode.
+    /// The `type` attribute.
+    pub kind: DeviceKind,
+    /// How it is offered to claims.
     pub sharing: Sharing,
+    /// The `netclaim.dev/interfaces` capacity of a shared parent (`Some` only when `sharing`
+    /// is [`Sharing::Shared`]).
+    pub shared_capacity: Option<u32>,
+    /// Which of its parent's stand-ins a slot device is, `0..N` (`Some` only when `sharing`
+    /// is [`Sharing::Slot`]; the parent is `if_name`).
+    pub slot_index: Option<u32>,
     /// Attributes keyed by fully qualified name (`netclaim.dev/ifName`).
     pub attributes: BTreeMap<String, AttributeValue>,
 }

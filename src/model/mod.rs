@@ -1,5 +1,6 @@
 //! Domain vocabulary shared by every module: pure data, no I/O.
 
+pub mod cause;
 pub mod device;
 pub mod names;
 pub mod network_config;

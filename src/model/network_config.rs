@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use validate::{MAX_ADDRESSES, check_interface_name};
+// The device vocabulary is the model's one (`model::device`); validation speaks it too.
+pub use crate::model::device::{DeviceKind, Sharing};
 
 /// The only `apiVersion` this driver understands.
 pub const API_VERSION: &str = "netclaim.dev/v1alpha1";
@@ -309,59 +311,6 @@ impl ConfigEntry {
         }
         let main = request.split_once('/').map_or(request, |(main, _)| main);
         self.requests.iter().any(|r| r == request || r == main)
-    }
-}
-
-/// How a device may be used (from the inventory / `ResourceSlice`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Sharing {
-    /// A whole NIC or VF, moved into one pod.
-    Exclusive,
-    /// A parent for macvlan/ipvlan children (consumable capacity).
-    Shared,
-    /// One sub-interface slot of a shared parent (clusters without consumable capacity).
-    Slot,
-}
-
-impl fmt::Display for Sharing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Sharing::Exclusive => "exclusive",
-            Sharing::Shared => "shared",
-            Sharing::Slot => "slot",
-        })
-    }
-}
-
-/// The `type` attribute of a device (DESIGN §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DeviceKind {
-    /// A physical NIC without SR-IOV.
-    Physical,
-    /// An SR-IOV physical function.
-    SriovPf,
-    /// An SR-IOV virtual function.
-    SriovVf,
-    /// A virtual link (veth, dummy, ...).
-    Virtual,
-    /// A bond (cannot change network namespace).
-    Bond,
-    /// A VLAN link.
-    Vlan,
-}
-
-impl fmt::Display for DeviceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DeviceKind::Physical => "physical",
-            DeviceKind::SriovPf => "sriov-pf",
-            DeviceKind::SriovVf => "sriov-vf",
-            DeviceKind::Virtual => "virtual",
-            DeviceKind::Bond => "bond",
-            DeviceKind::Vlan => "vlan",
-        })
     }
 }
 

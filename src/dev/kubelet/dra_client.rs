@@ -7,17 +7,7 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
-
-/// A claim as kubelet names it in DRA calls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID (the driver checks it against the API).
-    pub uid: String,
-}
+use crate::model::ClaimRef;
 
 /// A device the driver prepared for a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -43,7 +43,8 @@ use kube::{Api, Client, Resource as _};
 use serde_json::json;
 use tokio::sync::{Semaphore, watch};
 
-use self::dra_client::{ClaimRef, DraClient, DraClientError};
+use self::dra_client::{DraClient, DraClientError};
+use crate::model::ClaimRef;
 use self::pod_claims::{ClaimSource, object_key};
 use self::pod_status::{PodProgress, Step};
 use self::sandbox::{Sandbox, SandboxBackend, SandboxError};

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::{Publisher, SliceApi, SliceApiError};
 use crate::inventory::SharingMode;
 use crate::metrics::{Health, Metrics, ResultLabel};
+use crate::model::cause::{Cause, Chain};
 use crate::model::device::HostInterface;
 
 /// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
@@ -39,7 +40,7 @@ pub enum SliceEvent {
     /// The relist is complete.
     Relisted,
     /// The watch failed (it retries by itself).
-    Error(String),
+    Error(Cause),
 }
 
 /// The node's network interfaces as discovery sees them now.
@@ -178,8 +179,8 @@ fn handle_slice_event<A: SliceApi>(
             let seen = relisted.take().unwrap_or_default();
             publisher.slice_names().iter().any(|name| !seen.contains(name))
         }
-        SliceEvent::Error(message) => {
-            tracing::debug!(%message, "slice watch error (retrying)");
+        SliceEvent::Error(cause) => {
+            tracing::debug!(error = %Chain(&*cause), "slice watch error (retrying)");
             false
         }
     }
