@@ -27,6 +27,7 @@ build:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 # The whole suite: unit, in-process, root integration (throwaway netns), e2e.
 # Must run as root; it ends with nextest's summary line.

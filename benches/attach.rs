@@ -219,6 +219,10 @@ fn run_cni(
     let (command, config) = (command.to_owned(), config.to_owned());
     std::thread::spawn(move || {
         let netns = std::fs::File::open(&host_ns).expect("host netns");
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the CNI baseline runs the plugin from a throwaway thread in the node netns"
+        )]
         nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
             .expect("entering host netns");
         let start = Instant::now();

@@ -10,6 +10,13 @@
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
 //! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
 
+// Dependencies that nothing imports are caught at the crate roots (the lint misfires in test
+// crates, which see the dev-dependencies too).
+#![cfg_attr(not(test), warn(unused_crate_dependencies))]
+
+// `anyhow` is the binary's error type (src/main.rs); the library returns typed errors.
+use anyhow as _;
+
 pub mod attach;
 pub mod claims;
 pub mod cli;

@@ -1,5 +1,9 @@
 //! The `netclaim` binary: parse the command line, set up logging, run one subcommand.
 
+// `unused_crate_dependencies` is checked at the library root (src/lib.rs): this binary
+// shares the package's dependency list with the library, so here every library dependency
+// would count as unused.
+
 use std::io::Write;
 use std::process::ExitCode;
 

@@ -28,12 +28,7 @@ async fn server() -> (ApiServer, kube::Client) {
     (srv, client)
 }
 
-fn device(
-    name: &str,
-    if_name: &str,
-    kind: DeviceKind,
-    shared_capacity: Option<u32>,
-) -> Device {
+fn device(name: &str, if_name: &str, kind: DeviceKind, shared_capacity: Option<u32>) -> Device {
     let sharing = if shared_capacity.is_some() { Sharing::Shared } else { Sharing::Exclusive };
     Device {
         name: name.to_owned(),
@@ -46,7 +41,10 @@ fn device(
             ("netclaim.dev/ifName".to_owned(), AttributeValue::String(if_name.to_owned())),
             ("netclaim.dev/type".to_owned(), AttributeValue::String(kind.as_str().to_owned())),
             ("netclaim.dev/mtu".to_owned(), AttributeValue::Int(1500)),
-            ("netclaim.dev/sharing".to_owned(), AttributeValue::String(sharing.as_str().to_owned())),
+            (
+                "netclaim.dev/sharing".to_owned(),
+                AttributeValue::String(sharing.as_str().to_owned()),
+            ),
         ]),
     }
 }

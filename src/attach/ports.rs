@@ -36,10 +36,8 @@ pub trait PodClaims: Send + Sync + 'static {
     /// Whether `claim` still exists in the API.
     fn presence(&self, claim: &PreparedClaim) -> impl Future<Output = ClaimPresence> + Send;
     /// Releases `claim` as an unprepare would (addresses freed, record forgotten).
-    fn release(
-        &self,
-        claim: &PreparedClaim,
-    ) -> impl Future<Output = Result<(), ClaimError>> + Send;
+    fn release(&self, claim: &PreparedClaim)
+    -> impl Future<Output = Result<(), ClaimError>> + Send;
 }
 
 /// Netlink access: per-pod [`LinkOps`] and a view of the host's links.

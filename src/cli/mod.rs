@@ -149,7 +149,7 @@ pub struct NodeArgs {
     pub kubelet_registry_dir: PathBuf,
 
     /// Our kubelet plugin directory, holding dra.sock (default:
-    /// /var/lib/kubelet/plugins/<driver-name>).
+    /// `/var/lib/kubelet/plugins/<driver-name>`).
     #[arg(long, env = "NETCLAIM_KUBELET_PLUGIN_DIR")]
     pub kubelet_plugin_dir: Option<PathBuf>,
 

@@ -357,7 +357,7 @@ impl Cluster {
 fn remove_run_dir(run_dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(run_dir.join("netns")) {
         for entry in entries.flatten() {
-            if let Err(err) = kubelet::netns::remove(&entry.path()) {
+            if let Err(err) = crate::host::netns::remove(&entry.path()) {
                 tracing::warn!(%err, "removing a leftover pod netns");
             }
         }

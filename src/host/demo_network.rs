@@ -10,7 +10,7 @@ use futures::TryStreamExt as _;
 use ipnetwork::IpNetwork;
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 
-use crate::dev::kubelet::netns::{self, NetnsError};
+use crate::host::netns::{self, NetnsError};
 
 /// Errors building or removing the demo network.
 #[derive(Debug, thiserror::Error)]

@@ -1,8 +1,17 @@
 //! Kernel adapters: the only code that talks to netlink, sysfs and network namespaces.
 
+// clippy.toml disallows `setns`, `unshare` and opening netlink sockets everywhere else.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "host/ is where namespaces are entered and netlink sockets are opened"
+)]
+
+#[cfg(feature = "dev")]
+pub mod demo_network;
 pub mod device_lookup;
 pub mod discovery;
 pub mod link_events;
 pub mod netlink;
+pub mod netns;
 pub mod pod_netns;
 pub mod sysfs;

@@ -71,6 +71,19 @@ impl HostNetlink {
     }
 }
 
+/// `ip link set lo up` inside the netns at `path`, as a CNI runtime does for every pod.
+pub async fn loopback_up(path: &Path) -> Result<(), LinkOpError> {
+    let (handle, _netns) = open_in_netns(path).await?;
+    // Loopback is always ifindex 1 in a fresh namespace.
+    let message = rtnetlink::LinkUnspec::new_with_index(1).up().build();
+    handle
+        .link()
+        .set(message)
+        .execute()
+        .await
+        .map_err(|err| op_error("RTM_NEWLINK lo up", Side::Pod, err))
+}
+
 /// Opens `path` and creates a NETLINK_ROUTE socket inside that netns on a fresh OS thread; the
 /// socket's connection task then runs on the caller's tokio runtime.
 pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {

@@ -1,6 +1,7 @@
-//! Bare pod network namespaces for the dev kubelet: created on a dedicated OS thread
-//! (`unshare(CLONE_NEWNET)`, then a bind mount of the thread's netns onto a file under the run
-//! dir, as `ip netns add` does) and removed by unmounting that file.
+//! Named network namespaces (the dev kubelet's bare pod sandboxes, the demo's peer): created
+//! on a dedicated OS thread (`unshare(CLONE_NEWNET)`, then a bind mount of the thread's netns
+//! onto a file under the run dir, as `ip netns add` does), removed by unmounting that file,
+//! and entered by a thread of its own to run one blocking job (as `ip netns exec` does).
 //!
 //! The bind mount keeps the namespace alive after the thread ends; unmounting drops the last
 //! reference, and the kernel then destroys the namespace with every virtual link inside it.
@@ -24,7 +25,7 @@ pub enum NetnsError {
     /// A syscall failed.
     #[error("{call} for {path}: {source}")]
     Sys {
-        /// `unshare(CLONE_NEWNET)`, `mount(MS_BIND)`, `umount2(MNT_DETACH)`.
+        /// `unshare(CLONE_NEWNET)`, `setns(CLONE_NEWNET)`, `mount(MS_BIND)`, `umount2(MNT_DETACH)`.
         call: &'static str,
         /// The namespace file.
         path: PathBuf,
@@ -35,6 +36,37 @@ pub enum NetnsError {
     /// The namespace thread could not run.
     #[error("the netns thread for {0} died")]
     Thread(PathBuf),
+}
+
+/// Runs `job` on a new OS thread that has entered the network namespace at `path` (the
+/// thread ends with the job, so no other work ever runs in that namespace; `setns` changes
+/// only the calling thread, never a tokio worker). Child processes the job spawns inherit
+/// the namespace. Blocking: call from `spawn_blocking` or a plain thread.
+pub fn run_in<T: Send + 'static>(
+    path: &Path,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, NetnsError> {
+    let owned = path.to_owned();
+    std::thread::Builder::new()
+        .name("netns-run".to_owned())
+        .spawn(move || -> Result<T, NetnsError> {
+            let file = std::fs::File::open(&owned).map_err(|source| NetnsError::Io {
+                action: "opening",
+                path: owned.clone(),
+                source,
+            })?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|source| {
+                NetnsError::Sys { call: "setns(CLONE_NEWNET)", path: owned, source }
+            })?;
+            Ok(job())
+        })
+        .map_err(|source| NetnsError::Io {
+            action: "spawning the netns thread for",
+            path: path.to_owned(),
+            source,
+        })?
+        .join()
+        .map_err(|_| NetnsError::Thread(path.to_owned()))?
 }
 
 /// Creates a new network namespace pinned at `dir/name` (the directory is created as needed)

@@ -4,9 +4,9 @@
 
 use crate::inventory::{Inventory, Selection, SharingMode};
 use crate::model::device::{self, HostInterface, SriovRole};
-use crate::model::network_config::DeviceFacts;
 #[cfg(test)]
 use crate::model::device::{DeviceKind, Sharing};
+use crate::model::network_config::DeviceFacts;
 
 /// Smallest MTU Linux accepts on an Ethernet device without `IFLA_MIN_MTU` (`ETH_MIN_MTU`).
 const DEFAULT_MIN_MTU: u32 = 68;

@@ -368,10 +368,7 @@ fn shared_devices(interface: &HostInterface, selection: &Selection) -> Vec<Devic
     }
 }
 
-fn attributes(
-    interface: &HostInterface,
-    kind: DeviceKind,
-) -> BTreeMap<String, AttributeValue> {
+fn attributes(interface: &HostInterface, kind: DeviceKind) -> BTreeMap<String, AttributeValue> {
     let mut attributes = BTreeMap::new();
     put_string(&mut attributes, attr::IF_NAME, &interface.name);
     put_string(&mut attributes, attr::TYPE, kind.as_str());

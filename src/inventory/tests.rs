@@ -187,7 +187,11 @@ fn bonds_bridges_and_node_interfaces_can_be_shared_parents() {
     assert!(inventory.skipped.is_empty(), "{:?}", inventory.skipped);
     for name in ["eno1", "bond0", "br0", "veth1"] {
         let device = device_for(&inventory, name).unwrap();
-        assert_eq!((device.sharing, device.shared_capacity), (Sharing::Shared, Some(256)), "{name}");
+        assert_eq!(
+            (device.sharing, device.shared_capacity),
+            (Sharing::Shared, Some(256)),
+            "{name}"
+        );
         assert_eq!(device.string_attribute(&key("sharing")), Some("shared"));
     }
     assert_eq!(

@@ -73,7 +73,7 @@ pub enum AuthorityRewriteError {
         /// Its stream.
         stream_id: u32,
     },
-    /// A header block exceeded [`MAX_HEADER_BLOCK`] encoded or [`MAX_DECODED_HEADER_LIST`]
+    /// A header block exceeded `MAX_HEADER_BLOCK` encoded or `MAX_DECODED_HEADER_LIST`
     /// decoded bytes.
     #[error("header block on stream {stream_id} exceeds {limit} bytes")]
     HeaderBlockTooLarge {

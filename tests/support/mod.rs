@@ -109,6 +109,10 @@ impl Netns {
         let path = format!("/run/netns/{}", self.name);
         std::thread::spawn(move || {
             let file = std::fs::File::open(&path).expect("the namespace file exists");
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "test support: a throwaway thread of the test's own namespace"
+            )]
             nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
                 .expect("entering the test namespace");
             let runtime = tokio::runtime::Builder::new_current_thread()

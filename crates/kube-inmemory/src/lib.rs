@@ -12,6 +12,9 @@
 //!
 //! Loopback only: the server has no authentication or authorisation.
 
+// Dependencies that nothing imports are caught here (the lint misfires in test crates).
+#![cfg_attr(not(test), warn(unused_crate_dependencies))]
+
 pub mod allocator;
 pub mod apiserver;
 pub mod kubeconfig;

@@ -12,6 +12,9 @@
 //!
 //! The module depends on nothing else in netclaim, so it can become a crate of its own.
 
+// Dependencies that nothing imports are caught here (the lint misfires in test crates).
+#![cfg_attr(not(test), warn(unused_crate_dependencies))]
+
 pub mod mux;
 pub mod plugin;
 mod proto;

@@ -7,7 +7,6 @@
 //! the thread's namespace); the no-exec rule is for the attach path, not for the demo.
 
 pub mod report;
-pub mod topology;
 
 use std::io::{IsTerminal as _, Write as _};
 use std::net::IpAddr;
@@ -24,10 +23,10 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use self::report::{Cleanup, DemoReport, PingResult, PodRow};
-use self::topology::{Topology, TopologyNames};
 use super::cluster::{Cluster, ClusterOptions};
 use super::kubelet::Sandboxes;
 use super::kubelet::pod_claims;
+use crate::host::demo_network::{self as topology, Topology, TopologyNames};
 
 /// The demo's address pool and the peer's address in it (outside the pool's range).
 const SUBNET: &str = "10.10.1.0/24";
@@ -511,34 +510,25 @@ async fn pings(rows: &[PodRow], peer: IpAddr) -> Vec<PingResult> {
 /// Runs `ping -c 3 -i 0.2 -W 2 <address>` from a thread inside `netns`; Ok(summary line) when
 /// replies came back.
 fn ping_from(netns: &Path, address: IpAddr) -> Result<String, String> {
-    let netns = netns.to_owned();
-    std::thread::Builder::new()
-        .name("demo-ping".to_owned())
-        .spawn(move || {
-            let file = std::fs::File::open(&netns)
-                .map_err(|e| format!("opening {}: {e}", netns.display()))?;
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("entering {}: {e}", netns.display()))?;
-            // The child inherits this thread's network namespace.
-            let output = std::process::Command::new("ping")
-                .args(["-c", "3", "-i", "0.2", "-W", "2", &address.to_string()])
-                .output()
-                .map_err(|e| format!("running ping: {e}"))?;
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            let summary = stdout
-                .lines()
-                .find(|l| l.contains("packets transmitted"))
-                .unwrap_or_default()
-                .to_owned();
-            if output.status.success() {
-                Ok(summary)
-            } else {
-                Err(format!("{summary} {}", String::from_utf8_lossy(&output.stderr).trim()))
-            }
-        })
-        .map_err(|e| format!("spawning the ping thread: {e}"))?
-        .join()
-        .map_err(|_| "the ping thread panicked".to_owned())?
+    crate::host::netns::run_in(netns, move || {
+        // The child inherits this thread's network namespace.
+        let output = std::process::Command::new("ping")
+            .args(["-c", "3", "-i", "0.2", "-W", "2", &address.to_string()])
+            .output()
+            .map_err(|e| format!("running ping: {e}"))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let summary = stdout
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .unwrap_or_default()
+            .to_owned();
+        if output.status.success() {
+            Ok(summary)
+        } else {
+            Err(format!("{summary} {}", String::from_utf8_lossy(&output.stderr).trim()))
+        }
+    })
+    .map_err(|e| e.to_string())?
 }
 
 /// Deletes the demo's objects (pods first, waiting until the kubelet tore them down), stops
@@ -563,7 +553,7 @@ async fn cleanup(mut state: DemoState, names: &TopologyNames, demo_dir: &Path) -
     // names are generated for this run, so they are ours).
     topology::remove_links_with_prefix(names.prefix()).await;
     let peer_netns = demo_dir.join("peer");
-    if let Err(err) = super::kubelet::netns::remove(&peer_netns) {
+    if let Err(err) = crate::host::netns::remove(&peer_netns) {
         tracing::warn!(%err, "removing the demo's peer netns");
     }
     let _ignored = std::fs::remove_dir_all(demo_dir);

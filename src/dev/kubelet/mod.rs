@@ -19,7 +19,6 @@
 //! left on the host. Work on pods runs in parallel, bounded by a semaphore.
 
 pub mod dra_client;
-pub mod netns;
 pub mod pod_claims;
 pub mod pod_status;
 pub mod sandbox;
@@ -44,10 +43,10 @@ use serde_json::json;
 use tokio::sync::{Semaphore, watch};
 
 use self::dra_client::{DraClient, DraClientError};
-use crate::model::ClaimRef;
 use self::pod_claims::{ClaimSource, object_key};
 use self::pod_status::{PodProgress, Step};
 use self::sandbox::{Sandbox, SandboxBackend, SandboxError};
+use crate::model::ClaimRef;
 use kube_inmemory::allocator;
 
 /// `reportingController` of the dev kubelet's Events.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::netns::{self, NetnsError};
 use crate::dev::cri::{self, CriClient, CriError, proto};
+use crate::host::netns::{self, NetnsError};
 use nri_rs::{Container, NriRuntime, PodSandbox, RuntimeError};
 
 /// Errors of a sandbox operation.
@@ -233,11 +233,7 @@ async fn run_bare(
 /// `ip link set lo up` in the new namespace, as a CNI runtime does for every pod.
 async fn loopback_up(path: &std::path::Path) -> Result<(), SandboxError> {
     let error = |message: String| SandboxError::Loopback { path: path.to_owned(), message };
-    let (handle, _netns) =
-        crate::host::netlink::open_in_netns(path).await.map_err(|e| error(e.to_string()))?;
-    // Loopback is always ifindex 1 in a fresh namespace.
-    let message = rtnetlink::LinkUnspec::new_with_index(1).up().build();
-    handle.link().set(message).execute().await.map_err(|e| error(e.to_string()))
+    crate::host::netlink::loopback_up(path).await.map_err(|e| error(e.to_string()))
 }
 
 async fn run_cri(
