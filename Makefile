@@ -29,9 +29,11 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
-# The whole suite: unit, in-process, root integration (throwaway netns), e2e.
+# The whole suite: doc examples (nextest does not run doctests), then unit, in-process, root
+# integration (throwaway netns), e2e.
 # Must run as root; it ends with nextest's summary line.
 test: setup
+	$(CARGO) test --workspace --doc --quiet
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 bench:

@@ -3,12 +3,12 @@
 //!
 //! The life of a claim: the node daemon publishes the node's NICs as DRA devices
 //! (`inventory` → `ResourceSlices`), kubelet asks it to prepare allocated claims (`kubelet`,
-//! `claims`), the container runtime announces the pod sandbox through NRI (`nri`), the driver
-//! attaches the planned interfaces with netlink (`podnet`, `host`) and reports the result in
-//! the claim status (`k8s`).
+//! `claims`), the container runtime announces the pod sandbox through NRI (the `nri-rs` crate,
+//! handled in `attach`), the driver attaches the planned interfaces with netlink (`podnet`,
+//! `host`) and reports the result in the claim status (`k8s`).
 //!
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
-//! (`host`, `k8s`, `kubelet`, `nri`, `store`) sit at the edge.
+//! (`host`, `k8s`, `kubelet`, `store`) sit at the edge; `node` wires them together.
 
 // Dependencies that nothing imports are caught at the crate roots (the lint misfires in test
 // crates, which see the dev-dependencies too).

@@ -5,12 +5,12 @@
 //! - [`mux`]: one Unix stream carrying two logical connections (8-byte frame header), written
 //!   the way Go peers can read it.
 //! - `proto` (private): ttrpc services and messages generated from our own subset of the NRI
-//!   API (`proto/nri/api.proto`, package `nri.pkg.api.v1alpha1`).
+//!   API (`proto/api.proto`, package `nri.pkg.api.v1alpha1`).
 //! - [`plugin`]: the plugin end: registration, event subscription matched to the runtime's NRI
 //!   version, per-request deadlines, reconnect with backoff; drives a [`PluginHandler`].
 //! - [`runtime`]: the runtime end: accept plugins, configure, synchronize, send events.
 //!
-//! The module depends on nothing else in netclaim, so it can become a crate of its own.
+//! The crate knows nothing of netclaim; `README.md` shows how to use it on its own.
 
 // Dependencies that nothing imports are caught here (the lint misfires in test crates).
 #![cfg_attr(not(test), warn(unused_crate_dependencies))]
@@ -27,3 +27,8 @@ pub use plugin::{
 };
 pub use runtime::{NriRuntime, RegisteredPlugin, RuntimeError, RuntimeOptions, RuntimeProtocol};
 pub use types::{Container, Event, EventMask, NriVersion, PodSandbox};
+
+// The README's examples are compiled as doctests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
