@@ -26,7 +26,7 @@ build:
 
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features netclaim/failpoints -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 # The whole suite: doc examples (nextest does not run doctests), then unit, in-process, root
@@ -34,7 +34,7 @@ lint:
 # Must run as root; it ends with nextest's summary line.
 test: setup
 	$(CARGO) test --workspace --doc --quiet
-	$(CARGO) nextest run --workspace --no-fail-fast
+	$(CARGO) nextest run --workspace --features netclaim/failpoints --no-fail-fast
 
 bench:
 	$(CARGO) bench

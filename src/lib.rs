@@ -22,6 +22,7 @@ pub mod claims;
 pub mod cli;
 #[cfg(feature = "dev")]
 pub mod dev;
+pub mod failpoints;
 pub mod host;
 pub mod inventory;
 pub mod ipam;

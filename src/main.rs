@@ -33,6 +33,10 @@ fn main() -> ExitCode {
         Command::Dev(args) if args.demo => telemetry::init_with_default(cli.log_format, "warn"),
         _ => telemetry::init(cli.log_format),
     }
+    if let Err(e) = netclaim::failpoints::arm_from_env() {
+        eprintln!("{e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let (result, usage) = match &cli.command {
         Command::Node(args) => {
             let result = cli::node::run(args);

@@ -70,6 +70,10 @@ impl Node {
     }
 
     fn start_daemon_with(&self, log: &str, extra: &[&str]) -> Child {
+        self.start_daemon_env(log, extra, &[])
+    }
+
+    fn start_daemon_env(&self, log: &str, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let mut args = node_daemon_args(self.dir.path());
         args.extend([
             "--nri-socket".to_owned(),
@@ -81,7 +85,7 @@ impl Node {
         ]);
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
-        let child = self.netns.spawn(NETCLAIM, &args, &self.dir.path().join(log));
+        let child = self.netns.spawn_with_env(NETCLAIM, &args, env, &self.dir.path().join(log));
         let registered = self.runtime.block_on(self.nri().wait_for_plugins(1, PATIENCE));
         assert!(registered.is_ok(), "the daemon's NRI plugin did not register:\n{}", self.log(log));
         assert_eq!(self.nri().plugins()[0].full_name(), "10-netclaim");
@@ -180,6 +184,28 @@ impl Node {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };
             dra.node_prepare_resources(request).await.unwrap().into_inner().claims[&uid].clone()
+        })
+    }
+
+    /// NodePrepareResources and NodeUnprepareResources for one claim that may meet a daemon
+    /// dying mid-call: `Err` with the transport error, else the per-claim error text.
+    fn try_dra(&self, prepare: bool, name: &str, uid: &str) -> Result<String, String> {
+        let socket = self.dir.path().join("plugin").join("dra.sock");
+        let (name, uid) = (name.to_owned(), uid.to_owned());
+        self.netns.block_on(move || async move {
+            let mut dra = claims_support::dra_client(&socket).await;
+            let claims = vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }];
+            if prepare {
+                let request = v1::NodePrepareResourcesRequest { claims };
+                let answer =
+                    dra.node_prepare_resources(request).await.map_err(|e| e.to_string())?;
+                Ok(answer.into_inner().claims[&uid].error.clone())
+            } else {
+                let request = v1::NodeUnprepareResourcesRequest { claims };
+                let answer =
+                    dra.node_unprepare_resources(request).await.map_err(|e| e.to_string())?;
+                Ok(answer.into_inner().claims[&uid].error.clone())
+            }
         })
     }
 
@@ -533,4 +559,124 @@ fn unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address() {
     assert_eq!(node.unprepare("forced-net", &uid), "", "{}", node.log("node.log"));
     assert_eq!(pod_ipv4(&pod_netns, "net1"), None, "detached before the claim was released");
     assert!(node.metric(leased).abs() < f64::EPSILON);
+}
+
+/// Waits for a daemon armed with a crash point to die; `false` if it is still running.
+fn died(daemon: &mut Child) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if daemon.child.try_wait().unwrap().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs the daemon built with --features failpoints"
+)]
+fn kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing() {
+    if !require_root("kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing") {
+        return;
+    }
+    let leased = r#"netclaim_ipam_addresses{pool="10.79.0.0/24",state="leased"}"#;
+    // Every point of the claim's life where a crash leaves a half-done durable state.
+    for point in [
+        "claims.prepare.after_leases",
+        "attach.after_record",
+        "podnet.attach.after_step@1",
+        "podnet.attach.after_step@2",
+        "attach.before_results",
+        "podnet.detach.after_step@1",
+        "claims.unprepare.after_claim_removed",
+    ] {
+        let node = Node::start();
+        let pod_netns = Netns::new();
+        let sandbox = pod(&pod_netns, "web");
+        let mut daemon = node.start_daemon_env("crash.log", &[], &[("NETCLAIM_CRASH_AT", point)]);
+        let uid = node.allocated_claim("web-net", &sandbox, "10.79.0.0/24");
+        let mut crashed = false;
+        // The life of the claim, step by step, until the daemon dies at `point`; after the
+        // crash a second daemon starts and the step is retried, as kubelet and the runtime do.
+        for step in ["prepare", "run", "stop", "unprepare"] {
+            let outcome = match step {
+                "prepare" => node.try_dra(true, "web-net", &uid).map(|e| e.is_empty()),
+                "run" => Ok(node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).is_ok()),
+                "stop" => Ok(node.runtime.block_on(node.nri().stop_pod_sandbox(&sandbox)).is_ok()),
+                _ => node.try_dra(false, "web-net", &uid).map(|e| e.is_empty()),
+            };
+            if !crashed && died(&mut daemon) {
+                crashed = true;
+                println!("{point}: the daemon died during {step} ({outcome:?})");
+                daemon = node.start_daemon(&format!("after-{step}.log"));
+                let retried = match step {
+                    "prepare" => node.try_dra(true, "web-net", &uid),
+                    "unprepare" => node.try_dra(false, "web-net", &uid),
+                    // The runtime keeps the sandbox; the restarted daemon's Synchronize
+                    // reconciles it (attach finished, or detach finished at stop).
+                    "run" => Ok(String::new()),
+                    _ => Ok(node
+                        .runtime
+                        .block_on(node.nri().stop_pod_sandbox(&sandbox))
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default()),
+                };
+                assert_eq!(retried, Ok(String::new()), "{point}: retry of {step}");
+            } else {
+                assert_eq!(outcome, Ok(true), "{point}: {step}:\n{}", node.log("crash.log"));
+            }
+            let log = if crashed { format!("after-{step}.log") } else { "crash.log".to_owned() };
+            match step {
+                "prepare" => assert_eq!(node.metric(leased).to_string(), "1", "{point}: one lease"),
+                "run" => {
+                    let deadline = Instant::now() + PATIENCE;
+                    let address = loop {
+                        if let Some(address) = pod_ipv4(&pod_netns, "net1") {
+                            break address;
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "{point}: not attached:\n{}",
+                            node.log(&log)
+                        );
+                        std::thread::sleep(Duration::from_millis(20));
+                    };
+                    let links: Vec<serde_json::Value> = serde_json::from_slice(
+                        &std::process::Command::new("ip")
+                            .args(["-n", &pod_netns.name, "-j", "link", "show"])
+                            .output()
+                            .unwrap()
+                            .stdout,
+                    )
+                    .unwrap();
+                    assert_eq!(links.len(), 2, "{point}: lo and one net1: {links:?}");
+                    let claim = node.wait_for_status("web-net", "True", "NetworkReady", &log);
+                    assert_eq!(network_ips(&claim), [address], "{point}");
+                    assert_eq!(node.metric(leased).to_string(), "1", "{point}: still one lease");
+                }
+                "stop" => {
+                    let deadline = Instant::now() + PATIENCE;
+                    while pod_ipv4(&pod_netns, "net1").is_some() {
+                        assert!(
+                            Instant::now() < deadline,
+                            "{point}: net1 left:\n{}",
+                            node.log(&log)
+                        );
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                _ => assert_eq!(
+                    node.metric(leased).to_string(),
+                    "0",
+                    "{point}: the lease is released"
+                ),
+            }
+        }
+        assert!(crashed, "{point}: the daemon never reached its crash point");
+        drop(daemon);
+    }
 }

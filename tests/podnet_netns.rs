@@ -334,6 +334,77 @@ async fn a_failed_attach_leaves_nothing_behind() {
     assert_eq!(pod_links, expected, "the pod's own links are untouched");
 }
 
+/// The host parent as `ip` shows it, minus the counters that change on their own.
+fn host_link_view(netns: &Netns, name: &str) -> Value {
+    let mut link = ip_json(netns, &["addr", "show", "dev", name])[0].clone();
+    for volatile in ["operstate", "stats64", "linkinfo"] {
+        link.as_object_mut().unwrap().remove(volatile);
+    }
+    link
+}
+
+#[tokio::test]
+async fn a_failure_injected_at_every_kernel_call_leaves_the_namespaces_as_they_were() {
+    use netclaim::podnet::failing::{FailingOps, FailurePlan};
+    use std::sync::Arc;
+    if !require_root("a_failure_injected_at_every_kernel_call_leaves_the_namespaces_as_they_were") {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let vlans = VlanUsers::new();
+    let ops = Arc::new(NetlinkOps::open(&host, &Topology::path(&topo.pod)).await.unwrap());
+    let macvlan = config(
+        ResolvedMode::Macvlan { mode: MacvlanMode::Bridge },
+        1400,
+        &["10.77.0.2/24", "fd00:77::2/64"],
+        vec![route("10.88.0.0/16", Some("10.77.0.1"), None)],
+    );
+    let nic = HostDevice {
+        if_name: topo.parent.clone(),
+        kind: DeviceKind::Virtual,
+        sharing: Sharing::Exclusive,
+        mtu: 1500,
+        mac: None,
+    };
+    let moved = config(
+        ResolvedMode::HostDevice,
+        1300,
+        &["10.77.0.2/24"],
+        vec![route("10.88.0.0/16", Some("10.77.0.1"), None)],
+    );
+    let plans = [
+        ("macvlan", make_plan(&macvlan, &shared_parent(&topo.parent, 1500), &topo.pod, "net1")),
+        ("host device", make_plan(&moved, &nic, &topo.pod, "net2")),
+    ];
+    for (what, plan) in &plans {
+        // A clean run counts the kernel calls; a failed attach must leave the host link as a
+        // clean attach and detach do (a NIC comes back down, as the move back sets it).
+        let counting = FailurePlan::new(0, 0);
+        let clean = FailingOps::new(Arc::clone(&ops), Arc::clone(&counting));
+        attach(&clean, &vlans, plan).await.unwrap();
+        assert!(detach(&clean, &vlans, plan).await.is_clean());
+        let before = host_link_view(&topo.host, &topo.parent);
+        let attach_calls = counting.calls() - u32::try_from(plan.teardown().len()).unwrap();
+        assert!(attach_calls >= 4, "{what}: {attach_calls} calls");
+        for fail_at in 1..=attach_calls {
+            let failing =
+                FailingOps::new(Arc::clone(&ops), FailurePlan::new(fail_at, nix::libc::EBUSY));
+            let err = attach(&failing, &vlans, plan).await.unwrap_err();
+            let context = format!("{what}, call {fail_at} of {attach_calls} failed: {err}");
+            assert_eq!(err.cause.errno(), Some(nix::libc::EBUSY), "{context}");
+            assert!(err.undo_failures.is_empty(), "{context}");
+            assert!(links(&topo.pod).is_empty(), "{context}: pod links {:?}", links(&topo.pod));
+            assert_eq!(
+                links(&topo.host),
+                std::slice::from_ref(&topo.parent),
+                "{context}: host links"
+            );
+            assert_eq!(host_link_view(&topo.host, &topo.parent), before, "{context}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn detach_succeeds_when_the_pod_netns_is_already_gone() {
     if !require_root("detach_succeeds_when_the_pod_netns_is_already_gone") {

@@ -254,6 +254,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         // The plans are on disk before the kernel sees them: a crash mid-attach leaves a
         // record that reconcile undoes, never an interface nobody knows about.
         self.persist(record.clone()).await.map_err(AttachFailure::Persist)?;
+        crate::failpoint!("attach.after_record");
         lock(&self.inner).pods.insert(sandbox.uid.clone(), record.clone());
         // Before the kernel moves a NIC out of the host's view, so no publication drops it.
         self.refresh_moved();
@@ -274,6 +275,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             self.refresh_moved();
             return Err(failure);
         }
+        crate::failpoint!("attach.before_results");
         lock(&self.inner).pods.insert(sandbox.uid.clone(), record.clone());
         self.refresh_moved();
         for claim in claims {

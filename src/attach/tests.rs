@@ -17,98 +17,30 @@ use super::*;
 use crate::claims::{PodConsumer, PreparedClaim, PreparedClaimDevice};
 use crate::metrics::Metrics;
 use crate::model::network_config::{
-    Addressing, ConfigEntry, ConfigSource, DeviceFacts, DeviceKind, MacAddr, Route, Sharing,
-    resolve,
+    Addressing, ConfigEntry, ConfigSource, DeviceFacts, DeviceKind, Sharing, resolve,
 };
 use crate::model::{ClaimRef, PodRef};
+use crate::podnet::failing::{FailingOps, FailurePlan};
 use crate::podnet::fake::FakeKernel;
 use crate::podnet::ops::{EEXIST, LinkState};
-use crate::podnet::plan::ChildKind;
 use crate::podnet::{LinkOpError, LinkOps, Side};
 
 /// [`LinkOps`] over a shared fake kernel (the service owns its ops).
-struct FakeOps(Arc<FakeKernel>);
-
-impl LinkOps for FakeOps {
-    async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
-        self.0.link(side, name).await
-    }
-    async fn create_child(
-        &self,
-        kind: ChildKind,
-        parent_index: u32,
-        name: &str,
-        mtu: u32,
-        mac: Option<MacAddr>,
-    ) -> Result<(), LinkOpError> {
-        self.0.create_child(kind, parent_index, name, mtu, mac).await
-    }
-    async fn create_vlan(
-        &self,
-        parent_index: u32,
-        name: &str,
-        id: u16,
-        alias: &str,
-    ) -> Result<(), LinkOpError> {
-        self.0.create_vlan(parent_index, name, id, alias).await
-    }
-    async fn move_to_pod(
-        &self,
-        index: u32,
-        name: &str,
-        mtu: u32,
-        mac: Option<MacAddr>,
-        alias: &str,
-    ) -> Result<(), LinkOpError> {
-        self.0.move_to_pod(index, name, mtu, mac, alias).await
-    }
-    async fn move_to_host(
-        &self,
-        index: u32,
-        name: &str,
-        mtu: u32,
-        mac: Option<MacAddr>,
-    ) -> Result<(), LinkOpError> {
-        self.0.move_to_host(index, name, mtu, mac).await
-    }
-    async fn restore_in_host(
-        &self,
-        index: u32,
-        name: &str,
-        mtu: u32,
-        mac: Option<MacAddr>,
-    ) -> Result<(), LinkOpError> {
-        self.0.restore_in_host(index, name, mtu, mac).await
-    }
-    async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
-        self.0.delete_link(side, index).await
-    }
-    async fn add_address(
-        &self,
-        index: u32,
-        address: IpNetwork,
-        nodad: bool,
-    ) -> Result<(), LinkOpError> {
-        self.0.add_address(index, address, nodad).await
-    }
-    async fn delete_address(&self, index: u32, address: IpNetwork) -> Result<(), LinkOpError> {
-        self.0.delete_address(index, address).await
-    }
-    async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
-        self.0.set_up(index, up).await
-    }
-    async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
-        self.0.add_route(index, route).await
-    }
-    async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
-        self.0.delete_route(index, route).await
-    }
-}
+/// The fake kernel behind the world's failure plan (which fails nothing unless a test sets
+/// one).
+type FakeOps = FailingOps<Arc<FakeKernel>>;
 
 /// The fake kernel has one pod netns; `netns` lists the paths that "exist" for `open`.
 struct FakeNetns {
     kernel: Arc<FakeKernel>,
     netns: Arc<Mutex<BTreeSet<PathBuf>>>,
+    failures: Arc<Mutex<Arc<FailurePlan>>>,
+}
+
+impl FakeNetns {
+    fn ops(&self) -> FakeOps {
+        FailingOps::new(Arc::clone(&self.kernel), Arc::clone(&self.failures.lock().unwrap()))
+    }
 }
 
 impl NetnsAccess for FakeNetns {
@@ -116,14 +48,14 @@ impl NetnsAccess for FakeNetns {
 
     async fn open(&self, path: &Path) -> Result<FakeOps, LinkOpError> {
         if self.netns.lock().unwrap().contains(path) {
-            Ok(FakeOps(Arc::clone(&self.kernel)))
+            Ok(self.ops())
         } else {
             Err(LinkOpError::NetnsGone { path: path.display().to_string() })
         }
     }
 
     async fn open_for_detach(&self, _path: &Path) -> Result<FakeOps, LinkOpError> {
-        Ok(FakeOps(Arc::clone(&self.kernel)))
+        Ok(self.ops())
     }
 
     async fn host_links(&self) -> Result<Vec<LinkState>, LinkOpError> {
@@ -136,7 +68,7 @@ impl NetnsAccess for FakeNetns {
     }
 
     async fn host(&self) -> Result<FakeOps, LinkOpError> {
-        Ok(FakeOps(Arc::clone(&self.kernel)))
+        Ok(self.ops())
     }
 }
 
@@ -231,6 +163,8 @@ type Service = AttachService<Arc<FakeClaims>, FakeNetns, MemStore, Recorder>;
 struct World {
     kernel: Arc<FakeKernel>,
     netns: Arc<Mutex<BTreeSet<PathBuf>>>,
+    /// Which kernel call fails (none by default).
+    failures: Arc<Mutex<Arc<FailurePlan>>>,
     claims: Arc<FakeClaims>,
     store: MemStore,
     status: Recorder,
@@ -245,6 +179,7 @@ impl World {
         Self {
             kernel,
             netns: Arc::default(),
+            failures: Arc::new(Mutex::new(FailurePlan::new(0, 0))),
             claims: Arc::default(),
             store: MemStore::default(),
             status: Recorder::default(),
@@ -256,7 +191,11 @@ impl World {
         AttachService::load(
             "netclaim.dev",
             Arc::clone(&self.claims),
-            FakeNetns { kernel: Arc::clone(&self.kernel), netns: Arc::clone(&self.netns) },
+            FakeNetns {
+                kernel: Arc::clone(&self.kernel),
+                netns: Arc::clone(&self.netns),
+                failures: Arc::clone(&self.failures),
+            },
             self.store.clone(),
             self.status.clone(),
             Arc::clone(&self.metrics),
@@ -712,4 +651,54 @@ async fn a_listed_sandbox_without_its_netns_is_skipped_quietly() {
     assert!(world.status.statuses.lock().unwrap().is_empty());
     assert!(world.status.warnings.lock().unwrap().is_empty());
     assert!(service.attachment("p1").is_none());
+}
+
+#[tokio::test]
+async fn a_kernel_failure_at_any_call_of_a_pod_attach_leaves_no_link_and_no_record() {
+    // A macvlan and a whole NIC for one pod; every mutating kernel call fails in turn.
+    let claims = || {
+        [
+            claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]),
+            claim(
+                "b",
+                "p1",
+                &[(
+                    "nic",
+                    "eth2",
+                    json!({"mode": "host-device", "ipam": {"addresses": ["10.0.2.5/24"]}}),
+                )],
+            ),
+        ]
+    };
+    let clean = World::new();
+    for c in claims() {
+        clean.add_claim(c);
+    }
+    clean.service().run_pod_sandbox(clean.pod("p1")).await.unwrap();
+    let calls = clean.failures.lock().unwrap().calls();
+    assert!(calls >= 6, "{calls} kernel calls");
+    for fail_at in 1..=calls {
+        let world = World::new();
+        for c in claims() {
+            world.add_claim(c);
+        }
+        let host_before: Vec<_> =
+            ["eth1", "eth2"].iter().map(|n| world.kernel.get(Side::Host, n)).collect();
+        *world.failures.lock().unwrap() = FailurePlan::new(fail_at, nix::libc::EBUSY);
+        let service = world.service();
+        let err = service.run_pod_sandbox(world.pod("p1")).await.unwrap_err();
+        let context = format!("call {fail_at} of {calls}: {err}");
+        assert!(err.to_string().contains("injected failure"), "{context}");
+        assert!(world.kernel.links(Side::Pod).is_empty(), "{context}: pod links left");
+        assert_eq!(world.kernel.leftovers(), (0, 0), "{context}: addresses or routes left");
+        let host_after: Vec<_> =
+            ["eth1", "eth2"].iter().map(|n| world.kernel.get(Side::Host, n)).collect();
+        assert_eq!(host_after, host_before, "{context}: host links changed");
+        assert_eq!(world.kernel.links(Side::Host), ["eth1", "eth2"], "{context}");
+        assert!(service.attachment("p1").is_none(), "{context}: record in memory");
+        assert!(world.store.0.lock().unwrap().is_empty(), "{context}: record on disk");
+        // The retry (kubelet recreates the sandbox) attaches both.
+        service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+        assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"], "{context}: retry");
+    }
 }

@@ -540,6 +540,7 @@ fn commit_prepare<S: ClaimStore>(
                 addresses,
             });
         }
+        crate::failpoint!("claims.prepare.after_leases");
         state.ipam.store().save_claim(&prepared).map_err(|e| ClaimError::Persist(Box::new(e)))
     })();
     if let Err(err) = outcome {
@@ -561,6 +562,7 @@ fn commit_unprepare<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result
     // a claim, which the next start releases. The other order could leave a prepared claim
     // whose address is free again and handed to another claim.
     state.ipam.store().remove_claim(uid).map_err(|e| ClaimError::Persist(Box::new(e)))?;
+    crate::failpoint!("claims.unprepare.after_claim_removed");
     state.prepared.remove(uid);
     state
         .ipam

@@ -305,6 +305,7 @@ pub async fn attach<O: LinkOps>(
                 undo_failures,
             });
         }
+        crate::failpoint!("podnet.attach.after_step");
     }
     let Some(link) = pod_link else {
         // A plan always creates or moves the interface; one that does not is a bug upstream,
@@ -539,6 +540,7 @@ pub async fn detach<O: LinkOps>(ops: &O, vlans: &VlanUsers, plan: &AttachPlan) -
             Err(err) => UndoOutcome::Failed(err),
         };
         report.steps.push((undo, outcome));
+        crate::failpoint!("podnet.detach.after_step");
     }
     report
 }

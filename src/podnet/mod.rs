@@ -13,6 +13,7 @@
 //!   [`apply::DetachReport`]'s failed steps.
 
 pub mod apply;
+pub mod failing;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod ops;

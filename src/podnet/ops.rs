@@ -3,6 +3,7 @@
 //! errno. The real implementation is `host::netlink::NetlinkOps`.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use ipnetwork::IpNetwork;
 
@@ -216,4 +217,92 @@ pub trait LinkOps: Sync {
         index: u32,
         route: &Route,
     ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+}
+
+/// A shared kernel handle is one too (the attach service hands out one per pod netns).
+impl<T: LinkOps + Send> LinkOps for Arc<T> {
+    async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        (**self).link(side, name).await
+    }
+
+    async fn create_child(
+        &self,
+        kind: ChildKind,
+        parent_index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        (**self).create_child(kind, parent_index, name, mtu, mac).await
+    }
+
+    async fn create_vlan(
+        &self,
+        parent_index: u32,
+        name: &str,
+        id: u16,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        (**self).create_vlan(parent_index, name, id, alias).await
+    }
+
+    async fn move_to_pod(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+        alias: &str,
+    ) -> Result<(), LinkOpError> {
+        (**self).move_to_pod(index, name, mtu, mac, alias).await
+    }
+
+    async fn move_to_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        (**self).move_to_host(index, name, mtu, mac).await
+    }
+
+    async fn restore_in_host(
+        &self,
+        index: u32,
+        name: &str,
+        mtu: u32,
+        mac: Option<MacAddr>,
+    ) -> Result<(), LinkOpError> {
+        (**self).restore_in_host(index, name, mtu, mac).await
+    }
+
+    async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
+        (**self).delete_link(side, index).await
+    }
+
+    async fn add_address(
+        &self,
+        index: u32,
+        address: IpNetwork,
+        nodad: bool,
+    ) -> Result<(), LinkOpError> {
+        (**self).add_address(index, address, nodad).await
+    }
+
+    async fn delete_address(&self, index: u32, address: IpNetwork) -> Result<(), LinkOpError> {
+        (**self).delete_address(index, address).await
+    }
+
+    async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
+        (**self).set_up(index, up).await
+    }
+
+    async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        (**self).add_route(index, route).await
+    }
+
+    async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
+        (**self).delete_route(index, route).await
+    }
 }

@@ -21,23 +21,29 @@
 
 mod attachments;
 mod claims;
+mod disk;
 mod leases;
 
 #[cfg(test)]
+mod fault_tests;
+#[cfg(test)]
+mod sim_disk;
+#[cfg(test)]
 mod tests;
 
+use std::any::Any;
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use self::disk::{Disk, DiskFile, OsDisk};
 
 /// Name of the lock file in the state dir.
 const LOCK_FILE: &str = "LOCK";
@@ -268,11 +274,20 @@ fn check_key<R: Record>(key: &str) -> Result<(), StoreError> {
 /// The open journal and the state it describes.
 #[derive(Debug)]
 struct Journal {
+    disk: Arc<dyn Disk>,
+    root: PathBuf,
     path: PathBuf,
-    file: File,
+    /// The journal opened for append; `None` after a compaction renamed a new journal into
+    /// place and reopening it failed (retried before the next append).
+    file: Option<Box<dyn DiskFile>>,
     len: u64,
     records: BTreeMap<(String, String), Stored>,
     live_bytes: u64,
+    /// A compaction renamed its file over the journal but the directory sync failed, so the
+    /// rename may not survive power loss. The next append compacts again first: a retried
+    /// `fsync` can report success for a write-back that failed earlier (the error is
+    /// reported once), while a new rename and a new directory sync cannot.
+    rewrite_pending: bool,
     poisoned: bool,
 }
 
@@ -281,7 +296,7 @@ struct Journal {
 pub struct Store {
     root: PathBuf,
     /// Held (flock) for the life of the store; released by the kernel even on `kill -9`.
-    _lock: File,
+    _lock: Box<dyn Any + Send + Sync>,
     journal: Mutex<Journal>,
 }
 
@@ -289,23 +304,18 @@ impl Store {
     /// Opens (creating if needed, mode 0700) and locks the state dir, and loads the
     /// journal, dropping a torn last line.
     pub fn open(root: impl Into<PathBuf>) -> Result<Store, StoreError> {
-        let root = root.into();
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&root)
-            .map_err(io_err("create", &root))?;
+        Store::open_on(Arc::new(OsDisk), root.into())
+    }
+
+    /// [`Store::open`] over the given file system calls (tests inject failures here).
+    fn open_on(disk: Arc<dyn Disk>, root: PathBuf) -> Result<Store, StoreError> {
         let lock_path = root.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(io_err("open", &lock_path))?;
-        lock_with_patience(&lock, &lock_path)?;
+        let lock = disk
+            .lock_dir(&root, &lock_path, LOCK_PATIENCE)
+            .map_err(io_err("lock", &lock_path))?
+            .ok_or_else(|| StoreError::Locked { path: lock_path.clone() })?;
         let temp = root.join(JOURNAL_TEMP);
-        match fs::remove_file(&temp) {
+        match disk.remove_file(&temp) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(source) => {
@@ -313,10 +323,17 @@ impl Store {
             }
         }
         let path = root.join(JOURNAL_FILE);
-        if !path.exists() {
-            write_snapshot(&root, &BTreeMap::new())?;
-        }
-        let journal = load_journal(path)?;
+        let bytes = match disk.read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let text = snapshot_text(&BTreeMap::new())?;
+                replace_journal(&*disk, &root, &text)?;
+                disk.sync_dir(&root).map_err(io_err("fsync", &root))?;
+                text.into_bytes()
+            }
+            Err(source) => return Err(StoreError::Io { op: "read", path, source }),
+        };
+        let journal = load_journal(disk, root.clone(), path, &bytes)?;
         Ok(Store { root, _lock: lock, journal: Mutex::new(journal) })
     }
 
@@ -344,7 +361,7 @@ impl Store {
         if journal.len > COMPACT_MIN_BYTES && journal.len > 2 * journal.live_bytes {
             // The commit is already durable; a failed compaction only leaves a longer
             // journal, retried on the next commit.
-            if let Err(e) = journal.compact(&self.root) {
+            if let Err(e) = journal.compact() {
                 tracing::warn!(error = %e, "state journal compaction failed");
             }
         }
@@ -410,22 +427,30 @@ impl Journal {
         if self.poisoned {
             return Err(StoreError::Poisoned { path: self.path.clone() });
         }
+        if self.rewrite_pending {
+            self.compact()?;
+        }
         let json = serde_json::to_string(&EntryRef { ops })
             .map_err(|source| StoreError::Encode { kind: "journal", key: String::new(), source })?;
         let line = encode_line(&json);
-        let result = self
-            .file
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self
+                .file
+                .insert(self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?),
+        };
+        let result = file
             .write_all(line.as_bytes())
             .map_err(io_err("append", &self.path))
             // fdatasync: the appended bytes and the new size, not the timestamps.
-            .and_then(|()| self.file.sync_data().map_err(io_err("fdatasync", &self.path)));
+            .and_then(|()| file.sync_data().map_err(io_err("fdatasync", &self.path)));
         match result {
             Ok(()) => {
                 self.len += line.len() as u64;
                 Ok(())
             }
             Err(e) => {
-                if self.file.set_len(self.len).and_then(|()| self.file.sync_data()).is_err() {
+                if file.set_len(self.len).and_then(|()| file.sync_data()).is_err() {
                     self.poisoned = true;
                 }
                 Err(e)
@@ -434,31 +459,43 @@ impl Journal {
     }
 
     fn apply(&mut self, ops: Vec<Op>) {
-        for op in ops {
-            match op {
-                Op::Put { kind, key, version, data } => {
-                    let bytes = encoded_size(&data);
-                    self.live_bytes += bytes;
-                    if let Some(old) =
-                        self.records.insert((kind, key), Stored { version, data, bytes })
-                    {
-                        self.live_bytes -= old.bytes;
-                    }
+        apply_ops(&mut self.records, &mut self.live_bytes, ops);
+    }
+
+    /// Rewrites the journal with only the live records. Until the rename nothing changes;
+    /// once it is done the new file is the journal whatever fails next, so later appends
+    /// never go to the old, unlinked file (they would be acknowledged and then lost).
+    fn compact(&mut self) -> Result<(), StoreError> {
+        let text = snapshot_text(&self.records)?;
+        replace_journal(&*self.disk, &self.root, &text)?;
+        crate::failpoint!("store.compact.after_rename");
+        self.file = None;
+        self.len = text.len() as u64;
+        self.rewrite_pending = true;
+        self.disk.sync_dir(&self.root).map_err(io_err("fsync", &self.root))?;
+        self.rewrite_pending = false;
+        self.file = Some(self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?);
+        Ok(())
+    }
+}
+
+/// Applies committed operations to the in-memory index.
+fn apply_ops(records: &mut BTreeMap<(String, String), Stored>, live_bytes: &mut u64, ops: Vec<Op>) {
+    for op in ops {
+        match op {
+            Op::Put { kind, key, version, data } => {
+                let bytes = encoded_size(&data);
+                *live_bytes += bytes;
+                if let Some(old) = records.insert((kind, key), Stored { version, data, bytes }) {
+                    *live_bytes -= old.bytes;
                 }
-                Op::Remove { kind, key } => {
-                    if let Some(old) = self.records.remove(&(kind, key)) {
-                        self.live_bytes -= old.bytes;
-                    }
+            }
+            Op::Remove { kind, key } => {
+                if let Some(old) = records.remove(&(kind, key)) {
+                    *live_bytes -= old.bytes;
                 }
             }
         }
-    }
-
-    fn compact(&mut self, root: &Path) -> Result<(), StoreError> {
-        let len = write_snapshot(root, &self.records)?;
-        self.file = open_append(&self.path)?;
-        self.len = len;
-        Ok(())
     }
 }
 
@@ -488,14 +525,8 @@ fn encode_line(json: &str) -> String {
     format!("{} {json}\n", checksum(json))
 }
 
-/// Writes a complete journal holding `records` to the temp file and renames it over the
-/// journal; returns its length.
-fn write_snapshot(
-    root: &Path,
-    records: &BTreeMap<(String, String), Stored>,
-) -> Result<u64, StoreError> {
-    let temp = root.join(JOURNAL_TEMP);
-    let path = root.join(JOURNAL_FILE);
+/// A complete journal holding `records`: the header, then one put per record.
+fn snapshot_text(records: &BTreeMap<(String, String), Stored>) -> Result<String, StoreError> {
     let mut text =
         serde_json::to_string(&Header { format: FORMAT_NAME.to_owned(), version: FORMAT_VERSION })
             .map_err(|source| StoreError::Encode { kind: "journal", key: String::new(), source })?;
@@ -511,35 +542,35 @@ fn write_snapshot(
             .map_err(|source| StoreError::Encode { kind: "journal", key: key.clone(), source })?;
         text.push_str(&encode_line(&json));
     }
+    Ok(text)
+}
+
+/// Writes `text` to the temp file, syncs it and renames it over the journal. On error the
+/// journal is unchanged. The caller syncs the directory to make the rename durable.
+fn replace_journal(disk: &dyn Disk, root: &Path, text: &str) -> Result<(), StoreError> {
+    let temp = root.join(JOURNAL_TEMP);
+    let path = root.join(JOURNAL_FILE);
     let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temp)
-            .map_err(io_err("create", &temp))?;
+        let mut file = disk.create(&temp).map_err(io_err("create", &temp))?;
         file.write_all(text.as_bytes()).map_err(io_err("write", &temp))?;
         // Data must be on disk before the rename makes it the journal.
         file.sync_all().map_err(io_err("fsync", &temp))?;
-        fs::rename(&temp, &path).map_err(io_err("rename", &path))?;
-        // The rename itself is durable only once the directory is synced.
-        File::open(root).and_then(|d| d.sync_all()).map_err(io_err("fsync", root))
+        disk.rename(&temp, &path).map_err(io_err("rename", &path))
     })();
     if result.is_err() {
-        let _ = fs::remove_file(&temp);
+        let _ = disk.remove_file(&temp);
     }
-    result.map(|()| text.len() as u64)
-}
-
-fn open_append(path: &Path) -> Result<File, StoreError> {
-    OpenOptions::new().append(true).open(path).map_err(io_err("open", path))
+    result
 }
 
 /// Reads the journal: header, then committed lines; a last line without its newline is a
 /// torn append and is cut off.
-fn load_journal(path: PathBuf) -> Result<Journal, StoreError> {
-    let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+fn load_journal(
+    disk: Arc<dyn Disk>,
+    root: PathBuf,
+    path: PathBuf,
+    bytes: &[u8],
+) -> Result<Journal, StoreError> {
     let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
         path: path.clone(),
         offset: offset as u64,
@@ -558,14 +589,9 @@ fn load_journal(path: PathBuf) -> Result<Journal, StoreError> {
         return Err(StoreError::NewerFormat { path, version: header.version });
     }
     // Format version 1 is the first; a later format adds its upgrade step here.
-    let mut journal = Journal {
-        file: open_append(&path)?,
-        path: path.clone(),
-        len: 0,
-        records: BTreeMap::new(),
-        live_bytes: 0,
-        poisoned: false,
-    };
+    let mut file = disk.open_append(&path).map_err(io_err("open", &path))?;
+    let mut records = BTreeMap::new();
+    let mut live_bytes = 0;
     let mut offset = header_end + 1;
     while offset < bytes.len() {
         let Some(newline) = bytes[offset..].iter().position(|b| *b == b'\n') else {
@@ -580,18 +606,25 @@ fn load_journal(path: PathBuf) -> Result<Journal, StoreError> {
         }
         let entry: Entry =
             serde_json::from_str(json).map_err(|e| corrupt(offset, e.to_string()))?;
-        journal.apply(entry.ops);
+        apply_ops(&mut records, &mut live_bytes, entry.ops);
         offset += newline + 1;
     }
     if offset < bytes.len() {
-        journal
-            .file
-            .set_len(offset as u64)
-            .and_then(|()| journal.file.sync_data())
+        file.set_len(offset as u64)
+            .and_then(|()| file.sync_data())
             .map_err(io_err("truncate", &path))?;
     }
-    journal.len = offset as u64;
-    Ok(journal)
+    Ok(Journal {
+        disk,
+        root,
+        path,
+        file: Some(file),
+        len: offset as u64,
+        records,
+        live_bytes,
+        rewrite_pending: false,
+        poisoned: false,
+    })
 }
 
 /// Decodes a stored record: `(record, whether it was migrated)`.
@@ -619,22 +652,4 @@ fn decode_record<R: Record>(key: &str, stored: Stored) -> Result<(R, bool), Stor
         source,
     })?;
     Ok((record, stored.version < R::VERSION))
-}
-
-fn lock_with_patience(lock: &File, path: &Path) -> Result<(), StoreError> {
-    let deadline = Instant::now() + LOCK_PATIENCE;
-    loop {
-        match lock.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::Locked { path: path.to_path_buf() });
-            }
-            Err(fs::TryLockError::Error(source)) => {
-                return Err(StoreError::Io { op: "lock", path: path.to_path_buf(), source });
-            }
-        }
-    }
 }

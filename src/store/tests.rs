@@ -1,6 +1,8 @@
 //! Store tests: round trips, migration fixtures, locking, and the kill -9 crash test.
 
 use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

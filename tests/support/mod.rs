@@ -128,11 +128,23 @@ impl Netns {
     /// Starts `program args` inside the namespace (with its own sysfs) as a child that is
     /// killed when the returned guard drops.
     pub(crate) fn spawn(&self, program: &str, args: &[&str], log: &std::path::Path) -> Child {
+        self.spawn_with_env(program, args, &[], log)
+    }
+
+    /// [`Netns::spawn`] with extra environment variables.
+    pub(crate) fn spawn_with_env(
+        &self,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Child {
         let mut full = vec!["netns", "exec", self.name.as_str(), program];
         full.extend_from_slice(args);
         let log_file = std::fs::File::create(log).expect("creating the child's log file");
         let child = Command::new("ip")
             .args(&full)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(log_file.try_clone().expect("duplicating the log file"))
             .stderr(log_file)

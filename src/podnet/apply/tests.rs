@@ -319,3 +319,67 @@ async fn a_host_device_whose_pod_name_is_taken_comes_back_from_the_half_done_mov
     assert_eq!(kernel.get(Side::Host, "ens4").unwrap().mtu, 9000);
     assert_eq!(kernel.links(Side::Pod), ["net2"]);
 }
+
+/// What a host device and its parent look like before any attach: compared after each
+/// injected failure.
+fn host_view(kernel: &FakeKernel) -> Vec<(String, u32, Option<String>)> {
+    kernel
+        .links(Side::Host)
+        .into_iter()
+        .map(|name| {
+            let link = kernel.get(Side::Host, &name).unwrap();
+            (name, link.mtu, link.alias)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failure_injected_at_every_step_leaves_the_kernel_as_it_was() {
+    use crate::podnet::failing::{FailingOps, FailurePlan};
+    let vlan_plan = make_plan(
+        &macvlan_config(Some(100), vec![route("10.20.0.0/16", Some("10.10.1.1"), None)]),
+        &device("eth1", Sharing::Shared),
+        "uid-1",
+        "net1",
+    );
+    let mut nic = device("ens4", Sharing::Exclusive);
+    nic.mtu = 9000;
+    let mut nic_cfg = config(
+        ResolvedMode::HostDevice,
+        static_addresses(),
+        vec![route("10.20.0.0/16", Some("10.10.1.1"), None)],
+    );
+    nic_cfg.interface.mtu = 1500;
+    let nic_plan = make_plan(&nic_cfg, &nic, "uid-2", "net2");
+    for (what, plan) in [("macvlan on a new VLAN", &vlan_plan), ("host device", &nic_plan)] {
+        let fresh = || {
+            let kernel = FakeKernel::new();
+            kernel.add_host_link("eth1", 1500, None);
+            kernel.add_host_link("ens4", 9000, None);
+            std::sync::Arc::new(kernel)
+        };
+        // A clean run counts the mutating calls.
+        let counting = FailurePlan::new(0, 0);
+        let ops = FailingOps::new(fresh(), std::sync::Arc::clone(&counting));
+        attach(&ops, &VlanUsers::new(), plan).await.unwrap();
+        let steps = counting.calls();
+        assert!(steps >= 5, "{what}: {steps} calls");
+        for fail_at in 1..=steps {
+            let kernel = fresh();
+            let before = host_view(&kernel);
+            let vlans = VlanUsers::new();
+            let failing = FailingOps::new(
+                std::sync::Arc::clone(&kernel),
+                FailurePlan::new(fail_at, nix::libc::EBUSY),
+            );
+            let err = attach(&failing, &vlans, plan).await.unwrap_err();
+            let context = format!("{what}, call {fail_at} of {steps} failed: {err}");
+            assert_eq!(err.cause.errno(), Some(nix::libc::EBUSY), "{context}");
+            assert!(err.undo_failures.is_empty(), "{context}");
+            assert!(kernel.links(Side::Pod).is_empty(), "{context}: pod links left");
+            assert_eq!(kernel.leftovers(), (0, 0), "{context}: addresses or routes left");
+            assert_eq!(host_view(&kernel), before, "{context}: host links changed");
+            assert!(vlans.users("eth1.100").await.is_empty(), "{context}");
+        }
+    }
+}
