@@ -465,3 +465,62 @@ async fn detach_of_a_host_device_whose_pod_netns_is_gone_succeeds() {
     assert!(matches!(report.steps[0].1, UndoOutcome::AlreadyGone), "{report:?}");
     assert!(links(&topo.host).is_empty());
 }
+
+#[tokio::test]
+async fn a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name() {
+    use netclaim::podnet::ops::{LinkOpError, NetnsRefusal};
+    if !require_root("a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name") {
+        return;
+    }
+    let topo = Topology::new(1500);
+    let host = HostNetlink::in_netns(&Topology::path(&topo.host)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let regular = dir.path().join("regular");
+    std::fs::write(&regular, b"").unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(Topology::path(&topo.pod), &link).unwrap();
+    // A namespace of another kind, bind-mounted as runtimes mount netns files.
+    let uts = dir.path().join("uts");
+    std::fs::write(&uts, b"").unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["--bind", "/proc/self/ns/uts"])
+        .arg(&uts)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(uts.clone());
+    let cases = [
+        // The host's own netns would put the pod's routes on the host.
+        (Topology::path(&topo.host), NetnsRefusal::DaemonOwn),
+        // Opened without O_NONBLOCK, a FIFO would hang the thread forever.
+        (fifo, NetnsRefusal::NotNsfs),
+        (regular, NetnsRefusal::NotNsfs),
+        (link, NetnsRefusal::Symlink),
+        (uts, NetnsRefusal::NotNetwork),
+    ];
+    for (path, expected) in cases {
+        let opened =
+            tokio::time::timeout(std::time::Duration::from_secs(5), NetlinkOps::open(&host, &path))
+                .await
+                .unwrap_or_else(|_| panic!("{}: open hung", path.display()));
+        match opened {
+            Err(LinkOpError::NotPodNetns { reason, .. }) => {
+                assert_eq!(reason, expected, "{}", path.display());
+            }
+            other => panic!("{}: {other:?}", path.display()),
+        }
+    }
+    // The real pod netns opens.
+    NetlinkOps::open(&host, &Topology::path(&topo.pod)).await.unwrap();
+    // At detach, a path whose mount is gone (a plain file left behind) counts as gone.
+    let gone = dir.path().join("regular");
+    assert!(NetlinkOps::open_for_detach(&host, &gone).await.is_ok());
+}

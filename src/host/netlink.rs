@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use rtnetlink::{
 };
 
 use crate::model::network_config::{MacAddr, MacvlanMode, Route};
-use crate::podnet::ops::{ENODEV, LinkOpError, LinkOps, LinkState, Side};
+use crate::podnet::ops::{ENODEV, LinkOpError, LinkOps, LinkState, NetnsRefusal, Side};
 use crate::podnet::plan::ChildKind;
 
 /// `ENOENT`: the netns path does not exist (the sandbox is gone).
@@ -84,18 +85,51 @@ pub async fn loopback_up(path: &Path) -> Result<(), LinkOpError> {
         .map_err(|err| op_error("RTM_NEWLINK lo up", Side::Pod, err))
 }
 
+/// Opens a network namespace file named by someone else (the runtime's netns path):
+/// `O_NONBLOCK` so a FIFO cannot hang the thread, `O_NOFOLLOW` so a symlink planted at the
+/// path is not followed, and only a file of the namespace file system (`nsfs`) is accepted.
+/// That it is a *network* namespace is checked by `setns(CLONE_NEWNET)`, which the kernel
+/// refuses with `EINVAL` for any other kind (the same check as `NS_GET_NSTYPE`, without an
+/// unsafe ioctl).
+fn open_netns_file(path: &Path) -> Result<File, LinkOpError> {
+    let display = || path.display().to_string();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(ENOENT) => LinkOpError::NetnsGone { path: display() },
+            Some(nix::libc::ELOOP) => {
+                LinkOpError::NotPodNetns { path: display(), reason: NetnsRefusal::Symlink }
+            }
+            _ => LinkOpError::Netns { path: display(), source },
+        })?;
+    let fs = nix::sys::statfs::fstatfs(&file)
+        .map_err(|errno| LinkOpError::Netns { path: display(), source: errno.into() })?;
+    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+        return Err(LinkOpError::NotPodNetns { path: display(), reason: NetnsRefusal::NotNsfs });
+    }
+    Ok(file)
+}
+
+/// Whether two open files are the same namespace (same device and inode, as `ip netns
+/// identify` compares them).
+fn same_namespace(a: &File, b: &File) -> Result<bool, nix::Error> {
+    let (a, b) = (nix::sys::stat::fstat(a)?, nix::sys::stat::fstat(b)?);
+    Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
+}
+
 /// Opens `path` and creates a NETLINK_ROUTE socket inside that netns on a fresh OS thread; the
 /// socket's connection task then runs on the caller's tokio runtime.
 pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
     let runtime = tokio::runtime::Handle::current();
     let (sender, receiver) = tokio::sync::oneshot::channel();
-    let owned = path.to_owned();
     let netns_error = |source| LinkOpError::Netns { path: path.display().to_string(), source };
+    let netns = open_netns_file(path)?;
     std::thread::Builder::new()
         .name("netns-socket".to_owned())
         .spawn(move || {
             let result = (|| {
-                let netns = File::open(&owned)?;
                 nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(std::io::Error::from)?;
                 // The socket registers with the runtime's reactor, which needs a context here.
@@ -111,14 +145,33 @@ pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
     let result = receiver.await.map_err(|_| {
         netns_error(std::io::Error::other("the netns thread ended without an answer"))
     })?;
-    let (connection, handle, netns) = result.map_err(|source: std::io::Error| {
-        if source.raw_os_error() == Some(ENOENT) {
-            LinkOpError::NetnsGone { path: path.display().to_string() }
-        } else {
-            netns_error(source)
-        }
-    })?;
+    let (connection, handle, netns) =
+        result.map_err(|source: std::io::Error| match source.raw_os_error() {
+            Some(ENOENT) => LinkOpError::NetnsGone { path: path.display().to_string() },
+            Some(nix::libc::EINVAL) => LinkOpError::NotPodNetns {
+                path: path.display().to_string(),
+                reason: NetnsRefusal::NotNetwork,
+            },
+            _ => netns_error(source),
+        })?;
     tokio::spawn(connection);
+    Ok((handle, netns))
+}
+
+/// [`open_in_netns`] for a pod: also refuses the daemon's own netns (a runtime bug or a
+/// forged event would otherwise put the pod's addresses and routes on the host).
+async fn open_pod_netns(host: &HostNetlink, path: &Path) -> Result<(Handle, File), LinkOpError> {
+    let (handle, netns) = open_in_netns(path).await?;
+    let own = same_namespace(&netns, &host.netns).map_err(|errno| LinkOpError::Netns {
+        path: path.display().to_string(),
+        source: errno.into(),
+    })?;
+    if own {
+        return Err(LinkOpError::NotPodNetns {
+            path: path.display().to_string(),
+            reason: NetnsRefusal::DaemonOwn,
+        });
+    }
     Ok((handle, netns))
 }
 
@@ -133,7 +186,7 @@ pub struct NetlinkOps {
 impl NetlinkOps {
     /// For an attach: the pod netns must exist.
     pub async fn open(host: &HostNetlink, pod_netns: &Path) -> Result<Self, LinkOpError> {
-        let pod = open_in_netns(pod_netns).await?;
+        let pod = open_pod_netns(host, pod_netns).await?;
         Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
     }
 
@@ -143,13 +196,16 @@ impl NetlinkOps {
         host: &HostNetlink,
         pod_netns: &Path,
     ) -> Result<Self, LinkOpError> {
-        match open_in_netns(pod_netns).await {
+        match open_pod_netns(host, pod_netns).await {
             Ok(pod) => {
                 Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
             }
-            Err(LinkOpError::NetnsGone { .. }) => {
-                Ok(Self { host: host.clone(), pod: None, pod_path: pod_netns.to_owned() })
-            }
+            // A path that no longer holds a namespace mount (the runtime unmounted it and
+            // left the file) is a netns that is gone as far as this pod is concerned.
+            Err(
+                LinkOpError::NetnsGone { .. }
+                | LinkOpError::NotPodNetns { reason: NetnsRefusal::NotNsfs, .. },
+            ) => Ok(Self { host: host.clone(), pod: None, pod_path: pod_netns.to_owned() }),
             Err(err) => Err(err),
         }
     }

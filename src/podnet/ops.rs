@@ -55,6 +55,24 @@ pub const EADDRNOTAVAIL: i32 = 99;
 /// `ESRCH`: a route to delete is not there.
 pub const ESRCH: i32 = 3;
 
+/// Why a netns path was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NetnsRefusal {
+    /// The path is a symbolic link (runtimes bind-mount netns files; a link is planted).
+    #[error("a symbolic link (netns paths are bind mounts)")]
+    Symlink,
+    /// Not a file of the namespace file system (a FIFO, a regular file, a directory).
+    #[error("not a namespace file (nsfs)")]
+    NotNsfs,
+    /// A namespace of another kind.
+    #[error("not a network namespace")]
+    NotNetwork,
+    /// The daemon's own network namespace: the pod's addresses and routes would land on
+    /// the host.
+    #[error("the daemon's own network namespace")]
+    DaemonOwn,
+}
+
 /// Why one kernel operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkOpError {
@@ -93,6 +111,15 @@ pub enum LinkOpError {
     NetnsGone {
         /// Its path.
         path: String,
+    },
+    /// A netns path (from the runtime) that must not be used: not a network namespace, or
+    /// the daemon's own.
+    #[error("netns {path}: refused: {reason}")]
+    NotPodNetns {
+        /// The path.
+        path: String,
+        /// Why.
+        reason: NetnsRefusal,
     },
     /// Opening or entering a netns failed.
     #[error("netns {path}: {source}")]
