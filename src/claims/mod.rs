@@ -34,15 +34,15 @@ use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::{Ipam, IpamError, LeaseOwner, LeaseStore};
+use crate::ipam::{self, Ipam, IpamError, LeaseOwner, LeaseStore};
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::network_config::{
-    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, ResolvedMode,
+    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, PoolSpec, ResolvedMode,
     ResolvedNetworkConfig, Sharing,
 };
 
-use allocation::ClaimAllocation;
+use allocation::{AllocatedResult, ClaimAllocation};
 
 /// Claims of one request prepared at the same time; kubelet sends one pod's claims, and a
 /// bound keeps a pathological request from opening unbounded API calls.
@@ -254,13 +254,30 @@ pub enum ClaimError {
         source: Box<ConfigError>,
     },
     /// Address reservation failed.
-    #[error("request {request}: ipam.pool: {source}")]
+    #[error("request {request}: {field}: {source}")]
     Ipam {
         /// Request name.
         request: String,
+        /// The config field whose addresses were reserved (`ipam.pool`, `ipam.addresses[1]`).
+        field: String,
         /// The IPAM error.
         #[source]
         source: IpamError,
+    },
+    /// The claim's pool has the subnet of a pool another prepared claim uses on this node,
+    /// with different settings: one could hand out the other's gateway or excluded range.
+    #[error(
+        "request {request}: {field}: pool {subnet} is in use on this node by claim {other} with another {field}"
+    )]
+    PoolMismatch {
+        /// Request name.
+        request: String,
+        /// The differing field (`ipam.pool.gateway`, `ipam.pool.exclude`, ...).
+        field: &'static str,
+        /// The subnet.
+        subnet: ipnetwork::IpNetwork,
+        /// The other claim (`namespace/name`).
+        other: String,
     },
     /// The state store failed.
     #[error("persisting the prepared claim: {0}")]
@@ -478,6 +495,43 @@ fn add_planned_children(facts: &mut DeviceFacts, prepared: &HashMap<String, Prep
 
 /// Validates, reserves and persists under the state lock, so concurrent claims on one
 /// parent see each other's children and addresses.
+/// The lease owner of one allocated device of a claim.
+fn owner(claim: &ClaimRef, result: &AllocatedResult) -> LeaseOwner {
+    LeaseOwner {
+        claim_uid: claim.uid.clone(),
+        request: result.request.clone(),
+        device: result.device.clone(),
+        share_id: result.share_id.clone(),
+    }
+}
+
+/// Refuses a pool whose subnet another prepared claim uses with other settings (DESIGN §4:
+/// a pool is identified by its subnet on a node), naming the first differing field.
+fn check_pool_settings(
+    prepared: &HashMap<String, PreparedClaim>,
+    claim_uid: &str,
+    request: &str,
+    pool: &PoolSpec,
+) -> Result<(), ClaimError> {
+    for other in prepared.values().filter(|c| c.uid != claim_uid) {
+        for device in &other.devices {
+            let Addressing::Pool(theirs) = &device.config.addressing else { continue };
+            if theirs.subnet != pool.subnet {
+                continue;
+            }
+            if let Some(field) = ipam::pool::differing_setting(pool, theirs) {
+                return Err(ClaimError::PoolMismatch {
+                    request: request.to_owned(),
+                    field,
+                    subnet: pool.subnet,
+                    other: format!("{}/{}", other.namespace, other.name),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn commit_prepare<S: ClaimStore>(
     state: &Mutex<State<S>>,
     claim: &ClaimRef,
@@ -513,17 +567,28 @@ fn commit_prepare<S: ClaimStore>(
         for (result, facts, config) in devices {
             let addresses = match &config.addressing {
                 Addressing::None => Vec::new(),
-                Addressing::Static(addresses) => addresses.clone(),
+                Addressing::Static(addresses) => {
+                    for (i, address) in addresses.iter().enumerate() {
+                        state.ipam.reserve_static(&owner(claim, result), *address).map_err(
+                            |source| ClaimError::Ipam {
+                                request: result.request.clone(),
+                                field: format!("ipam.addresses[{i}]"),
+                                source,
+                            },
+                        )?;
+                    }
+                    addresses.clone()
+                }
                 Addressing::Pool(pool) => {
-                    let owner = LeaseOwner {
-                        claim_uid: claim.uid.clone(),
-                        request: result.request.clone(),
-                        device: result.device.clone(),
-                        share_id: result.share_id.clone(),
-                    };
-                    let lease = state.ipam.reserve(&owner, pool).map_err(|source| {
-                        ClaimError::Ipam { request: result.request.clone(), source }
-                    })?;
+                    check_pool_settings(&state.prepared, &claim.uid, &result.request, pool)?;
+                    let lease =
+                        state.ipam.reserve(&owner(claim, result), pool).map_err(|source| {
+                            ClaimError::Ipam {
+                                request: result.request.clone(),
+                                field: "ipam.pool".to_owned(),
+                                source,
+                            }
+                        })?;
                     vec![lease.interface_address()]
                 }
             };
@@ -564,10 +629,11 @@ fn commit_unprepare<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result
     state.ipam.store().remove_claim(uid).map_err(|e| ClaimError::Persist(Box::new(e)))?;
     crate::failpoint!("claims.unprepare.after_claim_removed");
     state.prepared.remove(uid);
-    state
-        .ipam
-        .release_claim(uid)
-        .map_err(|source| ClaimError::Ipam { request: "*".to_owned(), source })?;
+    state.ipam.release_claim(uid).map_err(|source| ClaimError::Ipam {
+        request: "*".to_owned(),
+        field: "ipam".to_owned(),
+        source,
+    })?;
     Ok(())
 }
 

@@ -590,3 +590,88 @@ fn a_record_written_before_reserved_for_was_kept_still_loads() {
     assert!(loaded.reserved_for.is_empty() && loaded.generation.is_none());
     assert_eq!(loaded.devices[0].sharing, None);
 }
+
+fn static_config(addresses: &[&str]) -> Value {
+    params(json!({"mode": "macvlan", "ipam": {"addresses": addresses}}))
+}
+
+#[tokio::test]
+async fn a_static_address_is_a_lease_no_pool_and_no_other_claim_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = Arc::new(FakeApi::default());
+    let on_eth2 = |name: &str, uid: &str, parameters: Value| {
+        claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config("FromClaim", DRIVER, &[], parameters)],
+        )
+    };
+    // The pool's first free address is 10.9.0.1; a static claim holds it first.
+    api.put(on_eth2("fixed", "u-static", static_config(&["10.9.0.1/24", "10.9.0.2/24"])));
+    api.put(on_eth2("twin", "u-twin", static_config(&["10.9.0.7/24", "10.9.0.2/24"])));
+    api.put(on_eth2("pooled", "u-pool", pool_config()));
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("fixed", "u-static")).await.unwrap();
+    // Idempotent for its owner.
+    prepare_one(&service, &reference("fixed", "u-static")).await.unwrap();
+    let err = prepare_one(&service, &reference("twin", "u-twin")).await.unwrap_err();
+    assert!(
+        err.contains("ipam.addresses[1]") && err.contains("10.9.0.2") && err.contains("u-static"),
+        "{err}"
+    );
+    let pooled = prepare_one(&service, &reference("pooled", "u-pool")).await.unwrap();
+    let leases: Vec<String> =
+        lock(&service.state).ipam.leases().map(|l| l.address.to_string()).collect();
+    assert!(!leases.contains(&"10.9.0.7".to_owned()), "the refused claim leaked {leases:?}");
+    assert_eq!(pooled.len(), 1);
+    let pool_address = lock(&service.state)
+        .ipam
+        .leases()
+        .find(|l| l.owner.claim_uid == "u-pool")
+        .map(|l| l.address.to_string());
+    assert_eq!(pool_address.as_deref(), Some("10.9.0.3"), "the pool skips static addresses");
+
+    // After a restart the static leases still hold, and unprepare frees them.
+    drop(service);
+    let service = self::service(&api, dir.path());
+    assert!(prepare_one(&service, &reference("twin", "u-twin")).await.is_err());
+    service.unprepare_claim(&reference("fixed", "u-static")).await.unwrap();
+    prepare_one(&service, &reference("twin", "u-twin")).await.unwrap();
+}
+
+#[tokio::test]
+async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = Arc::new(FakeApi::default());
+    let with_pool = |name: &str, uid: &str, pool: Value| {
+        claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config(
+                "FromClaim",
+                DRIVER,
+                &[],
+                params(json!({"mode": "macvlan", "ipam": {"pool": pool}})),
+            )],
+        )
+    };
+    api.put(with_pool("a", "u-a", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+    api.put(with_pool("b", "u-b", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.254"})));
+    api.put(with_pool(
+        "c",
+        "u-c",
+        json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1", "exclude": ["10.9.0.0/28"]}),
+    ));
+    api.put(with_pool("d", "u-d", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("a", "u-a")).await.unwrap();
+    let err = prepare_one(&service, &reference("b", "u-b")).await.unwrap_err();
+    assert!(err.contains("ipam.pool.gateway") && err.contains("default/a"), "{err}");
+    let err = prepare_one(&service, &reference("c", "u-c")).await.unwrap_err();
+    assert!(err.contains("ipam.pool.exclude"), "{err}");
+    // The same settings share the pool.
+    prepare_one(&service, &reference("d", "u-d")).await.unwrap();
+    assert_eq!(lock(&service.state).ipam.leases().count(), 2);
+}

@@ -110,6 +110,14 @@ pub enum IpamError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A static address another owner holds (DESIGN §4: static addresses are leases).
+    #[error("{address} is held by claim {holder_claim} (request {holder_request}, device {holder_device})", holder_claim = holder.claim_uid, holder_request = holder.request, holder_device = holder.device)]
+    AddressTaken {
+        /// The address.
+        address: IpAddr,
+        /// Who holds it.
+        holder: Box<LeaseOwner>,
+    },
     /// The store holds two leases for one address (written by something else).
     #[error("address {address} leased twice: to {first:?} and to {second:?}")]
     Conflict {
@@ -131,6 +139,7 @@ impl IpamError {
             IpamError::Persist { .. } => "PersistFailed",
             IpamError::Load { .. } => "LoadFailed",
             IpamError::Conflict { .. } => "Conflict",
+            IpamError::AddressTaken { .. } => "AddressTaken",
         }
     }
 }
@@ -196,6 +205,37 @@ impl<S: LeaseStore> Ipam<S> {
         Ok(lease)
     }
 
+    /// Leases a static address (`ipam.addresses`) to `owner`, so no pool hands it out and no
+    /// other claim gets it; the same owner gets its lease back. `address` carries its prefix:
+    /// the lease's subnet is its network.
+    pub fn reserve_static(
+        &mut self,
+        owner: &LeaseOwner,
+        address: IpNetwork,
+    ) -> Result<Lease, IpamError> {
+        let ip = address.ip();
+        if let Some(lease) = self.by_address.get(&ip) {
+            return if lease.owner == *owner {
+                Ok(lease.clone())
+            } else {
+                Err(IpamError::AddressTaken { address: ip, holder: Box::new(lease.owner.clone()) })
+            };
+        }
+        // The network form of a valid address and prefix is always valid.
+        let subnet = IpNetwork::new(address.network(), address.prefix()).unwrap_or(address);
+        let lease = Lease { subnet, address: ip, owner: owner.clone() };
+        self.store.save_lease(&lease).map_err(|e| IpamError::Persist {
+            op: "save",
+            subnet,
+            address: ip,
+            source: Box::new(e),
+        })?;
+        // Not indexed by owner: one owner may hold several static addresses of one subnet,
+        // and `reserve` looks owners up for pools only.
+        self.by_address.insert(ip, lease.clone());
+        Ok(lease)
+    }
+
     /// Releases every lease of `owner`; returns them. Releasing nothing succeeds.
     pub fn release(&mut self, owner: &LeaseOwner) -> Result<Vec<Lease>, IpamError> {
         self.release_where(|o| o == owner)
@@ -223,7 +263,9 @@ impl<S: LeaseStore> Ipam<S> {
                 source: Box::new(e),
             })?;
             self.by_address.remove(&lease.address);
-            self.by_owner.remove(&(lease.owner.clone(), lease.subnet));
+            if self.by_owner.get(&(lease.owner.clone(), lease.subnet)) == Some(&lease.address) {
+                self.by_owner.remove(&(lease.owner.clone(), lease.subnet));
+            }
             released.push(lease);
         }
         Ok(released)

@@ -99,3 +99,20 @@ pub fn first_free<V>(spec: &PoolSpec, used: &BTreeMap<IpAddr, V>) -> Option<IpAd
         candidate = next;
     }
 }
+
+/// The first setting in which two specs of the same subnet differ, as the config field that
+/// names it; `None` when they describe the same pool.
+#[must_use]
+pub fn differing_setting(a: &PoolSpec, b: &PoolSpec) -> Option<&'static str> {
+    if a.gateway != b.gateway {
+        Some("ipam.pool.gateway")
+    } else if a.range_start != b.range_start {
+        Some("ipam.pool.rangeStart")
+    } else if a.range_end != b.range_end {
+        Some("ipam.pool.rangeEnd")
+    } else if a.exclude != b.exclude {
+        Some("ipam.pool.exclude")
+    } else {
+        None
+    }
+}
