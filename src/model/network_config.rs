@@ -20,7 +20,7 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use validate::{MAX_ADDRESSES, check_interface_name};
+pub use validate::{MAX_ADDRESSES, MAX_ROUTES, check_interface_name};
 // The device vocabulary is the model's one (`model::device`); validation speaks it too.
 pub use crate::model::device::{DeviceKind, Sharing};
 
@@ -661,6 +661,12 @@ pub enum Rule {
         /// The earlier route.
         index: usize,
     },
+    /// More routes than an interface takes.
+    #[error("more than {max} routes")]
+    TooManyRoutes {
+        /// The limit.
+        max: usize,
+    },
     /// VLAN id out of 1..=4094 (802.1Q reserves 0 and 4095).
     #[error("VLAN id outside 1..=4094")]
     VlanOutOfRange,
@@ -692,6 +698,17 @@ pub enum Rule {
 /// Why a config was rejected; every variant names the field and the offending value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// `parameters` is larger than the API server accepts for opaque device configuration
+    /// (resource.k8s.io `OpaqueParametersMaxLength`): bounded work under the state lock.
+    #[error("config entry {entry}: parameters: {value}, more than the {max} bytes allowed")]
+    TooLarge {
+        /// Index of the entry.
+        entry: usize,
+        /// Its encoded size (`12000 bytes`).
+        value: String,
+        /// The limit.
+        max: usize,
+    },
     /// `parameters` is not a JSON object.
     #[error("config entry {entry}: parameters: {value}: not a JSON object")]
     NotAnObject {
@@ -746,7 +763,7 @@ impl ConfigError {
     #[must_use]
     pub fn path(&self) -> &str {
         match self {
-            ConfigError::NotAnObject { .. } => "parameters",
+            ConfigError::NotAnObject { .. } | ConfigError::TooLarge { .. } => "parameters",
             ConfigError::ApiVersion { .. } => "apiVersion",
             ConfigError::Kind { .. } => "kind",
             ConfigError::Decode { path, .. } | ConfigError::Invalid { path, .. } => path,
@@ -758,6 +775,7 @@ impl ConfigError {
     pub fn value(&self) -> &str {
         match self {
             ConfigError::NotAnObject { value, .. }
+            | ConfigError::TooLarge { value, .. }
             | ConfigError::ApiVersion { value, .. }
             | ConfigError::Kind { value, .. }
             | ConfigError::Decode { value, .. }
@@ -777,8 +795,20 @@ impl ConfigError {
 
 const MISSING: &str = "<missing>";
 
+/// The API server's limit on one opaque device configuration's `parameters`
+/// (resource.k8s.io `OpaqueParametersMaxLength`, 10 KiB).
+pub const MAX_PARAMETERS_BYTES: usize = 10 * 1024;
+
 /// Strictly decodes one entry's `parameters`; `entry` is its index, for messages.
 pub fn decode(entry: usize, parameters: &Value) -> Result<NetworkConfig, ConfigError> {
+    let size = serde_json::to_string(parameters).map_or(usize::MAX, |text| text.len());
+    if size > MAX_PARAMETERS_BYTES {
+        return Err(ConfigError::TooLarge {
+            entry,
+            value: format!("{size} bytes"),
+            max: MAX_PARAMETERS_BYTES,
+        });
+    }
     let Some(object) = parameters.as_object() else {
         return Err(ConfigError::NotAnObject { entry, value: parameters.to_string() });
     };

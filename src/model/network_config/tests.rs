@@ -744,3 +744,24 @@ fn config_source_parses_the_api_names() {
     assert_eq!(ConfigSource::from_api("FromClaim"), Some(ConfigSource::Claim));
     assert_eq!(ConfigSource::from_api("fromclaim"), None);
 }
+
+#[test]
+fn routes_and_parameters_past_their_limits_are_refused_by_name() {
+    let routes = |n: usize| -> Vec<Value> {
+        (0..n).map(|i| json!({"destination": format!("10.{}.{}.0/24", i / 256, i % 256)})).collect()
+    };
+    check(json!({"routes": routes(MAX_ROUTES)}), &shared()).unwrap();
+    let err = check(json!({"routes": routes(MAX_ROUTES + 1)}), &shared()).unwrap_err();
+    assert_eq!(err.path(), "routes");
+    assert_eq!(err.value(), "65 routes");
+    assert!(err.to_string().contains("more than 64 routes"), "{err}");
+
+    // Tens of thousands of routes are refused at decode, by size, before any check runs.
+    let huge = params(json!({"routes": routes(20_000)}));
+    let err = decode(3, &huge).unwrap_err();
+    assert_eq!(err.path(), "parameters");
+    assert!(err.to_string().starts_with("config entry 3: parameters: "), "{err}");
+    assert!(err.to_string().ends_with("more than the 10240 bytes allowed"), "{err}");
+    let just_fits = params(json!({"interface": {"name": "net1"}, "x": "y".repeat(10_000)}));
+    assert!(!matches!(decode(0, &just_fits), Err(ConfigError::TooLarge { .. })));
+}

@@ -1,6 +1,6 @@
 //! Validation of a merged `NetworkConfig` against the allocated device, with defaults.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
@@ -15,6 +15,9 @@ use super::{
 /// At most this many addresses per interface: the limit of `networkData.ips` in the claim
 /// status (KEP-4817).
 pub const MAX_ADDRESSES: usize = 16;
+/// Routes per interface: far more than a pod network needs, few enough that checking them
+/// stays cheap under the prepare lock.
+pub const MAX_ROUTES: usize = 64;
 
 /// The smallest MTU IPv4 allows (RFC 791); the kernel's `ETH_MIN_MTU`.
 const MIN_IPV4_MTU: u32 = 68;
@@ -449,7 +452,15 @@ fn resolve_routes(
         Addressing::Static(addrs) => addrs.iter().copied().map(canonical_network).collect(),
         Addressing::Pool(pool) => vec![pool.subnet],
     };
+    if routes.len() > MAX_ROUTES {
+        return Err(invalid(
+            "routes",
+            format!("{} routes", routes.len()),
+            Rule::TooManyRoutes { max: MAX_ROUTES },
+        ));
+    }
     let mut out: Vec<Route> = Vec::with_capacity(routes.len());
+    let mut seen: HashMap<(IpNetwork, Option<u32>), usize> = HashMap::with_capacity(routes.len());
     for (i, route) in routes.iter().enumerate() {
         let dest_path = format!("routes[{i}].destination");
         let destination = parse_network(&route.destination)
@@ -498,9 +509,7 @@ fn resolve_routes(
                 Rule::DefaultRouteNeedsMetric,
             ));
         }
-        if let Some(index) =
-            out.iter().position(|r| r.destination == destination && r.metric == route.metric)
-        {
+        if let Some(index) = seen.insert((destination, route.metric), i) {
             return Err(invalid(
                 dest_path,
                 quoted(&route.destination),
