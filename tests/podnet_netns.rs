@@ -14,10 +14,11 @@ use netclaim::model::network_config::{
     Addressing, DeviceKind, MacvlanMode, ResolvedInterface, ResolvedMode, ResolvedNetworkConfig,
     Route, Sharing,
 };
-use netclaim::podnet::apply::{StepError, UndoOutcome};
+use netclaim::podnet::apply::{StepError, UndoOutcome, completed_attach};
 use netclaim::podnet::{
     AttachPlan, AttachRequest, HostDevice, PodNetns, VlanUsers, attach, detach, plan_attach,
 };
+use netclaim::podnet::{LinkOps, Side};
 use serde_json::Value;
 use support::{Netns, require_root};
 
@@ -205,6 +206,17 @@ async fn macvlan_is_created_in_the_pod_with_name_mtu_addresses_routes_and_carrie
         assert!(ok, "IPv4 ping from the pod to the parent's peer");
         assert_eq!(ping(&topo.pod, "fd00:77::1"), Some(true), "IPv6 ping");
     }
+
+    // Read back as a restart does: the finished attach is recognised as finished, and one
+    // missing route makes it half-done.
+    let link = ops.link(Side::Pod, "net1").await.unwrap().unwrap();
+    let config = ops.pod_config(link.index).await.unwrap();
+    assert!(config.up);
+    let adopted = completed_attach(&plan, &link, &config).expect("a finished attach");
+    assert_eq!(adopted.addresses, attached.addresses);
+    topo.pod.ip(&["route", "del", "10.88.0.0/16", "dev", "net1"]);
+    let config = ops.pod_config(link.index).await.unwrap();
+    assert!(completed_attach(&plan, &link, &config).is_none(), "{config:?}");
 
     let report = detach(&ops, &vlans, &plan).await;
     assert!(report.is_clean(), "{report:?}");

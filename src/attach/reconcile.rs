@@ -14,6 +14,7 @@ use super::{
     AttachFailure, AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence,
     NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
 };
+use crate::podnet::apply::completed_attach;
 use crate::podnet::ops::LinkState;
 use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
 use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
@@ -274,16 +275,44 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         let mut changed = false;
         for index in 0..record.devices.len() {
             let device = record.devices[index].clone();
-            let link = ops.link(Side::Pod, &device.plan.interface_name).await.ok().flatten();
+            // A failed lookup says nothing about the interface: a live NIC of a running pod
+            // is never detached on a guess. The next Synchronize looks again.
+            let link = match ops.link(Side::Pod, &device.plan.interface_name).await {
+                Ok(link) => link,
+                Err(err) => {
+                    tracing::warn!(pod = %uid, interface = %device.plan.interface_name, %err,
+                        "reading a pod interface to verify it; left as it is");
+                    continue;
+                }
+            };
             if link.is_some() && device.result.is_some() {
                 self.adopt_vlans(&device, &links).await;
                 continue;
             }
-            // Missing, or its result never reached the disk: the attach may have stopped
-            // half-way (a crash), so undo whatever is there and attach it again. For a
-            // result lost in the few milliseconds between a complete attach and its
-            // background write, this re-creates a working interface (same name and
-            // addresses): a short blip, never a wrong one.
+            // Its result never reached the disk (written in the background after a complete
+            // attach): an interface that carries everything its plan configures is adopted
+            // as it is, without a blip.
+            if let Some(link) = &link {
+                match ops.pod_config(link.index).await {
+                    Ok(config) => {
+                        if let Some(result) = completed_attach(&device.plan, link, &config) {
+                            tracing::info!(pod = %uid, interface = %result.name,
+                                "adopted an interface whose attach finished before a restart");
+                            record.devices[index].result = Some(result);
+                            self.adopt_vlans(&device, &links).await;
+                            changed = true;
+                            continue;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(pod = %uid, interface = %link.name, %err,
+                            "reading a pod interface's addresses and routes; left as it is");
+                        continue;
+                    }
+                }
+            }
+            // Missing, or half-done (a crash during the attach): undo whatever is there and
+            // attach it again.
             if link.is_some() {
                 let report = detach(&ops, &self.vlans, &device.plan).await;
                 log_detach(&record, &device, &report);

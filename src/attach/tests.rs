@@ -702,3 +702,71 @@ async fn a_kernel_failure_at_any_call_of_a_pod_attach_leaves_no_link_and_no_reco
         assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"], "{context}: retry");
     }
 }
+
+/// Drops the stored results of pod `uid`'s record, as a crash between a finished attach and
+/// the background write of its results leaves it.
+fn forget_results(world: &World, uid: &str) {
+    let mut stored = world.store.0.lock().unwrap();
+    for device in &mut stored.get_mut(uid).unwrap().devices {
+        device.result = None;
+    }
+}
+
+#[tokio::test]
+async fn a_finished_attach_whose_results_were_lost_is_adopted_without_touching_it() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim(
+        "b",
+        "p1",
+        &[("nic", "eth2", json!({"mode": "host-device", "ipam": {"addresses": ["10.0.2.5/24"]}}))],
+    ));
+    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    world.results_stored("p1").await;
+    forget_results(&world, "p1");
+    let service = world.service();
+    let calls = world.kernel.log().len();
+    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "no kernel change");
+    world.results_stored("p1").await;
+    assert_eq!(ready(&world.status.last("b"))[0].0, "True");
+}
+
+#[tokio::test]
+async fn a_half_done_attach_is_undone_and_done_again_at_synchronize() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    world.results_stored("p1").await;
+    forget_results(&world, "p1");
+    // The crash came before the link was set up.
+    let net1 = world.kernel.get(Side::Pod, "net1").unwrap();
+    world.kernel.set_up(net1.index, false).await.unwrap();
+    let service = world.service();
+    let calls = world.kernel.log().len();
+    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    let after = world.kernel.log()[calls..].to_vec();
+    assert!(after.iter().any(|l| l.starts_with("delete pod link")), "{after:?}");
+    assert!(after.iter().any(|l| l.starts_with("create macvlan")), "{after:?}");
+    assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+    world.results_stored("p1").await;
+}
+
+#[tokio::test]
+async fn a_failed_lookup_at_synchronize_never_detaches_a_live_interface() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    world.results_stored("p1").await;
+    let service = world.service();
+    world.kernel.fail_lookups(Some(nix::libc::ENOBUFS));
+    let calls = world.kernel.log().len();
+    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "nothing moved");
+    // The same with the result lost: still left alone while lookups fail.
+    forget_results(&world, "p1");
+    let service = world.service();
+    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "nothing moved");
+    assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+}

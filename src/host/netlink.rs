@@ -11,15 +11,22 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
-use netlink_packet_route::address::{AddressAttribute, AddressFlags};
-use netlink_packet_route::link::{LinkAttribute, LinkMessage, MacVlanMode as NlMacVlanMode};
-use netlink_packet_route::route::{RouteMessage, RouteScope};
+use netlink_packet_route::AddressFamily;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use netlink_packet_route::link::{
+    LinkAttribute, LinkFlags, LinkMessage, MacVlanMode as NlMacVlanMode,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType,
+};
 use rtnetlink::{
     AddressMessageBuilder, Handle, LinkMacVlan, LinkUnspec, LinkVlan, RouteMessageBuilder,
 };
 
 use crate::model::network_config::{MacAddr, MacvlanMode, Route};
-use crate::podnet::ops::{ENODEV, LinkOpError, LinkOps, LinkState, NetnsRefusal, Side};
+use crate::podnet::ops::{
+    ENODEV, LinkOpError, LinkOps, LinkState, NetnsRefusal, PodLinkConfig, Side,
+};
 use crate::podnet::plan::ChildKind;
 
 /// `ENOENT`: the netns path does not exist (the sandbox is gone).
@@ -272,6 +279,58 @@ fn link_state(message: &LinkMessage) -> LinkState {
     state
 }
 
+/// The address of an `RTM_NEWADDR` message with its prefix.
+fn address_of(message: &AddressMessage) -> Option<IpNetwork> {
+    let ip = message.attributes.iter().find_map(|attribute| match attribute {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    })?;
+    IpNetwork::new(ip, message.header.prefix_len).ok()
+}
+
+/// A main-table unicast route through link `index`, as the plan writes routes.
+fn route_of(message: &RouteMessage, index: u32) -> Option<Route> {
+    let table = message
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Table(table) => Some(*table),
+            _ => None,
+        })
+        .unwrap_or(u32::from(message.header.table));
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) || message.header.kind != RouteType::Unicast {
+        return None;
+    }
+    let ip = |address: &RouteAddress| match address {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    };
+    let (mut oif, mut destination, mut gateway, mut metric) = (None, None, None, None);
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Destination(address) => destination = ip(address),
+            RouteAttribute::Gateway(address) => gateway = ip(address),
+            RouteAttribute::Priority(p) => metric = Some(*p),
+            _ => {}
+        }
+    }
+    if oif != Some(index) {
+        return None;
+    }
+    let unspecified = match message.header.address_family {
+        AddressFamily::Inet6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    };
+    let destination = IpNetwork::new(
+        destination.unwrap_or(unspecified),
+        message.header.destination_prefix_length,
+    )
+    .ok()?;
+    Some(Route { destination, gateway, metric })
+}
+
 fn nl_macvlan_mode(mode: MacvlanMode) -> NlMacVlanMode {
     match mode {
         MacvlanMode::Bridge => NlMacVlanMode::Bridge,
@@ -327,6 +386,45 @@ impl LinkOps for NetlinkOps {
                 other => Err(other),
             },
         }
+    }
+
+    async fn pod_config(&self, index: u32) -> Result<PodLinkConfig, LinkOpError> {
+        let handle = self.handle(Side::Pod)?;
+        let op = |what: &str| format!("{what} of link {index}");
+        let link = handle
+            .link()
+            .get()
+            .match_index(index)
+            .execute()
+            .try_next()
+            .await
+            .map_err(|err| op_error(op("RTM_GETLINK"), Side::Pod, err))?;
+        let up = link.is_some_and(|m| m.header.flags.contains(LinkFlags::Up));
+        let addresses = handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_filter_map(|message| async move { Ok(address_of(&message)) })
+            .try_collect()
+            .await
+            .map_err(|err| op_error(op("RTM_GETADDR dump"), Side::Pod, err))?;
+        let mut routes = Vec::new();
+        for query in [
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+        ] {
+            let family: Vec<Route> = handle
+                .route()
+                .get(query)
+                .execute()
+                .try_filter_map(|message| async move { Ok(route_of(&message, index)) })
+                .try_collect()
+                .await
+                .map_err(|err| op_error(op("RTM_GETROUTE dump"), Side::Pod, err))?;
+            routes.extend(family);
+        }
+        Ok(PodLinkConfig { up, addresses, routes })
     }
 
     async fn create_child(

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::network_config::{MacAddr, Mode, Route};
 
 use super::ops::{
-    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side,
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState,
+    PodLinkConfig, Side,
 };
 use super::plan::{
     AttachPlan, RouteDisplay, Step, UndoStep, VLAN_ALIAS, VlanLink, parse_device_alias,
@@ -528,6 +529,43 @@ async fn restore_returned<O: LinkOps>(
     }
     ops.restore_in_host(link.index, host_name, mtu, mac).await?;
     Ok(UndoOutcome::Done)
+}
+
+/// The result of an attach that finished before a crash lost its record: `Some` when pod
+/// link `link` carries everything `plan` configures (MTU, up, every address, every route;
+/// a route planned without a metric matches any, as the kernel fills one in), else `None`
+/// (a half-done attach, to be undone and done again).
+#[must_use]
+pub fn completed_attach(
+    plan: &AttachPlan,
+    link: &LinkState,
+    config: &PodLinkConfig,
+) -> Option<AttachedInterface> {
+    let mtu = plan.steps.iter().find_map(|step| match step {
+        Step::CreateChild { mtu, .. } | Step::MoveIntoPod { mtu, .. } => Some(*mtu),
+        _ => None,
+    })?;
+    let addresses = plan.addresses();
+    let routes = plan.routes();
+    let complete = link.mtu == mtu
+        && config.up
+        && addresses.iter().all(|a| config.addresses.contains(a))
+        && routes.iter().all(|r| {
+            config.routes.iter().any(|k| {
+                k.destination == r.destination
+                    && k.gateway == r.gateway
+                    && r.metric.is_none_or(|m| k.metric == Some(m))
+            })
+        });
+    complete.then(|| AttachedInterface {
+        name: link.name.clone(),
+        mode: plan.mode,
+        host_device: plan.host_device.clone(),
+        mac: link.mac,
+        mtu: link.mtu,
+        addresses,
+        routes,
+    })
 }
 
 /// Detaches one pod interface (StopPodSandbox): runs [`AttachPlan::teardown`] and never fails;

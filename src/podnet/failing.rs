@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ipnetwork::IpNetwork;
 
-use super::ops::{LinkOpError, LinkOps, LinkState, Side};
+use super::ops::{LinkOpError, LinkOps, LinkState, PodLinkConfig, Side};
 use super::plan::ChildKind;
 use crate::model::network_config::{MacAddr, Route};
 
@@ -73,6 +73,10 @@ impl<O: LinkOps> FailingOps<O> {
 impl<O: LinkOps + Send> LinkOps for FailingOps<O> {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         self.inner.link(side, name).await
+    }
+
+    async fn pod_config(&self, index: u32) -> Result<PodLinkConfig, LinkOpError> {
+        self.inner.pod_config(index).await
     }
 
     async fn create_child(

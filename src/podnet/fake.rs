@@ -11,7 +11,8 @@ use ipnetwork::IpNetwork;
 use crate::model::network_config::{MacAddr, Route};
 
 use super::ops::{
-    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState, Side,
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState,
+    PodLinkConfig, Side,
 };
 use super::plan::{ChildKind, RouteDisplay};
 
@@ -24,6 +25,8 @@ struct Kernel {
     next_index: u32,
     log: Vec<String>,
     fail: Option<(String, i32)>,
+    /// Every pod-side link lookup fails with this errno.
+    fail_lookups: Option<i32>,
     netns_gone: bool,
 }
 
@@ -93,6 +96,11 @@ impl FakeKernel {
     /// Fails the first call whose log line starts with `prefix` with `errno`.
     pub(crate) fn fail_on(&self, prefix: &str, errno: i32) {
         self.inner.lock().unwrap().fail = Some((prefix.to_owned(), errno));
+    }
+
+    /// Makes every pod-side link lookup fail with `errno` (`None`: lookups work again).
+    pub(crate) fn fail_lookups(&self, errno: Option<i32>) {
+        self.inner.lock().unwrap().fail_lookups = errno;
     }
 
     /// Makes every pod-side call fail as if the pod's netns were destroyed.
@@ -169,6 +177,9 @@ impl LinkOps for FakeKernel {
         let k = self.inner.lock().unwrap();
         if side == Side::Pod && k.netns_gone {
             return Err(LinkOpError::NetnsGone { path: "/run/netns/gone".to_owned() });
+        }
+        if let Some(errno) = k.fail_lookups.filter(|_| side == Side::Pod) {
+            return Err(kernel_error(&format!("RTM_GETLINK {name}"), side, errno));
         }
         Ok(k.links.get(&(key(side), name.to_owned())).cloned())
     }
@@ -308,6 +319,18 @@ impl LinkOps for FakeKernel {
         k.addresses.retain(|(i, _)| *i != index);
         k.routes.retain(|(i, _)| *i != index);
         Ok(())
+    }
+
+    async fn pod_config(&self, index: u32) -> Result<PodLinkConfig, LinkOpError> {
+        let k = self.inner.lock().unwrap();
+        if k.netns_gone {
+            return Err(LinkOpError::NetnsGone { path: "/run/netns/gone".to_owned() });
+        }
+        Ok(PodLinkConfig {
+            up: k.up.contains(&index),
+            addresses: k.addresses.iter().filter(|(i, _)| *i == index).map(|(_, a)| *a).collect(),
+            routes: k.routes.iter().filter(|(i, _)| *i == index).map(|(_, r)| r.clone()).collect(),
+        })
     }
 
     async fn add_address(

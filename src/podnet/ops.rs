@@ -144,6 +144,18 @@ impl LinkOpError {
     }
 }
 
+/// What a pod link carries, as the kernel reports it: read back after a restart to tell a
+/// finished attach from a half-done one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodLinkConfig {
+    /// `IFF_UP` is set.
+    pub up: bool,
+    /// Every address on the link.
+    pub addresses: Vec<IpNetwork>,
+    /// Every main-table route through the link (the kernel's metric filled in).
+    pub routes: Vec<Route>,
+}
+
 /// Kernel operations on the host netns and one pod netns. Links are addressed by index once
 /// known; names are resolved with [`LinkOps::link`].
 pub trait LinkOps: Sync {
@@ -153,6 +165,12 @@ pub trait LinkOps: Sync {
         side: Side,
         name: &str,
     ) -> impl Future<Output = Result<Option<LinkState>, LinkOpError>> + Send;
+
+    /// Up state, addresses and routes of pod link `index`.
+    fn pod_config(
+        &self,
+        index: u32,
+    ) -> impl Future<Output = Result<PodLinkConfig, LinkOpError>> + Send;
 
     /// Creates a child of host link `parent_index` directly in the pod netns with its final
     /// name, MTU and MAC.
@@ -250,6 +268,10 @@ pub trait LinkOps: Sync {
 impl<T: LinkOps + Send> LinkOps for Arc<T> {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         (**self).link(side, name).await
+    }
+
+    async fn pod_config(&self, index: u32) -> Result<PodLinkConfig, LinkOpError> {
+        (**self).pod_config(index).await
     }
 
     async fn create_child(
