@@ -346,6 +346,15 @@ async fn a_failed_attach_leaves_nothing_behind() {
     assert_eq!(pod_links, expected, "the pod's own links are untouched");
 }
 
+/// Unmounts a bind mount the test made, even when the test fails.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// The host parent as `ip` shows it, minus the counters that change on their own.
 fn host_link_view(netns: &Netns, name: &str) -> Value {
     let mut link = ip_json(netns, &["addr", "show", "dev", name])[0].clone();
@@ -502,12 +511,6 @@ async fn a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name() {
         .status()
         .unwrap();
     assert!(mounted.success());
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
     let _unmount = Unmount(uts.clone());
     let cases = [
         // The host's own netns would put the pod's routes on the host.
