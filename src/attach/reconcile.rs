@@ -14,6 +14,7 @@ use super::{
     AttachFailure, AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence,
     NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
 };
+use crate::model::network_config::Sharing;
 use crate::podnet::apply::completed_attach;
 use crate::podnet::ops::LinkState;
 use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
@@ -86,13 +87,25 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         }
     }
 
-    /// Restores every host link carrying our device alias: a NIC the kernel returned from a
-    /// destroyed pod netns under its pod-side name. Its host name comes from the alias, its
-    /// MTU and MAC from the pod record or the prepared claim (else they stay).
+    /// Restores every host link carrying our device alias that our state confirms: a NIC the
+    /// kernel returned from a destroyed pod netns under its pod-side name. The alias is a
+    /// hint, never authority (DESIGN §6; anyone with `NET_ADMIN` on the link can write it):
+    /// the link is renamed only when a pod record or a prepared claim holds that device for
+    /// that claim. Its MTU and MAC come from the record or the claim.
     async fn restore_returned(&self, links: &[LinkState]) {
         let returned: Vec<&LinkState> = links
             .iter()
-            .filter(|l| l.alias.as_deref().and_then(parse_device_alias).is_some())
+            .filter(|l| match l.alias.as_deref().and_then(parse_device_alias) {
+                Some((host_name, claim_uid)) => {
+                    let known = self.original_mtu_mac(host_name, claim_uid).is_some();
+                    if !known {
+                        tracing::warn!(link = %l.name, alias = l.alias.as_deref().unwrap_or_default(),
+                            "a host link carries our alias for a device no claim of ours holds; left alone");
+                    }
+                    known
+                }
+                None => false,
+            })
             .collect();
         if returned.is_empty() {
             return;
@@ -109,8 +122,9 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             else {
                 continue;
             };
-            let (mtu, mac) =
-                self.original_mtu_mac(host_name, claim_uid).unwrap_or((link.mtu, None));
+            let Some((mtu, mac)) = self.original_mtu_mac(host_name, claim_uid) else {
+                continue;
+            };
             match ops.restore_in_host(link.index, host_name, mtu, mac).await {
                 Ok(()) => tracing::info!(link = %link.name, host_name, claim = claim_uid, mtu,
                     "restored a device returned from a destroyed pod netns"),
@@ -134,7 +148,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             self.claims.all_claims().into_iter().filter(|c| c.uid == claim_uid).find_map(|c| {
                 c.devices
                     .iter()
-                    .find(|d| d.if_name == host_name)
+                    .find(|d| d.if_name == host_name && d.sharing == Some(Sharing::Exclusive))
                     .and_then(|d| d.host_mtu)
                     .map(|m| (m, None))
             })

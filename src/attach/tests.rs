@@ -603,20 +603,29 @@ async fn start_restores_a_device_that_came_back_under_its_pod_name() {
     world.add_claim(claim(
         "nic",
         "p1",
-        &[("dev", "eth2", json!({"mode": "host-device", "interface": {"mtu": 1500}}))],
+        &[("dev", "eth3", json!({"mode": "host-device", "interface": {"mtu": 1400}}))],
     ));
     // The pod netns died while the daemon was down: the kernel put the NIC back as net1.
-    world.kernel.add_host_link("net1", 1500, Some("netclaim.dev/device host=eth9 claim=uid-nic"));
+    world.kernel.add_host_link("net1", 1400, Some("netclaim.dev/device host=eth3 claim=uid-nic"));
     // An administrator's link with another alias is never touched.
     world.kernel.add_host_link("mine0", 1400, Some("something else"));
+    // Aliases are hints, never authority (DESIGN §6): a tenant with NET_ADMIN can write one
+    // on a NIC it holds. Neither a device the claim does not hold nor an unknown claim is
+    // renamed.
+    world.kernel.add_host_link("net2", 1400, Some("netclaim.dev/device host=eth9 claim=uid-nic"));
+    world.kernel.add_host_link("net3", 1400, Some("netclaim.dev/device host=eth8 claim=forged"));
     let service = world.service();
     service.start().await;
     assert!(world.kernel.get(Side::Host, "net1").is_none());
-    let eth9 = world.kernel.get(Side::Host, "eth9").unwrap();
-    // No record: the MTU comes from the prepared claim (eth9 is not its device, so the
-    // current MTU stays).
-    assert_eq!((eth9.mtu, eth9.alias), (1500, None));
+    let eth3 = world.kernel.get(Side::Host, "eth3").unwrap();
+    // No record: the MTU comes from the prepared claim.
+    assert_eq!((eth3.mtu, eth3.alias), (1500, None));
     assert_eq!(world.kernel.get(Side::Host, "mine0").unwrap().mtu, 1400);
+    for forged in ["net2", "net3"] {
+        assert!(world.kernel.get(Side::Host, forged).is_some(), "{forged} was renamed");
+    }
+    assert!(world.kernel.get(Side::Host, "eth9").is_none());
+    assert!(world.kernel.get(Side::Host, "eth8").is_none());
 }
 
 #[tokio::test]
