@@ -231,12 +231,25 @@ impl Metrics {
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    changed: tokio::sync::Notify,
 }
 
 impl Health {
     /// Marks the daemon ready (or not).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Returns once the daemon is ready.
+    pub async fn wait_until_ready(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if self.is_ready() {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Whether `/readyz` answers 200.

@@ -368,3 +368,30 @@ fn the_daemon_prepares_a_claim_on_its_published_device() {
         Some("3f1c0c3e-0000-4000-8000-000000000009")
     );
 }
+
+#[test]
+fn kubelet_registration_comes_after_the_first_publication() {
+    if !require_root("kubelet_registration_comes_after_the_first_publication") {
+        return;
+    }
+    let mut cluster = Cluster::start();
+    let (parent, peer) = (cluster.netns.ifname("p0"), cluster.netns.ifname("p1"));
+    veth(&cluster.netns, &parent, &peer);
+    let registration = cluster.dir.path().join("registry").join("netclaim.dev-reg.sock");
+    // DESIGN §6: load state, put host-side leftovers right, publish, then register. With the
+    // API server down nothing can be published, so registration waits (10 s), then goes
+    // ahead so that claims prepared before a restart stay reachable.
+    cluster._api.child.kill().unwrap();
+    cluster._api.child.wait().unwrap();
+    let _node = cluster.start_node(&["--shared-parents", &parent], "node.log");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!registration.exists(), "registered before publishing:\n{}", cluster.log("node.log"));
+    let started = Instant::now();
+    while !registration.exists() {
+        assert!(started.elapsed() < PATIENCE, "never registered:\n{}", cluster.log("node.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        cluster.log("node.log").contains("no publication yet; registering with kubelet anyway")
+    );
+}

@@ -43,6 +43,10 @@ pub type NodeAttach = AttachService<Arc<NodeClaims>, HostNetlink, Arc<Store>, Ku
 /// How often prepared claims are checked against the API besides after each NRI
 /// `Synchronize` (a claim deleted while its pod was gone from the runtime is released).
 const GONE_CLAIM_SWEEP: Duration = Duration::from_mins(5);
+/// How long kubelet registration waits for the first publication. Nothing can be allocated
+/// on this node before it, but claims prepared before a restart must stay reachable when the
+/// API server is down, so registration goes ahead after this.
+const FIRST_PUBLICATION_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Settings of the node daemon, validated by the CLI.
 #[derive(Debug, Clone)]
@@ -163,19 +167,12 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
         controller: Some(true),
         ..OwnerReference::default()
     });
-    let (kubelet, attach_service, claims) =
-        start_kubelet_plugin(&config, &client, &metrics, &stop).await?;
-    // Devices that came back from pods destroyed while the daemon was down get their names
-    // back before the first publication; running pods are reconciled at Synchronize.
-    let nri = start_nri(
-        Arc::clone(&attach_service),
-        claims,
-        Arc::clone(&metrics),
-        &config.nri_socket,
-        &config.nri_plugin_index,
-        GONE_CLAIM_SWEEP,
-    )
-    .await?;
+    // DESIGN §6, in this order: load the state; put host-side leftovers right (devices that
+    // came back from pods destroyed while the daemon was down get their names back, VLAN
+    // users are counted); publish; then register with kubelet and the runtime. Running pods
+    // are verified at Synchronize, off this path.
+    let (attach_service, claims) = load_state(&config, &client, &metrics).await?;
+    attach_service.start().await;
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
     let triggers = Triggers {
@@ -191,7 +188,35 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     };
     let publisher = Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
     let interfaces = HostInterfaces::new(Sysfs::new(&config.sysfs_root));
-    publish::run(publisher, &interfaces, &events, triggers, &metrics, &health).await;
+    let publishing = publish::run(publisher, &interfaces, &events, triggers, &metrics, &health);
+    tokio::pin!(publishing);
+    let serving = async {
+        if tokio::time::timeout(FIRST_PUBLICATION_PATIENCE, health.wait_until_ready())
+            .await
+            .is_err()
+        {
+            tracing::warn!(waited = ?FIRST_PUBLICATION_PATIENCE,
+                "no publication yet; registering with kubelet anyway (prepared claims stay reachable)");
+        }
+        let kubelet =
+            start_kubelet_plugin(&config, &claims, &attach_service, &metrics, &stop).await?;
+        let nri = start_nri(
+            Arc::clone(&attach_service),
+            Arc::clone(&claims),
+            Arc::clone(&metrics),
+            &config.nri_socket,
+            &config.nri_plugin_index,
+            GONE_CLAIM_SWEEP,
+        )
+        .await?;
+        Ok::<_, NodeError>((kubelet, nri))
+    };
+    let (kubelet, nri) = tokio::select! {
+        served = serving => served?,
+        // Stopped before the first publication.
+        () = &mut publishing => return Ok(()),
+    };
+    publishing.await;
     // Slices stay: kubelet removes a node's slices itself once the driver is gone for good,
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
@@ -206,14 +231,12 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     Ok(())
 }
 
-/// Opens the state dir, loads the prepared claims and pod attachments, and serves the
-/// kubelet sockets.
-async fn start_kubelet_plugin(
+/// Opens the state dir and loads the prepared claims and pod attachments.
+async fn load_state(
     config: &NodeConfig,
     client: &kube::Client,
     metrics: &Arc<Metrics>,
-    stop: &watch::Receiver<bool>,
-) -> Result<(KubeletPluginHandle, Arc<NodeAttach>, Arc<NodeClaims>), NodeError> {
+) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
@@ -245,13 +268,23 @@ async fn start_kubelet_plugin(
     })
     .await
     .map_err(NodeError::StateTask)??;
-    let attach_service = Arc::new(attach_service);
+    Ok((Arc::new(attach_service), claims))
+}
+
+/// Serves the kubelet sockets (registration last).
+async fn start_kubelet_plugin(
+    config: &NodeConfig,
+    claims: &Arc<NodeClaims>,
+    attach_service: &Arc<NodeAttach>,
+    metrics: &Arc<Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> Result<KubeletPluginHandle, NodeError> {
     let gauge = {
-        let (claims, metrics) = (Arc::clone(&claims), Arc::clone(metrics));
+        let (claims, metrics) = (Arc::clone(claims), Arc::clone(metrics));
         move || refresh_ipam_gauge(&claims, &metrics)
     };
     let preparer = Arc::new(MeteredPreparer::new(
-        DetachingPreparer::new(Arc::clone(&claims), Arc::clone(&attach_service), gauge),
+        DetachingPreparer::new(Arc::clone(claims), Arc::clone(attach_service), gauge),
         Arc::clone(metrics),
     ));
     let mut stopped = stop.clone();
@@ -267,7 +300,7 @@ async fn start_kubelet_plugin(
         },
     )
     .await?;
-    Ok((handle, attach_service, claims))
+    Ok(handle)
 }
 
 /// The Node's uid, for owner references (slices are garbage-collected with their Node).
@@ -311,7 +344,7 @@ impl NriHandle {
     }
 }
 
-/// Runs the attach service's start-up work, then the NRI plugin `netclaim` (reconnecting
+/// Runs the NRI plugin `netclaim` (reconnecting
 /// whenever the runtime restarts) and the sweep of gone claims (after each `Synchronize`
 /// and every `sweep_period`).
 async fn start_nri(
@@ -324,7 +357,6 @@ async fn start_nri(
 ) -> Result<NriHandle, PluginError> {
     let options =
         PluginOptions::new("netclaim", index)?.socket_path(socket).events(plugin_events());
-    attach.start().await;
     let stop = CancellationToken::new();
     let sweeper = {
         let attach = Arc::clone(&attach);
