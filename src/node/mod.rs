@@ -207,8 +207,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
             &config.nri_socket,
             &config.nri_plugin_index,
             GONE_CLAIM_SWEEP,
-        )
-        .await?;
+        )?;
         Ok::<_, NodeError>((kubelet, nri))
     };
     let (kubelet, nri) = tokio::select! {
@@ -347,7 +346,7 @@ impl NriHandle {
 /// Runs the NRI plugin `netclaim` (reconnecting
 /// whenever the runtime restarts) and the sweep of gone claims (after each `Synchronize`
 /// and every `sweep_period`).
-async fn start_nri(
+fn start_nri(
     attach: Arc<NodeAttach>,
     claims: Arc<NodeClaims>,
     metrics: Arc<Metrics>,
