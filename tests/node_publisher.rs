@@ -22,7 +22,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 struct Cluster {
     netns: Netns,
     dir: tempfile::TempDir,
-    _api: Child,
+    api: Child,
 }
 
 impl Cluster {
@@ -34,7 +34,7 @@ impl Cluster {
         let netns = Netns::new();
         let dir = tempfile::tempdir().unwrap();
         let api = start_api_server(&netns, NETCLAIM, dir.path(), api_flags);
-        Self { netns, dir, _api: api }
+        Self { netns, dir, api }
     }
 
     fn kubeconfig(&self) -> PathBuf {
@@ -381,8 +381,8 @@ fn kubelet_registration_comes_after_the_first_publication() {
     // DESIGN §6: load state, put host-side leftovers right, publish, then register. With the
     // API server down nothing can be published, so registration waits (10 s), then goes
     // ahead so that claims prepared before a restart stay reachable.
-    cluster._api.child.kill().unwrap();
-    cluster._api.child.wait().unwrap();
+    cluster.api.child.kill().unwrap();
+    cluster.api.child.wait().unwrap();
     let _node = cluster.start_node(&["--shared-parents", &parent], "node.log");
     std::thread::sleep(Duration::from_secs(3));
     assert!(!registration.exists(), "registered before publishing:\n{}", cluster.log("node.log"));
