@@ -15,16 +15,18 @@ use crate::inventory::publish::{SliceApi, SliceApiError, SliceEvent};
 #[derive(Clone)]
 pub struct KubeSlices {
     api: Api<ResourceSlice>,
+    watch_api: Api<ResourceSlice>,
     driver: String,
     field_selector: String,
 }
 
 impl KubeSlices {
-    /// Slices of `node` and `driver`.
+    /// Slices of `node` and `driver`: `client` for unary calls, `watch_client` for the watch.
     #[must_use]
-    pub fn new(client: Client, driver: &str, node: &str) -> Self {
+    pub fn new(client: Client, watch_client: Client, driver: &str, node: &str) -> Self {
         Self {
             api: Api::all(client),
+            watch_api: Api::all(watch_client),
             driver: driver.to_owned(),
             // ResourceSlices support these field selectors server-side (resource.k8s.io/v1).
             field_selector: format!("spec.nodeName={node},spec.driver={driver}"),
@@ -34,7 +36,7 @@ impl KubeSlices {
     /// Watch events of these slices, as the publisher needs them.
     pub fn watch(&self) -> impl Stream<Item = SliceEvent> + Send + 'static {
         let config = watcher::Config::default().fields(&self.field_selector);
-        watcher(self.api.clone(), config).map(|event| match event {
+        watcher(self.watch_api.clone(), config).map(|event| match event {
             Ok(watcher::Event::Apply(slice) | watcher::Event::InitApply(slice)) => {
                 SliceEvent::Present(Box::new(slice))
             }

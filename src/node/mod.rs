@@ -157,7 +157,8 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     .await?;
     tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
 
-    let client = k8s::client(config.kubeconfig.as_deref()).await?;
+    let clients = k8s::clients(config.kubeconfig.as_deref(), k8s::UNARY_READ_TIMEOUT).await?;
+    let client = clients.unary.clone();
     let node_uid = node_uid(&client, &config.node_name).await;
     let owner = node_uid.clone().map(|uid| OwnerReference {
         api_version: "v1".to_owned(),
@@ -174,7 +175,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let (attach_service, claims) = load_state(&config, &client, &metrics).await?;
     attach_service.start().await;
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
-    let slices = KubeSlices::new(client, &config.driver_name, &config.node_name);
+    let slices = KubeSlices::new(client, clients.watch, &config.driver_name, &config.node_name);
     let triggers = Triggers {
         link_changes: link_events::subscribe().map_err(NodeError::LinkEvents)?,
         moved: attach_service.moved_devices(),
