@@ -62,6 +62,11 @@ pub fn node_name(flag: Option<&str>, hostname: Option<&str>) -> String {
         .unwrap_or_else(|| FALLBACK_NODE_NAME.to_owned())
 }
 
+/// A fresh bearer token for the dev API server: 244 random bits (two v4 UUIDs).
+fn new_token() -> String {
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
 fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
     let sharing = match args.selection.sharing_mode {
@@ -73,6 +78,8 @@ fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
         listen: args.listen,
         server: ServerOptions {
             drop_consumable_capacity: args.drop_consumable_capacity,
+            // Only holders of the kubeconfig (mode 0600) may drive a daemon that moves NICs.
+            bearer_token: Some(new_token()),
             ..ServerOptions::default()
         },
         kubeconfig_out: args.kubeconfig_out.clone(),

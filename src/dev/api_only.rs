@@ -30,11 +30,12 @@ pub async fn run(
     on_ready: impl FnOnce(&str),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiOnlyError> {
+    let token = options.bearer_token.clone();
     let (addr, task) = apiserver::serve(listen, options, shutdown).await?;
     let url = format!("http://{addr}");
     let written: Option<PathBuf> = match kubeconfig_out {
         Some(path) => {
-            kubeconfig::write(path, &url)?;
+            kubeconfig::write(path, &url, token.as_deref())?;
             Some(path.to_owned())
         }
         None => None,

@@ -200,9 +200,10 @@ impl Cluster {
                 .await?;
         let url = format!("http://{addr}");
         let kubeconfig = run_dir.join("kubeconfig");
-        kubeconfig::write(&kubeconfig, &url)?;
+        let token = options.server.bearer_token.as_deref();
+        kubeconfig::write(&kubeconfig, &url, token)?;
         if let Some(out) = &options.kubeconfig_out {
-            kubeconfig::write(out, &url)?;
+            kubeconfig::write(out, &url, token)?;
         }
         let client = k8s::client(Some(&kubeconfig)).await?;
         kubelet::register_node(&client, &options.node_name).await?;

@@ -879,3 +879,57 @@ fn rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// One raw HTTP/1.1 request; returns the status code.
+async fn raw_status(addr: std::net::SocketAddr, request: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The status line arrives first; read until it is complete.
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed without an answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&answer);
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn only_local_api_clients_with_the_token_are_served() {
+    let (srv, _) =
+        server(ServerOptions { bearer_token: Some("s3cr3t".into()), ..ServerOptions::default() })
+            .await;
+    let addr = srv.addr();
+    let get = |host: &str, extra: &str| {
+        format!(
+            "GET /api/v1/namespaces HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
+        )
+    };
+    let local = format!("127.0.0.1:{}", addr.port());
+    let token = "Authorization: Bearer s3cr3t\r\n";
+    assert_eq!(raw_status(addr, &get(&local, token)).await, 200);
+    assert_eq!(raw_status(addr, &get(&format!("localhost:{}", addr.port()), token)).await, 200);
+    // No token, a wrong token.
+    assert_eq!(raw_status(addr, &get(&local, "")).await, 401);
+    assert_eq!(raw_status(addr, &get(&local, "Authorization: Bearer guess\r\n")).await, 401);
+    // A page whose DNS name was rebound to 127.0.0.1 sends its own Host.
+    assert_eq!(raw_status(addr, &get("evil.example:80", token)).await, 403);
+    // A browser's cross-site request carries an Origin.
+    let with_origin = format!("{token}Origin: http://evil.example\r\n");
+    assert_eq!(raw_status(addr, &get(&local, &with_origin)).await, 403);
+    // A body a web page can send without a CORS preflight is never parsed as JSON.
+    let body = r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"x"}}"#;
+    let post = |content_type: &str| {
+        format!(
+            "POST /api/v1/namespaces HTTP/1.1\r\nHost: {local}\r\n{token}Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    assert_eq!(raw_status(addr, &post("text/plain")).await, 415);
+    assert_eq!(raw_status(addr, &post("application/x-www-form-urlencoded")).await, 415);
+    assert_eq!(raw_status(addr, &post("application/json")).await, 201);
+    srv.shutdown().await.unwrap();
+}

@@ -72,7 +72,7 @@ async fn setup() -> Option<(ApiServer, Kubectl)> {
     let bin = kubectl_path()?;
     let srv = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    kube_inmemory::kubeconfig::write(&dir.path().join("kubeconfig"), &srv.url()).unwrap();
+    kube_inmemory::kubeconfig::write(&dir.path().join("kubeconfig"), &srv.url(), None).unwrap();
     Some((srv, Kubectl { bin, dir }))
 }
 

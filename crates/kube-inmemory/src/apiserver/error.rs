@@ -73,7 +73,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn with(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn with(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self { code, reason, message: message.into(), details: None }
     }
 

@@ -92,6 +92,10 @@ pub struct ServerOptions {
     pub drop_consumable_capacity: bool,
     /// Largest request body accepted (the real server's limit is 3 MiB).
     pub max_body_bytes: usize,
+    /// When set, every request must carry `Authorization: Bearer <token>` (401 otherwise).
+    /// Without it, any local process (and any web page, were it not for the Host and
+    /// Origin checks) could drive whatever acts on this server's objects.
+    pub bearer_token: Option<String>,
 }
 
 impl Default for ServerOptions {
@@ -103,6 +107,7 @@ impl Default for ServerOptions {
             default_watch_timeout: Duration::from_mins(30),
             drop_consumable_capacity: false,
             max_body_bytes: 3 * 1024 * 1024,
+            bearer_token: None,
         }
     }
 }
@@ -230,6 +235,52 @@ fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Re
     resp
 }
 
+/// Refuses requests that do not come from a local API client: a wrong or missing bearer
+/// token (when one is configured); a `Host` that is not a loopback name (a web page that
+/// rebinds its DNS name to 127.0.0.1 sends its own name); any `Origin` (browsers send it on
+/// cross-site requests, kubectl and client libraries never do).
+fn check_caller(options: &ServerOptions, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        return Err(ApiError::with(
+            403,
+            "Forbidden",
+            format!("requests from a web page (Origin {origin:?}) are not served"),
+        ));
+    }
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
+    if !is_loopback_host(host) {
+        return Err(ApiError::with(
+            403,
+            "Forbidden",
+            format!(
+                "Host {host:?} is not a loopback address; this server serves loopback clients only"
+            ),
+        ));
+    }
+    if let Some(token) = &options.bearer_token {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if presented != Some(token.as_str()) {
+            return Err(ApiError::with(401, "Unauthorized", "Unauthorized"));
+        }
+    }
+    Ok(())
+}
+
+/// `127.0.0.1:8080`, `localhost`, `[::1]:6443`: a loopback literal or `localhost`, with an
+/// optional port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or_default()
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, _port)| name)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 fn error_response(err: &ApiError) -> Response {
     json_response(err.code, &err.to_status(), &[])
 }
@@ -245,6 +296,9 @@ async fn handle(
         };
         (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
     };
+    if let Err(refused) = check_caller(&shared.options, req.headers()) {
+        return error_response(&refused);
+    }
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
     let body = match axum::body::to_bytes(req.into_body(), shared.options.max_body_bytes).await {

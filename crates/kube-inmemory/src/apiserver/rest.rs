@@ -145,7 +145,9 @@ fn update_manager<'a>(req: &'a ApiRequest<'_>) -> &'a str {
 
 fn parse_body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
     let ct = req.content_type.split(';').next().unwrap_or_default().trim();
-    if ct.contains("protobuf") || ct.contains("cbor") {
+    // Only the media types API clients send: a `text/plain` or form body is what a web page
+    // can send without a CORS preflight, and is never parsed.
+    if ct != "application/json" && ct != "application/yaml" {
         return Err(ApiError::unsupported_media_type(ct));
     }
     if ct.contains("yaml") {
@@ -496,6 +498,14 @@ fn patch(
     let dry = dry_run(req)?;
     if ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json" {
         return server_side_apply_patch(shared, req, target, name, dry);
+    }
+    if !matches!(
+        ct.as_str(),
+        "application/json-patch+json"
+            | "application/merge-patch+json"
+            | "application/strategic-merge-patch+json"
+    ) {
+        return Err(ApiError::unsupported_media_type(&ct));
     }
     let patch_doc: Value = serde_json::from_slice(req.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
