@@ -25,8 +25,8 @@
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
 //! sandbox, and whatever is still inside it is a leftover.
 //!
-//! Needs root and `scripts/setup/containerd.sh`; skips with `SKIPPED` otherwise, fails under
-//! `CI`.
+//! Needs root and `scripts/setup/containerd.sh`: `#[ignore]`d, run by `make test` as root,
+//! failing when either is missing.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 #![allow(clippy::too_many_lines, reason = "each test is one scenario told step by step")]
@@ -739,7 +739,7 @@ fn run_e2e<F>(scenario: F)
 where
     F: for<'a> FnOnce(&'a mut Cluster) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
 {
-    // Checks root as well; prints the SKIPPED line (or fails under CI).
+    // Checks root as well; fails naming what is missing.
     let Some(tools) = containerd_support::find_tools() else { return };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -761,6 +761,7 @@ fn median(mut values: Vec<Duration>) -> Duration {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -829,6 +830,7 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -875,6 +877,7 @@ fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -958,6 +961,7 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1052,6 +1056,7 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1093,6 +1098,7 @@ fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_host_device_comes_back_at_stop_after_a_daemon_restart() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1136,6 +1142,7 @@ fn a_host_device_comes_back_at_stop_after_a_daemon_restart() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1190,6 +1197,7 @@ fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1239,6 +1247,7 @@ fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1315,6 +1324,7 @@ fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn no_container_starts_while_the_pod_lacks_its_interface() {
     run_e2e(|cluster| {
         Box::pin(async move {
@@ -1372,6 +1382,7 @@ fn no_container_starts_while_the_pod_lacks_its_interface() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that() {
     run_e2e(|cluster| {
         Box::pin(async move {

@@ -32,6 +32,7 @@ fn pod_links(pod: &Netns) -> Vec<Value> {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn the_example_attaches_and_detaches_a_macvlan_through_the_library() {
     if !require_root("the_example_attaches_and_detaches_a_macvlan_through_the_library") {
         return;

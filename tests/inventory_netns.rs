@@ -51,6 +51,7 @@ fn mac_of(netns: &Netns, if_name: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_veth_shared_parent_is_published_with_capacity() {
     if !require_root("a_veth_shared_parent_is_published_with_capacity") {
         return;
@@ -85,6 +86,7 @@ fn a_veth_shared_parent_is_published_with_capacity() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn exclusion_rules_hold_on_a_real_topology() {
     if !require_root("exclusion_rules_hold_on_a_real_topology") {
         return;
@@ -146,6 +148,7 @@ fn exclusion_rules_hold_on_a_real_topology() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn changes_in_the_kernel_show_in_the_next_inventory() {
     if !require_root("changes_in_the_kernel_show_in_the_next_inventory") {
         return;
@@ -172,6 +175,7 @@ fn changes_in_the_kernel_show_in_the_next_inventory() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn slot_mode_and_environment_variables() {
     if !require_root("slot_mode_and_environment_variables") {
         return;

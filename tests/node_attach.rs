@@ -313,6 +313,7 @@ fn network_ips(claim: &ResourceClaim) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it() {
     if !require_root("run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it") {
         return;
@@ -368,6 +369,7 @@ fn run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_sandbox_started_while_the_daemon_was_down_is_attached_at_synchronize() {
     if !require_root("a_sandbox_started_while_the_daemon_was_down_is_attached_at_synchronize") {
         return;
@@ -432,6 +434,7 @@ fn host_link(netns: &Netns, name: &str) -> Option<serde_json::Value> {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu() {
     if !require_root("a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu")
     {
@@ -480,6 +483,7 @@ fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu(
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries() {
     if !require_root("a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries") {
         return;
@@ -540,6 +544,7 @@ fn a_failed_attach_fails_the_sandbox_reports_why_and_create_container_retries() 
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address() {
     if !require_root("unprepare_of_a_claim_still_in_a_pod_detaches_it_and_frees_the_address") {
         return;
@@ -574,6 +579,7 @@ fn died(daemon: &mut Child) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 #[cfg_attr(
     not(feature = "failpoints"),
     ignore = "needs the daemon built with --features failpoints"

@@ -148,6 +148,7 @@ fn write_batch(path: &Path, lines: &[String]) {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn devices_appear_change_and_disappear() {
     if !require_root("devices_appear_change_and_disappear") {
         return;
@@ -184,6 +185,7 @@ fn devices_appear_change_and_disappear() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_restart_continues_the_generation_and_a_deleted_slice_comes_back() {
     if !require_root("a_restart_continues_the_generation_and_a_deleted_slice_comes_back") {
         return;
@@ -214,6 +216,7 @@ fn a_restart_continues_the_generation_and_a_deleted_slice_comes_back() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_burst_of_link_changes_gives_a_handful_of_writes() {
     if !require_root("a_burst_of_link_changes_gives_a_handful_of_writes") {
         return;
@@ -243,6 +246,7 @@ fn a_burst_of_link_changes_gives_a_handful_of_writes() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn kubectl_shows_the_published_slices() {
     if !require_root("kubectl_shows_the_published_slices") {
         return;
@@ -264,6 +268,7 @@ fn kubectl_shows_the_published_slices() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn a_server_without_consumable_capacity_gets_slots_and_a_node_event() {
     if !require_root("a_server_without_consumable_capacity_gets_slots_and_a_node_event") {
         return;
@@ -301,6 +306,7 @@ fn a_server_without_consumable_capacity_gets_slots_and_a_node_event() {
 /// The whole daemon: kubelet's DRA socket prepares a claim allocated on a device the daemon
 /// published, looking the device up in a fresh discovery of the namespace's links.
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn the_daemon_prepares_a_claim_on_its_published_device() {
     use k8s_openapi::api::resource::v1::ResourceClaim;
     use kube::api::{Patch, PatchParams, PostParams};
@@ -370,6 +376,7 @@ fn the_daemon_prepares_a_claim_on_its_published_device() {
 }
 
 #[test]
+#[ignore = "needs root: run `make test` as root"]
 fn kubelet_registration_comes_after_the_first_publication() {
     if !require_root("kubelet_registration_comes_after_the_first_publication") {
         return;

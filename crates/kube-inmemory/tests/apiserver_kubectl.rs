@@ -1,7 +1,7 @@
 //! The dev API server against kubectl (the machine's v1.32, or `$KUBECTL`): get, create -f, apply
 //! --server-side, client-side apply, delete, get -w with a timeout, and the kubeconfig
-//! written by `kube_inmemory::kubeconfig`. Without kubectl the tests print `SKIPPED` (and fail
-//! when `CI` is set).
+//! written by `kube_inmemory::kubeconfig`. `#[ignore]`d (they need kubectl, which `make test`
+//! installs); run without kubectl they fail.
 #![allow(clippy::unwrap_used, reason = "test helpers: a failed setup step should panic")]
 
 use std::path::PathBuf;
@@ -10,22 +10,17 @@ use std::process::{Command, Output};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 
 /// `$KUBECTL`, else `/usr/bin/kubectl`, else what `scripts/setup/kubectl.sh` unpacked.
-fn kubectl_path() -> Option<PathBuf> {
+fn kubectl_path() -> PathBuf {
     let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
         Some(p) => vec![PathBuf::from(p)],
         None => {
             vec![PathBuf::from("/usr/bin/kubectl"), PathBuf::from("/opt/netclaim-test/bin/kubectl")]
         }
     };
-    if let Some(found) = candidates.iter().find(|p| p.exists()) {
-        return Some(found.clone());
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "kubectl not found at {candidates:?} and CI is set (run scripts/setup/kubectl.sh)"
-    );
-    println!("SKIPPED: kubectl not found at {candidates:?} (run scripts/setup/kubectl.sh)");
-    None
+    let found = candidates.iter().find(|p| p.exists()).cloned();
+    found.unwrap_or_else(|| {
+        panic!("kubectl not found at {candidates:?}: run scripts/setup/kubectl.sh (make test does)")
+    })
 }
 
 struct Kubectl {
@@ -68,12 +63,12 @@ impl Kubectl {
     }
 }
 
-async fn setup() -> Option<(ApiServer, Kubectl)> {
-    let bin = kubectl_path()?;
+async fn setup() -> (ApiServer, Kubectl) {
+    let bin = kubectl_path();
     let srv = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     kube_inmemory::kubeconfig::write(&dir.path().join("kubeconfig"), &srv.url(), None).unwrap();
-    Some((srv, Kubectl { bin, dir }))
+    (srv, Kubectl { bin, dir })
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -133,11 +128,10 @@ spec:
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubectl (scripts/setup/kubectl.sh): run `make test`"]
 #[allow(clippy::too_many_lines, reason = "one kubectl session, step by step")]
 async fn kubectl_create_get_apply_delete() {
-    let Some((srv, k)) = setup().await else {
-        return;
-    };
+    let (srv, k) = setup().await;
     let k = std::sync::Arc::new(k);
     let k2 = k.clone();
     blocking(move || {
@@ -248,10 +242,9 @@ async fn kubectl_create_get_apply_delete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubectl (scripts/setup/kubectl.sh): run `make test`"]
 async fn kubectl_get_watch_with_timeout() {
-    let Some((srv, k)) = setup().await else {
-        return;
-    };
+    let (srv, k) = setup().await;
     let k = std::sync::Arc::new(k);
     // One slice before the watch (from the initial list), one created while kubectl
     // watches (only a watch event can show it).
