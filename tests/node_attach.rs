@@ -579,11 +579,7 @@ fn died(daemon: &mut Child) -> bool {
 }
 
 #[test]
-#[ignore = "needs root: run `make test` as root"]
-#[cfg_attr(
-    not(feature = "failpoints"),
-    ignore = "needs the daemon built with --features failpoints"
-)]
+#[ignore = "needs root and the daemon built with --features failpoints: run `make test` as root"]
 fn kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing() {
     if !require_root("kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing") {
         return;

@@ -22,7 +22,8 @@ pub(super) fn claim_label(claim: &PreparedClaim) -> String {
     format!("{}/{}", claim.namespace, claim.name)
 }
 
-/// The pod's interfaces in attach order (claim name, then request name; DESIGN §3) with
+/// The pod's interfaces in attach order (the pod's `spec.resourceClaims` order, then request
+/// name; claims of unknown position after the others, by name; DESIGN §3) with
 /// their names: explicit names kept, interfaces already attached keep theirs, the others
 /// get `net1`, `net2`, ….
 pub(super) fn assign_slots<'a>(
@@ -32,7 +33,9 @@ pub(super) fn assign_slots<'a>(
     let mut pairs: Vec<(&PreparedClaim, &PreparedClaimDevice)> =
         claims.iter().flat_map(|c| c.devices.iter().map(move |d| (c, d))).collect();
     pairs.sort_by(|(a, x), (b, y)| {
-        (&a.namespace, &a.name, &a.uid, &x.request).cmp(&(
+        let position = |c: &PreparedClaim| c.pod_claim_index.unwrap_or(u32::MAX);
+        (position(a), &a.namespace, &a.name, &a.uid, &x.request).cmp(&(
+            position(b),
             &b.namespace,
             &b.name,
             &b.uid,

@@ -252,6 +252,7 @@ fn facts(if_name: &str, sharing: Sharing, mtu: u32) -> DeviceFacts {
 fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> PreparedClaim {
     let uid = format!("uid-{name}");
     PreparedClaim {
+        pod_claim_index: None,
         uid,
         namespace: "ns".to_owned(),
         name: name.to_owned(),
@@ -778,4 +779,25 @@ async fn a_failed_lookup_at_synchronize_never_detaches_a_live_interface() {
     service.synchronize(vec![world.pod("p1")]).await.unwrap();
     assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "nothing moved");
     assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+}
+
+#[tokio::test]
+async fn default_names_follow_the_pods_claim_order_not_claim_names() {
+    let world = World::new();
+    let mut alpha = claim("alpha", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]);
+    let mut zeta = claim("zeta", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]);
+    // The pod's spec.resourceClaims lists zeta first.
+    zeta.pod_claim_index = Some(0);
+    alpha.pod_claim_index = Some(1);
+    world.add_claim(alpha);
+    world.add_claim(zeta);
+    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    let record = world.store.0.lock().unwrap()["p1"].clone();
+    let names: Vec<(String, String)> = record
+        .devices
+        .iter()
+        .map(|d| (d.claim_uid.clone(), d.plan.interface_name.clone()))
+        .collect();
+    assert!(names.contains(&("uid-zeta".to_owned(), "net1".to_owned())), "{names:?}");
+    assert!(names.contains(&("uid-alpha".to_owned(), "net2".to_owned())), "{names:?}");
 }

@@ -103,3 +103,26 @@ pub fn extract(
     }
     Ok(ClaimAllocation { results, config, pods, generation: claim.metadata.generation })
 }
+
+/// The claim names of a pod in `spec.resourceClaims` order: a claim named directly, or the
+/// claim generated from a template as `status.resourceClaimStatuses` reports it (an empty
+/// name while it is not generated yet, so positions stay).
+#[must_use]
+pub fn pod_claim_names(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    let entries = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    let generated = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    entries
+        .into_iter()
+        .flatten()
+        .map(|entry| {
+            entry.resource_claim_name.clone().unwrap_or_else(|| {
+                generated
+                    .into_iter()
+                    .flatten()
+                    .find(|s| s.name == entry.name)
+                    .and_then(|s| s.resource_claim_name.clone())
+                    .unwrap_or_default()
+            })
+        })
+        .collect()
+}

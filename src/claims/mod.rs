@@ -68,6 +68,14 @@ pub trait ClaimReader: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> impl Future<Output = Result<ResourceClaim, ReadError>> + Send;
+
+    /// The pod's claims in `spec.resourceClaims` order, as claim names
+    /// ([`allocation::pod_claim_names`]); `None` when the pod does not exist.
+    fn pod_claim_names(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> impl Future<Output = Result<Option<Vec<String>>, ReadError>> + Send;
 }
 
 /// Why an allocated device could not be looked up.
@@ -127,6 +135,12 @@ pub struct PreparedClaim {
     /// `metadata.generation` at prepare, for the status conditions' `observedGeneration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
+    /// This claim's position in its pod's `spec.resourceClaims`, read with one Pod GET at
+    /// prepare so default interface names follow the pod's order (DESIGN §3) without an API
+    /// call on the sandbox path. `None` when the pod could not be found, and in records of
+    /// the first release (format version 1): those fall back to claim-name order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_index: Option<u32>,
 }
 
 /// A pod a claim is reserved for.
@@ -358,6 +372,30 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             tracing::info!(claim_uid = %uid, leases = released.len(),
                 "released leases of a claim whose preparation did not complete");
         }
+        // Static addresses are leases (DESIGN §4); claims prepared by a release that did not
+        // lease them get their leases now, so no pool hands those addresses out.
+        for claim in prepared.values() {
+            for device in &claim.devices {
+                let Addressing::Static(addresses) = &device.config.addressing else { continue };
+                let owner = LeaseOwner {
+                    claim_uid: claim.uid.clone(),
+                    request: device.request.clone(),
+                    device: device.device.clone(),
+                    share_id: device.share_id.clone(),
+                };
+                for address in addresses {
+                    match ipam.reserve_static(&owner, *address) {
+                        Ok(_) => {}
+                        Err(IpamError::AddressTaken { holder, .. }) => tracing::warn!(
+                            claim = %claim.name, namespace = %claim.namespace, %address,
+                            other_claim_uid = %holder.claim_uid,
+                            "two prepared claims hold one static address (prepared before static addresses were leases)"
+                        ),
+                        Err(err) => return Err(LoadError::Ipam(err)),
+                    }
+                }
+            }
+        }
         Ok(Self {
             identity,
             reader,
@@ -447,6 +485,15 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             let object = self.reader.get(&claim.namespace, &claim.name).await?;
             let allocation =
                 allocation::extract(claim, &object, &self.identity.driver, &self.identity.node)?;
+            let pod_claim_index = match allocation.pods.first() {
+                Some(pod) => self
+                    .reader
+                    .pod_claim_names(&claim.namespace, &pod.name)
+                    .await?
+                    .and_then(|names| names.iter().position(|n| *n == claim.name))
+                    .and_then(|i| u32::try_from(i).ok()),
+                None => None,
+            };
             let mut facts = Vec::with_capacity(allocation.results.len());
             for result in &allocation.results {
                 let found = self.devices.facts(&result.device).await.map_err(|source| {
@@ -456,9 +503,11 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             }
             let state = Arc::clone(&self.state);
             let claim = claim.clone();
-            tokio::task::spawn_blocking(move || commit_prepare(&state, &claim, &allocation, facts))
-                .await
-                .map_err(ClaimError::Task)?
+            tokio::task::spawn_blocking(move || {
+                commit_prepare(&state, &claim, &allocation, facts, pod_claim_index)
+            })
+            .await
+            .map_err(ClaimError::Task)?
         })
         .await
     }
@@ -537,6 +586,7 @@ fn commit_prepare<S: ClaimStore>(
     claim: &ClaimRef,
     allocation: &ClaimAllocation,
     facts: Vec<DeviceFacts>,
+    pod_claim_index: Option<u32>,
 ) -> Result<Vec<PreparedDevice>, ClaimError> {
     let mut state = lock(state);
     let state = &mut *state;
@@ -562,6 +612,7 @@ fn commit_prepare<S: ClaimStore>(
         devices: Vec::with_capacity(devices.len()),
         reserved_for: allocation.pods.clone(),
         generation: allocation.generation,
+        pod_claim_index,
     };
     let outcome = (|| {
         for (result, facts, config) in devices {

@@ -27,6 +27,8 @@ const NODE: &str = "node-a";
 #[derive(Default)]
 struct FakeApi {
     claims: Mutex<HashMap<(String, String), ResourceClaim>>,
+    /// Pods by namespace/name: their claim names in `spec.resourceClaims` order.
+    pods: Mutex<HashMap<(String, String), Vec<String>>>,
     gets: AtomicUsize,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
@@ -55,6 +57,14 @@ impl ClaimReader for Arc<FakeApi> {
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
             .ok_or(ReadError::NotFound)
+    }
+
+    async fn pod_claim_names(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> Result<Option<Vec<String>>, ReadError> {
+        Ok(self.pods.lock().unwrap().get(&(namespace.to_owned(), pod.to_owned())).cloned())
     }
 }
 
@@ -674,4 +684,91 @@ async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refuse
     // The same settings share the pool.
     prepare_one(&service, &reference("d", "u-d")).await.unwrap();
     assert_eq!(lock(&service.state).ipam.leases().count(), 2);
+}
+
+#[tokio::test]
+async fn a_state_dir_of_the_previous_release_loads_and_is_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/state-0e47c90/journal");
+    std::fs::copy(&fixture, dir.path().join("journal")).unwrap();
+    let api = Arc::new(FakeApi::default());
+    let service = service(&api, dir.path());
+    let mut names: Vec<(String, Option<u32>)> =
+        service.all_prepared().into_iter().map(|c| (c.name, c.pod_claim_index)).collect();
+    names.sort();
+    assert_eq!(names, [("db-nic".to_owned(), None), ("web-net".to_owned(), None)]);
+    let leases: Vec<(String, String)> = lock(&service.state)
+        .ipam
+        .leases()
+        .map(|l| (l.address.to_string(), l.owner.request.clone()))
+        .collect();
+    // The pool lease kept its address; the static address is a lease now.
+    assert_eq!(
+        leases,
+        [("10.9.0.2".to_owned(), "nic".to_owned()), ("10.9.1.5".to_owned(), "dev".to_owned())]
+    );
+    drop(service);
+    // The records were written back at the current version.
+    let journal = std::fs::read_to_string(dir.path().join("journal")).unwrap();
+    let versions: Vec<u64> = journal
+        .lines()
+        .skip(1)
+        .filter_map(|line| serde_json::from_str::<Value>(line.split_once(' ')?.1).ok())
+        .flat_map(|entry| entry["ops"].as_array().cloned().unwrap_or_default())
+        .filter(|op| op["kind"] == "prepared-claims" && op["op"] == "put")
+        .map(|op| op["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions.iter().filter(|v| **v == 2).count(), 2, "{versions:?}");
+    let service = self::service(&api, dir.path());
+    assert_eq!(service.all_prepared().len(), 2);
+}
+
+#[tokio::test]
+async fn prepare_records_the_claims_position_in_its_pods_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = Arc::new(FakeApi::default());
+    for (name, uid) in [("first", "u1"), ("second", "u2"), ("other", "u3")] {
+        api.put(claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config("FromClaim", DRIVER, &[], pool_config())],
+        ));
+    }
+    // The pod lists `second` before `first`; `other` is not in its spec.
+    api.pods.lock().unwrap().insert(
+        ("default".to_owned(), "pod-1".to_owned()),
+        vec!["second".to_owned(), "first".to_owned()],
+    );
+    let service = service(&api, dir.path());
+    for (name, uid) in [("first", "u1"), ("second", "u2"), ("other", "u3")] {
+        prepare_one(&service, &reference(name, uid)).await.unwrap();
+    }
+    let index = |uid: &str| service.prepared(uid).unwrap().pod_claim_index;
+    assert_eq!((index("u1"), index("u2"), index("u3")), (Some(1), Some(0), None));
+    // Kept across a restart.
+    drop(service);
+    let service = self::service(&api, dir.path());
+    assert_eq!(service.prepared("u2").unwrap().pod_claim_index, Some(0));
+}
+
+#[test]
+fn pod_claim_names_follow_the_spec_and_resolve_templates() {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"containers": [], "resourceClaims": [
+            {"name": "data", "resourceClaimTemplateName": "data-net"},
+            {"name": "mgmt", "resourceClaimName": "shared-mgmt"},
+            {"name": "later", "resourceClaimTemplateName": "t"},
+        ]},
+        "status": {"resourceClaimStatuses": [
+            {"name": "data", "resourceClaimName": "web-data-x7k2p"},
+        ]},
+    }))
+    .unwrap();
+    assert_eq!(
+        allocation::pod_claim_names(&pod),
+        ["web-data-x7k2p".to_owned(), "shared-mgmt".to_owned(), String::new()]
+    );
 }

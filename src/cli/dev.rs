@@ -78,8 +78,10 @@ fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
         listen: args.listen,
         server: ServerOptions {
             drop_consumable_capacity: args.drop_consumable_capacity,
-            // Only holders of the kubeconfig (mode 0600) may drive a daemon that moves NICs.
+            // Only holders of the kubeconfig (mode 0600) and processes of this user may drive
+            // a daemon that moves NICs (kubectl sends no token over plain HTTP).
             bearer_token: Some(new_token()),
+            same_user: true,
             ..ServerOptions::default()
         },
         kubeconfig_out: args.kubeconfig_out.clone(),

@@ -9,7 +9,16 @@ use crate::claims::{ClaimStore, PreparedClaim};
 
 impl Record for PreparedClaim {
     const KIND: &'static str = "prepared-claims";
-    const VERSION: u32 = 1;
+    /// 2: `podClaimIndex` (optional; absent in version 1, which reads as unknown order).
+    const VERSION: u32 = 2;
+
+    fn migrate(from: u32, data: serde_json::Value) -> Result<serde_json::Value, String> {
+        match from {
+            // The new field is optional: a version 1 record is a valid version 2 record.
+            1 => Ok(data),
+            _ => Err(format!("no migration from version {from}")),
+        }
+    }
 }
 
 impl ClaimStore for Arc<Store> {
@@ -71,6 +80,14 @@ mod tests {
                 }}}
             }))
             .expect("a valid claim"))
+        }
+
+        async fn pod_claim_names(
+            &self,
+            _namespace: &str,
+            _pod: &str,
+        ) -> Result<Option<Vec<String>>, ReadError> {
+            Ok(None)
         }
     }
 

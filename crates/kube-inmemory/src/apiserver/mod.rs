@@ -22,6 +22,7 @@ mod discovery;
 pub mod error;
 mod fieldset;
 mod objects;
+pub mod peer;
 mod resources;
 mod rest;
 mod selectors;
@@ -92,10 +93,13 @@ pub struct ServerOptions {
     pub drop_consumable_capacity: bool,
     /// Largest request body accepted (the real server's limit is 3 MiB).
     pub max_body_bytes: usize,
-    /// When set, every request must carry `Authorization: Bearer <token>` (401 otherwise).
-    /// Without it, any local process (and any web page, were it not for the Host and
-    /// Origin checks) could drive whatever acts on this server's objects.
+    /// When set, a request carrying `Authorization: Bearer <token>` is served. Without a
+    /// caller check any local process (and any web page, were it not for the Host and Origin
+    /// checks) could drive whatever acts on this server's objects.
     pub bearer_token: Option<String>,
+    /// Serve connections whose client socket belongs to this server's own user (Linux,
+    /// loopback). kubectl sends no bearer token over plain HTTP, so this is how it gets in.
+    pub same_user: bool,
 }
 
 impl Default for ServerOptions {
@@ -108,6 +112,7 @@ impl Default for ServerOptions {
             drop_consumable_capacity: false,
             max_body_bytes: 3 * 1024 * 1024,
             bearer_token: None,
+            same_user: false,
         }
     }
 }
@@ -117,6 +122,7 @@ pub(crate) struct Shared {
     store: Arc<Store>,
     options: ServerOptions,
     address: String,
+    addr: SocketAddr,
     shutdown: tokio::sync::watch::Receiver<bool>,
     active_watches: Arc<AtomicUsize>,
 }
@@ -191,6 +197,7 @@ async fn bind_and_serve(
         store: Arc::new(store),
         options,
         address: addr.to_string(),
+        addr,
         shutdown: stop_rx,
         active_watches: Arc::new(AtomicUsize::new(0)),
     });
@@ -201,7 +208,7 @@ async fn bind_and_serve(
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        axum::serve(listener, app)
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(graceful)
             .await
             .map_err(ApiServerError::Serve)
@@ -239,7 +246,12 @@ fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Re
 /// token (when one is configured); a `Host` that is not a loopback name (a web page that
 /// rebinds its DNS name to 127.0.0.1 sends its own name); any `Origin` (browsers send it on
 /// cross-site requests, kubectl and client libraries never do).
-fn check_caller(options: &ServerOptions, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+fn check_caller(
+    options: &ServerOptions,
+    headers: &axum::http::HeaderMap,
+    client: SocketAddr,
+    server: SocketAddr,
+) -> Result<(), ApiError> {
     if let Some(origin) = headers.get(header::ORIGIN) {
         return Err(ApiError::with(
             403,
@@ -257,16 +269,21 @@ fn check_caller(options: &ServerOptions, headers: &axum::http::HeaderMap) -> Res
             ),
         ));
     }
-    if let Some(token) = &options.bearer_token {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if presented != Some(token.as_str()) {
-            return Err(ApiError::with(401, "Unauthorized", "Unauthorized"));
-        }
+    if options.bearer_token.is_none() && !options.same_user {
+        return Ok(());
     }
-    Ok(())
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let token_ok = options.bearer_token.as_deref().is_some_and(|t| presented == Some(t));
+    let user_ok = options.same_user
+        && peer::own_uid().is_some_and(|own| peer::owner_uid(client, server) == Some(own));
+    if token_ok || user_ok {
+        Ok(())
+    } else {
+        Err(ApiError::with(401, "Unauthorized", "Unauthorized"))
+    }
 }
 
 /// `127.0.0.1:8080`, `localhost`, `[::1]:6443`: a loopback literal or `localhost`, with an
@@ -287,6 +304,7 @@ fn error_response(err: &ApiError) -> Response {
 
 async fn handle(
     State(shared): State<Arc<Shared>>,
+    axum::extract::ConnectInfo(client): axum::extract::ConnectInfo<SocketAddr>,
     Query(query): Query<HashMap<String, String>>,
     req: Request,
 ) -> Response {
@@ -296,7 +314,7 @@ async fn handle(
         };
         (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
     };
-    if let Err(refused) = check_caller(&shared.options, req.headers()) {
+    if let Err(refused) = check_caller(&shared.options, req.headers(), client, shared.addr) {
         return error_response(&refused);
     }
     let method = req.method().as_str().to_owned();
