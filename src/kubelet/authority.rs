@@ -472,6 +472,10 @@ fn put_frame_header(out: &mut BytesMut, length: usize, frame_type: u8, flags: u8
 }
 
 #[cfg(test)]
+#[path = "authority_props.rs"]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use httlib_hpack::Encoder;

@@ -277,3 +277,88 @@ fn a_corrupt_line_in_the_middle_fails_the_open_with_its_offset() {
         "{err}"
     );
 }
+
+mod journal_reader {
+    //! The journal reader over outside bytes: a damaged or foreign file never panics the
+    //! daemon; it opens with a prefix of the committed batches (a torn tail is dropped) or
+    //! fails with an error that names the offset of the bad line.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A journal with a few committed batches, written by the store itself.
+    fn valid_journal() -> Vec<u8> {
+        let disk = SimDisk::new(1);
+        let store = open(&disk).unwrap();
+        for value in 0..6 {
+            store.put(&format!("k{value}"), &entry(value, 20)).unwrap();
+        }
+        drop(store);
+        disk.contents(&root().join(JOURNAL_FILE)).unwrap()
+    }
+
+    fn open_bytes(bytes: &[u8]) -> Result<Store, StoreError> {
+        let disk = SimDisk::new(2);
+        disk.write_durably(&root().join(JOURNAL_FILE), bytes);
+        open(&disk)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_open_or_fail_naming_the_offset(
+            bytes in proptest::collection::vec(any::<u8>(), 0..4096),
+        ) {
+            match open_bytes(&bytes) {
+                Ok(store) => {
+                    // Only a header and whole checksummed lines can load.
+                    prop_assert!(store.load_all::<Item>().is_ok());
+                }
+                Err(StoreError::Corrupt { offset, reason, .. }) => {
+                    prop_assert!(offset <= bytes.len() as u64);
+                    prop_assert!(!reason.is_empty());
+                }
+                Err(StoreError::NewerFormat { .. }) => {}
+                Err(other) => prop_assert!(false, "unexpected error {other}"),
+            }
+        }
+
+        #[test]
+        fn a_damaged_valid_journal_keeps_a_prefix_or_names_the_bad_line(
+            cut in any::<usize>(),
+            flip in any::<usize>(),
+            mask in 1u8..=255,
+            do_flip in any::<bool>(),
+        ) {
+            let mut bytes = valid_journal();
+            let lines: Vec<usize> = bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'\n')
+                .map(|(i, _)| i + 1)
+                .collect();
+            if do_flip {
+                let at = flip % bytes.len();
+                bytes[at] ^= mask;
+            } else {
+                bytes.truncate(cut % (bytes.len() + 1));
+            }
+            match open_bytes(&bytes) {
+                Ok(store) => {
+                    let keys: Vec<String> =
+                        store.load_all::<Item>().unwrap().into_iter().map(|(k, _)| k).collect();
+                    // Batches are kept in order: k0..kn for some n.
+                    let expected: Vec<String> = (0..keys.len()).map(|i| format!("k{i}")).collect();
+                    prop_assert_eq!(keys, expected);
+                }
+                Err(StoreError::Corrupt { offset, .. }) => {
+                    prop_assert!(offset == 0 || lines.contains(&usize::try_from(offset).unwrap()),
+                        "offset {offset} is not a line start");
+                }
+                Err(other) => prop_assert!(false, "unexpected error {other}"),
+            }
+        }
+    }
+}

@@ -765,3 +765,98 @@ fn routes_and_parameters_past_their_limits_are_refused_by_name() {
     let just_fits = params(json!({"interface": {"name": "net1"}, "x": "y".repeat(10_000)}));
     assert!(!matches!(decode(0, &just_fits), Err(ConfigError::TooLarge { .. })));
 }
+
+mod decoder_props {
+    //! NetworkConfig decoding and validation over outside input (a claim's opaque
+    //! parameters, JSON or YAML): never a panic, and every error names a field path.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Arbitrary JSON, a few levels deep.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+            "[a-z0-9./:-]{0,20}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A config-shaped object: the real field names with arbitrary values, so decoding
+    /// gets past the unknown-field check and validation runs.
+    fn config_like() -> impl Strategy<Value = Value> {
+        let field = prop_oneof![
+            Just("mode"),
+            Just("interface"),
+            Just("macvlan"),
+            Just("vlan"),
+            Just("ipam"),
+            Just("routes"),
+            Just("sriov"),
+            Just("stats"),
+        ];
+        let plausible = prop_oneof![
+            json_value(),
+            Just(json!("macvlan")),
+            Just(json!("host-device")),
+            Just(json!({"pool": {"subnet": "10.1.0.0/24", "gateway": "10.1.0.1"}})),
+            Just(json!({"addresses": ["10.1.0.5/24", "fd00::5/64"]})),
+            Just(json!([{"destination": "0.0.0.0/0", "gateway": "10.1.0.1"}])),
+            Just(json!({"name": "net1", "mtu": 1400})),
+        ];
+        proptest::collection::btree_map(field, plausible, 0..6).prop_map(|m| {
+            let mut object = serde_json::Map::new();
+            object.insert("apiVersion".into(), json!(API_VERSION));
+            object.insert("kind".into(), json!(KIND));
+            for (k, v) in m {
+                object.insert(k.to_owned(), v);
+            }
+            Value::Object(object)
+        })
+    }
+
+    fn exercise(parameters: &Value) -> Result<(), TestCaseError> {
+        match decode(0, parameters) {
+            Ok(config) => {
+                for device in [shared(), exclusive(), vf(), slot()] {
+                    if let Err(err) = config.validate(&device) {
+                        prop_assert!(!err.path().is_empty(), "{err}");
+                    }
+                }
+            }
+            Err(err) => prop_assert!(!err.path().is_empty(), "{err}"),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_json_never_panics_and_errors_name_a_field(parameters in json_value()) {
+            exercise(&parameters)?;
+        }
+
+        #[test]
+        fn config_shaped_json_never_panics_and_errors_name_a_field(parameters in config_like()) {
+            exercise(&parameters)?;
+        }
+
+        #[test]
+        fn arbitrary_yaml_text_never_panics(text in "[ -~\n]{0,400}") {
+            if let Ok(parameters) = serde_yaml::from_str::<Value>(&text) {
+                exercise(&parameters)?;
+            }
+        }
+    }
+}
