@@ -239,23 +239,26 @@ fn oper_state(state: State) -> OperState {
     }
 }
 
+/// Whether `route` is a unicast route of the main table. The table id is in `RTA_TABLE`
+/// (ids above 255 do not fit the header's byte), else in the header.
+pub(super) fn is_main_unicast(route: &RouteMessage) -> bool {
+    let table = route
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Table(table) => Some(*table),
+            _ => None,
+        })
+        .unwrap_or(u32::from(route.header.table));
+    table == MAIN_TABLE && route.header.kind == RouteType::Unicast
+}
+
 /// Interfaces that carry a unicast default route of the main table (IPv4 or IPv6), directly
 /// or as one next hop of a multipath route.
 fn default_route_interfaces(routes: &[RouteMessage]) -> HashSet<u32> {
     let mut indexes = HashSet::new();
     for route in routes {
-        let table = route
-            .attributes
-            .iter()
-            .find_map(|attribute| match attribute {
-                RouteAttribute::Table(table) => Some(*table),
-                _ => None,
-            })
-            .unwrap_or(u32::from(route.header.table));
-        if route.header.destination_prefix_length != 0
-            || route.header.kind != RouteType::Unicast
-            || table != MAIN_TABLE
-        {
+        if route.header.destination_prefix_length != 0 || !is_main_unicast(route) {
             continue;
         }
         for attribute in &route.attributes {

@@ -16,9 +16,7 @@ use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessa
 use netlink_packet_route::link::{
     LinkAttribute, LinkFlags, LinkMessage, MacVlanMode as NlMacVlanMode,
 };
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType,
-};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::{
     AddressMessageBuilder, Handle, LinkMacVlan, LinkUnspec, LinkVlan, RouteMessageBuilder,
 };
@@ -290,15 +288,7 @@ fn address_of(message: &AddressMessage) -> Option<IpNetwork> {
 
 /// A main-table unicast route through link `index`, as the plan writes routes.
 fn route_of(message: &RouteMessage, index: u32) -> Option<Route> {
-    let table = message
-        .attributes
-        .iter()
-        .find_map(|attribute| match attribute {
-            RouteAttribute::Table(table) => Some(*table),
-            _ => None,
-        })
-        .unwrap_or(u32::from(message.header.table));
-    if table != u32::from(RouteHeader::RT_TABLE_MAIN) || message.header.kind != RouteType::Unicast {
+    if !super::discovery::is_main_unicast(message) {
         return None;
     }
     let ip = |address: &RouteAddress| match address {
