@@ -225,6 +225,12 @@ async fn ready_then_failed_keeps_other_drivers() {
     );
     let gpu = after.iter().find(|e| e.driver == "other.dev").expect("other driver's entry kept");
     assert_eq!(gpu.data.as_ref().expect("data").0["kind"], "GpuStatus");
+    // The writer counts a write after the server answered it, so the test can see the
+    // write land before the count moves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&metrics, "success") < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(count(&metrics, "success"), 2);
 
     srv.shutdown().await.expect("shutdown");

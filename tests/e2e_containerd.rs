@@ -21,6 +21,9 @@
 //! container created while a pod lacks its interface; a claim's explicit name, static
 //! address, MAC, MTU and route, in the pod and in the status.
 //!
+//! The chaos scenarios (API server hanging then refusing, containerd restarted mid-burst,
+//! kill -9 at crash points over seeded rounds, a netns deleted under us) are in `chaos`.
+//!
 //! To prove that the daemon detaches (and not that containerd destroyed the netns), the test
 //! holds an open fd of each pod's netns across `StopPodSandbox`: the namespace outlives the
 //! sandbox, and whatever is still inside it is a leftover.
@@ -31,6 +34,8 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 #![allow(clippy::too_many_lines, reason = "each test is one scenario told step by step")]
 
+#[path = "e2e_containerd/chaos.rs"]
+mod chaos;
 mod claims_support;
 mod containerd_support;
 mod support;
@@ -118,6 +123,9 @@ struct Cluster {
     node_name: String,
     node_args: Vec<String>,
     node_starts: AtomicU32,
+    /// The kubeconfig the daemon uses (the API server's own unless a test puts a proxy
+    /// between them).
+    node_kubeconfig: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -139,6 +147,7 @@ impl Cluster {
             node_name,
             node_args: Vec::new(),
             node_starts: AtomicU32::new(0),
+            node_kubeconfig: None,
         }
     }
 
@@ -177,12 +186,13 @@ impl Cluster {
     fn start_node(&mut self, shared: &str, include: &str) {
         let dir = self.dir();
         let path = |rel: &str| dir.join(rel).display().to_string();
+        let kubeconfig = self.node_kubeconfig.clone().unwrap_or_else(|| dir.join("kubeconfig"));
         self.node_args = vec![
             "node".into(),
             "--node-name".into(),
             self.node_name.clone(),
             "--kubeconfig".into(),
-            path("kubeconfig"),
+            kubeconfig.display().to_string(),
             "--metrics-address".into(),
             "127.0.0.1:0".into(),
             "--state-dir".into(),
@@ -206,14 +216,24 @@ impl Cluster {
 
     /// Starts the daemon again with the same flags and state (log `node<N>.log`).
     fn restart_node(&self) {
+        self.restart_node_with(&[]);
+    }
+
+    /// [`Self::restart_node`] with extra environment variables (crash points).
+    fn restart_node_with(&self, env: &[(&str, &str)]) {
         let mut node = self.node.lock().unwrap();
         assert!(node.is_none(), "the daemon is still running");
+        self.spawn_node(&mut node, env);
+    }
+
+    fn spawn_node(&self, node: &mut Option<std::process::Child>, env: &[(&str, &str)]) {
         let n = self.node_starts.fetch_add(1, Ordering::SeqCst) + 1;
         let log = File::create(self.dir().join(format!("node{n}.log"))).unwrap();
         let child = Command::new(NETCLAIM)
             .args(&self.node_args)
             .env("RUST_LOG", "info,netclaim=debug")
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -222,11 +242,56 @@ impl Cluster {
         *node = Some(child);
     }
 
+    /// If the daemon has exited (a crash point killed it), starts it again without extra
+    /// environment, as its DaemonSet would; returns whether it did.
+    fn respawn_if_exited(&self) -> bool {
+        let mut node = self.node.lock().unwrap();
+        let exited = match node.as_mut() {
+            Some(child) => child.try_wait().unwrap().is_some(),
+            None => true,
+        };
+        if exited {
+            *node = None;
+            self.spawn_node(&mut node, &[]);
+        }
+        exited
+    }
+
+    /// Whether the daemon is not running (now, without waiting).
+    fn node_exited(&self) -> bool {
+        match self.node.lock().unwrap().as_mut() {
+            Some(child) => child.try_wait().unwrap().is_some(),
+            None => true,
+        }
+    }
+
+    /// Whether the daemon exits within 2 s (after a failed call: did it crash?).
+    async fn node_dies(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if self.node_exited() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     /// `kill -9`: no shutdown code runs.
     fn kill_node(&self) {
         let mut child = self.node.lock().unwrap().take().expect("the daemon runs");
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// `kill -9` if the daemon runs; returns whether it did.
+    fn kill_node_if_running(&self) -> bool {
+        let child = self.node.lock().unwrap().take();
+        child.is_some_and(|mut child| {
+            let _ = child.kill();
+            child.wait().unwrap();
+            true
+        })
     }
 
     /// SIGTERM and wait (the state dir is free afterwards).
@@ -688,6 +753,38 @@ async fn wait_ready_status_of(
     }
 }
 
+/// Waits until this driver's entry of `claim` says the pod stopped: not Ready, no data and no
+/// addresses of an interface that is gone.
+async fn wait_stopped_status(cluster: &Cluster, claim: &str) {
+    let started = Instant::now();
+    loop {
+        let claim = cluster.claims().get(claim).await.unwrap();
+        let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+        // The dev API server's server-side apply leaves `networkData: {}` behind when
+        // the applier drops the field: empty counts as gone.
+        let stopped = devices.iter().any(|d| {
+            d.driver == DRIVER
+                && d.data.is_none()
+                && d.network_data.as_ref().is_none_or(|n| {
+                    n.ips.is_none() && n.interface_name.is_none() && n.hardware_address.is_none()
+                })
+                && d.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "PodStopped")
+        });
+        if stopped {
+            break;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "the status does not say the pod stopped: {devices:#?}\nnode log:\n{}",
+            cluster.node_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until the pod has `net1` with an address; returns it.
 async fn wait_pod_link(cluster: &Cluster, pod: &RunningPod) -> LinkInfo {
     wait_pod_links(cluster, pod, &[POD_IFNAME]).await.remove(0)
@@ -793,34 +890,7 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
             stop_and_remove(&cri, &running).await;
             drop(running);
             // The status follows: not Ready, and no addresses of an interface that is gone.
-            let started = Instant::now();
-            loop {
-                let claim = cluster.claims().get(&pod.claim).await.unwrap();
-                let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
-                // The dev API server's server-side apply leaves `networkData: {}` behind when
-                // the applier drops the field: empty counts as gone.
-                let stopped = devices.iter().any(|d| {
-                    d.driver == DRIVER
-                        && d.data.is_none()
-                        && d.network_data.as_ref().is_none_or(|n| {
-                            n.ips.is_none()
-                                && n.interface_name.is_none()
-                                && n.hardware_address.is_none()
-                        })
-                        && d.conditions.iter().flatten().any(|c| {
-                            c.type_ == "Ready" && c.status == "False" && c.reason == "PodStopped"
-                        })
-                });
-                if stopped {
-                    break;
-                }
-                assert!(
-                    started.elapsed() < PATIENCE,
-                    "the status does not say the pod stopped: {devices:#?}\nnode log:\n{}",
-                    cluster.node_log()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            wait_stopped_status(cluster, &pod.claim).await;
             cluster.unprepare(&mut dra, &claims).await;
             assert!(host_children_of(&parent).is_empty());
             assert!(host_links().contains_key(&parent), "the parent is intact");

@@ -80,6 +80,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHand
 
     async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
         let started = Instant::now();
+        tracing::debug!(event = %"RunPodSandbox", pod = %pod.uid, netns = ?pod.netns_path, "NRI pod event");
         let sandbox = Sandbox::from_pod(&pod);
         // Read once per event: the same list serves planning, status and failure reports.
         let claims = self.claims.claims_of_pod(&sandbox.uid);
@@ -94,12 +95,14 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHand
     }
 
     async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        tracing::debug!(event = %"StopPodSandbox", pod = %pod.uid, netns = ?pod.netns_path, "NRI pod event");
         self.stop_pod(&pod).await;
         self.count("StopPodSandbox", true);
         Ok(())
     }
 
     async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        tracing::debug!(event = %"RemovePodSandbox", pod = %pod.uid, "NRI pod event");
         self.remove_pod(&pod).await;
         self.count("RemovePodSandbox", true);
         Ok(())

@@ -230,6 +230,14 @@ state = "{state}"
         self.child.is_some()
     }
 
+    /// Sends `signal` to containerd without waiting (a test may still have calls in flight);
+    /// [`Self::stop`] reaps it.
+    pub(crate) fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("containerd runs");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
     /// SIGTERM, as a service manager restarting containerd would send, then wait.
     pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
