@@ -1,4 +1,5 @@
-//! End to end against a real containerd 1.7 with NRI: the `netclaim node` daemon publishes
+//! End to end against a real containerd with NRI, each scenario on 1.7 and on 2.1
+//! (`containerd_1_7::<scenario>`, `containerd_2_1::<scenario>`): the `netclaim node` daemon publishes
 //! veth interfaces the test created in the host netns, the dev allocator allocates claims on
 //! them as the scheduler would, the test calls `NodePrepareResources` over the DRA socket as
 //! kubelet does, then runs pod sandboxes through CRI; the daemon's NRI plugin attaches the
@@ -52,7 +53,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use claims_support::{DevApi, dra_client};
-use containerd_support::{Containerd, sandbox_config_with_attempt};
+use containerd_support::{Containerd, Runtime, sandbox_config_with_attempt};
 use futures::FutureExt as _;
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::{
@@ -832,12 +833,12 @@ fn macvlan_config(subnet: &str) -> Value {
 }
 
 /// Runs `scenario` on a fresh cluster; prints the logs when it fails, then cleans up.
-fn run_e2e<F>(scenario: F)
+fn run_e2e<F>(runtime: Runtime, scenario: F)
 where
     F: for<'a> FnOnce(&'a mut Cluster) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
 {
     // Checks root as well; fails naming what is missing.
-    let Some(tools) = containerd_support::find_tools() else { return };
+    let Some(tools) = containerd_support::find_tools_for(runtime) else { return };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut cluster = rt.block_on(Cluster::start(tools));
@@ -857,10 +858,8 @@ fn median(mut values: Vec<Duration>) -> Duration {
     values[values.len() / 2]
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
-    run_e2e(|cluster| {
+fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.1.0/24".parse().unwrap();
@@ -899,10 +898,8 @@ fn a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
-    run_e2e(|cluster| {
+fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let before = host_links()[&device].0.clone();
@@ -946,10 +943,8 @@ fn a_host_device_claim_moves_a_veth_end_into_the_pod_and_back() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
-    run_e2e(|cluster| {
+fn twenty_pods_on_one_parent_get_twenty_distinct_addresses(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             const PODS: usize = 20;
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
@@ -1030,10 +1025,8 @@ fn twenty_pods_on_one_parent_get_twenty_distinct_addresses() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
-    run_e2e(|cluster| {
+fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             const PODS: usize = 10;
             const KILL_AFTER: usize = 3;
@@ -1125,10 +1118,8 @@ fn kill_9_during_a_burst_loses_nothing_and_leaks_nothing() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
-    run_e2e(|cluster| {
+fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             const PODS: usize = 3;
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
@@ -1167,10 +1158,8 @@ fn pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_host_device_comes_back_at_stop_after_a_daemon_restart() {
-    run_e2e(|cluster| {
+fn a_host_device_comes_back_at_stop_after_a_daemon_restart(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let before = host_links()[&device].0.clone();
@@ -1211,10 +1200,8 @@ fn a_host_device_comes_back_at_stop_after_a_daemon_restart() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up() {
-    run_e2e(|cluster| {
+fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             const PODS: usize = 3;
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
@@ -1266,10 +1253,8 @@ fn a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
-    run_e2e(|cluster| {
+fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let parent = cluster.veth("p0", "p1", 1500);
             let device = cluster.veth("h0", "h1", 1400);
@@ -1316,10 +1301,8 @@ fn a_pod_with_two_claims_gets_net1_and_net2_in_claim_order() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
-    run_e2e(|cluster| {
+fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let peer = format!("{}h1", cluster.prefix);
@@ -1393,10 +1376,8 @@ fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn no_container_starts_while_the_pod_lacks_its_interface() {
-    run_e2e(|cluster| {
+fn no_container_starts_while_the_pod_lacks_its_interface(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let (device, class) = cluster.node_with_device("h0", "h1", 1400, "host-device").await;
             let peer = format!("{}h1", cluster.prefix);
@@ -1451,10 +1432,8 @@ fn no_container_starts_while_the_pod_lacks_its_interface() {
     });
 }
 
-#[test]
-#[ignore = "needs root: run `make test` as root"]
-fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that() {
-    run_e2e(|cluster| {
+fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
         Box::pin(async move {
             let (_, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pod = PodSpec::new(&cluster.prefix, 0);
@@ -1501,3 +1480,41 @@ fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that() {
         })
     });
 }
+
+/// Each scenario as a test on each runtime: `containerd_1_7::<name>`, `containerd_2_1::<name>`.
+macro_rules! on_each_runtime {
+    ($($name:ident),* $(,)?) => {
+        mod containerd_1_7 {
+            $(
+                #[test]
+                #[ignore = "needs root: run `make test` as root"]
+                fn $name() {
+                    super::$name(super::Runtime::Containerd17);
+                }
+            )*
+        }
+        mod containerd_2_1 {
+            $(
+                #[test]
+                #[ignore = "needs root: run `make test` as root"]
+                fn $name() {
+                    super::$name(super::Runtime::Containerd21);
+                }
+            )*
+        }
+    };
+}
+
+on_each_runtime!(
+    a_macvlan_claim_gets_its_interface_status_and_is_cleaned_up,
+    a_host_device_claim_moves_a_veth_end_into_the_pod_and_back,
+    twenty_pods_on_one_parent_get_twenty_distinct_addresses,
+    kill_9_during_a_burst_loses_nothing_and_leaks_nothing,
+    pods_stopped_while_the_daemon_is_down_are_cleaned_up_after_a_restart,
+    a_host_device_comes_back_at_stop_after_a_daemon_restart,
+    a_containerd_restart_keeps_the_interfaces_and_unprepare_still_cleans_up,
+    a_pod_with_two_claims_gets_net1_and_net2_in_claim_order,
+    a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds,
+    no_container_starts_while_the_pod_lacks_its_interface,
+    a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that,
+);

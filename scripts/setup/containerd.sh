@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Installs what the NRI e2e test (tests/nri_containerd.rs) needs: containerd 1.7 with NRI
-# (Debian trixie's deb, unpacked into a private prefix so the system's apt sources and libc stay
-# as they are), runc and the CNI plugins (bookworm), and a tiny local pause image (a static C
-# program in an OCI layout tar, imported by the test without any registry).
+# Installs what the containerd tests need: containerd 1.7 and 2.1 with NRI (Debian trixie's and
+# forky's debs, unpacked into private prefixes so the system's apt sources and libc stay as they
+# are), runc and the CNI plugins (bookworm), and a tiny local pause image (a static C program in
+# an OCI layout tar, imported by the test without any registry).
 #
 # Result:
-#   /opt/netclaim-test/containerd/usr/bin/{containerd,ctr,containerd-shim-runc-v2}
+#   /opt/netclaim-test/containerd/usr/bin/{containerd,ctr,containerd-shim-runc-v2}      (1.7.24)
+#   /opt/netclaim-test/containerd-2.1/usr/bin/{containerd,ctr,containerd-shim-runc-v2}  (2.1.9)
 #   /opt/netclaim-test/images/pause.tar        (image localhost/netclaim/pause:1.0)
-# The test finds them there, or under NETCLAIM_CONTAINERD_PREFIX / NETCLAIM_TEST_IMAGES.
+# The tests find them there, or under NETCLAIM_CONTAINERD_PREFIX, NETCLAIM_CONTAINERD21_PREFIX,
+# NETCLAIM_TEST_IMAGES.
 # Idempotent: each step is skipped when its result exists.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 base=/opt/netclaim-test
 prefix="$base/containerd"
+prefix21="$base/containerd-2.1"
 images="$base/images"
-apt_dir="$base/apt-trixie-containerd"
 
 # apt with a retry loop: another process may hold the dpkg/apt lock for a moment.
 retry() {
@@ -40,19 +42,30 @@ if ((${#missing[@]})); then
         "${missing[@]}" >/dev/null
 fi
 
-if [[ ! -x "$prefix/usr/bin/containerd" ]]; then
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
-        > "$apt_dir/sources.list"
-    A=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=/dev/null
-       -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
+# Downloads Debian suite $1's containerd deb (version $3, or the suite's) with a private apt
+# state and unpacks it into $2.
+unpack_containerd() {
+    local suite="$1" target="$2" version="${3:-}" dir="$base/apt-$1-containerd"
+    if [[ -x "$target/usr/bin/containerd" ]]; then return 0; fi
+    mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/debs"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+        > "$dir/sources.list"
+    local A=(-o "Dir::Etc::sourcelist=$dir/sources.list" -o Dir::Etc::sourceparts=/dev/null
+       -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache")
     retry apt-get "${A[@]}" update -qq
-    (cd "$apt_dir/debs" && retry apt-get "${A[@]}" download containerd)
-    rm -rf "$prefix.tmp" && mkdir -p "$prefix.tmp"
-    dpkg -x "$apt_dir"/debs/containerd_*.deb "$prefix.tmp"
-    rm -rf "$prefix" && mv "$prefix.tmp" "$prefix"
-fi
+    rm -f "$dir"/debs/containerd_*.deb
+    (cd "$dir/debs" && retry apt-get "${A[@]}" download "containerd${version:+=$version}")
+    rm -rf "$target.tmp" && mkdir -p "$target.tmp"
+    dpkg -x "$dir"/debs/containerd_*.deb "$target.tmp"
+    rm -rf "$target" && mv "$target.tmp" "$target"
+}
+
+# 1.7 from trixie; 2.1 from forky (it runs with bookworm's libc and runc: the e2e suite runs on
+# both).
+unpack_containerd trixie "$prefix"
+unpack_containerd forky "$prefix21" 2.1.9+ds1-5
 "$prefix/usr/bin/containerd" --version
+"$prefix21/usr/bin/containerd" --version
 
 if [[ ! -s "$images/pause.tar" || "$here/oci_image.py" -nt "$images/pause.tar" ]]; then
     mkdir -p "$images/src"
@@ -72,4 +85,4 @@ C
         "$images/src/pause=/pause"
     mv "$images/pause.tar.tmp" "$images/pause.tar"
 fi
-echo "containerd.sh: ready ($prefix, $images/pause.tar)"
+echo "containerd.sh: ready ($prefix, $prefix21, $images/pause.tar)"

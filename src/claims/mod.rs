@@ -293,6 +293,23 @@ pub enum ClaimError {
         /// The other claim (`namespace/name`).
         other: String,
     },
+    /// The claim's pool overlaps (without being equal to) a pool another prepared claim
+    /// uses on this node, and one pool's gateway is an address the other may hand out.
+    #[error(
+        "request {request}: ipam.pool.subnet: pool {subnet} overlaps pool {other_subnet} of claim {other}, which could hand out gateway {gateway}"
+    )]
+    PoolOverlap {
+        /// Request name.
+        request: String,
+        /// This claim's subnet.
+        subnet: ipnetwork::IpNetwork,
+        /// The other claim's subnet.
+        other_subnet: ipnetwork::IpNetwork,
+        /// The gateway one pool could hand out.
+        gateway: std::net::IpAddr,
+        /// The other claim (`namespace/name`).
+        other: String,
+    },
     /// The state store failed.
     #[error("persisting the prepared claim: {0}")]
     Persist(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -555,7 +572,10 @@ fn owner(claim: &ClaimRef, result: &AllocatedResult) -> LeaseOwner {
 }
 
 /// Refuses a pool whose subnet another prepared claim uses with other settings (DESIGN §4:
-/// a pool is identified by its subnet on a node), naming the first differing field.
+/// a pool is identified by its subnet on a node), naming the first differing field; and a
+/// pool overlapping another one where either could hand out the other's gateway (leases are
+/// per address across pools, so no address goes out twice, but a pod given a gateway's
+/// address breaks every pod routed through it).
 fn check_pool_settings(
     prepared: &HashMap<String, PreparedClaim>,
     claim_uid: &str,
@@ -566,6 +586,20 @@ fn check_pool_settings(
         for device in &other.devices {
             let Addressing::Pool(theirs) = &device.config.addressing else { continue };
             if theirs.subnet != pool.subnet {
+                let overlapping = theirs.subnet.contains(pool.subnet.network())
+                    || pool.subnet.contains(theirs.subnet.network());
+                let handed_out_gateway = [(pool, theirs), (theirs, pool)]
+                    .into_iter()
+                    .find_map(|(a, b)| a.gateway.filter(|g| ipam::pool::is_allocatable(b, *g)));
+                if let (true, Some(gateway)) = (overlapping, handed_out_gateway) {
+                    return Err(ClaimError::PoolOverlap {
+                        request: request.to_owned(),
+                        subnet: pool.subnet,
+                        other_subnet: theirs.subnet,
+                        gateway,
+                        other: format!("{}/{}", other.namespace, other.name),
+                    });
+                }
                 continue;
             }
             if let Some(field) = ipam::pool::differing_setting(pool, theirs) {

@@ -687,6 +687,54 @@ async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refuse
 }
 
 #[tokio::test]
+async fn overlapping_pools_that_could_hand_out_each_others_gateway_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = Arc::new(FakeApi::default());
+    let with_pool = |name: &str, uid: &str, pool: Value| {
+        claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config(
+                "FromClaim",
+                DRIVER,
+                &[],
+                params(json!({"mode": "macvlan", "ipam": {"pool": pool}})),
+            )],
+        )
+    };
+    api.put(with_pool("wide", "u-wide", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+    // Its range holds the wide pool's gateway.
+    api.put(with_pool("low", "u-low", json!({"subnet": "10.9.0.0/25", "gateway": "10.9.0.126"})));
+    // The wide pool's range holds its gateway.
+    api.put(with_pool(
+        "high",
+        "u-high",
+        json!({"subnet": "10.9.0.128/25", "gateway": "10.9.0.129"}),
+    ));
+    // Overlapping, but neither pool can hand out a gateway: allowed.
+    api.put(with_pool(
+        "inner",
+        "u-inner",
+        json!({"subnet": "10.9.0.0/25", "rangeStart": "10.9.0.2"}),
+    ));
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("wide", "u-wide")).await.unwrap();
+    let err = prepare_one(&service, &reference("low", "u-low")).await.unwrap_err();
+    assert!(
+        err.contains("ipam.pool.subnet")
+            && err.contains("10.9.0.126")
+            && err.contains("default/wide"),
+        "{err}"
+    );
+    let err = prepare_one(&service, &reference("high", "u-high")).await.unwrap_err();
+    assert!(err.contains("10.9.0.129") && err.contains("10.9.0.128/25"), "{err}");
+    assert_eq!(lock(&service.state).ipam.leases().count(), 1, "refused claims lease nothing");
+    prepare_one(&service, &reference("inner", "u-inner")).await.unwrap();
+    assert_eq!(lock(&service.state).ipam.leases().count(), 2);
+}
+
+#[tokio::test]
 async fn a_state_dir_of_the_previous_release_loads_and_is_migrated() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

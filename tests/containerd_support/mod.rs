@@ -40,14 +40,42 @@ pub(crate) fn require<T>(what: &str) -> Option<T> {
     panic!("{what}: run scripts/setup/containerd.sh as root (make test does)");
 }
 
-/// The tools, or `None` after printing why the test skips.
+/// A containerd release the e2e tests run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Runtime {
+    /// containerd 1.7.24 (Debian trixie): NRI before 0.12, StateChange events.
+    Containerd17,
+    /// containerd 2.1.9 (Debian forky): NRI on by default, split Synchronize.
+    Containerd21,
+}
+
+impl Runtime {
+    /// Where `scripts/setup/containerd.sh` unpacks it, and the variable that overrides that.
+    fn prefix(self) -> PathBuf {
+        let (variable, default) = match self {
+            Runtime::Containerd17 => {
+                ("NETCLAIM_CONTAINERD_PREFIX", "/opt/netclaim-test/containerd")
+            }
+            Runtime::Containerd21 => {
+                ("NETCLAIM_CONTAINERD21_PREFIX", "/opt/netclaim-test/containerd-2.1")
+            }
+        };
+        std::env::var_os(variable).map_or_else(|| PathBuf::from(default), PathBuf::from)
+    }
+}
+
+/// The tools of containerd 1.7 (see [`find_tools_for`]).
 pub(crate) fn find_tools() -> Option<Tools> {
+    find_tools_for(Runtime::Containerd17)
+}
+
+/// The tools to run `runtime`; fails naming what is missing.
+pub(crate) fn find_tools_for(runtime: Runtime) -> Option<Tools> {
     let is_root = fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
     if !is_root {
         return require("not running as root");
     }
-    let prefix = std::env::var_os("NETCLAIM_CONTAINERD_PREFIX")
-        .map_or_else(|| PathBuf::from("/opt/netclaim-test/containerd"), PathBuf::from);
+    let prefix = runtime.prefix();
     let images = std::env::var_os("NETCLAIM_TEST_IMAGES")
         .map_or_else(|| PathBuf::from("/opt/netclaim-test/images"), PathBuf::from);
     let bin_dir = prefix.join("usr/bin");

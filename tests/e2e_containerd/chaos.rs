@@ -5,10 +5,10 @@
 //! pod has its interfaces, its claim's status says so, and once the pods and claims are
 //! gone nothing is left in the daemon's state.
 //!
-//! These run for minutes together (one holds the API server hung for 30 s), so they form a
-//! serial nextest test group (`.config/nextest.toml`). The crash rounds need the daemon
-//! built with the `failpoints` feature, as `make test` builds it; `NETCLAIM_CHAOS_SEED`
-//! replays a printed run.
+//! These run for minutes together (one holds the API server hung for 30 s), so they run on
+//! one runtime, containerd 2.1, in a serial nextest test group (`.config/nextest.toml`). The
+//! crash rounds need the daemon built with the `failpoints` feature, as `make test` builds
+//! it; `NETCLAIM_CHAOS_SEED` replays a printed run.
 
 use std::net::SocketAddr;
 
@@ -174,7 +174,7 @@ fn assert_attached_on_return(pod: &RunningPod, while_: &str) -> LinkInfo {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn an_api_server_that_hangs_then_refuses_mid_burst_stops_no_attach_and_statuses_catch_up() {
-    run_e2e(|cluster| {
+    run_e2e(Runtime::Containerd21, |cluster| {
         Box::pin(async move {
             const PODS: usize = 8;
             const HANG: Duration = Duration::from_secs(30);
@@ -309,7 +309,7 @@ async fn converge_pod(cluster: &Cluster, cri: &CriClient, pod: &PodSpec) -> (Run
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn a_containerd_restart_mid_burst_leaves_every_pod_attached_once() {
-    run_e2e(|cluster| {
+    run_e2e(Runtime::Containerd21, |cluster| {
         Box::pin(async move {
             const PODS: usize = 8;
             const RESTART_AFTER: usize = 3;
@@ -546,7 +546,7 @@ fn kill_9_at_each_named_point_and_at_random_moments_over_seeded_rounds() {
         .map_or_else(|| fastrand::u64(..), |s| s.parse().expect("NETCLAIM_CHAOS_SEED is a number"));
     eprintln!("NETCLAIM_CHAOS_SEED={seed}");
     let plan = crash_plan(seed);
-    run_e2e(|cluster| {
+    run_e2e(Runtime::Containerd21, |cluster| {
         Box::pin(async move {
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.22.0/24".parse().unwrap();
@@ -682,7 +682,7 @@ fn kill_9_at_each_named_point_and_at_random_moments_over_seeded_rounds() {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn pods_whose_network_namespace_is_deleted_under_us_stop_cleanly_and_come_back() {
-    run_e2e(|cluster| {
+    run_e2e(Runtime::Containerd21, |cluster| {
         Box::pin(async move {
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.23.0/24".parse().unwrap();
