@@ -357,9 +357,15 @@ impl ClientStreamRewriter {
         let mut fields = Vec::with_capacity(1);
         while !remaining.is_empty() {
             let before = remaining.len();
-            self.decoder
-                .decode_exact(&mut remaining, &mut fields)
-                .map_err(|source| AuthorityRewriteError::Hpack { stream_id, source })?;
+            // httlib-hpack 0.1.3 indexes past the end of a block that stops inside a literal
+            // representation (a name index with no value string after it): it panics instead
+            // of returning an error. Such a block is refused like any undecodable one; the
+            // connection ends with it, so the decoder's state after the panic is never used.
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.decoder.decode_exact(&mut remaining, &mut fields)
+            }))
+            .unwrap_or(Err(DecoderError::InvalidInput));
+            decoded.map_err(|source| AuthorityRewriteError::Hpack { stream_id, source })?;
             if remaining.len() == before {
                 return Err(AuthorityRewriteError::Hpack {
                     stream_id,
@@ -752,6 +758,23 @@ mod tests {
             err,
             AuthorityRewriteError::InterruptedHeaderBlock { expected_stream: 1, frame_type: 0, .. }
         ));
+    }
+
+    #[test]
+    fn a_block_ending_inside_a_literal_is_refused_without_a_panic() {
+        // Literal without indexing, name index 1 (`:authority`), and no value string: the
+        // block the property test found (the decoder crate panicked on it).
+        for block in [&[0x01][..], &[0x41], &[0x00], &[0x00, 0x01, b'a']] {
+            let mut input = PREFACE.to_vec();
+            input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, block));
+            let err = ClientStreamRewriter::new()
+                .process(&mut BytesMut::from(&input[..]), &mut BytesMut::new())
+                .unwrap_err();
+            assert!(
+                matches!(err, AuthorityRewriteError::Hpack { stream_id: 1, .. }),
+                "{block:?}: {err}"
+            );
+        }
     }
 
     #[test]
