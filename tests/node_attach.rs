@@ -179,7 +179,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let mut dra = claims_support::dra_client(&socket).await;
+            let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
             let request = v1::NodePrepareResourcesRequest {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };
@@ -193,7 +193,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let mut dra = claims_support::dra_client(&socket).await;
+            let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
             let claims = vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }];
             if prepare {
                 let request = v1::NodePrepareResourcesRequest { claims };
@@ -214,7 +214,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let mut dra = claims_support::dra_client(&socket).await;
+            let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
             let request = v1::NodeUnprepareResourcesRequest {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };

@@ -218,6 +218,20 @@ pub(crate) async fn dra_client(
     v1::dra_plugin_client::DraPluginClient::new(channel)
 }
 
+/// A DRA client once the plugin's socket accepts connections (a restarted daemon's socket
+/// file may still be the dead one's until it registers again), waiting at most `patience`.
+pub(crate) async fn dra_client_when_listening(
+    socket: &Path,
+    patience: Duration,
+) -> v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
+    let deadline = Instant::now() + patience;
+    while UnixStream::connect(socket).await.is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {}", socket.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    dra_client(socket).await
+}
+
 /// kubelet's reference to a claim.
 pub(crate) fn claim_ref(claim: &ResourceClaim) -> v1::Claim {
     v1::Claim {

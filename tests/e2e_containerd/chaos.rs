@@ -324,9 +324,12 @@ fn a_containerd_restart_mid_burst_leaves_every_pod_attached_once() {
             // has received three of its sandboxes.
             let results = {
                 let cluster: &Cluster = cluster;
-                let burst = futures::future::join_all(
-                    pods.iter().map(|pod| run_pod(cluster, &cri, pod, 0)),
-                );
+                // Only RunPodSandbox itself: status lookups after it would race the restart.
+                let burst = futures::future::join_all(pods.iter().map(|pod| {
+                    let config =
+                        sandbox_config_with_attempt(&cluster.containerd, &pod.name, &pod.uid, 0);
+                    cri.run_pod_sandbox(config, "")
+                }));
                 let stopper = async {
                     // Polled every millisecond: the whole burst takes well under a second.
                     let started = Instant::now();
