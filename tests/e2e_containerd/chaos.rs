@@ -267,43 +267,63 @@ fn an_api_server_that_hangs_then_refuses_mid_burst_stops_no_attach_and_statuses_
     });
 }
 
-/// The sandboxes containerd lists for `pod` (any attempt, any state).
-async fn sandboxes_of(
-    cri: &CriClient,
-    pod: &PodSpec,
-) -> Vec<netclaim::dev::cri::proto::PodSandbox> {
-    cri.list_pod_sandbox(None)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|s| s.metadata.as_ref().is_some_and(|m| m.uid == pod.uid))
-        .collect()
-}
-
 /// What kubelet's pod sync does for a pod after a failure: a ready sandbox is kept (its
 /// netns opened); otherwise the pod's sandboxes that are not ready are stopped and removed,
 /// and a new one is run with the next attempt number. Returns the pod and whether its
 /// sandbox is one that existed already.
 async fn converge_pod(cluster: &Cluster, cri: &CriClient, pod: &PodSpec) -> (RunningPod, bool) {
-    let sandboxes = sandboxes_of(cri, pod).await;
+    // kubelet retries a pod sync that failed; a runtime that just restarted may fail a call.
+    let mut last_error = String::new();
+    for _ in 0..10 {
+        match try_converge_pod(cluster, cri, pod).await {
+            Ok(converged) => return converged,
+            Err(err) => {
+                eprintln!("{}: pod sync failed, retrying: {err}", pod.name);
+                last_error = err;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    panic!("{}: pod sync keeps failing: {last_error}\nnode log:\n{}", pod.name, cluster.node_log())
+}
+
+async fn try_converge_pod(
+    cluster: &Cluster,
+    cri: &CriClient,
+    pod: &PodSpec,
+) -> Result<(RunningPod, bool), String> {
+    let sandboxes: Vec<_> = cri
+        .list_pod_sandbox(None)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|s| s.metadata.as_ref().is_some_and(|m| m.uid == pod.uid))
+        .collect();
     // SANDBOX_READY = 0.
     if let Some(ready) = sandboxes.iter().find(|s| s.state == 0) {
-        let netns = cluster.containerd.sandbox_netns(cri, &ready.id).await;
-        let netns = File::open(netns).unwrap();
-        return (RunningPod { spec: pod.clone(), id: ready.id.clone(), netns }, true);
+        let status = cri.pod_sandbox_status(&ready.id, true).await.map_err(|e| e.to_string())?;
+        let path = netclaim::dev::cri::netns_path_from_verbose_info(&status)
+            .ok_or("no netns path in the sandbox status")?;
+        cluster.containerd.track_netns(&path);
+        let netns = File::open(&path).map_err(|e| e.to_string())?;
+        return Ok((RunningPod { spec: pod.clone(), id: ready.id.clone(), netns }, true));
     }
     let mut attempt = 0;
     for sandbox in &sandboxes {
         attempt = attempt.max(sandbox.metadata.as_ref().map_or(0, |m| m.attempt) + 1);
-        cri.stop_pod_sandbox(&sandbox.id).await.unwrap();
-        cri.remove_pod_sandbox(&sandbox.id).await.unwrap();
+        cri.stop_pod_sandbox(&sandbox.id).await.map_err(|e| e.to_string())?;
+        cri.remove_pod_sandbox(&sandbox.id).await.map_err(|e| e.to_string())?;
     }
     // A sandbox that failed is removed by containerd itself: still a new attempt.
     attempt = attempt.max(1);
-    let (running, _) = run_pod(cluster, cri, pod, attempt).await.unwrap_or_else(|err| {
-        panic!("{}: attempt {attempt} failed: {err}\nnode log:\n{}", pod.name, cluster.node_log())
-    });
-    (running, false)
+    let config = sandbox_config_with_attempt(&cluster.containerd, &pod.name, &pod.uid, attempt);
+    let id = cri.run_pod_sandbox(config, "").await.map_err(|e| e.to_string())?;
+    let status = cri.pod_sandbox_status(&id, true).await.map_err(|e| e.to_string())?;
+    let path = netclaim::dev::cri::netns_path_from_verbose_info(&status)
+        .ok_or("no netns path in the sandbox status")?;
+    cluster.containerd.track_netns(&path);
+    let netns = File::open(&path).map_err(|e| e.to_string())?;
+    Ok((RunningPod { spec: pod.clone(), id, netns }, false))
 }
 
 #[test]
