@@ -650,31 +650,38 @@ async fn a_static_address_is_a_lease_no_pool_and_no_other_claim_gets() {
     prepare_one(&service, &reference("twin", "u-twin")).await.unwrap();
 }
 
+/// A macvlan claim on `eth2` whose config names `pool`.
+fn claim_with_pool(name: &str, uid: &str, pool: &Value) -> ResourceClaim {
+    claim(
+        name,
+        uid,
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config(
+            "FromClaim",
+            DRIVER,
+            &[],
+            params(json!({"mode": "macvlan", "ipam": {"pool": pool}})),
+        )],
+    )
+}
+
 #[tokio::test]
 async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let api = Arc::new(FakeApi::default());
-    let with_pool = |name: &str, uid: &str, pool: Value| {
-        claim(
-            name,
-            uid,
-            vec![result("nic", DRIVER, NODE, "eth2")],
-            vec![config(
-                "FromClaim",
-                DRIVER,
-                &[],
-                params(json!({"mode": "macvlan", "ipam": {"pool": pool}})),
-            )],
-        )
-    };
-    api.put(with_pool("a", "u-a", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
-    api.put(with_pool("b", "u-b", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.254"})));
-    api.put(with_pool(
+
+    api.put(claim_with_pool("a", "u-a", &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+    api.put(claim_with_pool(
+        "b",
+        "u-b",
+        &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.254"}),
+    ));
+    api.put(claim_with_pool(
         "c",
         "u-c",
-        json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1", "exclude": ["10.9.0.0/28"]}),
+        &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1", "exclude": ["10.9.0.0/28"]}),
     ));
-    api.put(with_pool("d", "u-d", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+    api.put(claim_with_pool("d", "u-d", &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
     let service = service(&api, dir.path());
     prepare_one(&service, &reference("a", "u-a")).await.unwrap();
     let err = prepare_one(&service, &reference("b", "u-b")).await.unwrap_err();
@@ -690,33 +697,29 @@ async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refuse
 async fn overlapping_pools_that_could_hand_out_each_others_gateway_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let api = Arc::new(FakeApi::default());
-    let with_pool = |name: &str, uid: &str, pool: Value| {
-        claim(
-            name,
-            uid,
-            vec![result("nic", DRIVER, NODE, "eth2")],
-            vec![config(
-                "FromClaim",
-                DRIVER,
-                &[],
-                params(json!({"mode": "macvlan", "ipam": {"pool": pool}})),
-            )],
-        )
-    };
-    api.put(with_pool("wide", "u-wide", json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+
+    api.put(claim_with_pool(
+        "wide",
+        "u-wide",
+        &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"}),
+    ));
     // Its range holds the wide pool's gateway.
-    api.put(with_pool("low", "u-low", json!({"subnet": "10.9.0.0/25", "gateway": "10.9.0.126"})));
+    api.put(claim_with_pool(
+        "low",
+        "u-low",
+        &json!({"subnet": "10.9.0.0/25", "gateway": "10.9.0.126"}),
+    ));
     // The wide pool's range holds its gateway.
-    api.put(with_pool(
+    api.put(claim_with_pool(
         "high",
         "u-high",
-        json!({"subnet": "10.9.0.128/25", "gateway": "10.9.0.129"}),
+        &json!({"subnet": "10.9.0.128/25", "gateway": "10.9.0.129"}),
     ));
     // Overlapping, but neither pool can hand out a gateway: allowed.
-    api.put(with_pool(
+    api.put(claim_with_pool(
         "inner",
         "u-inner",
-        json!({"subnet": "10.9.0.0/25", "rangeStart": "10.9.0.2"}),
+        &json!({"subnet": "10.9.0.0/25", "rangeStart": "10.9.0.2"}),
     ));
     let service = service(&api, dir.path());
     prepare_one(&service, &reference("wide", "u-wide")).await.unwrap();
