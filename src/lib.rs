@@ -8,7 +8,7 @@
 //! `host`) and reports the result in the claim status (`k8s`).
 //!
 //! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
-//! (`host`, `k8s`, `kubelet`, `store`) sit at the edge; `node` wires them together.
+//! (`host`, `k8s`, `kubelet`, `store`, `cdi`) sit at the edge; `node` wires them together.
 
 // Dependencies that nothing imports are caught at the crate roots (the lint misfires in test
 // crates, which see the dev-dependencies too).
@@ -18,6 +18,7 @@
 use anyhow as _;
 
 pub mod attach;
+pub mod cdi;
 pub mod claims;
 pub mod cli;
 #[cfg(feature = "dev")]

@@ -1,6 +1,6 @@
 //! The core does no I/O and owns its ports (DESIGN §9): `model`, `inventory`, `claims`, `ipam`
 //! and `podnet::plan` must not reach an adapter of this crate (`host`, `k8s`, `kubelet`,
-//! `node`, `store`, `attach`, `dev`, `controller`, `cli`) nor a crate that talks to the kernel
+//! `node`, `store`, `cdi`, `attach`, `dev`, `controller`, `cli`) nor a crate that talks to the kernel
 //! or the cluster (kube, tonic, ttrpc, rtnetlink, netlink-*, nix, aya), nor `std::fs`.
 //!
 //! The check parses each core file with `syn`, following `mod` declarations from the core
@@ -14,7 +14,7 @@ use syn::visit_mut::VisitMut;
 
 /// Modules of the crate the core must not import.
 const ADAPTER_MODULES: &[&str] =
-    &["host", "k8s", "kubelet", "node", "store", "attach", "dev", "controller", "cli"];
+    &["host", "k8s", "kubelet", "node", "store", "cdi", "attach", "dev", "controller", "cli"];
 /// Crates the core must not import (netlink-* as a prefix).
 const IO_CRATES: &[&str] = &["kube", "tonic", "ttrpc", "rtnetlink", "nix", "aya"];
 

@@ -96,8 +96,30 @@ fn objects(parent: &str) -> Vec<serde_json::Value> {
                 }}}],
             }}},
         }),
+        // KEP-5004: a class that pods can ask for as an extended resource, its config the
+        // only config of the implicit claim.
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "nc-ext"},
+            "spec": {
+                "extendedResourceName": "netclaim.dev/macvlan",
+                "selectors": [{"cel": {"expression": format!(
+                    "device.driver == \"netclaim.dev\" && device.attributes[\"netclaim.dev\"].ifName == \"{parent}\""
+                )}}],
+                "config": [{"opaque": {"driver": "netclaim.dev", "parameters": {
+                    "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig",
+                    "mode": "macvlan", "ipam": {"pool": {"subnet": "10.10.8.0/24"}},
+                }}}],
+            },
+        }),
         pod("accepted"),
         pod("refused"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "extended", "namespace": "default"},
+            "spec": {"containers": [{"name": "app", "image": "pause",
+                "resources": {"limits": {"netclaim.dev/macvlan": "1"}}}]},
+        }),
     ]
 }
 
@@ -183,8 +205,31 @@ async fn scenario(kubeconfig_in: PathBuf, parent_in: String, netns_dir_in: PathB
     let refused_netns = netns_dir_in.join(refused.metadata.uid.as_deref().unwrap());
     assert!(!refused_netns.exists());
 
+    // The extended-resource pod: an implicit claim made, recorded, allocated with the
+    // class config only, prepared and attached.
+    let extended = wait_async("the extended-resource pod to run", async || {
+        let pod = pods.get("extended").await.ok()?;
+        (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(pod)
+    })
+    .await;
+    let recorded =
+        extended.status.as_ref().unwrap().extended_resource_claim_status.clone().unwrap();
+    assert_eq!(recorded.request_mappings.len(), 1);
+    assert_eq!(recorded.request_mappings[0].request_name, "container-0-request-0");
+    assert_eq!(recorded.request_mappings[0].resource_name, "netclaim.dev/macvlan");
+    let implicit = claims.get(&recorded.resource_claim_name).await.unwrap();
+    assert!(recorded.resource_claim_name.starts_with("extended-extended-resources-"));
+    assert_eq!(
+        implicit.metadata.annotations.as_ref().unwrap()["resource.kubernetes.io/extended-resource-claim"],
+        "true"
+    );
+    let allocation = implicit.status.as_ref().unwrap().allocation.as_ref().unwrap();
+    let config = allocation.devices.as_ref().unwrap().config.clone().unwrap_or_default();
+    assert!(config.iter().all(|c| c.source == "FromClass"), "{config:?}");
+    assert!(netns_dir_in.join(extended.metadata.uid.as_deref().unwrap()).exists());
+
     // Deleting tears everything down and the generated claims go with the pods.
-    for name in ["accepted", "refused"] {
+    for name in ["accepted", "refused", "extended"] {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
     wait_async("the pods to go", async || {

@@ -206,6 +206,8 @@ impl Cluster {
             self.containerd.nri_socket().display().to_string(),
             "--nri-plugin-index".into(),
             "10".into(),
+            "--cdi-spec-dir".into(),
+            self.containerd.cdi_dir().display().to_string(),
             "--include-interfaces".into(),
             include.into(),
         ];
@@ -1481,6 +1483,127 @@ fn a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that(runtime: R
     });
 }
 
+/// The first document of a device metadata stream (the newest API version).
+fn first_metadata_document(stream: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(stream);
+    let first = text.lines().next().unwrap_or_else(|| panic!("an empty metadata file"));
+    serde_json::from_str(first).unwrap_or_else(|e| panic!("metadata {text:?}: {e}"))
+}
+
+fn a_container_reads_its_interface_from_the_device_metadata_file(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
+        Box::pin(async move {
+            let (_, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
+            let pool: IpNetwork = "10.77.14.0/24".parse().unwrap();
+            let pod = PodSpec::new(&cluster.prefix, 0);
+            cluster.create_claim(&pod.claim, &class, macvlan_config("10.77.14.0/24")).await;
+            let claims = cluster.allocate_and_reserve(std::slice::from_ref(&pod)).await;
+            let uid = claims[0].metadata.uid.clone().unwrap();
+            let mut dra = dra_client(&cluster.dra_socket()).await;
+            let answer = dra
+                .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                    claims: vec![claims_support::claim_ref(&claims[0])],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let prepared = &answer.claims[&uid];
+            assert_eq!(prepared.error, "", "{prepared:?}");
+            let device = &prepared.devices[0];
+            assert_eq!(device.request_names, ["net"]);
+            assert_eq!(device.cdi_device_ids, [format!("{DRIVER}/metadata={uid}_net")]);
+            let host_file = cluster.dir().join(format!(
+                "plugin/dra-device-metadata/default_{}/net/metadata.json",
+                pod.claim
+            ));
+            let spec =
+                cluster.containerd.cdi_dir().join(format!("{DRIVER}_metadata_{uid}_net.json"));
+            assert!(host_file.exists() && spec.exists(), "metadata written at prepare");
+
+            let cri = cluster.cri().await;
+            let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
+            let link = wait_pod_link(cluster, &running).await;
+            let (ips, mac) = wait_ready_status(cluster, &pod.claim, &pool).await;
+
+            // kubelet's CreateContainer for a container listing the claim (request `net`):
+            // the device's CDI ids go along, and the runtime resolves them from its spec dir.
+            let mut container = containerd_support::container_config("app");
+            container.cdi_devices = device
+                .cdi_device_ids
+                .iter()
+                .map(|name| netclaim::dev::cri::proto::CdiDevice { name: name.clone() })
+                .collect();
+            let sandbox = cluster.containerd.sandbox_config(&pod.name, &pod.uid);
+            let id = cri.create_container(&running.id, container, sandbox).await.unwrap();
+            cri.start_container(&id).await.unwrap();
+            let path = format!(
+                "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{}/net/{DRIVER}-metadata.json",
+                pod.claim
+            );
+            let read = cri.exec_sync(&id, &["/cat", &path], Duration::from_secs(20)).await.unwrap();
+            assert_eq!(
+                read.exit_code,
+                0,
+                "cat {path} in the container: {}",
+                String::from_utf8_lossy(&read.stderr)
+            );
+            let inside = first_metadata_document(&read.stdout);
+            assert_eq!(inside["apiVersion"], "metadata.resource.k8s.io/v1beta1", "{inside}");
+            assert_eq!(inside["kind"], "DeviceMetadata");
+            assert_eq!(inside["metadata"]["name"], pod.claim.as_str());
+            assert_eq!(inside["metadata"]["uid"], uid.as_str());
+            let generation = inside["metadata"]["generation"].as_i64().unwrap();
+            assert!(generation >= 2, "rewritten after the attach: {inside}");
+            let entry = &inside["requests"][0];
+            assert_eq!(entry["name"], "net");
+            let found = &entry["devices"][0];
+            assert_eq!(found["driver"], DRIVER);
+            assert_eq!(
+                found["attributes"]["netclaim.dev/ifName"]["string"],
+                cluster.links[0].a.as_str()
+            );
+            let data = &found["networkData"];
+            assert_eq!(data["interfaceName"], POD_IFNAME, "{inside}");
+            let inside_ips: Vec<IpNetwork> = data["ips"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|ip| ip.as_str().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(inside_ips, ips, "the file's ips are the status's");
+            assert_eq!(inside_ips, link.addresses, "and the pod's");
+            let inside_mac = data["hardwareAddress"].as_str().unwrap().to_lowercase();
+            assert_eq!(inside_mac, mac.to_lowercase());
+            assert_eq!(inside_mac, link.mac.to_lowercase());
+            // Read-only inside the container.
+            let mounts = cri
+                .exec_sync(&id, &["/cat", "/proc/self/mountinfo"], Duration::from_secs(20))
+                .await
+                .unwrap();
+            let mounts = String::from_utf8_lossy(&mounts.stdout);
+            let mount =
+                mounts.lines().find(|l| l.contains(&path)).unwrap_or_else(|| panic!("{mounts}"));
+            assert!(
+                mount.split_whitespace().nth(5).is_some_and(|o| o.split(',').any(|f| f == "ro")),
+                "{mount}"
+            );
+
+            cri.stop_container(&id, Duration::from_secs(2)).await.unwrap();
+            cri.remove_container(&id).await.unwrap();
+            stop_and_remove(&cri, &running).await;
+            drop(running);
+            wait_stopped_status(cluster, &pod.claim).await;
+            // At stop the file lost the interface, with a higher generation, in place.
+            let stopped = first_metadata_document(&std::fs::read(&host_file).unwrap());
+            assert!(stopped["metadata"]["generation"].as_i64().unwrap() > generation, "{stopped}");
+            assert!(stopped["requests"][0]["devices"][0].get("networkData").is_none(), "{stopped}");
+            cluster.unprepare(&mut dra, &claims).await;
+            assert!(!host_file.exists() && !spec.exists(), "metadata removed at unprepare");
+            cluster.assert_state_empty();
+        })
+    });
+}
+
 /// Each scenario as a test on each runtime: `containerd_1_7::<name>`, `containerd_2_1::<name>`.
 macro_rules! on_each_runtime {
     ($($name:ident),* $(,)?) => {
@@ -1517,4 +1640,5 @@ on_each_runtime!(
     a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds,
     no_container_starts_while_the_pod_lacks_its_interface,
     a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that,
+    a_container_reads_its_interface_from_the_device_metadata_file,
 );

@@ -7,7 +7,7 @@
 # Result:
 #   /opt/netclaim-test/containerd/usr/bin/{containerd,ctr,containerd-shim-runc-v2}      (1.7.24)
 #   /opt/netclaim-test/containerd-2.1/usr/bin/{containerd,ctr,containerd-shim-runc-v2}  (2.1.9)
-#   /opt/netclaim-test/images/pause.tar        (image localhost/netclaim/pause:1.0)
+#   /opt/netclaim-test/images/pause.tar        (image localhost/netclaim/pause:1.0: /pause, /cat)
 # The tests find them there, or under NETCLAIM_CONTAINERD_PREFIX, NETCLAIM_CONTAINERD21_PREFIX,
 # NETCLAIM_TEST_IMAGES.
 # Idempotent: each step is skipped when its result exists.
@@ -67,8 +67,30 @@ unpack_containerd forky "$prefix21" 2.1.9+ds1-5
 "$prefix/usr/bin/containerd" --version
 "$prefix21/usr/bin/containerd" --version
 
-if [[ ! -s "$images/pause.tar" || "$here/oci_image.py" -nt "$images/pause.tar" ]]; then
+# The image also holds /cat, for tests that read a file inside a container (ExecSync).
+if [[ ! -s "$images/pause.tar" || "$here/oci_image.py" -nt "$images/pause.tar" \
+      || "${BASH_SOURCE[0]}" -nt "$images/pause.tar" ]]; then
     mkdir -p "$images/src"
+    cat > "$images/src/cat.c" <<'C'
+/* cat FILE...: copies each file to stdout; exits 1 naming the file it could not read. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    char buf[4096];
+    for (int i = 1; i < argc; i++) {
+        int fd = open(argv[i], O_RDONLY);
+        if (fd < 0) { perror(argv[i]); return 1; }
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0)
+            if (write(1, buf, (size_t)n) != n) return 1;
+        if (n < 0) { perror(argv[i]); return 1; }
+        close(fd);
+    }
+    return 0;
+}
+C
+    gcc -static -Os -s -o "$images/src/cat" "$images/src/cat.c"
     cat > "$images/src/pause.c" <<'C'
 /* Sandbox holder: sleeps until SIGINT or SIGTERM, then exits 0. */
 #include <signal.h>
@@ -82,7 +104,7 @@ int main(void) {
 C
     gcc -static -Os -s -o "$images/src/pause" "$images/src/pause.c"
     python3 "$here/oci_image.py" "$images/pause.tar.tmp" localhost/netclaim/pause:1.0 /pause \
-        "$images/src/pause=/pause"
+        "$images/src/pause=/pause" "$images/src/cat=/cat"
     mv "$images/pause.tar.tmp" "$images/pause.tar"
 fi
 echo "containerd.sh: ready ($prefix, $prefix21, $images/pause.tar)"

@@ -29,7 +29,9 @@ pub mod status;
 mod tests;
 
 pub use handler::plugin_events;
-pub use ports::{AttachmentStore, ClaimPresence, NetnsAccess, PodClaims, StatusSink};
+pub use ports::{
+    AttachmentStore, ClaimPresence, NetnsAccess, PodClaims, StatusSink, WithDeviceMetadata,
+};
 pub use preparer::{ClaimDetacher, DetachingPreparer};
 pub use record::{AttachedDevice, AttachmentState, PodAttachment};
 pub use service::AttachService;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 
 use super::PodAttachment;
+use crate::claims::metadata::DeviceMetadata;
 use crate::claims::{
     ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup, PreparedClaim,
 };
@@ -76,6 +77,36 @@ pub trait StatusSink: Send + Sync + 'static {
     fn submit(&self, claim: ClaimRef, entries: Vec<AllocatedDeviceStatus>);
     /// A Warning Event on the Pod.
     fn warn_pod(&self, pod: PodRef, reason: &'static str, message: String);
+}
+
+/// A [`StatusSink`] that also takes each status's `networkData` into the claim's device
+/// metadata files (DESIGN §5 item 7) before passing it on. The rewrite is a small write in
+/// place without fsync, done before the sandbox is answered, so a container created right
+/// after finds its interface in the file.
+#[derive(Debug)]
+pub struct WithDeviceMetadata<W> {
+    inner: W,
+    metadata: Option<Arc<DeviceMetadata>>,
+}
+
+impl<W: StatusSink> WithDeviceMetadata<W> {
+    /// Statuses go to `inner`, their `networkData` also into `metadata` (when it is on).
+    pub fn new(inner: W, metadata: Option<Arc<DeviceMetadata>>) -> Self {
+        Self { inner, metadata }
+    }
+}
+
+impl<W: StatusSink> StatusSink for WithDeviceMetadata<W> {
+    fn submit(&self, claim: ClaimRef, entries: Vec<AllocatedDeviceStatus>) {
+        if let Some(metadata) = &self.metadata {
+            metadata.update_network(&claim.uid, &entries);
+        }
+        self.inner.submit(claim, entries);
+    }
+
+    fn warn_pod(&self, pod: PodRef, reason: &'static str, message: String) {
+        self.inner.warn_pod(pod, reason, message);
+    }
 }
 
 impl<R, D, S> PodClaims for Arc<ClaimService<R, D, S>>

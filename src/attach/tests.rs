@@ -253,6 +253,7 @@ fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> 
     let uid = format!("uid-{name}");
     PreparedClaim {
         pod_claim_index: None,
+        pod_claim_name: None,
         uid,
         namespace: "ns".to_owned(),
         name: name.to_owned(),
@@ -284,6 +285,8 @@ fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> 
                     sharing: Some(sharing),
                     kind: Some(DeviceKind::Physical),
                     host_mtu: Some(device_facts.mtu),
+                    attributes: std::collections::BTreeMap::new(),
+                    cdi_device_ids: Vec::new(),
                 }
             })
             .collect(),

@@ -32,6 +32,8 @@ pub struct ClaimAllocation {
     pub pods: Vec<PodConsumer>,
     /// `metadata.generation`, for the conditions' `observedGeneration`.
     pub generation: Option<i64>,
+    /// The pod's entry name of a claim made from a template (its annotation).
+    pub pod_claim_name: Option<String>,
 }
 
 /// Checks the claim read from the API against kubelet's reference and extracts what this
@@ -52,6 +54,14 @@ pub fn extract(
     }
     let status = claim.status.as_ref();
     let consumers = status.and_then(|s| s.reserved_for.as_deref()).unwrap_or_default();
+    // KEP-5729 (beta in 1.37, off by default): a claim reserved for a PodGroup is shared by
+    // every pod of the group, which one interface cannot be.
+    if let Some(group) = consumers.iter().find(|c| c.resource == "podgroups") {
+        return Err(ClaimError::PodGroupUnsupported {
+            group: group.name.clone(),
+            uid: group.uid.clone(),
+        });
+    }
     if consumers.len() > 1 {
         // One network interface cannot sit in two pods' network namespaces.
         return Err(ClaimError::SharedByPods {
@@ -101,7 +111,20 @@ pub fn extract(
             parameters: opaque.parameters.0.clone(),
         });
     }
-    Ok(ClaimAllocation { results, config, pods, generation: claim.metadata.generation })
+    let pod_claim_name = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(super::metadata::POD_CLAIM_NAME_ANNOTATION))
+        .filter(|entry| !entry.is_empty())
+        .cloned();
+    Ok(ClaimAllocation {
+        results,
+        config,
+        pods,
+        generation: claim.metadata.generation,
+        pod_claim_name,
+    })
 }
 
 /// The claim names of a pod in `spec.resourceClaims` order: a claim named directly, or the

@@ -15,6 +15,7 @@
 //! claim is already forgotten).
 
 pub mod allocation;
+pub mod metadata;
 pub mod preparer;
 
 pub use preparer::{
@@ -25,7 +26,7 @@ pub use preparer::{
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -37,12 +38,14 @@ use serde::{Deserialize, Serialize};
 use crate::ipam::{self, Ipam, IpamError, LeaseOwner, LeaseStore};
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
+use crate::model::device::AttributeValue;
 use crate::model::network_config::{
     self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, PoolSpec, ResolvedMode,
     ResolvedNetworkConfig, Sharing,
 };
 
 use allocation::{AllocatedResult, ClaimAllocation};
+use metadata::{DeviceMetadata, MetadataError};
 
 /// Claims of one request prepared at the same time; kubelet sends one pod's claims, and a
 /// bound keeps a pathological request from opening unbounded API calls.
@@ -93,6 +96,11 @@ pub enum LookupError {
 pub trait DeviceLookup: Send + Sync + 'static {
     /// Facts of device `name` (a slot maps to its parent); child counts left at 0.
     fn facts(&self, name: &str) -> impl Future<Output = Result<DeviceFacts, LookupError>> + Send;
+    /// The attributes device `name` is published with (for the device metadata file).
+    fn attributes(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<BTreeMap<String, AttributeValue>, LookupError>> + Send;
 }
 
 /// Durable state of prepared claims; the same store keeps the IPAM's leases. Calls block on
@@ -141,6 +149,11 @@ pub struct PreparedClaim {
     /// the first release (format version 1): those fall back to claim-name order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_claim_index: Option<u32>,
+    /// The pod's `spec.resourceClaims[].name` of a claim made from a template (annotation
+    /// `resource.kubernetes.io/pod-claim-name`): the container path of its device metadata
+    /// uses it. Absent for claims named by the pod and in records before version 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
 }
 
 /// A pod a claim is reserved for.
@@ -183,19 +196,31 @@ pub struct PreparedClaimDevice {
     /// The host interface's MTU at prepare (the parent's for shared devices).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_mtu: Option<u32>,
+    /// The device's published attributes at prepare (for its device metadata file); empty
+    /// in records before version 3.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// CDI device ids returned to kubelet with this device: the device metadata of its
+    /// request, on the first device of each top-level request. Kept so a repeated prepare
+    /// answers the same; empty when metadata is off and in records before version 3.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdi_device_ids: Vec<String>,
 }
 
 impl PreparedClaim {
-    /// The answer kubelet gets (the same on every repeat).
+    /// The answer kubelet gets (the same on every repeat). `request_names` carry the
+    /// top-level request: kubelet injects a device's CDI ids into the containers whose
+    /// `resources.claims[].request` is in that list, and containers can only name top-level
+    /// requests (a `firstAvailable` result `net/fast` is requested as `net`).
     #[must_use]
     pub fn kubelet_devices(&self) -> Vec<PreparedDevice> {
         self.devices
             .iter()
             .map(|d| PreparedDevice {
-                request_names: vec![d.request.clone()],
+                request_names: vec![metadata::top_level(&d.request).to_owned()],
                 pool_name: d.pool.clone(),
                 device_name: d.device.clone(),
-                cdi_device_ids: Vec::new(),
+                cdi_device_ids: d.cdi_device_ids.clone(),
                 share_id: d.share_id.clone(),
             })
             .collect()
@@ -313,6 +338,19 @@ pub enum ClaimError {
     /// The state store failed.
     #[error("persisting the prepared claim: {0}")]
     Persist(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The device metadata files could not be written or removed.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// The claim is reserved for a PodGroup (KEP-5729), whose pods would all share it.
+    #[error(
+        "status.reservedFor: reserved for PodGroup {group} (uid {uid}); a network claim can serve only one pod (reason PodGroupUnsupported)"
+    )]
+    PodGroupUnsupported {
+        /// The group's name.
+        group: String,
+        /// The group's UID.
+        uid: String,
+    },
     /// A blocking task died.
     #[error("internal error: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -327,6 +365,9 @@ pub enum LoadError {
     /// Loading the prepared claims failed.
     #[error("loading prepared claims: {0}")]
     Claims(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The device metadata files could not be put right.
+    #[error("restoring device metadata: {0}")]
+    Metadata(#[source] MetadataError),
 }
 
 /// Identity of this node's pool.
@@ -349,6 +390,8 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     reader: R,
     devices: D,
     state: Arc<Mutex<State<S>>>,
+    /// Device metadata files (KEP-5304); `None` when turned off.
+    metadata: Option<Arc<DeviceMetadata>>,
     /// One async lock per claim UID in flight, so the same claim is never worked on twice
     /// at once (kubelet may repeat a call that timed out while the first still runs).
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -418,8 +461,18 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             reader,
             devices,
             state: Arc::new(Mutex::new(State { ipam, prepared })),
+            metadata: None,
             in_flight: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Turns device metadata on: claims prepared from now on get metadata files and CDI
+    /// ids, and the files of the claims already prepared are put right (blocking I/O).
+    pub fn with_metadata(mut self, metadata: Arc<DeviceMetadata>) -> Result<Self, LoadError> {
+        let claims: Vec<PreparedClaim> = lock(&self.state).prepared.values().cloned().collect();
+        metadata.restore(&claims).map_err(LoadError::Metadata)?;
+        self.metadata = Some(metadata);
+        Ok(self)
     }
 
     /// The prepared claim of `uid`, if any.
@@ -513,15 +566,29 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             };
             let mut facts = Vec::with_capacity(allocation.results.len());
             for result in &allocation.results {
-                let found = self.devices.facts(&result.device).await.map_err(|source| {
-                    ClaimError::Device { request: result.request.clone(), source }
-                })?;
-                facts.push(found);
+                let device_error =
+                    |source| ClaimError::Device { request: result.request.clone(), source };
+                let found = self.devices.facts(&result.device).await.map_err(device_error)?;
+                let attributes = match &self.metadata {
+                    Some(_) => {
+                        self.devices.attributes(&result.device).await.map_err(device_error)?
+                    }
+                    None => BTreeMap::new(),
+                };
+                facts.push((found, attributes));
             }
             let state = Arc::clone(&self.state);
+            let metadata = self.metadata.clone();
             let claim = claim.clone();
             tokio::task::spawn_blocking(move || {
-                commit_prepare(&state, &claim, &allocation, facts, pod_claim_index)
+                commit_prepare(
+                    &state,
+                    metadata.as_deref(),
+                    &claim,
+                    &allocation,
+                    facts,
+                    pod_claim_index,
+                )
             })
             .await
             .map_err(ClaimError::Task)?
@@ -533,10 +600,13 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
     pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
         self.serialised(&claim.uid, async {
             let state = Arc::clone(&self.state);
-            let uid = claim.uid.clone();
-            tokio::task::spawn_blocking(move || commit_unprepare(&state, &uid))
-                .await
-                .map_err(ClaimError::Task)?
+            let metadata = self.metadata.clone();
+            let claim = claim.clone();
+            tokio::task::spawn_blocking(move || {
+                commit_unprepare(&state, metadata.as_deref(), &claim)
+            })
+            .await
+            .map_err(ClaimError::Task)?
         })
         .await
     }
@@ -617,9 +687,10 @@ fn check_pool_settings(
 
 fn commit_prepare<S: ClaimStore>(
     state: &Mutex<State<S>>,
+    metadata: Option<&DeviceMetadata>,
     claim: &ClaimRef,
     allocation: &ClaimAllocation,
-    facts: Vec<DeviceFacts>,
+    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
     pod_claim_index: Option<u32>,
 ) -> Result<Vec<PreparedDevice>, ClaimError> {
     let mut state = lock(state);
@@ -628,7 +699,7 @@ fn commit_prepare<S: ClaimStore>(
         return Ok(done.kubelet_devices());
     }
     let mut devices = Vec::with_capacity(allocation.results.len());
-    for (result, mut facts) in allocation.results.iter().zip(facts) {
+    for (result, (mut facts, attributes)) in allocation.results.iter().zip(facts) {
         add_planned_children(&mut facts, &state.prepared);
         let config = network_config::resolve(&allocation.config, &result.request, &facts).map_err(
             |source| ClaimError::Config {
@@ -637,7 +708,7 @@ fn commit_prepare<S: ClaimStore>(
                 source: Box::new(source),
             },
         )?;
-        devices.push((result, facts, config));
+        devices.push((result, facts, attributes, config));
     }
     let mut prepared = PreparedClaim {
         uid: claim.uid.clone(),
@@ -647,9 +718,11 @@ fn commit_prepare<S: ClaimStore>(
         reserved_for: allocation.pods.clone(),
         generation: allocation.generation,
         pod_claim_index,
+        pod_claim_name: allocation.pod_claim_name.clone(),
     };
+    let mut metadata_written = false;
     let outcome = (|| {
-        for (result, facts, config) in devices {
+        for (result, facts, attributes, config) in devices {
             let addresses = match &config.addressing {
                 Addressing::None => Vec::new(),
                 Addressing::Static(addresses) => {
@@ -688,12 +761,34 @@ fn commit_prepare<S: ClaimStore>(
                 if_name: facts.if_name,
                 config,
                 addresses,
+                attributes,
+                cdi_device_ids: Vec::new(),
             });
+        }
+        if let Some(metadata) = metadata {
+            // The CDI id of a request goes with its first device: kubelet injects every id
+            // of every device of the request, and one mount per request is enough.
+            let mut seen = BTreeSet::new();
+            for device in &mut prepared.devices {
+                let request = metadata::top_level(&device.request).to_owned();
+                if seen.insert(request.clone()) {
+                    device.cdi_device_ids = vec![metadata.cdi_device_id(&claim.uid, &request)];
+                }
+            }
+            // Files before the record: a crash in between leaves files of a claim that is
+            // not prepared, which the next start removes.
+            metadata.publish(&prepared)?;
+            metadata_written = true;
         }
         crate::failpoint!("claims.prepare.after_leases");
         state.ipam.store().save_claim(&prepared).map_err(|e| ClaimError::Persist(Box::new(e)))
     })();
     if let Err(err) = outcome {
+        if let (true, Some(metadata)) = (metadata_written, metadata)
+            && let Err(cleanup) = metadata.remove(claim)
+        {
+            tracing::warn!(claim = %claim, error = %cleanup, "removing device metadata after a failed prepare");
+        }
         // Give back what this attempt reserved; a failure here only keeps addresses busy
         // until the next start releases leases without a claim.
         if let Err(release) = state.ipam.release_claim(&claim.uid) {
@@ -706,7 +801,22 @@ fn commit_prepare<S: ClaimStore>(
     Ok(answer)
 }
 
-fn commit_unprepare<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<(), ClaimError> {
+fn commit_unprepare<S: ClaimStore>(
+    state: &Mutex<State<S>>,
+    metadata: Option<&DeviceMetadata>,
+    claim: &ClaimRef,
+) -> Result<(), ClaimError> {
+    release_claim(state, &claim.uid)?;
+    // After the record: a crash in between leaves files of a claim that is not prepared,
+    // which the next start removes; a failure here fails the unprepare, and kubelet's retry
+    // (for a claim no longer prepared) removes them.
+    if let Some(metadata) = metadata {
+        metadata.remove(claim)?;
+    }
+    Ok(())
+}
+
+fn release_claim<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<(), ClaimError> {
     let mut state = lock(state);
     // The claim record first: a crash before the leases are released leaves leases without
     // a claim, which the next start releases. The other order could leave a prepared claim

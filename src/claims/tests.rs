@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::model::network_config::{DeviceKind, Sharing};
-use crate::store::Store;
+use crate::store::{Record, Store};
+
+mod metadata;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";
@@ -90,6 +92,18 @@ impl DeviceLookup for FixedDevices {
             passthru_children: 0,
             other_children: 0,
         })
+    }
+
+    async fn attributes(
+        &self,
+        name: &str,
+    ) -> Result<std::collections::BTreeMap<String, crate::model::device::AttributeValue>, LookupError>
+    {
+        Ok([(
+            "netclaim.dev/ifName".to_owned(),
+            crate::model::device::AttributeValue::String(name.to_owned()),
+        )]
+        .into())
     }
 }
 
@@ -770,7 +784,11 @@ async fn a_state_dir_of_the_previous_release_loads_and_is_migrated() {
         .filter(|op| op["kind"] == "prepared-claims" && op["op"] == "put")
         .map(|op| op["version"].as_u64().unwrap())
         .collect();
-    assert_eq!(versions.iter().filter(|v| **v == 2).count(), 2, "{versions:?}");
+    assert_eq!(
+        versions.iter().filter(|v| **v == u64::from(PreparedClaim::VERSION)).count(),
+        2,
+        "{versions:?}"
+    );
     let service = self::service(&api, dir.path());
     assert_eq!(service.all_prepared().len(), 2);
 }

@@ -157,6 +157,11 @@ pub struct NodeArgs {
     #[arg(long, env = "NETCLAIM_NRI_SOCKET", default_value = "/var/run/nri/nri.sock")]
     pub nri_socket: PathBuf,
 
+    /// Where CDI specs for device metadata go (KEP-5304; one of the runtime's
+    /// `cdi_spec_dirs`). An empty value turns device metadata off.
+    #[arg(long, env = "NETCLAIM_CDI_SPEC_DIR", default_value = "/var/run/cdi")]
+    pub cdi_spec_dir: PathBuf,
+
     /// Our NRI plugin index: two digits; plugins run in index order.
     #[arg(long, env = "NETCLAIM_NRI_PLUGIN_INDEX", default_value = "10", value_parser = parse_nri_plugin_index)]
     pub nri_plugin_index: String,

@@ -70,6 +70,7 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         }),
         nri_socket: args.nri_socket.clone(),
         nri_plugin_index: args.nri_plugin_index.clone(),
+        cdi_spec_dir: Some(args.cdi_spec_dir.clone()).filter(|dir| !dir.as_os_str().is_empty()),
     })
 }
 

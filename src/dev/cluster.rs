@@ -239,6 +239,8 @@ impl Cluster {
             kubelet_plugin_dir: plugin_dir.clone(),
             nri_socket,
             nri_plugin_index: "10".to_owned(),
+            // Inside the run dir: a dev cluster never writes into the host's CDI dirs.
+            cdi_spec_dir: Some(run_dir.join("cdi")),
         };
         let (stop_node, node_stopped) = watch::channel(false);
         let node = spawn_node_daemon(node_config, node_stopped)?;

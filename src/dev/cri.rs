@@ -214,6 +214,26 @@ impl CriClient {
             .map_err(|s| CriError::call("StopContainer", &s))
     }
 
+    /// `ExecSync`: runs `cmd` in the container and returns its exit code, stdout and stderr.
+    pub async fn exec_sync(
+        &self,
+        container_id: &str,
+        cmd: &[&str],
+        timeout: Duration,
+    ) -> Result<proto::ExecSyncResponse, CriError> {
+        let req = proto::ExecSyncRequest {
+            container_id: container_id.to_owned(),
+            cmd: cmd.iter().map(|c| (*c).to_owned()).collect(),
+            timeout: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        };
+        self.inner
+            .clone()
+            .exec_sync(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| CriError::call("ExecSync", &s))
+    }
+
     /// `RemoveContainer`.
     pub async fn remove_container(&self, container_id: &str) -> Result<(), CriError> {
         let req = proto::RemoveContainerRequest { container_id: container_id.to_owned() };

@@ -1,6 +1,7 @@
 //! [`DeviceLookup`] over this node's interfaces: a recent netlink dump and sysfs walk, shared by
 //! the lookups of one kubelet request, checked against the operator's selection.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use crate::host::discovery;
 use crate::host::sysfs::Sysfs;
 use crate::inventory::{Selection, facts};
 use crate::model::cause::cause;
-use crate::model::device::HostInterface;
+use crate::model::device::{AttributeValue, HostInterface};
 use crate::model::network_config::DeviceFacts;
 
 /// How long one discovery answers device lookups: a kubelet request with many claims (or a
@@ -36,17 +37,31 @@ impl DiscoveredDevices {
     }
 }
 
-impl DeviceLookup for DiscoveredDevices {
-    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
-        let interfaces = self
-            .recent
+impl DiscoveredDevices {
+    async fn interfaces(&self) -> Result<Arc<Vec<HostInterface>>, LookupError> {
+        self.recent
             .get_or_refresh(|| async {
                 discovery::discover(&Sysfs::new(&self.sysfs_root))
                     .await
                     .map_err(|e| LookupError::Failed(cause(e)))
             })
-            .await?;
+            .await
+    }
+}
+
+impl DeviceLookup for DiscoveredDevices {
+    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
+        let interfaces = self.interfaces().await?;
         facts::device_facts(&interfaces, &self.selection, name)
+            .ok_or_else(|| LookupError::NotFound(name.to_owned()))
+    }
+
+    async fn attributes(
+        &self,
+        name: &str,
+    ) -> Result<BTreeMap<String, AttributeValue>, LookupError> {
+        let interfaces = self.interfaces().await?;
+        facts::device_attributes(&interfaces, &self.selection, name)
             .ok_or_else(|| LookupError::NotFound(name.to_owned()))
     }
 }

@@ -2,8 +2,10 @@
 //! operator's selection (the scheduler copies no attributes into the claim, so the driver
 //! re-derives its own inventory). Pure.
 
+use std::collections::BTreeMap;
+
 use crate::inventory::{Inventory, Selection, SharingMode};
-use crate::model::device::{self, HostInterface, SriovRole};
+use crate::model::device::{self, AttributeValue, HostInterface, SriovRole};
 #[cfg(test)]
 use crate::model::device::{DeviceKind, Sharing};
 use crate::model::network_config::DeviceFacts;
@@ -29,6 +31,20 @@ pub fn device_facts(
         let device = inventory.devices.into_iter().find(|d| d.name == name)?;
         let interface = interfaces.iter().find(|i| i.name == device.if_name)?;
         Some(facts_of(&device, interface, interfaces))
+    })
+}
+
+/// The attributes device `name` is published with now (both sharing modes tried, as
+/// [`device_facts`] does).
+#[must_use]
+pub fn device_attributes(
+    interfaces: &[HostInterface],
+    selection: &Selection,
+    name: &str,
+) -> Option<BTreeMap<String, AttributeValue>> {
+    [SharingMode::Capacity, SharingMode::Slots].into_iter().find_map(|mode| {
+        let inventory = Inventory::build(interfaces, &selection.clone().with_sharing_mode(mode));
+        inventory.devices.into_iter().find(|d| d.name == name).map(|d| d.attributes)
     })
 }
 

@@ -320,8 +320,10 @@ impl fmt::Display for DeviceKind {
     }
 }
 
-/// A typed DRA device attribute value (`DeviceAttribute` has exactly one member set).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A typed DRA device attribute value (`DeviceAttribute` has exactly one member set); its
+/// serde form is the API's (`{"string": "eth0"}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AttributeValue {
     /// `string` (≤ 64 characters).
     String(String),

@@ -14,7 +14,9 @@ use nri_rs::{Plugin, PluginError, PluginOptions};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::attach::{AttachService, DetachingPreparer, plugin_events};
+use crate::attach::{AttachService, DetachingPreparer, WithDeviceMetadata, plugin_events};
+use crate::cdi::LocalFiles;
+use crate::claims::metadata::{DeviceMetadata, MetadataLayout};
 use crate::claims::{ClaimService, ServiceIdentity};
 use crate::host::device_lookup::DiscoveredDevices;
 use crate::host::discovery::HostInterfaces;
@@ -38,7 +40,8 @@ use crate::store::Store;
 /// The daemon's claim service.
 pub type NodeClaims = ClaimService<KubeClaims, DiscoveredDevices, Arc<Store>>;
 /// The daemon's attach service.
-pub type NodeAttach = AttachService<Arc<NodeClaims>, HostNetlink, Arc<Store>, KubeStatus>;
+pub type NodeAttach =
+    AttachService<Arc<NodeClaims>, HostNetlink, Arc<Store>, WithDeviceMetadata<KubeStatus>>;
 
 /// How often prepared claims are checked against the API besides after each NRI
 /// `Synchronize` (a claim deleted while its pod was gone from the runtime is released).
@@ -75,6 +78,8 @@ pub struct NodeConfig {
     pub nri_socket: PathBuf,
     /// `--nri-plugin-index`: two digits.
     pub nri_plugin_index: String,
+    /// `--cdi-spec-dir`; `None` turns device metadata off.
+    pub cdi_spec_dir: Option<PathBuf>,
 }
 
 /// A fatal daemon error.
@@ -242,10 +247,18 @@ async fn load_state(
     let reader = KubeClaims::new(client.clone());
     let devices = DiscoveredDevices::new(config.sysfs_root.clone(), config.selection.clone());
     let state_dir = config.state_dir.clone();
+    let metadata = config.cdi_spec_dir.as_ref().map(|cdi_dir| {
+        let layout = MetadataLayout::new(&config.driver_name, &config.kubelet_plugin_dir, cdi_dir);
+        Arc::new(DeviceMetadata::new(layout, LocalFiles))
+    });
+    let claim_metadata = metadata.clone();
     let (service, store) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
-        let service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
+        let mut service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
             .map_err(NodeError::Claims)?;
+        if let Some(metadata) = claim_metadata {
+            service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
+        }
         Ok::<_, NodeError>((service, store))
     })
     .await
@@ -258,7 +271,10 @@ async fn load_state(
         Backoff::default(),
         Some(metrics.status_writes.clone()),
     );
-    let status = KubeStatus::new(writer, client.clone(), &config.driver_name, &config.node_name);
+    let status = WithDeviceMetadata::new(
+        KubeStatus::new(writer, client.clone(), &config.driver_name, &config.node_name),
+        metadata,
+    );
     let host = HostNetlink::current()?;
     let (driver, attach_claims, attach_metrics) =
         (config.driver_name.clone(), Arc::clone(&claims), Arc::clone(metrics));

@@ -10,12 +10,14 @@ use crate::claims::{ClaimStore, PreparedClaim};
 impl Record for PreparedClaim {
     const KIND: &'static str = "prepared-claims";
     /// 2: `podClaimIndex` (optional; absent in version 1, which reads as unknown order).
-    const VERSION: u32 = 2;
+    /// 3: `podClaimName`, and per device `attributes` and `cdiDeviceIds` (device metadata;
+    /// all optional: an older record is a claim prepared without metadata).
+    const VERSION: u32 = 3;
 
     fn migrate(from: u32, data: serde_json::Value) -> Result<serde_json::Value, String> {
         match from {
-            // The new field is optional: a version 1 record is a valid version 2 record.
-            1 => Ok(data),
+            // Every field added since is optional: an older record is a valid current one.
+            1 | 2 => Ok(data),
             _ => Err(format!("no migration from version {from}")),
         }
     }
@@ -106,6 +108,20 @@ mod tests {
                 passthru_children: 0,
                 other_children: 0,
             })
+        }
+
+        async fn attributes(
+            &self,
+            name: &str,
+        ) -> Result<
+            std::collections::BTreeMap<String, crate::model::device::AttributeValue>,
+            LookupError,
+        > {
+            Ok([(
+                "netclaim.dev/ifName".to_owned(),
+                crate::model::device::AttributeValue::String(name.to_owned()),
+            )]
+            .into())
         }
     }
 

@@ -158,6 +158,20 @@ impl DeviceLookup for FixedDevices {
             other_children: 0,
         })
     }
+
+    async fn attributes(
+        &self,
+        name: &str,
+    ) -> Result<
+        std::collections::BTreeMap<String, netclaim::model::device::AttributeValue>,
+        LookupError,
+    > {
+        Ok([(
+            "netclaim.dev/ifName".to_owned(),
+            netclaim::model::device::AttributeValue::String(name.to_owned()),
+        )]
+        .into())
+    }
 }
 
 pub(crate) type Service = ClaimService<KubeClaims, FixedDevices, Arc<Store>>;

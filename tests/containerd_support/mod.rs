@@ -137,6 +137,11 @@ impl Containerd {
         self.path("run/containerd.sock")
     }
 
+    /// The only directory this containerd reads CDI specs from.
+    pub(crate) fn cdi_dir(&self) -> PathBuf {
+        self.path("cdi")
+    }
+
     /// The NRI socket plugins connect to.
     pub(crate) fn nri_socket(&self) -> PathBuf {
         self.path("run/nri.sock")
@@ -153,6 +158,7 @@ impl Containerd {
             "nri/plugins",
             "opt",
             "pods",
+            "cdi",
         ] {
             fs::create_dir_all(self.path(d)).unwrap();
         }
@@ -185,6 +191,10 @@ state = "{state}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{IMAGE}"
   stream_server_port = "0"
+  # CDI from a private spec dir only (1.7 has it off by default; 2.x on, reading /etc/cdi and
+  # /var/run/cdi, which a test must not use).
+  enable_cdi = true
+  cdi_spec_dirs = ["{cdi}"]
   # The test machine lacks CAP_SYS_RESOURCE, so negative oom_score_adj values are refused.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -209,6 +219,7 @@ state = "{state}"
             timeout = nri_request_timeout.as_millis(),
             nri_sock = self.nri_socket().display(),
             cni_conf = p("cni/net.d"),
+            cdi = p("cdi"),
         );
         fs::write(self.path("containerd.toml"), config).unwrap();
         // An isolated bridge: no uplink, no masquerading, no default route in pods.

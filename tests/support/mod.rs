@@ -249,6 +249,8 @@ pub(crate) fn node_daemon_args(dir: &std::path::Path) -> Vec<String> {
         path("registry"),
         "--kubelet-plugin-dir".to_owned(),
         path("plugin"),
+        "--cdi-spec-dir".to_owned(),
+        path("cdi"),
     ]
 }
 

@@ -32,7 +32,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
-    ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate,
+    DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
@@ -205,6 +205,9 @@ struct PodClaim {
     uid: String,
     /// Made from a template by us: deleted with the pod.
     generated: bool,
+    /// The implicit claim of the pod's extended resources (KEP-5004), with its request
+    /// mappings; it has no `spec.resourceClaims` entry.
+    extended: Option<pod_claims::ExtendedResourceRequests>,
 }
 
 /// What has been done for one pod (so a retry skips completed steps and teardown undoes
@@ -568,9 +571,83 @@ impl Context {
                 name: claim.metadata.name.clone().unwrap_or_default(),
                 uid: claim.metadata.uid.clone().unwrap_or_default(),
                 generated,
+                extended: None,
             });
         }
+        if let Some(claim) = self.extended_resource_claim(pod).await? {
+            resolved.push(claim);
+        }
         Ok(resolved)
+    }
+
+    /// The implicit claim of the pod's extended resources backed by DeviceClasses (what the
+    /// scheduler makes, KEP-5004): the one recorded in the Pod status or made earlier, else a
+    /// new one; `None` when the pod asks for no such resource.
+    async fn extended_resource_claim(&self, pod: &Pod) -> Result<Option<PodClaim>, Blocked> {
+        // Extended resources are domain-qualified (`cpu` and `memory` are not): without one,
+        // no DeviceClass list is needed.
+        let asks_extended = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| r.limits.iter().chain(r.requests.iter()).flatten())
+            .any(|(name, _)| name.contains('/'));
+        if !asks_extended {
+            return Ok(None);
+        }
+        let classes: Api<DeviceClass> = Api::all(self.client.clone());
+        let classes = classes
+            .list(&ListParams::default())
+            .await
+            .map_err(api_failure(Step::Claims, "listing DeviceClasses"))?
+            .items;
+        let requests = pod_claims::extended_resource_requests(pod, &classes)
+            .map_err(|e| Blocked::Failed(Step::Claims, e.to_string()))?;
+        if requests.requests.is_empty() {
+            return Ok(None);
+        }
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let api = self.claims(&namespace);
+        let recorded = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone());
+        let mut found = None;
+        if let Some(name) = recorded {
+            found = api
+                .get_opt(&name)
+                .await
+                .map_err(api_failure(Step::Claims, &format!("reading claim {name}")))?;
+        }
+        if found.is_none() {
+            let existing = api
+                .list(&ListParams::default())
+                .await
+                .map_err(api_failure(Step::Claims, "listing claims"))?;
+            found = existing
+                .items
+                .into_iter()
+                .find(|c| pod_claims::is_extended_resource_claim_of(c, pod));
+        }
+        let claim = match found {
+            Some(claim) => claim,
+            None => api
+                .create(
+                    &PostParams::default(),
+                    &pod_claims::implicit_extended_resource_claim(pod, &requests),
+                )
+                .await
+                .map_err(api_failure(Step::Claims, "creating the extended-resource claim"))?,
+        };
+        Ok(Some(PodClaim {
+            entry: String::new(),
+            name: claim.metadata.name.clone().unwrap_or_default(),
+            uid: claim.metadata.uid.clone().unwrap_or_default(),
+            generated: true,
+            extended: Some(requests),
+        }))
     }
 
     /// The claim generated for `entry`: the one recorded in the Pod status, else one we made
@@ -621,14 +698,21 @@ impl Context {
     /// Records the generated claims in `status.resourceClaimStatuses`.
     async fn record_claims(&self, pod: &Pod, state: &mut PodState) -> Result<(), Blocked> {
         let mut statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.clone());
-        for claim in state.claims.iter().filter(|c| c.generated) {
+        for claim in state.claims.iter().filter(|c| c.generated && c.extended.is_none()) {
             statuses =
                 Some(pod_claims::with_claim_status(statuses.as_deref(), &claim.entry, &claim.name));
         }
-        if statuses.is_some() {
+        let extended = state.claims.iter().find_map(|c| {
+            let requests = c.extended.as_ref()?;
+            Some(pod_claims::extended_resource_claim_status(&c.name, requests))
+        });
+        if statuses.is_some() || extended.is_some() {
             let namespace = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
-            let patch = json!({"status": {"resourceClaimStatuses": statuses}});
+            let mut patch = json!({"status": {"resourceClaimStatuses": statuses}});
+            if let Some(extended) = extended {
+                patch["status"]["extendedResourceClaimStatus"] = json!(extended);
+            }
             self.pods(&namespace)
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -654,7 +738,8 @@ impl Context {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let mut status = pod_status::pod_status(previous.as_ref(), &progress, &now);
         if state.claims_recorded && status.resource_claim_statuses.is_none() {
-            let generated: Vec<_> = state.claims.iter().filter(|c| c.generated).collect();
+            let generated: Vec<_> =
+                state.claims.iter().filter(|c| c.generated && c.extended.is_none()).collect();
             if !generated.is_empty() {
                 let mut statuses = Vec::new();
                 for claim in generated {

@@ -9,12 +9,23 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodResourceClaimStatus};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerExtendedResourceRequest, Pod, PodExtendedResourceClaimStatus,
+    PodResourceClaimStatus,
+};
+use k8s_openapi::api::resource::v1::{
+    DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
+    ResourceClaimTemplate,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 /// Annotation on a generated claim naming the Pod's `spec.resourceClaims` entry.
 pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+/// Annotation (`"true"`) on the implicit claim of a pod's extended resources (KEP-5004).
+pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
+    "resource.kubernetes.io/extended-resource-claim";
+/// Every DeviceClass can be asked for as `deviceclass.resource.kubernetes.io/<class>`.
+pub const IMPLICIT_EXTENDED_RESOURCE_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
 /// Longest `generateName` before the API server appends 5 random characters (a DNS subdomain
 /// label stays within 63).
@@ -196,6 +207,157 @@ pub fn with_claim_status(
     statuses
 }
 
+/// The DeviceClass that backs extended resource `resource`: the one naming it in
+/// `spec.extendedResourceName`, or `<class>` of `deviceclass.resource.kubernetes.io/<class>`.
+#[must_use]
+pub fn class_for_resource(resource: &str, classes: &[DeviceClass]) -> Option<String> {
+    let named =
+        classes.iter().find(|class| class.spec.extended_resource_name.as_deref() == Some(resource));
+    named.and_then(|class| class.metadata.name.clone()).or_else(|| {
+        let class = resource.strip_prefix(IMPLICIT_EXTENDED_RESOURCE_PREFIX)?;
+        classes.iter().any(|c| c.metadata.name.as_deref() == Some(class)).then(|| class.to_owned())
+    })
+}
+
+/// The requests of a pod's implicit extended-resource claim and which container each serves.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExtendedResourceRequests {
+    /// One request per (container, extended resource backed by a DeviceClass).
+    pub requests: Vec<DeviceRequest>,
+    /// `status.extendedResourceClaimStatus.requestMappings`.
+    pub mappings: Vec<ContainerExtendedResourceRequest>,
+}
+
+/// A container's extended resource whose quantity is not a whole number of devices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "pod {pod}: container {container}: resources {resource}: {quantity:?} is not a whole number of devices"
+)]
+pub struct QuantityError {
+    /// `namespace/name` of the Pod.
+    pub pod: String,
+    /// The container.
+    pub container: String,
+    /// The resource name.
+    pub resource: String,
+    /// The quantity given.
+    pub quantity: String,
+}
+
+/// The scheduler's requests for the pod's extended resources that a DeviceClass backs
+/// (KEP-5004): init containers then containers, indexed together; per container its resource
+/// names sorted; request `container-<container index>-request-<resource index>`, exactly
+/// `count` devices of the class. A resource only in `limits` counts (the API server copies
+/// extended-resource limits into requests).
+pub fn extended_resource_requests(
+    pod: &Pod,
+    classes: &[DeviceClass],
+) -> Result<ExtendedResourceRequests, QuantityError> {
+    let mut out = ExtendedResourceRequests::default();
+    let spec = pod.spec.as_ref();
+    let containers: Vec<&Container> = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .chain(spec.map(|s| s.containers.iter()).into_iter().flatten())
+        .collect();
+    for (container_index, container) in containers.iter().enumerate() {
+        let resources = container.resources.as_ref();
+        let mut quantities: BTreeMap<&str, &str> = BTreeMap::new();
+        for list in
+            [resources.and_then(|r| r.limits.as_ref()), resources.and_then(|r| r.requests.as_ref())]
+        {
+            for (name, quantity) in list.into_iter().flatten() {
+                quantities.insert(name.as_str(), quantity.0.as_str());
+            }
+        }
+        for (resource_index, (resource, quantity)) in quantities.iter().enumerate() {
+            let Some(class) = class_for_resource(resource, classes) else { continue };
+            let count: i64 = quantity.parse().map_err(|_| QuantityError {
+                pod: object_key(&pod.metadata),
+                container: container.name.clone(),
+                resource: (*resource).to_owned(),
+                quantity: (*quantity).to_owned(),
+            })?;
+            if count <= 0 {
+                continue;
+            }
+            let name = format!("container-{container_index}-request-{resource_index}");
+            out.requests.push(DeviceRequest {
+                name: name.clone(),
+                exactly: Some(ExactDeviceRequest {
+                    device_class_name: class,
+                    allocation_mode: Some("ExactCount".to_owned()),
+                    count: Some(count),
+                    ..ExactDeviceRequest::default()
+                }),
+                ..DeviceRequest::default()
+            });
+            out.mappings.push(ContainerExtendedResourceRequest {
+                container_name: container.name.clone(),
+                resource_name: (*resource).to_owned(),
+                request_name: name,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The implicit claim the scheduler creates for a pod's extended resources: `generateName`
+/// `<pod>-extended-resources-`, owned by the Pod as its controller, annotated, with the
+/// requests and no config of its own (the DeviceClass's config applies).
+#[must_use]
+pub fn implicit_extended_resource_claim(
+    pod: &Pod,
+    requests: &ExtendedResourceRequests,
+) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            generate_name: Some(format!(
+                "{}-extended-resources-",
+                pod.metadata.name.as_deref().unwrap_or_default()
+            )),
+            namespace: pod.metadata.namespace.clone(),
+            annotations: Some(
+                [(EXTENDED_RESOURCE_CLAIM_ANNOTATION.to_owned(), "true".to_owned())].into(),
+            ),
+            owner_references: Some(vec![pod_owner_reference(pod)]),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(requests.requests.clone()),
+                ..DeviceClaim::default()
+            }),
+        },
+        status: None,
+    }
+}
+
+/// Whether `claim` is the implicit extended-resource claim of `pod`.
+#[must_use]
+pub fn is_extended_resource_claim_of(claim: &ResourceClaim, pod: &Pod) -> bool {
+    let annotated = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    annotated && is_owned_by(claim, pod.metadata.uid.as_deref().unwrap_or_default())
+}
+
+/// `status.extendedResourceClaimStatus` for the implicit claim `claim_name`.
+#[must_use]
+pub fn extended_resource_claim_status(
+    claim_name: &str,
+    requests: &ExtendedResourceRequests,
+) -> PodExtendedResourceClaimStatus {
+    PodExtendedResourceClaimStatus {
+        resource_claim_name: claim_name.to_owned(),
+        request_mappings: requests.mappings.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +448,71 @@ mod tests {
         let name = generate_name(&pod_name, &"e".repeat(40));
         assert_eq!(name, format!("{}-{}-", "p".repeat(28), "e".repeat(28)));
         assert!(name.len() + 5 <= 63);
+    }
+
+    fn class(name: &str, extended: Option<&str>) -> DeviceClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"extendedResourceName": extended},
+        }))
+        .expect("a valid DeviceClass")
+    }
+
+    #[test]
+    fn extended_resources_become_requests_named_by_container_and_sorted_resource_index() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "team", "uid": "pod-uid-1"},
+            "spec": {
+                "initContainers": [{"name": "init", "image": "pause"}],
+                "containers": [
+                    {"name": "app", "image": "pause", "resources": {"limits": {
+                        "netclaim.dev/macvlan": "2", "cpu": "1",
+                        "deviceclass.resource.kubernetes.io/vf": "1",
+                        "example.com/dongle": "1",
+                    }}},
+                ],
+            },
+        }))
+        .unwrap();
+        let classes = [class("mv", Some("netclaim.dev/macvlan")), class("vf", None)];
+        let found = extended_resource_requests(&pod, &classes).unwrap();
+        // Sorted: cpu, deviceclass.../vf, example.com/dongle, netclaim.dev/macvlan.
+        let names: Vec<(&str, &str, Option<i64>)> = found
+            .requests
+            .iter()
+            .map(|r| {
+                let exactly = r.exactly.as_ref().unwrap();
+                (r.name.as_str(), exactly.device_class_name.as_str(), exactly.count)
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [("container-1-request-1", "vf", Some(1)), ("container-1-request-3", "mv", Some(2))]
+        );
+        assert_eq!(found.mappings[1].resource_name, "netclaim.dev/macvlan");
+        assert_eq!(found.mappings[1].container_name, "app");
+        let claim = implicit_extended_resource_claim(&pod, &found);
+        assert_eq!(claim.metadata.generate_name.as_deref(), Some("web-1-extended-resources-"));
+        assert!(is_extended_resource_claim_of(&claim, &pod));
+        assert!(claim.spec.devices.as_ref().unwrap().config.is_none(), "class config only");
+        let status = extended_resource_claim_status("web-1-extended-resources-abcde", &found);
+        assert_eq!(status.request_mappings.len(), 2);
+    }
+
+    #[test]
+    fn a_fractional_device_count_is_an_error_naming_the_container() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "team"},
+            "spec": {"containers": [{"name": "app", "image": "pause",
+                "resources": {"limits": {"netclaim.dev/macvlan": "500m"}}}]},
+        }))
+        .unwrap();
+        let err = extended_resource_requests(&pod, &[class("mv", Some("netclaim.dev/macvlan"))])
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("container app") && err.to_string().contains("500m"),
+            "{err}"
+        );
     }
 
     #[test]
