@@ -12,7 +12,9 @@
 //! leases (IPAM) before the claim; unprepare removes the claim before the leases. A crash in
 //! between leaves leases without a claim, which [`ClaimService::load`] releases at start
 //! (for a prepare nothing was returned to kubelet, which asks again; for an unprepare the
-//! claim is already forgotten).
+//! claim is already forgotten). Device metadata files ([`metadata`]) are written between the
+//! leases and the claim, and removed after both; files without a prepared claim are removed
+//! at start.
 
 pub mod allocation;
 pub mod metadata;
