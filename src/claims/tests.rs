@@ -206,6 +206,19 @@ fn pool_config() -> Value {
     params(json!({"mode": "macvlan", "ipam": {"pool": {"subnet": "10.9.0.0/24"}}}))
 }
 
+/// The record version of every prepared-claim write in a journal, in order.
+fn prepared_claim_versions(journal: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(journal)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|line| serde_json::from_str::<Value>(line.split_once(' ')?.1).ok())
+        .flat_map(|entry| entry["ops"].as_array().cloned().unwrap_or_default())
+        .filter(|op| op["kind"] == "prepared-claims" && op["op"] == "put")
+        .map(|op| op["version"].as_u64().unwrap())
+        .collect()
+}
+
 async fn prepare_one(service: &Service, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
     let mut results = service.prepare(vec![claim.clone()]).await;
     assert_eq!(results.len(), 1);
@@ -775,15 +788,7 @@ async fn a_state_dir_of_the_previous_release_loads_and_is_migrated() {
     );
     drop(service);
     // The records were written back at the current version.
-    let journal = std::fs::read_to_string(dir.path().join("journal")).unwrap();
-    let versions: Vec<u64> = journal
-        .lines()
-        .skip(1)
-        .filter_map(|line| serde_json::from_str::<Value>(line.split_once(' ')?.1).ok())
-        .flat_map(|entry| entry["ops"].as_array().cloned().unwrap_or_default())
-        .filter(|op| op["kind"] == "prepared-claims" && op["op"] == "put")
-        .map(|op| op["version"].as_u64().unwrap())
-        .collect();
+    let versions = prepared_claim_versions(&dir.path().join("journal"));
     assert_eq!(
         versions.iter().filter(|v| **v == u64::from(PreparedClaim::VERSION)).count(),
         2,

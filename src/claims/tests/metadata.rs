@@ -450,15 +450,7 @@ async fn a_state_dir_of_release_58860b2_loads_with_its_claims_unchanged_and_with
         lock(&service.state).ipam.leases().map(|l| l.address.to_string()).collect();
     assert_eq!(leases, ["10.9.0.2", "10.9.1.5"]);
     drop(service);
-    let journal = std::fs::read_to_string(dirs.state.join("journal")).unwrap();
-    let versions: Vec<u64> = journal
-        .lines()
-        .skip(1)
-        .filter_map(|line| serde_json::from_str::<Value>(line.split_once(' ')?.1).ok())
-        .flat_map(|entry| entry["ops"].as_array().cloned().unwrap_or_default())
-        .filter(|op| op["kind"] == "prepared-claims" && op["op"] == "put")
-        .map(|op| op["version"].as_u64().unwrap())
-        .collect();
+    let versions = prepared_claim_versions(&dirs.state.join("journal"));
     assert_eq!(versions.iter().filter(|v| **v == 3).count(), 2, "written back: {versions:?}");
     // Unprepare of such a claim works and removes nothing it does not own.
     let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
