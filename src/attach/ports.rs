@@ -58,15 +58,18 @@ pub trait NetnsAccess: Send + Sync + 'static {
     fn host(&self) -> impl Future<Output = Result<Self::Ops, LinkOpError>> + Send;
 }
 
-/// Durable pod records; calls block on disk I/O (the service runs them on the blocking pool).
+/// Pod records that outlive the daemon's process, not the machine (decision 0010): every
+/// pod netns, and every interface a record describes, is gone after power loss or a kernel
+/// crash too, so a record must survive `kill -9` (the page cache does) and never waits for
+/// the disk. Calls write into the page cache and return; the service makes them inline.
 pub trait AttachmentStore: Clone + Send + Sync + 'static {
     /// The store's error.
     type Error: std::error::Error + Send + Sync + 'static;
     /// Every record.
     fn load_attachments(&self) -> Result<Vec<PodAttachment>, Self::Error>;
-    /// Persists a record durably before returning.
+    /// Writes a record; it survives `kill -9` of the daemon once this returns.
     fn save_attachment(&self, attachment: &PodAttachment) -> Result<(), Self::Error>;
-    /// Forgets a record; a missing one succeeds.
+    /// Forgets a record (as [`AttachmentStore::save_attachment`]); a missing one succeeds.
     fn remove_attachment(&self, pod_uid: &str) -> Result<(), Self::Error>;
 }
 

@@ -259,7 +259,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
 
     /// Forgets the record of pod `uid` (store, then memory).
     async fn drop_record(&self, uid: &str) {
-        if let Err(err) = self.forget(uid).await {
+        if let Err(err) = self.forget(uid) {
             tracing::warn!(pod = %uid, %err, "forgetting the pod record");
             return;
         }
@@ -344,7 +344,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             }
             changed = true;
         }
-        if changed && let Err(err) = self.persist(record.clone()).await {
+        if changed && let Err(err) = self.persist(&record) {
             tracing::warn!(pod = %uid, %err, "persisting the verified pod");
         }
         let claims: Vec<_> = self.claims.claims_of_pod(uid);

@@ -1,9 +1,10 @@
 //! Pod attachments in the store: one record per pod UID, so StopPodSandbox and a restarted
-//! daemon know which interfaces went into which netns.
+//! daemon know which interfaces went into which netns. Written buffered (no `fdatasync`):
+//! they describe kernel state that power loss destroys with them (decision 0010).
 
 use std::sync::Arc;
 
-use super::{Record, Store, StoreError};
+use super::{Durability, Record, Store, StoreError};
 use crate::attach::{AttachmentStore, PodAttachment};
 
 impl Record for PodAttachment {
@@ -28,10 +29,10 @@ impl AttachmentStore for Arc<Store> {
     }
 
     fn save_attachment(&self, attachment: &PodAttachment) -> Result<(), StoreError> {
-        self.put(&attachment.pod_uid, attachment)
+        self.put_with(&attachment.pod_uid, attachment, Durability::Buffered)
     }
 
     fn remove_attachment(&self, pod_uid: &str) -> Result<(), StoreError> {
-        self.remove::<PodAttachment>(pod_uid).map(|_| ())
+        self.remove_with::<PodAttachment>(pod_uid, Durability::Buffered).map(|_| ())
     }
 }

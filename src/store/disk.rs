@@ -24,6 +24,9 @@ pub(crate) trait DiskFile: Send + Debug {
     fn sync_all(&mut self) -> io::Result<()>;
     /// `ftruncate(2)`.
     fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// `dup(2)`: a second handle on the same open file, so one thread can `fdatasync` while
+    /// another appends (group commit).
+    fn duplicate(&self) -> io::Result<Box<dyn DiskFile>>;
 }
 
 /// The directory operations of the store.
@@ -74,6 +77,10 @@ impl DiskFile for OsFile {
 
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+
+    fn duplicate(&self) -> io::Result<Box<dyn DiskFile>> {
+        Ok(Box::new(OsFile(self.0.try_clone()?)))
     }
 }
 

@@ -1,5 +1,5 @@
 //! Durable, crash-safe record store under the state dir: an append-only, checksummed journal
-//! with one `fdatasync` per commit, an in-memory index, and a versioned format with a
+//! with group-committed `fdatasync`s, an in-memory index, and a versioned format with a
 //! migration path.
 //!
 //! Layout: `<state-dir>/journal` (and `<state-dir>/LOCK`). The first line is a header
@@ -7,10 +7,12 @@
 //! `<16 hex digits of SHA-256> <json>\n`, the JSON being `{"ops":[...]}` with `put`
 //! (`kind`, `key`, record `version`, `data`) and `remove` (`kind`, `key`) operations.
 //!
-//! A commit appends one line and `fdatasync`s before returning, so an acknowledged record
-//! survives `kill -9` and power loss, and a batch is all or nothing: a `kill -9` in the
-//! middle of an append leaves a last line without its newline, which the next open drops
-//! (and truncates). A complete line whose checksum does not match is corruption and fails
+//! A commit appends one line and `fdatasync`s before returning (group commit: one
+//! `fdatasync` outside the journal lock serves every line appended before it), so an
+//! acknowledged record survives `kill -9` and power loss; a buffered commit
+//! ([`Durability::Buffered`]) only appends, and survives `kill -9` but not power loss. A
+//! batch is all or nothing: a `kill -9` in the middle of an append leaves a last line
+//! without its newline, which the next open drops (and truncates). A complete line whose checksum does not match is corruption and fails
 //! the open, naming the offset: silently forgetting a lease could give its address to a
 //! second claim. When the journal grows past twice its live size it is compacted (written
 //! to a temp file, fsynced, renamed over the journal, directory fsynced). A `LOCK` file
@@ -35,6 +37,7 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -289,6 +292,30 @@ struct Journal {
     /// reported once), while a new rename and a new directory sync cannot.
     rewrite_pending: bool,
     poisoned: bool,
+    /// Appends so far (sequence number of the last one).
+    seq: u64,
+    /// Bumped whenever `file` is opened anew, so the syncer knows its duplicate is stale.
+    generation: u64,
+    /// Sequence number of the last append known durable.
+    durable_seq: Arc<AtomicU64>,
+}
+
+/// How far a commit must have gone when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk (`fdatasync`): survives `kill -9` and power loss.
+    Synced,
+    /// In the page cache: survives `kill -9` of the daemon (the kernel keeps the written
+    /// bytes and writes them back), not power loss or a kernel crash. For records of kernel
+    /// state that a reboot destroys too (pod interfaces: decision 0010).
+    Buffered,
+}
+
+/// The handle `fdatasync` runs on, kept apart from the appending one.
+#[derive(Debug, Default)]
+struct Syncer {
+    /// A duplicate of the journal's append handle, with the journal generation it belongs to.
+    handle: Option<(u64, Box<dyn DiskFile>)>,
 }
 
 /// The state dir, opened and locked for this process.
@@ -298,6 +325,12 @@ pub struct Store {
     /// Held (flock) for the life of the store; released by the kernel even on `kill -9`.
     _lock: Box<dyn Any + Send + Sync>,
     journal: Mutex<Journal>,
+    /// Held by the one caller running `fdatasync` (never while waiting for the journal lock
+    /// is held by others for I/O other than a compaction).
+    syncer: Mutex<Syncer>,
+    /// Sequence number of the last append known durable (shared with the journal, whose
+    /// compaction makes everything durable).
+    durable_seq: Arc<AtomicU64>,
 }
 
 impl Store {
@@ -334,7 +367,14 @@ impl Store {
             Err(source) => return Err(StoreError::Io { op: "read", path, source }),
         };
         let journal = load_journal(disk, root.clone(), path, &bytes)?;
-        Ok(Store { root, _lock: lock, journal: Mutex::new(journal) })
+        let durable_seq = Arc::clone(&journal.durable_seq);
+        Ok(Store {
+            root,
+            _lock: lock,
+            journal: Mutex::new(journal),
+            syncer: Mutex::new(Syncer::default()),
+            durable_seq,
+        })
     }
 
     /// The state dir.
@@ -351,16 +391,34 @@ impl Store {
 
     /// Commits a batch durably: when this returns, every change survives `kill -9` and
     /// power loss; after a crash during the call, either all or none of them do.
+    ///
+    /// Group commit: the line is appended under the journal lock, the `fdatasync` runs
+    /// outside it, and one `fdatasync` covers every line appended before it started, so
+    /// concurrent commits share it and a buffered commit never waits for one.
     pub fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        self.commit_with(batch, Durability::Synced)
+    }
+
+    /// Commits a batch as [`Durability`] says.
+    pub fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
         }
+        let seq = {
+            let mut journal = self.lock_journal();
+            journal.append(&batch.ops)?;
+            journal.apply(batch.ops);
+            journal.seq
+        };
+        if durability == Durability::Buffered {
+            return Ok(());
+        }
+        self.sync_through(seq)?;
         let mut journal = self.lock_journal();
-        journal.append(&batch.ops)?;
-        journal.apply(batch.ops);
         if journal.len > COMPACT_MIN_BYTES && journal.len > 2 * journal.live_bytes {
             // The commit is already durable; a failed compaction only leaves a longer
-            // journal, retried on the next commit.
+            // journal, retried on the next commit. Buffered commits never compact: the
+            // rewrite and its syncs would land on their caller's latency.
             if let Err(e) = journal.compact() {
                 tracing::warn!(error = %e, "state journal compaction failed");
             }
@@ -368,22 +426,90 @@ impl Store {
         Ok(())
     }
 
+    /// Makes every append up to `seq` durable. One caller at a time syncs, for everything
+    /// appended before it read the journal's sequence; the others find their line durable.
+    fn sync_through(&self, seq: u64) -> Result<(), StoreError> {
+        let mut syncer = self.syncer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.durable_seq.load(Ordering::Acquire) >= seq {
+            return Ok(());
+        }
+        let (target, path) = {
+            let mut journal = self.lock_journal();
+            if journal.poisoned {
+                return Err(StoreError::Poisoned { path: journal.path.clone() });
+            }
+            if journal.file.is_none() || journal.rewrite_pending {
+                // A compaction after this line was appended renamed the journal and could
+                // not finish: the line sits in a file whose name may not survive power loss.
+                // Rewriting now (snapshot synced, rename, directory synced) makes it durable.
+                let result = journal.compact();
+                if result.is_err() {
+                    journal.poisoned = true;
+                }
+                return result;
+            }
+            if syncer
+                .handle
+                .as_ref()
+                .is_none_or(|(generation, _)| *generation != journal.generation)
+            {
+                let file = journal.file.as_ref().map(|f| f.duplicate()).transpose();
+                let file = file.map_err(io_err("dup", &journal.path))?;
+                syncer.handle = file.map(|f| (journal.generation, f));
+            }
+            (journal.seq, journal.path.clone())
+        };
+        let Some((_, handle)) = syncer.handle.as_mut() else {
+            return Err(StoreError::Poisoned { path });
+        };
+        // fdatasync: the appended bytes and the new size, not the timestamps.
+        if let Err(source) = handle.sync_data() {
+            // After a failed fdatasync the kernel may have dropped the dirty pages and a
+            // retry can report success for bytes that never reached the disk; lines of other
+            // commits share the failure. Refuse every later write until a restart reloads
+            // the journal from disk (what PostgreSQL does since 2018 for the same reason).
+            self.lock_journal().poisoned = true;
+            return Err(StoreError::Io { op: "fdatasync", path, source });
+        }
+        self.durable_seq.fetch_max(target, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Writes (creates or replaces) one record durably.
     pub fn put<R: Record>(&self, key: &str, record: &R) -> Result<(), StoreError> {
+        self.put_with(key, record, Durability::Synced)
+    }
+
+    /// Writes (creates or replaces) one record as [`Durability`] says.
+    pub fn put_with<R: Record>(
+        &self,
+        key: &str,
+        record: &R,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
         let mut batch = Batch::new();
         batch.put(key, record)?;
-        self.commit(batch)
+        self.commit_with(batch, durability)
     }
 
     /// Removes one record durably; `false` when there was none.
     pub fn remove<R: Record>(&self, key: &str) -> Result<bool, StoreError> {
+        self.remove_with::<R>(key, Durability::Synced)
+    }
+
+    /// Removes one record as [`Durability`] says; `false` when there was none.
+    pub fn remove_with<R: Record>(
+        &self,
+        key: &str,
+        durability: Durability,
+    ) -> Result<bool, StoreError> {
         check_key::<R>(key)?;
         if !self.lock_journal().records.contains_key(&(R::KIND.to_owned(), key.to_owned())) {
             return Ok(false);
         }
         let mut batch = Batch::new();
         batch.remove::<R>(key)?;
-        self.commit(batch)?;
+        self.commit_with(batch, durability)?;
         Ok(true)
     }
 
@@ -421,8 +547,9 @@ impl Store {
 }
 
 impl Journal {
-    /// Appends one line and makes it durable; on failure the journal is cut back to its
-    /// previous length so no partial line sits before later commits.
+    /// Appends one line (into the page cache: the caller syncs); on a failed write the
+    /// journal is cut back to its previous length so no partial line sits before later
+    /// commits.
     fn append(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         if self.poisoned {
             return Err(StoreError::Poisoned { path: self.path.clone() });
@@ -435,22 +562,22 @@ impl Journal {
         let line = encode_line(&json);
         let file = match &mut self.file {
             Some(file) => file,
-            None => self
-                .file
-                .insert(self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?),
+            None => {
+                let file = self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?;
+                self.generation += 1;
+                self.file.insert(file)
+            }
         };
-        let result = file
-            .write_all(line.as_bytes())
-            .map_err(io_err("append", &self.path))
-            // fdatasync: the appended bytes and the new size, not the timestamps.
-            .and_then(|()| file.sync_data().map_err(io_err("fdatasync", &self.path)));
-        match result {
+        match file.write_all(line.as_bytes()).map_err(io_err("append", &self.path)) {
             Ok(()) => {
                 self.len += line.len() as u64;
+                self.seq += 1;
                 Ok(())
             }
             Err(e) => {
-                if file.set_len(self.len).and_then(|()| file.sync_data()).is_err() {
+                // The cut-back reaches the disk with the next fdatasync, which also carries
+                // the size; until then the torn tail is never followed by a synced line.
+                if file.set_len(self.len).is_err() {
                     self.poisoned = true;
                 }
                 Err(e)
@@ -474,7 +601,10 @@ impl Journal {
         self.rewrite_pending = true;
         self.disk.sync_dir(&self.root).map_err(io_err("fsync", &self.root))?;
         self.rewrite_pending = false;
+        // The synced snapshot holds every append so far, under a durable name.
+        self.durable_seq.fetch_max(self.seq, Ordering::AcqRel);
         self.file = Some(self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?);
+        self.generation += 1;
         Ok(())
     }
 }
@@ -624,6 +754,9 @@ fn load_journal(
         live_bytes,
         rewrite_pending: false,
         poisoned: false,
+        seq: 0,
+        generation: 0,
+        durable_seq: Arc::new(AtomicU64::new(0)),
     })
 }
 

@@ -90,10 +90,22 @@ pub(crate) enum DirWriteback {
     Prefix(usize),
 }
 
+/// Holds `fdatasync` calls at their start while set, so a test can act while one is in
+/// flight.
+#[derive(Debug, Default)]
+struct SyncHold {
+    held: bool,
+    /// Calls waiting at the hold now.
+    waiting: usize,
+    /// `fdatasync` calls that went through so far.
+    done: u64,
+}
+
 /// A simulated disk; clones share it.
 #[derive(Debug, Clone)]
 pub(crate) struct SimDisk {
     state: Arc<Mutex<State>>,
+    hold: Arc<(Mutex<SyncHold>, std::sync::Condvar)>,
 }
 
 fn eio() -> io::Error {
@@ -103,7 +115,45 @@ fn eio() -> io::Error {
 impl SimDisk {
     /// An empty disk; `seed` drives the partial write-back of unsynced bytes at power loss.
     pub(crate) fn new(seed: u64) -> SimDisk {
-        SimDisk { state: Arc::new(Mutex::new(State { rng: seed | 1, ..State::default() })) }
+        SimDisk {
+            state: Arc::new(Mutex::new(State { rng: seed | 1, ..State::default() })),
+            hold: Arc::default(),
+        }
+    }
+
+    fn hold_state(&self) -> MutexGuard<'_, SyncHold> {
+        self.hold.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes every `fdatasync` from now wait at its start until [`SimDisk::release_syncs`].
+    pub(crate) fn hold_syncs(&self) {
+        self.hold_state().held = true;
+    }
+
+    /// Lets held and later `fdatasync` calls through.
+    pub(crate) fn release_syncs(&self) {
+        self.hold_state().held = false;
+        self.hold.1.notify_all();
+    }
+
+    /// `fdatasync` calls waiting at the hold now.
+    pub(crate) fn syncs_waiting(&self) -> usize {
+        self.hold_state().waiting
+    }
+
+    /// `fdatasync` calls made so far (held ones once they went through).
+    pub(crate) fn syncs_done(&self) -> u64 {
+        self.hold_state().done
+    }
+
+    fn pass_sync_hold(&self) {
+        let mut hold = self.hold_state();
+        hold.waiting += 1;
+        while hold.held {
+            hold = self.hold.1.wait(hold).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        hold.waiting -= 1;
+        hold.done += 1;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -328,6 +378,7 @@ impl DiskFile for SimFile {
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
+        self.disk.pass_sync_hold();
         let inode = self.inode;
         let mut state = self.enter(SimOp::SyncData)?;
         state.inodes[inode].durable = state.inodes[inode].cached.clone();
@@ -347,5 +398,10 @@ impl DiskFile for SimFile {
         let len = usize::try_from(len).map_err(|_| eio())?;
         state.inodes[inode].cached.resize(len, 0);
         Ok(())
+    }
+
+    fn duplicate(&self) -> io::Result<Box<dyn DiskFile>> {
+        // A second descriptor of the same inode; a handle from before a power loss stays dead.
+        Ok(Box::new(SimFile { disk: self.disk.clone(), inode: self.inode, epoch: self.epoch }))
     }
 }
