@@ -2,7 +2,7 @@
 //! remembers of a running sandbox, and the event mask the plugin subscribes to.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nri_rs::{Container, Event, EventMask, HandlerError, PluginHandler, PodSandbox};
 
@@ -11,6 +11,19 @@ use super::{
 };
 use crate::claims::PreparedClaim;
 use crate::model::PodRef;
+
+/// How long a `CreateContainer` waits for its pod's reconcile: until just before the call's
+/// deadline (the runtime's request timeout minus the plugin's reserve), so the refusal is
+/// ours and retryable; the runtime's own timeout would drop the plugin. Outside a plugin call
+/// (tests), the default request timeout's deadline.
+fn verify_deadline() -> tokio::time::Instant {
+    const OWN_ANSWER: Duration = Duration::from_millis(20);
+    let deadline = nri_rs::call_deadline().unwrap_or_else(|| {
+        tokio::time::Instant::now() + nri_rs::plugin::DEFAULT_REQUEST_TIMEOUT
+            - Duration::from_millis(250)
+    });
+    deadline - OWN_ANSWER
+}
 
 /// The events the plugin subscribes to.
 #[must_use]
@@ -73,7 +86,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHand
     for AttachService<C, N, S, W>
 {
     async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), HandlerError> {
-        self.reconcile(&pods).await;
+        self.accept_synchronize(pods);
         self.count("Synchronize", true);
         Ok(())
     }
@@ -114,6 +127,14 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHand
         container: Container,
     ) -> Result<(), HandlerError> {
         let started = Instant::now();
+        if self.unverified(&pod.uid) && !self.wait_verified(&pod.uid, verify_deadline()).await {
+            self.count("CreateContainer", false);
+            return Err(HandlerError::new(format!(
+                "container {} of pod {pod} refused for now: the daemon restarted and is still \
+                 verifying the pod's network interfaces; the kubelet retries",
+                container.name
+            )));
+        }
         let claims = self.claims.claims_of_pod(&pod.uid);
         if claims.is_empty() || self.covered(&pod.uid, None, &claims) {
             self.count("CreateContainer", true);

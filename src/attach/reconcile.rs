@@ -1,12 +1,22 @@
 //! Restart reconcile (DESIGN §6): brings the pod records, the kernel and the prepared claims
 //! in line with the pods the runtime reports in `Synchronize`, and, at start, gives devices
 //! that came back from destroyed pod namespaces their host name and MTU again.
+//!
+//! `Synchronize` is answered at once: the runtime drops a plugin that takes longer than its
+//! request timeout (2 s in containerd), and a serial reconcile grows with the pod count
+//! (dranet #310). The work runs in the background ([`AttachService::reconcile_loop`]), pods
+//! concurrently under their gates, with one host link dump per pass; until a listed pod is
+//! done, its `CreateContainer` waits (bounded by the call's deadline), so no container starts
+//! without the interfaces its pod had.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use nri_rs::PodSandbox;
+use tokio::sync::{Notify, watch};
 
 use super::handler::Sandbox;
 use super::service::log_detach;
@@ -19,6 +29,50 @@ use crate::podnet::apply::completed_attach;
 use crate::podnet::ops::LinkState;
 use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
 use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
+
+/// Pods reconciled at the same time (each holds a netns thread and socket).
+const MAX_CONCURRENT_RECONCILES: usize = 8;
+
+/// The reconcile a `Synchronize` asked for, and the pods whose `CreateContainer` waits for it.
+#[derive(Debug)]
+pub(super) struct Reconciles {
+    /// The runtime's pods of the last `Synchronize` not yet taken by the reconcile loop.
+    pending: Mutex<Option<Vec<PodSandbox>>>,
+    /// Wakes the reconcile loop.
+    due: Notify,
+    /// Pods listed by a `Synchronize` whose interfaces are not verified yet.
+    unverified: Mutex<HashSet<String>>,
+    /// Sent whenever pods leave `unverified`.
+    progress: watch::Sender<()>,
+    /// Passes finished (tests wait for one).
+    passes: watch::Sender<u64>,
+}
+
+impl Default for Reconciles {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::default(),
+            due: Notify::new(),
+            unverified: Mutex::default(),
+            progress: watch::Sender::new(()),
+            passes: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Reconciles {
+    fn verified(&self, uids: impl IntoIterator<Item = impl AsRef<str>>) {
+        let mut unverified = lock(&self.unverified);
+        let before = unverified.len();
+        for uid in uids {
+            unverified.remove(uid.as_ref());
+        }
+        if unverified.len() != before {
+            drop(unverified);
+            self.progress.send_replace(());
+        }
+    }
+}
 
 /// What reconcile does with one pod record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,79 +209,185 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         })
     }
 
-    /// `Synchronize`: the runtime's pods after (re)registration.
-    pub(super) async fn reconcile(&self, pods: &[PodSandbox]) {
+    /// `Synchronize`: takes the runtime's pods after a (re)registration and returns at once.
+    /// The running sandboxes are known from here on; the pods that have interfaces of ours
+    /// (a record, or a prepared claim reserved for them) are unverified until the reconcile
+    /// loop has checked them.
+    pub(super) fn accept_synchronize(&self, pods: Vec<PodSandbox>) {
+        let with_claims: HashSet<String> = self
+            .claims
+            .all_claims()
+            .into_iter()
+            .flat_map(|c| c.reserved_for.into_iter().map(|p| p.uid))
+            .collect();
+        let unverified: Vec<String> = {
+            let mut inner = lock(&self.inner);
+            // The runtime's list is the truth about running sandboxes from now on.
+            inner.sandboxes = pods.iter().map(|p| (p.uid.clone(), Sandbox::from_pod(p))).collect();
+            pods.iter()
+                .filter(|p| with_claims.contains(&p.uid) || inner.pods.contains_key(&p.uid))
+                .map(|p| p.uid.clone())
+                .collect()
+        };
+        lock(&self.reconciles.unverified).extend(unverified);
+        // A newer list replaces one the loop has not taken yet.
+        *lock(&self.reconciles.pending) = Some(pods);
+        self.reconciles.due.notify_one();
+    }
+
+    /// Runs the reconcile of each `Synchronize`, forever (the caller aborts it).
+    pub async fn reconcile_loop(&self) {
+        loop {
+            self.reconciles.due.notified().await;
+            self.reconcile_pending().await;
+        }
+    }
+
+    /// Runs the reconcile the last `Synchronize` asked for, if the loop has not taken it.
+    pub async fn reconcile_pending(&self) {
+        let pods = lock(&self.reconciles.pending).take();
+        if let Some(pods) = pods {
+            self.reconcile(&pods).await;
+            self.reconciles.passes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Whether pod `uid` waits for the reconcile after a `Synchronize`.
+    pub(super) fn unverified(&self, uid: &str) -> bool {
+        lock(&self.reconciles.unverified).contains(uid)
+    }
+
+    /// Waits until pod `uid` is verified, or until `deadline`; whether it is.
+    pub(super) async fn wait_verified(&self, uid: &str, deadline: tokio::time::Instant) -> bool {
+        let mut progress = self.reconciles.progress.subscribe();
+        loop {
+            if !self.unverified(uid) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, progress.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return !self.unverified(uid),
+            }
+        }
+    }
+
+    /// The reconcile of one `Synchronize` list.
+    async fn reconcile(&self, pods: &[PodSandbox]) {
         let started = Instant::now();
         let running: HashMap<&str, &PodSandbox> =
             pods.iter().map(|p| (p.uid.as_str(), p)).collect();
-        let records: Vec<PodAttachment> = lock(&self.inner).pods.values().cloned().collect();
-        let (mut verified, mut detached) = (0usize, 0usize);
-        for record in records {
-            match record_action(&record, &running) {
-                RecordAction::Verify => {
-                    verified += 1;
-                    self.serialised(&record.pod_uid, self.verify(&record.pod_uid)).await;
-                }
-                RecordAction::Detach => {
-                    detached += 1;
-                    self.serialised(&record.pod_uid, async {
-                        self.detach_record(&record).await;
-                        self.submit_stopped(&record);
-                        self.drop_record(&record.pod_uid).await;
-                    })
-                    .await;
-                }
-                RecordAction::Forget => {
-                    // The stop already detached; again costs nothing and catches a stop whose
-                    // detach could not open the netns.
-                    self.serialised(&record.pod_uid, async {
-                        self.detach_record(&record).await;
-                        self.drop_record(&record.pod_uid).await;
-                    })
-                    .await;
-                }
-                RecordAction::Keep => {}
+        // One dump for the pass: the VLAN sub-interfaces to adopt and the devices returned
+        // from destroyed netns are host-side and do not change under a verify.
+        let links = match self.netns.host_links().await {
+            Ok(links) => links,
+            Err(err) => {
+                tracing::warn!(%err, "listing host links for reconcile");
+                Vec::new()
             }
-        }
+        };
+        let records: Vec<PodAttachment> = lock(&self.inner).pods.values().cloned().collect();
+        let actions: Vec<(PodAttachment, RecordAction)> = records
+            .into_iter()
+            .map(|record| {
+                let action = record_action(&record, &running);
+                (record, action)
+            })
+            .collect();
+        let verified = actions.iter().filter(|(_, a)| *a == RecordAction::Verify).count();
+        let detached = actions.iter().filter(|(_, a)| *a == RecordAction::Detach).count();
+        futures::stream::iter(actions)
+            .for_each_concurrent(MAX_CONCURRENT_RECONCILES, |(record, action)| {
+                let links = &links;
+                async move {
+                    let uid = record.pod_uid.clone();
+                    self.reconcile_record(record, action, links).await;
+                    if action == RecordAction::Verify {
+                        // A pod with interfaces of claims not in its record yet stays
+                        // unverified until the attach below.
+                        let claims = self.claims.claims_of_pod(&uid);
+                        if self.covered(&uid, None, &claims) {
+                            self.reconciles.verified([&uid]);
+                        }
+                    }
+                }
+            })
+            .await;
         // Pods whose sandbox started while the daemon was down (or whose attach never
         // finished) get their interfaces now.
-        let mut attached = 0usize;
-        for pod in pods {
-            let sandbox = Sandbox::from_pod(pod);
-            lock(&self.inner).sandboxes.insert(sandbox.uid.clone(), sandbox.clone());
-            let claims = self.claims.claims_of_pod(&pod.uid);
-            if claims.is_empty() || self.covered(&pod.uid, pod.netns_path.as_deref(), &claims) {
-                continue;
-            }
-            attached += 1;
-            match self.attach_pod(&sandbox, &claims, Instant::now()).await {
-                Ok(()) => {}
-                // A sandbox the runtime still lists but whose netns is already gone (stopped,
-                // not yet removed): nothing to attach and nothing to report.
-                Err(AttachFailure::Netns { source: LinkOpError::NetnsGone { .. }, .. }) => {
-                    tracing::debug!(pod = %pod.uid, "listed sandbox without a netns; skipped");
+        let to_attach: Vec<(Sandbox, Vec<crate::claims::PreparedClaim>)> = pods
+            .iter()
+            .filter_map(|pod| {
+                let claims = self.claims.claims_of_pod(&pod.uid);
+                let done =
+                    claims.is_empty() || self.covered(&pod.uid, pod.netns_path.as_deref(), &claims);
+                if done {
+                    self.reconciles.verified([&pod.uid]);
+                    None
+                } else {
+                    Some((Sandbox::from_pod(pod), claims))
                 }
-                // Reported on the claims and the Pod; CreateContainer retries.
-                Err(err) => {
-                    let _message = self.report_failure(&sandbox, &claims, &err);
+            })
+            .collect();
+        let attached = to_attach.len();
+        futures::stream::iter(to_attach)
+            .for_each_concurrent(MAX_CONCURRENT_RECONCILES, |(sandbox, claims)| async move {
+                match self.attach_pod(&sandbox, &claims, Instant::now()).await {
+                    Ok(()) => {}
+                    // A sandbox the runtime still lists but whose netns is already gone
+                    // (stopped, not yet removed): nothing to attach and nothing to report.
+                    Err(AttachFailure::Netns { source: LinkOpError::NetnsGone { .. }, .. }) => {
+                        tracing::debug!(pod = %sandbox.uid, "listed sandbox without a netns; skipped");
+                    }
+                    // Reported on the claims and the Pod; CreateContainer retries.
+                    Err(err) => {
+                        let _message = self.report_failure(&sandbox, &claims, &err);
+                    }
                 }
-            }
-        }
-        match self.netns.host_links().await {
-            Ok(links) => self.restore_returned(&links).await,
-            Err(err) => tracing::warn!(%err, "listing host links for reconcile"),
-        }
+                self.reconciles.verified([&sandbox.uid]);
+            })
+            .await;
+        self.restore_returned(&links).await;
         self.refresh_moved();
-        {
-            // The runtime's list is the truth about running sandboxes from now on.
-            let mut inner = lock(&self.inner);
-            inner.sandboxes.retain(|uid, _| running.contains_key(uid.as_str()));
-        }
+        // Every listed pod has been looked at, whatever the outcome.
+        self.reconciles.verified(pods.iter().map(|p| p.uid.as_str()));
         self.synchronized.store(true, Ordering::Release);
         // Claims deleted from the API are checked off the runtime's request deadline.
         self.sweep_due.notify_one();
         tracing::info!(pods = pods.len(), verified, detached, attached,
             took = ?started.elapsed(), "reconciled with the runtime's pods");
+    }
+
+    /// One pod record's part of a reconcile pass (holding the pod's gate).
+    async fn reconcile_record(
+        &self,
+        record: PodAttachment,
+        action: RecordAction,
+        links: &[LinkState],
+    ) {
+        let uid = record.pod_uid.clone();
+        self.serialised(&uid, async {
+            // An event may have changed the record since the pass listed it.
+            let Some(current) = lock(&self.inner).pods.get(&uid).cloned() else { return };
+            if current.sandbox_id != record.sandbox_id || current.state != record.state {
+                return;
+            }
+            match action {
+                RecordAction::Verify => self.verify(current, links).await,
+                RecordAction::Detach => {
+                    self.detach_record(&current).await;
+                    self.submit_stopped(&current);
+                    self.drop_record(&uid);
+                }
+                // The stop already detached; again costs nothing and catches a stop whose
+                // detach could not open the netns.
+                RecordAction::Forget => {
+                    self.detach_record(&current).await;
+                    self.drop_record(&uid);
+                }
+                RecordAction::Keep => {}
+            }
+        })
+        .await;
     }
 
     /// Releases prepared claims that no running pod uses and whose ResourceClaim is gone from
@@ -258,7 +418,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
     }
 
     /// Forgets the record of pod `uid` (store, then memory).
-    async fn drop_record(&self, uid: &str) {
+    fn drop_record(&self, uid: &str) {
         if let Err(err) = self.forget(uid) {
             tracing::warn!(pod = %uid, %err, "forgetting the pod record");
             return;
@@ -268,16 +428,15 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
 
     /// Checks that a running pod still has its interfaces; attaches again what is missing
     /// or was not finished before a crash.
-    async fn verify(&self, uid: &str) {
-        let Some(mut record) = lock(&self.inner).pods.get(uid).cloned() else {
-            return;
-        };
+    async fn verify(&self, mut record: PodAttachment, links: &[LinkState]) {
+        let uid = record.pod_uid.clone();
+        let uid = uid.as_str();
         let ops = match self.netns.open(&record.netns).await {
             Ok(ops) => ops,
             Err(LinkOpError::NetnsGone { .. }) => {
                 // Listed as running, but its netns is gone: treat it as gone.
                 self.detach_record(&record).await;
-                self.drop_record(uid).await;
+                self.drop_record(uid);
                 return;
             }
             Err(err) => {
@@ -285,7 +444,6 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 return;
             }
         };
-        let links = self.netns.host_links().await.unwrap_or_default();
         let mut changed = false;
         for index in 0..record.devices.len() {
             let device = record.devices[index].clone();
@@ -300,7 +458,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 }
             };
             if link.is_some() && device.result.is_some() {
-                self.adopt_vlans(&device, &links).await;
+                self.adopt_vlans(&device, links).await;
                 continue;
             }
             // Its result never reached the disk (written in the background after a complete
@@ -313,7 +471,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                             tracing::info!(pod = %uid, interface = %result.name,
                                 "adopted an interface whose attach finished before a restart");
                             record.devices[index].result = Some(result);
-                            self.adopt_vlans(&device, &links).await;
+                            self.adopt_vlans(&device, links).await;
                             changed = true;
                             continue;
                         }
@@ -331,7 +489,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 let report = detach(&ops, &self.vlans, &device.plan).await;
                 log_detach(&record, &device, &report);
             }
-            self.adopt_vlans(&device, &links).await;
+            self.adopt_vlans(&device, links).await;
             match attach(&ops, &self.vlans, &device.plan).await {
                 Ok(result) => {
                     tracing::info!(pod = %uid, interface = %result.name, "re-attached a missing interface");

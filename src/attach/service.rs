@@ -69,6 +69,8 @@ pub struct AttachService<C, N, S, W> {
     pub(super) synchronized: std::sync::atomic::AtomicBool,
     /// Woken after each `Synchronize`, for the sweep of claims gone from the API.
     pub(super) sweep_due: tokio::sync::Notify,
+    /// The reconcile a `Synchronize` asked for, and the pods waiting for it.
+    pub(super) reconciles: super::reconcile::Reconciles,
     /// Bounds the pods attached at the same time (DESIGN §6: bounded concurrency).
     pub(super) kernel_slots: tokio::sync::Semaphore,
 }
@@ -106,6 +108,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             moved: watch::Sender::new(BTreeSet::new()),
             synchronized: std::sync::atomic::AtomicBool::new(false),
             sweep_due: tokio::sync::Notify::new(),
+            reconciles: super::reconcile::Reconciles::default(),
             kernel_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES),
         };
         {

@@ -203,7 +203,7 @@ impl World {
         .unwrap()
     }
 
-    /// Waits until the stored record of `pod` has its results (written in the background).
+    /// Waits until the stored record of `pod` has its results.
     async fn results_stored(&self, pod: &str) {
         for _ in 0..500 {
             let stored = self.store.0.lock().unwrap().get(pod).cloned();
@@ -514,6 +514,61 @@ async fn unprepare_of_an_attached_claim_detaches_it() {
     assert_eq!(world.store.0.lock().unwrap()["p1"].devices.len(), 1);
 }
 
+/// A `Synchronize` and the background reconcile it starts, run to its end.
+async fn synchronize(service: &Service, pods: Vec<PodSandbox>) {
+    service.synchronize(pods).await.unwrap();
+    service.reconcile_pending().await;
+}
+
+#[tokio::test]
+async fn synchronize_returns_before_the_reconcile_and_create_container_waits_for_it() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    let service = Arc::new(world.service());
+    service.start().await;
+    // Answered without touching the kernel: the pod's attach is the reconcile's work.
+    let calls = world.kernel.log().len();
+    service.synchronize(vec![world.pod("p1"), world.pod("no-claims")]).await.unwrap();
+    assert_eq!(world.kernel.log().len(), calls, "{:?}", world.kernel.log());
+    // A pod without interfaces of ours never waits.
+    service.create_container(world.pod("no-claims"), Container::default()).await.unwrap();
+    // The pod's container waits for the reconcile, then finds its interface.
+    let waiting = tokio::spawn({
+        let (service, pod) = (Arc::clone(&service), world.pod("p1"));
+        async move { service.create_container(pod, Container::default()).await }
+    });
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    service.reconcile_pending().await;
+    waiting.await.unwrap().unwrap();
+    assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+}
+
+#[tokio::test]
+async fn create_container_of_a_pod_still_unverified_at_its_deadline_is_refused_for_a_retry() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    let service = world.service();
+    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    // Outside a plugin call it waits for the default deadline (2 s minus 250 ms), then refuses
+    // with its own message: the plugin's deadline error would say less.
+    let err = service
+        .create_container(world.pod("p1"), Container { name: "app".into(), ..Container::default() })
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("still verifying") && err.to_string().contains("app"),
+        "{err}"
+    );
+    assert!(
+        world.kernel.links(Side::Pod).is_empty(),
+        "nothing attached behind the reconcile's back"
+    );
+    // Once reconciled, the retry goes through.
+    service.reconcile_pending().await;
+    service.create_container(world.pod("p1"), Container::default()).await.unwrap();
+}
+
 fn running(p: &PodSandbox) -> HashMap<&str, &PodSandbox> {
     HashMap::from([("p1", p)])
 }
@@ -565,7 +620,7 @@ async fn synchronize_attaches_running_pods_and_detaches_gone_ones() {
     service.start().await;
     // Before the runtime told which pods run, nothing is released.
     assert_eq!(service.sweep_gone_claims().await, 0);
-    service.synchronize(vec![world.pod("new")]).await.unwrap();
+    synchronize(&service, vec![world.pod("new")]).await;
     assert_eq!(service.sweep_gone_claims().await, 1);
 
     assert!(service.attachment("old").is_none());
@@ -591,7 +646,7 @@ async fn synchronize_keeps_running_interfaces_and_restores_missing_ones() {
     world.kernel.delete_link(Side::Pod, net2.index).await.unwrap();
     let service = world.service();
     let calls = world.kernel.log().len();
-    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    synchronize(&service, vec![world.pod("p1")]).await;
     let after: Vec<String> = world.kernel.log()[calls..].to_vec();
     assert!(after.iter().all(|l| !l.contains("net1")), "net1 untouched: {after:?}");
     assert!(
@@ -647,7 +702,7 @@ async fn a_record_of_a_dead_pod_gives_the_nic_back_with_its_mtu() {
     world.kernel.add_host_link("net1", moved.mtu, moved.alias.as_deref());
     let service = world.service();
     service.start().await;
-    service.synchronize(Vec::new()).await.unwrap();
+    synchronize(&service, Vec::new()).await;
     let eth2 = world.kernel.get(Side::Host, "eth2").unwrap();
     assert_eq!((eth2.mtu, eth2.alias), (9000, None));
     assert!(service.attachment("p1").is_none());
@@ -660,7 +715,7 @@ async fn a_listed_sandbox_without_its_netns_is_skipped_quietly() {
     let service = world.service();
     let mut stopped = world.pod("p1");
     stopped.netns_path = Some(PathBuf::from("/run/netns/already-gone"));
-    service.synchronize(vec![stopped]).await.unwrap();
+    synchronize(&service, vec![stopped]).await;
     assert!(world.status.statuses.lock().unwrap().is_empty());
     assert!(world.status.warnings.lock().unwrap().is_empty());
     assert!(service.attachment("p1").is_none());
@@ -739,7 +794,7 @@ async fn a_finished_attach_whose_results_were_lost_is_adopted_without_touching_i
     forget_results(&world, "p1");
     let service = world.service();
     let calls = world.kernel.log().len();
-    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    synchronize(&service, vec![world.pod("p1")]).await;
     assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "no kernel change");
     world.results_stored("p1").await;
     assert_eq!(ready(&world.status.last("b"))[0].0, "True");
@@ -757,7 +812,7 @@ async fn a_half_done_attach_is_undone_and_done_again_at_synchronize() {
     world.kernel.set_up(net1.index, false).await.unwrap();
     let service = world.service();
     let calls = world.kernel.log().len();
-    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    synchronize(&service, vec![world.pod("p1")]).await;
     let after = world.kernel.log()[calls..].to_vec();
     assert!(after.iter().any(|l| l.starts_with("delete pod link")), "{after:?}");
     assert!(after.iter().any(|l| l.starts_with("create macvlan")), "{after:?}");
@@ -774,12 +829,12 @@ async fn a_failed_lookup_at_synchronize_never_detaches_a_live_interface() {
     let service = world.service();
     world.kernel.fail_lookups(Some(nix::libc::ENOBUFS));
     let calls = world.kernel.log().len();
-    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    synchronize(&service, vec![world.pod("p1")]).await;
     assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "nothing moved");
     // The same with the result lost: still left alone while lookups fail.
     forget_results(&world, "p1");
     let service = world.service();
-    service.synchronize(vec![world.pod("p1")]).await.unwrap();
+    synchronize(&service, vec![world.pod("p1")]).await;
     assert_eq!(world.kernel.log()[calls..], [] as [String; 0], "nothing moved");
     assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
 }

@@ -349,6 +349,7 @@ struct NriHandle {
     stop: CancellationToken,
     plugin: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
+    reconciler: tokio::task::JoinHandle<()>,
 }
 
 impl NriHandle {
@@ -356,13 +357,14 @@ impl NriHandle {
     async fn stop(self) {
         self.stop.cancel();
         self.sweeper.abort();
+        self.reconciler.abort();
         let _ignored = tokio::time::timeout(Duration::from_secs(2), self.plugin).await;
     }
 }
 
-/// Runs the NRI plugin `netclaim` (reconnecting
-/// whenever the runtime restarts) and the sweep of gone claims (after each `Synchronize`
-/// and every `sweep_period`).
+/// Runs the NRI plugin `netclaim` (reconnecting whenever the runtime restarts), the
+/// reconcile of each `Synchronize`, and the sweep of gone claims (after each reconcile and
+/// every `sweep_period`).
 fn start_nri(
     attach: Arc<NodeAttach>,
     claims: Arc<NodeClaims>,
@@ -380,8 +382,13 @@ fn start_nri(
             attach.sweep_loop(sweep_period, || refresh_ipam_gauge(&claims, &metrics)).await;
         })
     };
+    // Each Synchronize is answered at once and reconciled here.
+    let reconciler = {
+        let attach = Arc::clone(&attach);
+        tokio::spawn(async move { attach.reconcile_loop().await })
+    };
     let plugin = Plugin::new(attach, options);
     let token = stop.clone();
     let plugin = tokio::spawn(async move { plugin.run(token).await });
-    Ok(NriHandle { stop, plugin, sweeper })
+    Ok(NriHandle { stop, plugin, sweeper, reconciler })
 }

@@ -277,7 +277,7 @@ fn commits_behind_a_running_fdatasync_share_the_next_one_and_a_buffered_commit_w
         .collect();
     let journal = root().join(JOURNAL_FILE);
     wait_for("the queued commits appended their lines", || {
-        disk.contents(&journal).is_some_and(|c| c.iter().filter(|b| **b == b'\n').count() == 6)
+        disk.contents(&journal).is_some_and(|c| c.split(|b| *b == b'\n').count() == 7)
     });
     disk.release_syncs();
     first.join().unwrap().unwrap();

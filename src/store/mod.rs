@@ -560,13 +560,13 @@ impl Journal {
         let json = serde_json::to_string(&EntryRef { ops })
             .map_err(|source| StoreError::Encode { kind: "journal", key: String::new(), source })?;
         let line = encode_line(&json);
-        let file = match &mut self.file {
-            Some(file) => file,
-            None => {
-                let file = self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?;
-                self.generation += 1;
-                self.file.insert(file)
-            }
+        if self.file.is_none() {
+            self.file =
+                Some(self.disk.open_append(&self.path).map_err(io_err("open", &self.path))?);
+            self.generation += 1;
+        }
+        let Some(file) = self.file.as_mut() else {
+            return Err(StoreError::Poisoned { path: self.path.clone() });
         };
         match file.write_all(line.as_bytes()).map_err(io_err("append", &self.path)) {
             Ok(()) => {

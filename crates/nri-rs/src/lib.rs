@@ -23,7 +23,7 @@ mod types;
 
 pub use plugin::{
     HandlerError, Plugin, PluginError, PluginHandler, PluginOptions, PluginStatus, RuntimeInfo,
-    SessionEnd,
+    SessionEnd, call_deadline,
 };
 pub use runtime::{NriRuntime, RegisteredPlugin, RuntimeError, RuntimeOptions, RuntimeProtocol};
 pub use types::{Container, Event, EventMask, NriVersion, PodSandbox};

@@ -393,6 +393,20 @@ fn duration_nanos(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
+tokio::task_local! {
+    /// When the running handler call's answer is due (see [`handler_deadline`]).
+    static CALL_DEADLINE: tokio::time::Instant;
+}
+
+/// When the answer of the handler call running on this task is due: the plugin answers the
+/// runtime with a deadline error at this instant if the handler has not returned. A handler
+/// that waits for something can stop a little before and refuse with its own message.
+/// `None` outside a handler call.
+#[must_use]
+pub fn call_deadline() -> Option<tokio::time::Instant> {
+    CALL_DEADLINE.try_with(|deadline| *deadline).ok()
+}
+
 /// The part of the runtime's timeout a handler may use: a quarter is kept for the answer to
 /// travel back, and at most 250 ms.
 fn handler_deadline(request_timeout: Duration) -> Duration {
@@ -421,8 +435,9 @@ impl<H: PluginHandler> Session<H> {
     {
         let deadline =
             handler_deadline(*self.request_timeout.lock().unwrap_or_else(PoisonError::into_inner));
-        let task = tokio::spawn(call(Arc::clone(&self.handler)));
-        let outcome = tokio::time::timeout(deadline, task).await;
+        let due = tokio::time::Instant::now() + deadline;
+        let task = tokio::spawn(CALL_DEADLINE.scope(due, call(Arc::clone(&self.handler))));
+        let outcome = tokio::time::timeout_at(due, task).await;
         match outcome {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(err))) => {

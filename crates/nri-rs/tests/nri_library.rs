@@ -55,6 +55,12 @@ impl PluginHandler for Recorder {
     }
     async fn create_container(&self, pod: PodSandbox, c: Container) -> Result<(), HandlerError> {
         let _ = self.seen.send(Seen::Create(pod.name.clone(), c.name));
+        if pod.name.starts_with("deadline-") {
+            let left = nri_rs::call_deadline().map(|d| d - tokio::time::Instant::now());
+            return Err(HandlerError::new(
+                left.map_or("none".to_owned(), |d| d.as_micros().to_string()),
+            ));
+        }
         if pod.name.starts_with("refuse-") {
             return Err(HandlerError::new(format!("no containers for {}", pod.name)));
         }
@@ -203,6 +209,23 @@ async fn bits_an_old_runtime_does_not_know_are_not_sent() {
     f.runtime().update_pod_sandbox(&pod("resized")).await.unwrap();
     assert!(f.seen.try_recv().is_err());
     assert_eq!(f.runtime().plugins().len(), 1);
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_handler_knows_when_its_answer_is_due() {
+    let events = EventMask::POD_SANDBOX_LIFECYCLE.with(Event::CreateContainer);
+    let f = Fixture::start(RuntimeProtocol::V0_12, events).await;
+    let asking = pod("deadline-probe");
+    let err = f.runtime().create_container(&asking, &container(&asking, "app")).await.unwrap_err();
+    let RuntimeError::PluginFailed { message, .. } = err else { panic!("unexpected error {err}") };
+    // The runtime's 2 s request timeout minus the plugin's 250 ms reserve, less what passed.
+    let left = message
+        .parse()
+        .map(Duration::from_micros)
+        .unwrap_or_else(|_| panic!("no deadline: {message}"));
+    assert!(left <= Duration::from_millis(1750) && left > Duration::ZERO, "{left:?}");
+    assert_eq!(nri_rs::call_deadline(), None, "outside a handler call there is none");
     f.stop().await;
 }
 
