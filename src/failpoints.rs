@@ -20,6 +20,8 @@ pub const POINTS: &[&str] = &[
     "podnet.attach.after_step",
     // Every interface attached, the results not persisted yet.
     "attach.before_results",
+    // StopPodSandbox answered: the children's addresses removed, their links not yet.
+    "attach.stop.after_quiesce",
     // After each completed step of a detach.
     "podnet.detach.after_step",
     // The claim record removed, its leases not released yet.

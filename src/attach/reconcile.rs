@@ -83,7 +83,8 @@ pub(super) enum RecordAction {
     Detach,
     /// Stopped and gone: detach again (idempotent) and forget the record.
     Forget,
-    /// Stopped, and the runtime still lists the pod: wait for RemovePodSandbox.
+    /// Stopped, and the runtime still lists the pod: wait for RemovePodSandbox (after making
+    /// sure the stop's link removal finished).
     Keep,
 }
 
@@ -314,20 +315,26 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             .await;
         // Pods whose sandbox started while the daemon was down (or whose attach never
         // finished) get their interfaces now.
-        let to_attach: Vec<(Sandbox, Vec<crate::claims::PreparedClaim>)> = pods
-            .iter()
-            .filter_map(|pod| {
-                let claims = self.claims.claims_of_pod(&pod.uid);
-                let done =
-                    claims.is_empty() || self.covered(&pod.uid, pod.netns_path.as_deref(), &claims);
-                if done {
-                    self.reconciles.verified([&pod.uid]);
-                    None
-                } else {
-                    Some((Sandbox::from_pod(pod), claims))
-                }
-            })
-            .collect();
+        let to_attach: Vec<(Sandbox, Vec<crate::claims::PreparedClaim>)> =
+            pods.iter()
+                .filter_map(|pod| {
+                    let claims = self.claims.claims_of_pod(&pod.uid);
+                    // The runtime lists stopped sandboxes until they are removed: one whose stop
+                    // we saw is never attached again (a new sandbox of the pod has another ID).
+                    let stopped = lock(&self.inner).pods.get(&pod.uid).is_some_and(|r| {
+                        r.state == AttachmentState::Stopped && r.sandbox_id == pod.id
+                    });
+                    let done = stopped
+                        || claims.is_empty()
+                        || self.covered(&pod.uid, pod.netns_path.as_deref(), &claims);
+                    if done {
+                        self.reconciles.verified([&pod.uid]);
+                        None
+                    } else {
+                        Some((Sandbox::from_pod(pod), claims))
+                    }
+                })
+                .collect();
         let attached = to_attach.len();
         futures::stream::iter(to_attach)
             .for_each_concurrent(MAX_CONCURRENT_RECONCILES, |(sandbox, claims)| async move {
@@ -384,7 +391,13 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                     self.detach_record(&current).await;
                     self.drop_record(&uid);
                 }
-                RecordAction::Keep => {}
+                // Stopped, not yet removed: finish a link removal a crash interrupted.
+                RecordAction::Keep => {
+                    if self.links_may_exist(&current) {
+                        self.detach_record(&current).await;
+                        lock(&self.inner).links_gone.insert(uid.clone());
+                    }
+                }
             }
         })
         .await;

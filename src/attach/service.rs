@@ -21,25 +21,45 @@ use super::{
 use crate::claims::PreparedClaim;
 use crate::metrics::{Metrics, ModeLabel, NriEventLabels};
 use crate::model::cause::{Cause, cause};
-use crate::podnet::{PodNetns, VlanUsers, attach, detach};
+use crate::podnet::{PodNetns, VlanUsers, attach, detach, quiesce};
 
 /// One async lock per pod UID in use, so the same pod is never worked on twice at once.
 #[derive(Default)]
 pub(super) struct Gates(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
-impl Gates {
-    pub(super) async fn serialised<T>(&self, uid: &str, work: impl Future<Output = T>) -> T {
-        let gate = Arc::clone(lock(&self.0).entry(uid.to_owned()).or_default());
-        let result = {
-            let _held = gate.lock().await;
-            work.await
-        };
-        let mut gates = lock(&self.0);
-        // Clones are only made under this mutex: two references means ours and the map's.
-        if gates.get(uid).is_some_and(|g| Arc::strong_count(g) == 2) {
-            gates.remove(uid);
+/// Pod `uid`'s gate, held until dropped (it can move into a background task).
+pub(super) struct HeldGate {
+    uid: String,
+    gates: Arc<Gates>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for HeldGate {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut gates = lock(&self.gates.0);
+        // Clones are only made under this mutex: one reference left means only the map's.
+        if gates.get(&self.uid).is_some_and(|g| Arc::strong_count(g) == 1) {
+            gates.remove(&self.uid);
         }
-        result
+    }
+}
+
+impl Gates {
+    /// Waits for pod `uid`'s gate (first come, first served) and holds it.
+    pub(super) async fn hold(self: &Arc<Self>, uid: &str) -> HeldGate {
+        let gate = Arc::clone(lock(&self.0).entry(uid.to_owned()).or_default());
+        let guard = gate.lock_owned().await;
+        HeldGate { uid: uid.to_owned(), gates: Arc::clone(self), guard: Some(guard) }
+    }
+
+    pub(super) async fn serialised<T>(
+        self: &Arc<Self>,
+        uid: &str,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let _held = self.hold(uid).await;
+        work.await
     }
 }
 
@@ -51,6 +71,10 @@ pub(super) struct Inner {
     pub(super) sandboxes: HashMap<String, Sandbox>,
     /// The entries last submitted per claim UID (keeps condition transition times).
     pub(super) statuses: HashMap<String, Vec<AllocatedDeviceStatus>>,
+    /// Stopped pods whose interfaces this process saw removed; a stopped record not in here
+    /// (the removal was still running when the daemon died) is detached again before its
+    /// claim's addresses can be released.
+    pub(super) links_gone: BTreeSet<String>,
 }
 
 /// The attach service: the node daemon's NRI handler.
@@ -61,7 +85,7 @@ pub struct AttachService<C, N, S, W> {
     pub(super) store: S,
     pub(super) status: W,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) vlans: VlanUsers,
+    pub(super) vlans: Arc<VlanUsers>,
     pub(super) inner: Arc<Mutex<Inner>>,
     pub(super) gates: Arc<Gates>,
     pub(super) moved: watch::Sender<BTreeSet<String>>,
@@ -73,6 +97,8 @@ pub struct AttachService<C, N, S, W> {
     pub(super) reconciles: super::reconcile::Reconciles,
     /// Bounds the pods attached at the same time (DESIGN §6: bounded concurrency).
     pub(super) kernel_slots: tokio::sync::Semaphore,
+    /// Bounds the pods whose links are being removed in the background at the same time.
+    pub(super) detach_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl<C, N, S, W> std::fmt::Debug for AttachService<C, N, S, W> {
@@ -102,7 +128,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             store,
             status,
             metrics,
-            vlans: VlanUsers::new(),
+            vlans: Arc::new(VlanUsers::new()),
             inner: Arc::new(Mutex::new(Inner::default())),
             gates: Arc::new(Gates::default()),
             moved: watch::Sender::new(BTreeSet::new()),
@@ -110,6 +136,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             sweep_due: tokio::sync::Notify::new(),
             reconciles: super::reconcile::Reconciles::default(),
             kernel_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES),
+            detach_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES)),
         };
         {
             let mut inner = lock(&service.inner);
@@ -338,56 +365,120 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             }
         };
         for device in record.devices.iter().rev() {
-            let started = Instant::now();
-            let report = detach(&ops, &self.vlans, &device.plan).await;
-            self.metrics
-                .detach_duration
-                .get_or_create(&ModeLabel { mode: device.plan.mode.as_str() })
-                .observe(started.elapsed().as_secs_f64());
-            log_detach(record, device, &report);
+            self.detach_device(&ops, record, device).await;
         }
     }
 
-    /// StopPodSandbox: detaches the pod's interfaces and marks its record stopped. A stop of
+    /// StopPodSandbox: takes the pod's interfaces down and marks its record stopped. A stop of
     /// another sandbox of the pod (an older one) leaves the record alone.
+    ///
+    /// Moved devices go back to the host now (before the runtime destroys the netns, which
+    /// would return them under their pod-side names). Children lose their addresses now and
+    /// their links in the background, holding the pod's gate: deleting a link waits for an
+    /// RCU grace period (~20 ms), and a later event of the pod, or the unprepare that releases
+    /// its addresses, waits for the gate, so no address is handed out while a link that had
+    /// it still exists.
     pub(super) async fn stop_pod(&self, pod: &PodSandbox) {
         let uid = pod.uid.as_str();
-        self.serialised(uid, async {
-            let record = lock(&self.inner).pods.get(uid).cloned();
-            let Some(mut record) = record else {
-                tracing::debug!(pod = %uid, "stop of a pod without interfaces");
-                return;
-            };
-            if record.state == AttachmentState::Stopped || !same_sandbox(&record, pod) {
-                return;
+        let held = self.gates.hold(uid).await;
+        let record = lock(&self.inner).pods.get(uid).cloned();
+        let Some(mut record) = record else {
+            tracing::debug!(pod = %uid, "stop of a pod without interfaces");
+            return;
+        };
+        if record.state == AttachmentState::Stopped || !same_sandbox(&record, pod) {
+            return;
+        }
+        let ops = match self.netns.open_for_detach(&record.netns).await {
+            Ok(ops) => Some(ops),
+            Err(err) => {
+                tracing::warn!(pod = %record.pod_uid, netns = %record.netns.display(), %err,
+                    "opening the pod netns for detach failed; reconcile retries");
+                None
             }
-            self.detach_record(&record).await;
-            record.state = AttachmentState::Stopped;
-            if let Err(err) = self.persist(&record) {
-                tracing::warn!(pod = %uid, %err, "persisting the stopped pod (reconcile retries)");
+        };
+        let mut children = Vec::new();
+        if let Some(ops) = &ops {
+            for device in record.devices.iter().rev() {
+                if device.plan.creates_child() {
+                    if let Err(err) = quiesce(ops, &device.plan).await {
+                        tracing::warn!(pod = %uid, interface = %device.plan.interface_name, %err,
+                            "removing the addresses of a stopped pod's interface (its link goes next)");
+                    }
+                    children.push(device.clone());
+                } else {
+                    self.detach_device(ops, &record, device).await;
+                }
             }
-            self.submit_stopped(&record);
-            lock(&self.inner).pods.insert(uid.to_owned(), record);
-            self.refresh_moved();
-        })
-        .await;
+        }
+        record.state = AttachmentState::Stopped;
+        if let Err(err) = self.persist(&record) {
+            tracing::warn!(pod = %uid, %err, "persisting the stopped pod (reconcile retries)");
+        }
+        self.submit_stopped(&record);
+        lock(&self.inner).pods.insert(uid.to_owned(), record.clone());
+        self.refresh_moved();
+        let Some(ops) = ops else { return };
+        crate::failpoint!("attach.stop.after_quiesce");
+        let (vlans, metrics, inner, slots) = (
+            Arc::clone(&self.vlans),
+            Arc::clone(&self.metrics),
+            Arc::clone(&self.inner),
+            Arc::clone(&self.detach_slots),
+        );
+        tokio::spawn(async move {
+            let _slot = slots.acquire().await;
+            for device in &children {
+                let started = Instant::now();
+                let report = detach(&ops, &vlans, &device.plan).await;
+                metrics
+                    .detach_duration
+                    .get_or_create(&ModeLabel { mode: device.plan.mode.as_str() })
+                    .observe(started.elapsed().as_secs_f64());
+                log_detach(&record, device, &report);
+            }
+            lock(&inner).links_gone.insert(record.pod_uid.clone());
+            drop(held);
+        });
     }
 
-    /// RemovePodSandbox: detaches what is still attached and forgets the pod.
+    /// Detaches one interface of `record` and times it.
+    async fn detach_device(&self, ops: &N::Ops, record: &PodAttachment, device: &AttachedDevice) {
+        let started = Instant::now();
+        let report = detach(ops, &self.vlans, &device.plan).await;
+        self.metrics
+            .detach_duration
+            .get_or_create(&ModeLabel { mode: device.plan.mode.as_str() })
+            .observe(started.elapsed().as_secs_f64());
+        log_detach(record, device, &report);
+    }
+
+    /// Whether `record`'s links may still exist: attached, or stopped without this process
+    /// having seen the removal finish.
+    pub(super) fn links_may_exist(&self, record: &PodAttachment) -> bool {
+        record.state == AttachmentState::Attached
+            || !lock(&self.inner).links_gone.contains(&record.pod_uid)
+    }
+
+    /// RemovePodSandbox: detaches what may still be attached and forgets the pod.
     pub(super) async fn remove_pod(&self, pod: &PodSandbox) {
         let uid = pod.uid.as_str();
         self.serialised(uid, async {
             let record = lock(&self.inner).pods.get(uid).cloned();
             if let Some(record) = record.as_ref().filter(|r| same_sandbox(r, pod)) {
-                if record.state == AttachmentState::Attached {
+                if self.links_may_exist(record) {
                     self.detach_record(record).await;
+                }
+                if record.state == AttachmentState::Attached {
                     self.submit_stopped(record);
                 }
                 if let Err(err) = self.forget(uid) {
                     tracing::warn!(pod = %uid, %err, "forgetting the pod record");
                     return;
                 }
-                lock(&self.inner).pods.remove(uid);
+                let mut inner = lock(&self.inner);
+                inner.pods.remove(uid);
+                inner.links_gone.remove(uid);
             }
             let mut inner = lock(&self.inner);
             if inner.sandboxes.get(uid).is_none_or(|s| s.id == pod.id || pod.id.is_empty()) {
@@ -414,7 +505,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 let Some(mut record) = record else { return };
                 let (mine, rest): (Vec<_>, Vec<_>) =
                     std::mem::take(&mut record.devices).into_iter().partition(|d| d.claim_uid == claim_uid);
-                if record.state == AttachmentState::Attached {
+                if self.links_may_exist(&record) {
                     let partial = PodAttachment { devices: mine, ..record.clone() };
                     self.detach_record(&partial).await;
                     tracing::info!(pod = %uid, claim = %claim_uid, "detached the interfaces of an unprepared claim");

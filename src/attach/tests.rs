@@ -476,7 +476,14 @@ async fn stop_detaches_and_keeps_the_record_until_remove() {
     let mut stop = world.pod("p1");
     stop.netns_path = None; // as containerd sends it
     service.stop_pod_sandbox(stop.clone()).await.unwrap();
-    assert!(world.kernel.links(Side::Pod).is_empty());
+    // Answered with the NIC back on the host and the macvlan without its address; the
+    // macvlan's link removal (an RCU grace period in the kernel) follows in the background.
+    let net1 = world.kernel.get(Side::Pod, "net1");
+    if let Some(net1) = net1 {
+        let config = world.kernel.pod_config(net1.index).await.unwrap();
+        assert!(config.addresses.is_empty(), "{config:?}");
+    }
+    assert!(world.kernel.get(Side::Pod, "net2").is_none());
     let eth2 = world.kernel.get(Side::Host, "eth2").unwrap();
     assert_eq!((eth2.mtu, eth2.alias), (9000, None));
     assert!(moved.borrow().is_empty());
@@ -491,9 +498,11 @@ async fn stop_detaches_and_keeps_the_record_until_remove() {
         "{text}"
     );
 
-    // Events of another (older) sandbox of the pod leave the record alone.
+    // Events of another (older) sandbox of the pod leave the record alone; like every later
+    // event of the pod, it waits for the link removal.
     let older = PodSandbox { id: "sandbox-older".into(), ..stop.clone() };
     service.remove_pod_sandbox(older).await.unwrap();
+    assert!(world.kernel.links(Side::Pod).is_empty());
     assert!(service.attachment("p1").is_some());
     service.remove_pod_sandbox(stop).await.unwrap();
     assert!(service.attachment("p1").is_none());
@@ -542,6 +551,34 @@ async fn synchronize_returns_before_the_reconcile_and_create_container_waits_for
     service.reconcile_pending().await;
     waiting.await.unwrap().unwrap();
     assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
+}
+
+#[tokio::test]
+async fn a_stopped_sandbox_the_runtime_still_lists_is_not_attached_again_after_a_restart() {
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    {
+        let service = world.service();
+        service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+        service.stop_pod_sandbox(world.pod("p1")).await.unwrap();
+        // The next event of the pod waits for the background link removal.
+        service.run_pod_sandbox(world.pod("other")).await.unwrap();
+        service.remove_pod_sandbox(world.pod("other")).await.unwrap();
+    }
+    let service = world.service();
+    service.start().await;
+    synchronize(&service, vec![world.pod("p1")]).await;
+    assert_eq!(service.attachment("p1").unwrap().state, AttachmentState::Stopped);
+    assert!(
+        world.kernel.log().iter().filter(|l| l.starts_with("create macvlan")).count() == 1,
+        "{:?}",
+        world.kernel.log()
+    );
+    // A new sandbox of the pod (another ID) is attached.
+    let mut again = world.pod("p1");
+    again.id = "sandbox-p1-second".into();
+    synchronize(&service, vec![again]).await;
+    assert_eq!(service.attachment("p1").unwrap().state, AttachmentState::Attached);
 }
 
 #[tokio::test]

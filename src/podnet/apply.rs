@@ -470,6 +470,27 @@ fn ignore_missing(result: Result<(), LinkOpError>) -> Result<(), LinkOpError> {
     }
 }
 
+/// Takes a child interface's addresses away, so it stops answering for them at once: one
+/// `RTM_DELADDR` each, no RCU grace period. Deleting the link itself waits for one
+/// (`synchronize_net` in `unregister_netdevice`, ~20 ms), so it can follow off the sandbox's
+/// response path. A plan that moves a device is left alone (it goes back to the host whole,
+/// before its netns is destroyed); so is an interface that is already gone.
+///
+/// # Errors
+/// The first failed lookup or address removal (an address already gone is fine).
+pub async fn quiesce<O: LinkOps>(ops: &O, plan: &AttachPlan) -> Result<(), LinkOpError> {
+    if !plan.creates_child() {
+        return Ok(());
+    }
+    let Some(link) = ops.link(Side::Pod, &plan.interface_name).await? else {
+        return Ok(());
+    };
+    for address in plan.addresses() {
+        ignore_missing(ops.delete_address(link.index, address).await)?;
+    }
+    Ok(())
+}
+
 /// Executes one link-level undo step, looking links up by name.
 async fn run_undo<O: LinkOps>(
     ops: &O,

@@ -19,7 +19,7 @@ pub(crate) mod fake;
 pub mod ops;
 pub mod plan;
 
-pub use apply::{AttachError, AttachedInterface, DetachReport, VlanUsers, attach, detach};
+pub use apply::{AttachError, AttachedInterface, DetachReport, VlanUsers, attach, detach, quiesce};
 pub use ops::{LinkOpError, LinkOps, Side};
 pub use plan::{
     AttachPlan, AttachRequest, HostDevice, InterfaceSlot, PlanError, PodNetns,

@@ -346,6 +346,13 @@ impl AttachPlan {
             .collect()
     }
 
+    /// Whether the interface is a child created in the pod (macvlan, ipvlan), not a device
+    /// moved there.
+    #[must_use]
+    pub fn creates_child(&self) -> bool {
+        self.steps.iter().any(|s| matches!(s, Step::CreateChild { .. }))
+    }
+
     /// The addresses the attach configures, in plan order (canonical CIDR, host bits kept).
     #[must_use]
     pub fn addresses(&self) -> Vec<IpNetwork> {
