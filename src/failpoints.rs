@@ -12,8 +12,8 @@
 
 /// Every crash point of the daemon, in the order a claim passes them.
 pub const POINTS: &[&str] = &[
-    // Leases durable, the prepared claim not yet (prepare writes leases first).
-    "claims.prepare.after_leases",
+    // Metadata files written, the claim and its leases not committed yet.
+    "claims.prepare.before_commit",
     // The pod record (plans, netns) durable, the kernel not touched yet.
     "attach.after_record",
     // After each completed netlink step of an attach (`@<n>`: after the n-th step).
@@ -24,8 +24,8 @@ pub const POINTS: &[&str] = &[
     "attach.stop.after_quiesce",
     // After each completed step of a detach.
     "podnet.detach.after_step",
-    // The claim record removed, its leases not released yet.
-    "claims.unprepare.after_claim_removed",
+    // The claim and its leases removed on disk, still held in memory.
+    "claims.unprepare.after_commit",
     // A compaction renamed its file over the journal, the directory not synced yet.
     "store.compact.after_rename",
 ];

@@ -307,6 +307,15 @@ fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
         .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
 }
 
+/// `ip -j link show` in the pod.
+fn pod_links(pod_netns: &Netns) -> Vec<serde_json::Value> {
+    let output = std::process::Command::new("ip")
+        .args(["-n", &pod_netns.name, "-j", "link", "show"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 fn network_ips(claim: &ResourceClaim) -> Vec<String> {
     claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0]
         .network_data
@@ -590,14 +599,14 @@ fn kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing() {
     let leased = r#"netclaim_ipam_addresses{pool="10.79.0.0/24",state="leased"}"#;
     // Every point of the claim's life where a crash leaves a half-done durable state.
     for point in [
-        "claims.prepare.after_leases",
+        "claims.prepare.before_commit",
         "attach.after_record",
         "podnet.attach.after_step@1",
         "podnet.attach.after_step@2",
         "attach.before_results",
         "attach.stop.after_quiesce",
         "podnet.detach.after_step@1",
-        "claims.unprepare.after_claim_removed",
+        "claims.unprepare.after_commit",
     ] {
         let node = Node::start();
         let pod_netns = Netns::new();
@@ -651,14 +660,7 @@ fn kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing() {
                         );
                         std::thread::sleep(Duration::from_millis(20));
                     };
-                    let links: Vec<serde_json::Value> = serde_json::from_slice(
-                        &std::process::Command::new("ip")
-                            .args(["-n", &pod_netns.name, "-j", "link", "show"])
-                            .output()
-                            .unwrap()
-                            .stdout,
-                    )
-                    .unwrap();
+                    let links = pod_links(&pod_netns);
                     assert_eq!(links.len(), 2, "{point}: lo and one net1: {links:?}");
                     let claim = node.wait_for_status("web-net", "True", "NetworkReady", &log);
                     assert_eq!(network_ips(&claim), [address], "{point}");
@@ -682,14 +684,7 @@ fn kill_9_at_each_crash_point_loses_nothing_and_leaks_nothing() {
                         "{point}: the lease is released"
                     );
                     // ...and only after the link that carried the address is gone.
-                    let links: Vec<serde_json::Value> = serde_json::from_slice(
-                        &std::process::Command::new("ip")
-                            .args(["-n", &pod_netns.name, "-j", "link", "show"])
-                            .output()
-                            .unwrap()
-                            .stdout,
-                    )
-                    .unwrap();
+                    let links = pod_links(&pod_netns);
                     assert_eq!(links.len(), 1, "{point}: only lo is left: {links:?}");
                 }
             }

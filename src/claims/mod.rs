@@ -37,7 +37,7 @@ use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::{self, Ipam, IpamError, LeaseOwner, LeaseStore};
+use crate::ipam::{self, Ipam, IpamError, Lease, LeaseOwner, LeaseStore};
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;
@@ -106,14 +106,16 @@ pub trait DeviceLookup: Send + Sync + 'static {
 }
 
 /// Durable state of prepared claims; the same store keeps the IPAM's leases. Calls block on
-/// disk I/O (the service runs them on the blocking pool).
-pub trait ClaimStore: LeaseStore + Send + Sync + 'static {
+/// disk I/O (the service runs them on the blocking pool, without its state lock).
+pub trait ClaimStore: LeaseStore + Clone + Send + Sync + 'static {
     /// Every prepared claim.
     fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
-    /// Persists a prepared claim durably before returning.
-    fn save_claim(&self, claim: &PreparedClaim) -> Result<(), Self::Error>;
-    /// Forgets a prepared claim durably; a missing claim succeeds.
-    fn remove_claim(&self, uid: &str) -> Result<(), Self::Error>;
+    /// Persists a prepared claim and its leases in one durable commit: after a crash both
+    /// or neither are there.
+    fn save_prepared(&self, claim: &PreparedClaim, leases: &[Lease]) -> Result<(), Self::Error>;
+    /// Forgets a prepared claim and removes its leases in one durable commit; a missing
+    /// claim succeeds.
+    fn remove_prepared(&self, uid: &str, leases: &[Lease]) -> Result<(), Self::Error>;
 }
 
 /// A claim as prepared: what kubelet got back and what the attach step needs.
@@ -384,6 +386,16 @@ pub struct ServiceIdentity {
 struct State<S: LeaseStore> {
     ipam: Ipam<S>,
     prepared: HashMap<String, PreparedClaim>,
+    /// Claims whose commit is under way (their leases are held in memory): seen by the
+    /// checks of other prepares, never reported as prepared.
+    pending: HashMap<String, PreparedClaim>,
+}
+
+impl<S: LeaseStore> State<S> {
+    /// Prepared claims and claims being committed: what a new claim must fit beside.
+    fn claims_in_use(&self) -> impl Iterator<Item = &PreparedClaim> + Clone {
+        self.prepared.values().chain(self.pending.values())
+    }
 }
 
 /// The claim preparer of the node daemon.
@@ -462,7 +474,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             identity,
             reader,
             devices,
-            state: Arc::new(Mutex::new(State { ipam, prepared })),
+            state: Arc::new(Mutex::new(State { ipam, prepared, pending: HashMap::new() })),
             metadata: None,
             in_flight: Mutex::new(HashMap::new()),
         })
@@ -616,8 +628,11 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
 
 /// Child counts of `if_name` from the claims already prepared on it: a macvlan parent takes
 /// one passthru child or any number of other children.
-fn add_planned_children(facts: &mut DeviceFacts, prepared: &HashMap<String, PreparedClaim>) {
-    for device in prepared.values().flat_map(|c| &c.devices) {
+fn add_planned_children<'a>(
+    facts: &mut DeviceFacts,
+    in_use: impl Iterator<Item = &'a PreparedClaim>,
+) {
+    for device in in_use.flat_map(|c| &c.devices) {
         if device.if_name != facts.if_name {
             continue;
         }
@@ -631,8 +646,6 @@ fn add_planned_children(facts: &mut DeviceFacts, prepared: &HashMap<String, Prep
     }
 }
 
-/// Validates, reserves and persists under the state lock, so concurrent claims on one
-/// parent see each other's children and addresses.
 /// The lease owner of one allocated device of a claim.
 fn owner(claim: &ClaimRef, result: &AllocatedResult) -> LeaseOwner {
     LeaseOwner {
@@ -648,13 +661,13 @@ fn owner(claim: &ClaimRef, result: &AllocatedResult) -> LeaseOwner {
 /// pool overlapping another one where either could hand out the other's gateway (leases are
 /// per address across pools, so no address goes out twice, but a pod given a gateway's
 /// address breaks every pod routed through it).
-fn check_pool_settings(
-    prepared: &HashMap<String, PreparedClaim>,
+fn check_pool_settings<'a>(
+    in_use: impl Iterator<Item = &'a PreparedClaim>,
     claim_uid: &str,
     request: &str,
     pool: &PoolSpec,
 ) -> Result<(), ClaimError> {
-    for other in prepared.values().filter(|c| c.uid != claim_uid) {
+    for other in in_use.filter(|c| c.uid != claim_uid) {
         for device in &other.devices {
             let Addressing::Pool(theirs) = &device.config.addressing else { continue };
             if theirs.subnet != pool.subnet {
@@ -687,6 +700,12 @@ fn check_pool_settings(
     Ok(())
 }
 
+/// Prepares one claim in three steps, so no lock is held across I/O: under the state lock it
+/// validates and holds the addresses in memory (concurrent claims on one parent see each
+/// other's children and addresses); without it, it writes the metadata files and commits the
+/// claim with its leases in one durable batch (concurrent prepares share `fdatasync`s: group
+/// commit); under the lock again, the claim becomes prepared, or its addresses are given
+/// back.
 fn commit_prepare<S: ClaimStore>(
     state: &Mutex<State<S>>,
     metadata: Option<&DeviceMetadata>,
@@ -695,14 +714,56 @@ fn commit_prepare<S: ClaimStore>(
     facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
     pod_claim_index: Option<u32>,
 ) -> Result<Vec<PreparedDevice>, ClaimError> {
+    let (prepared, leases, new_leases, store) = {
+        let mut state = lock(state);
+        let state = &mut *state;
+        if let Some(done) = state.prepared.get(&claim.uid) {
+            return Ok(done.kubelet_devices());
+        }
+        let (prepared, leases, new_leases) =
+            reserve_claim(state, metadata, claim, allocation, facts, pod_claim_index)?;
+        state.pending.insert(prepared.uid.clone(), prepared.clone());
+        (prepared, leases, new_leases, state.ipam.store().clone())
+    };
+    let outcome = (|| {
+        if let Some(metadata) = metadata {
+            // Files before the record: a crash in between leaves files of a claim that is
+            // not prepared, which the next start removes.
+            metadata.publish(&prepared)?;
+        }
+        crate::failpoint!("claims.prepare.before_commit");
+        store.save_prepared(&prepared, &leases).map_err(|e| ClaimError::Persist(Box::new(e)))
+    })();
     let mut state = lock(state);
-    let state = &mut *state;
-    if let Some(done) = state.prepared.get(&claim.uid) {
-        return Ok(done.kubelet_devices());
+    state.pending.remove(&claim.uid);
+    if let Err(err) = outcome {
+        if let Some(metadata) = metadata
+            && let Err(cleanup) = metadata.remove(claim)
+        {
+            tracing::warn!(claim = %claim, error = %cleanup, "removing device metadata after a failed prepare");
+        }
+        // Nothing of this attempt reached the store: give its addresses back.
+        state.ipam.forget_in_memory(&new_leases);
+        return Err(err);
     }
+    let answer = prepared.kubelet_devices();
+    state.prepared.insert(prepared.uid.clone(), prepared);
+    Ok(answer)
+}
+
+/// Validates a claim's devices and holds its addresses in memory (under the state lock):
+/// `(claim, its leases, the leases new in this attempt)`. On an error nothing stays held.
+fn reserve_claim<S: ClaimStore>(
+    state: &mut State<S>,
+    metadata: Option<&DeviceMetadata>,
+    claim: &ClaimRef,
+    allocation: &ClaimAllocation,
+    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
+    pod_claim_index: Option<u32>,
+) -> Result<(PreparedClaim, Vec<Lease>, Vec<Lease>), ClaimError> {
     let mut devices = Vec::with_capacity(allocation.results.len());
     for (result, (mut facts, attributes)) in allocation.results.iter().zip(facts) {
-        add_planned_children(&mut facts, &state.prepared);
+        add_planned_children(&mut facts, state.claims_in_use());
         let config = network_config::resolve(&allocation.config, &result.request, &facts).map_err(
             |source| ClaimError::Config {
                 request: result.request.clone(),
@@ -722,34 +783,44 @@ fn commit_prepare<S: ClaimStore>(
         pod_claim_index,
         pod_claim_name: allocation.pod_claim_name.clone(),
     };
-    let mut metadata_written = false;
+    let (mut leases, mut new_leases) = (Vec::new(), Vec::new());
     let outcome = (|| {
         for (result, facts, attributes, config) in devices {
             let addresses = match &config.addressing {
                 Addressing::None => Vec::new(),
                 Addressing::Static(addresses) => {
                     for (i, address) in addresses.iter().enumerate() {
-                        state.ipam.reserve_static(&owner(claim, result), *address).map_err(
-                            |source| ClaimError::Ipam {
+                        let (lease, new) = state
+                            .ipam
+                            .reserve_static_in_memory(&owner(claim, result), *address)
+                            .map_err(|source| ClaimError::Ipam {
                                 request: result.request.clone(),
                                 field: format!("ipam.addresses[{i}]"),
                                 source,
-                            },
-                        )?;
+                            })?;
+                        if new {
+                            new_leases.push(lease.clone());
+                        }
+                        leases.push(lease);
                     }
                     addresses.clone()
                 }
                 Addressing::Pool(pool) => {
-                    check_pool_settings(&state.prepared, &claim.uid, &result.request, pool)?;
-                    let lease =
-                        state.ipam.reserve(&owner(claim, result), pool).map_err(|source| {
-                            ClaimError::Ipam {
-                                request: result.request.clone(),
-                                field: "ipam.pool".to_owned(),
-                                source,
-                            }
+                    check_pool_settings(state.claims_in_use(), &claim.uid, &result.request, pool)?;
+                    let (lease, new) = state
+                        .ipam
+                        .reserve_in_memory(&owner(claim, result), pool)
+                        .map_err(|source| ClaimError::Ipam {
+                            request: result.request.clone(),
+                            field: "ipam.pool".to_owned(),
+                            source,
                         })?;
-                    vec![lease.interface_address()]
+                    let address = lease.interface_address();
+                    if new {
+                        new_leases.push(lease.clone());
+                    }
+                    leases.push(lease);
+                    vec![address]
                 }
             };
             prepared.devices.push(PreparedClaimDevice {
@@ -767,40 +838,24 @@ fn commit_prepare<S: ClaimStore>(
                 cdi_device_ids: Vec::new(),
             });
         }
-        if let Some(metadata) = metadata {
-            // The CDI id of a request goes with its first device: kubelet injects every id
-            // of every device of the request, and one mount per request is enough.
-            let mut seen = BTreeSet::new();
-            for device in &mut prepared.devices {
-                let request = metadata::top_level(&device.request).to_owned();
-                if seen.insert(request.clone()) {
-                    device.cdi_device_ids = vec![metadata.cdi_device_id(&claim.uid, &request)];
-                }
-            }
-            // Files before the record: a crash in between leaves files of a claim that is
-            // not prepared, which the next start removes.
-            metadata.publish(&prepared)?;
-            metadata_written = true;
-        }
-        crate::failpoint!("claims.prepare.after_leases");
-        state.ipam.store().save_claim(&prepared).map_err(|e| ClaimError::Persist(Box::new(e)))
+        Ok(())
     })();
     if let Err(err) = outcome {
-        if let (true, Some(metadata)) = (metadata_written, metadata)
-            && let Err(cleanup) = metadata.remove(claim)
-        {
-            tracing::warn!(claim = %claim, error = %cleanup, "removing device metadata after a failed prepare");
-        }
-        // Give back what this attempt reserved; a failure here only keeps addresses busy
-        // until the next start releases leases without a claim.
-        if let Err(release) = state.ipam.release_claim(&claim.uid) {
-            tracing::warn!(claim = %claim, error = %release, "releasing leases after a failed prepare");
-        }
+        state.ipam.forget_in_memory(&new_leases);
         return Err(err);
     }
-    let answer = prepared.kubelet_devices();
-    state.prepared.insert(prepared.uid.clone(), prepared);
-    Ok(answer)
+    if let Some(metadata) = metadata {
+        // The CDI id of a request goes with its first device: kubelet injects every id of
+        // every device of the request, and one mount per request is enough.
+        let mut seen = BTreeSet::new();
+        for device in &mut prepared.devices {
+            let request = metadata::top_level(&device.request).to_owned();
+            if seen.insert(request.clone()) {
+                device.cdi_device_ids = vec![metadata.cdi_device_id(&claim.uid, &request)];
+            }
+        }
+    }
+    Ok((prepared, leases, new_leases))
 }
 
 fn commit_unprepare<S: ClaimStore>(
@@ -818,19 +873,19 @@ fn commit_unprepare<S: ClaimStore>(
     Ok(())
 }
 
+/// Forgets a claim and releases its leases in one durable commit, made without the state
+/// lock; the addresses stay held in memory until it is done, so none is handed out while
+/// the claim could still come back after a crash.
 fn release_claim<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<(), ClaimError> {
+    let (leases, store) = {
+        let state = lock(state);
+        (state.ipam.leases_of_claim(uid), state.ipam.store().clone())
+    };
+    store.remove_prepared(uid, &leases).map_err(|e| ClaimError::Persist(Box::new(e)))?;
+    crate::failpoint!("claims.unprepare.after_commit");
     let mut state = lock(state);
-    // The claim record first: a crash before the leases are released leaves leases without
-    // a claim, which the next start releases. The other order could leave a prepared claim
-    // whose address is free again and handed to another claim.
-    state.ipam.store().remove_claim(uid).map_err(|e| ClaimError::Persist(Box::new(e)))?;
-    crate::failpoint!("claims.unprepare.after_claim_removed");
     state.prepared.remove(uid);
-    state.ipam.release_claim(uid).map_err(|source| ClaimError::Ipam {
-        request: "*".to_owned(),
-        field: "ipam".to_owned(),
-        source,
-    })?;
+    state.ipam.forget_in_memory(&leases);
     Ok(())
 }
 

@@ -181,10 +181,26 @@ impl<S: LeaseStore> Ipam<S> {
     /// Reserves an address of `pool` for `owner`, or returns the one it already holds
     /// there. The lease is durable when this returns.
     pub fn reserve(&mut self, owner: &LeaseOwner, pool: &PoolSpec) -> Result<Lease, IpamError> {
+        let (lease, new) = self.reserve_in_memory(owner, pool)?;
+        if new {
+            self.persist_new(&lease)?;
+        }
+        Ok(lease)
+    }
+
+    /// [`Ipam::reserve`] without the write: the lease is held in memory, so no other owner
+    /// gets the address, and the caller persists it (with the records that depend on it, in
+    /// one commit) or gives it back with [`Ipam::forget_in_memory`]. `(lease, whether it is
+    /// new)`.
+    pub fn reserve_in_memory(
+        &mut self,
+        owner: &LeaseOwner,
+        pool: &PoolSpec,
+    ) -> Result<(Lease, bool), IpamError> {
         if let Some(address) = self.by_owner.get(&(owner.clone(), pool.subnet))
             && let Some(lease) = self.by_address.get(address)
         {
-            return Ok(lease.clone());
+            return Ok((lease.clone(), false));
         }
         let Some(address) = pool::first_free(pool, &self.by_address) else {
             return Err(IpamError::PoolExhausted {
@@ -195,14 +211,22 @@ impl<S: LeaseStore> Ipam<S> {
             });
         };
         let lease = Lease { subnet: pool.subnet, address, owner: owner.clone() };
-        self.store.save_lease(&lease).map_err(|e| IpamError::Persist {
-            op: "save",
-            subnet: lease.subnet,
-            address,
-            source: Box::new(e),
-        })?;
         self.insert(lease.clone());
-        Ok(lease)
+        Ok((lease, true))
+    }
+
+    /// Persists a lease just reserved in memory; on failure it is forgotten again.
+    fn persist_new(&mut self, lease: &Lease) -> Result<(), IpamError> {
+        if let Err(e) = self.store.save_lease(lease) {
+            self.forget_in_memory(std::slice::from_ref(lease));
+            return Err(IpamError::Persist {
+                op: "save",
+                subnet: lease.subnet,
+                address: lease.address,
+                source: Box::new(e),
+            });
+        }
+        Ok(())
     }
 
     /// Leases a static address (`ipam.addresses`) to `owner`, so no pool hands it out and no
@@ -213,10 +237,23 @@ impl<S: LeaseStore> Ipam<S> {
         owner: &LeaseOwner,
         address: IpNetwork,
     ) -> Result<Lease, IpamError> {
+        let (lease, new) = self.reserve_static_in_memory(owner, address)?;
+        if new {
+            self.persist_new(&lease)?;
+        }
+        Ok(lease)
+    }
+
+    /// [`Ipam::reserve_static`] without the write, as [`Ipam::reserve_in_memory`].
+    pub fn reserve_static_in_memory(
+        &mut self,
+        owner: &LeaseOwner,
+        address: IpNetwork,
+    ) -> Result<(Lease, bool), IpamError> {
         let ip = address.ip();
         if let Some(lease) = self.by_address.get(&ip) {
             return if lease.owner == *owner {
-                Ok(lease.clone())
+                Ok((lease.clone(), false))
             } else {
                 Err(IpamError::AddressTaken { address: ip, holder: Box::new(lease.owner.clone()) })
             };
@@ -224,16 +261,29 @@ impl<S: LeaseStore> Ipam<S> {
         // The network form of a valid address and prefix is always valid.
         let subnet = IpNetwork::new(address.network(), address.prefix()).unwrap_or(address);
         let lease = Lease { subnet, address: ip, owner: owner.clone() };
-        self.store.save_lease(&lease).map_err(|e| IpamError::Persist {
-            op: "save",
-            subnet,
-            address: ip,
-            source: Box::new(e),
-        })?;
         // Not indexed by owner: one owner may hold several static addresses of one subnet,
         // and `reserve` looks owners up for pools only.
         self.by_address.insert(ip, lease.clone());
-        Ok(lease)
+        Ok((lease, true))
+    }
+
+    /// Forgets leases held in memory only (their commit failed, or their removal was
+    /// committed by the caller).
+    pub fn forget_in_memory(&mut self, leases: &[Lease]) {
+        for lease in leases {
+            if self.by_address.get(&lease.address) == Some(lease) {
+                self.by_address.remove(&lease.address);
+            }
+            if self.by_owner.get(&(lease.owner.clone(), lease.subnet)) == Some(&lease.address) {
+                self.by_owner.remove(&(lease.owner.clone(), lease.subnet));
+            }
+        }
+    }
+
+    /// Every lease of a claim.
+    #[must_use]
+    pub fn leases_of_claim(&self, claim_uid: &str) -> Vec<Lease> {
+        self.by_address.values().filter(|l| l.owner.claim_uid == claim_uid).cloned().collect()
     }
 
     /// Releases every lease of `owner`; returns them. Releasing nothing succeeds.

@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{Record, Store, StoreError};
+use super::leases::lease_key;
+use super::{Batch, Record, Store, StoreError};
 use crate::claims::{ClaimStore, PreparedClaim};
+use crate::ipam::Lease;
 
 impl Record for PreparedClaim {
     const KIND: &'static str = "prepared-claims";
@@ -37,12 +39,22 @@ impl ClaimStore for Arc<Store> {
             .collect()
     }
 
-    fn save_claim(&self, claim: &PreparedClaim) -> Result<(), StoreError> {
-        self.put(&claim.uid, claim)
+    fn save_prepared(&self, claim: &PreparedClaim, leases: &[Lease]) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        for lease in leases {
+            batch.put(&lease_key(lease), lease)?;
+        }
+        batch.put(&claim.uid, claim)?;
+        self.commit(batch)
     }
 
-    fn remove_claim(&self, uid: &str) -> Result<(), StoreError> {
-        self.remove::<PreparedClaim>(uid).map(|_| ())
+    fn remove_prepared(&self, uid: &str, leases: &[Lease]) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        batch.remove::<PreparedClaim>(uid)?;
+        for lease in leases {
+            batch.remove::<Lease>(&lease_key(lease))?;
+        }
+        self.commit(batch)
     }
 }
 

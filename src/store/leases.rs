@@ -12,7 +12,7 @@ impl Record for Lease {
 }
 
 /// The record key of a lease: its address (unique across all pools).
-fn lease_key(lease: &Lease) -> String {
+pub(super) fn lease_key(lease: &Lease) -> String {
     lease.address.to_string()
 }
 
