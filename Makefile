@@ -36,9 +36,12 @@ lint:
 # `cargo nextest run` reports them as skipped. As root, with the setup done, they all run.
 RUN_IGNORED := $(if $(filter 0,$(shell id -u)),--run-ignored all,)
 
+# The scale test runs the release daemon (what the image ships), built once here.
 test: setup
 	$(CARGO) test --workspace --doc --quiet
-	$(CARGO) nextest run --workspace --features netclaim/failpoints --no-fail-fast $(RUN_IGNORED)
+	$(CARGO) build --release --bin netclaim
+	NETCLAIM_RELEASE_BIN=$(CURDIR)/target/release/netclaim \
+	  $(CARGO) nextest run --workspace --features netclaim/failpoints --no-fail-fast $(RUN_IGNORED)
 
 bench:
 	$(CARGO) bench

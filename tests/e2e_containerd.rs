@@ -39,6 +39,8 @@
 mod chaos;
 mod claims_support;
 mod containerd_support;
+#[path = "e2e_containerd/scale.rs"]
+mod scale;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -124,6 +126,8 @@ struct Cluster {
     node_name: String,
     node_args: Vec<String>,
     node_starts: AtomicU32,
+    /// The daemon binary (the test build unless a scenario runs the release one).
+    node_binary: PathBuf,
     /// The kubeconfig the daemon uses (the API server's own unless a test puts a proxy
     /// between them).
     node_kubeconfig: Option<PathBuf>,
@@ -148,6 +152,7 @@ impl Cluster {
             node_name,
             node_args: Vec::new(),
             node_starts: AtomicU32::new(0),
+            node_binary: PathBuf::from(NETCLAIM),
             node_kubeconfig: None,
         }
     }
@@ -232,7 +237,7 @@ impl Cluster {
     fn spawn_node(&self, node: &mut Option<std::process::Child>, env: &[(&str, &str)]) {
         let n = self.node_starts.fetch_add(1, Ordering::SeqCst) + 1;
         let log = File::create(self.dir().join(format!("node{n}.log"))).unwrap();
-        let child = Command::new(NETCLAIM)
+        let child = Command::new(&self.node_binary)
             .args(&self.node_args)
             .env("RUST_LOG", "info,netclaim=debug")
             .env("NO_COLOR", "1")
@@ -498,6 +503,15 @@ impl Cluster {
 
     /// One sample's value from the daemon's `/metrics` (address from its log), 0 if absent.
     async fn metric(&self, sample: &str) -> f64 {
+        self.metrics_text()
+            .await
+            .lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// The daemon's whole `/metrics` answer.
+    async fn metrics_text(&self) -> String {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let log = self.node_log();
         let address = log
@@ -514,9 +528,7 @@ impl Cluster {
             .unwrap();
         let mut body = String::new();
         stream.read_to_string(&mut body).await.unwrap();
-        body.lines()
-            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        body
     }
 
     /// Stops the daemon and checks its state dir holds no lease, no prepared claim and no pod

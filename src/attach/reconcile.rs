@@ -44,8 +44,6 @@ pub(super) struct Reconciles {
     unverified: Mutex<HashSet<String>>,
     /// Sent whenever pods leave `unverified`.
     progress: watch::Sender<()>,
-    /// Passes finished (tests wait for one).
-    passes: watch::Sender<u64>,
 }
 
 impl Default for Reconciles {
@@ -55,7 +53,6 @@ impl Default for Reconciles {
             due: Notify::new(),
             unverified: Mutex::default(),
             progress: watch::Sender::new(()),
-            passes: watch::Sender::new(0),
         }
     }
 }
@@ -249,7 +246,6 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         let pods = lock(&self.reconciles.pending).take();
         if let Some(pods) = pods {
             self.reconcile(&pods).await;
-            self.reconciles.passes.send_modify(|n| *n += 1);
         }
     }
 

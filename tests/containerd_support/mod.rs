@@ -163,8 +163,9 @@ impl Containerd {
             fs::create_dir_all(self.path(d)).unwrap();
         }
         let p = |rel: &str| self.path(rel).display().to_string();
-        // Subnet from the PID as well, so two runs at once do not collide.
-        let subnet = format!("10.251.{}.0/24", std::process::id() % 250);
+        // Subnet from the PID as well, so two runs at once do not collide; a /23, so the
+        // 250-pod scale test fits.
+        let subnet = format!("10.251.{}.0/23", (std::process::id() % 125) * 2);
         let config = format!(
             r#"version = 2
 root = "{root}"

@@ -552,10 +552,12 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
             containers = req.containers.len(),
             "synchronizing with NRI runtime"
         );
+        let started = std::time::Instant::now();
         self.call("Synchronize", |h| async move { h.synchronize(pods).await }).await?;
         if let Some(info) = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).clone() {
             self.status.send_replace(PluginStatus::Synchronized(info));
         }
+        tracing::info!(took = ?started.elapsed(), "answered Synchronize");
         Ok(api::SynchronizeResponse::default())
     }
 
