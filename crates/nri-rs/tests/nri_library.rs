@@ -220,10 +220,8 @@ async fn a_handler_knows_when_its_answer_is_due() {
     let err = f.runtime().create_container(&asking, &container(&asking, "app")).await.unwrap_err();
     let RuntimeError::PluginFailed { message, .. } = err else { panic!("unexpected error {err}") };
     // The runtime's 2 s request timeout minus the plugin's 250 ms reserve, less what passed.
-    let left = message
-        .parse()
-        .map(Duration::from_micros)
-        .unwrap_or_else(|_| panic!("no deadline: {message}"));
+    let micros: u64 = message.parse().unwrap_or_else(|_| panic!("no deadline: {message}"));
+    let left = Duration::from_micros(micros);
     assert!(left <= Duration::from_millis(1750) && left > Duration::ZERO, "{left:?}");
     assert_eq!(nri_rs::call_deadline(), None, "outside a handler call there is none");
     f.stop().await;
