@@ -412,6 +412,9 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             }
         }
         record.state = AttachmentState::Stopped;
+        // Set again once this stop's removal finishes (an older sandbox of the pod may have
+        // left the mark).
+        lock(&self.inner).links_gone.remove(uid);
         if let Err(err) = self.persist(&record) {
             tracing::warn!(pod = %uid, %err, "persisting the stopped pod (reconcile retries)");
         }
