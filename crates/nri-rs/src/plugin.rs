@@ -134,6 +134,12 @@ pub enum PluginError {
         #[source]
         source: ttrpc::Error,
     },
+    /// The runtime accepted the registration but sent no `Synchronize` in time.
+    #[error("the NRI runtime accepted the registration but sent no Synchronize within {waited:?}")]
+    Unconfirmed {
+        /// How long the plugin waited.
+        waited: Duration,
+    },
 }
 
 /// Settings of an NRI plugin.
@@ -146,6 +152,7 @@ pub struct PluginOptions {
     reconnect_initial: Duration,
     reconnect_max: Duration,
     registration_timeout: Duration,
+    confirmation_timeout: Duration,
 }
 
 impl PluginOptions {
@@ -170,6 +177,7 @@ impl PluginOptions {
             reconnect_initial: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
             registration_timeout: DEFAULT_REGISTRATION_TIMEOUT,
+            confirmation_timeout: DEFAULT_REGISTRATION_TIMEOUT,
         })
     }
 
@@ -192,6 +200,17 @@ impl PluginOptions {
     pub fn reconnect_backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.reconnect_initial = initial;
         self.reconnect_max = max.max(initial);
+        self
+    }
+
+    /// How long the plugin waits, after the runtime accepted `RegisterPlugin`, for the
+    /// runtime's `Synchronize` before it gives the connection up and reconnects. A runtime
+    /// sends `Configure` and `Synchronize` right after the registration; a plugin that is
+    /// registered but never synchronized gets no pod events, so pods would start without
+    /// what the plugin does for them. Default: the runtime's registration timeout (5 s).
+    #[must_use]
+    pub fn confirmation_timeout(mut self, timeout: Duration) -> Self {
+        self.confirmation_timeout = timeout;
         self
     }
 
@@ -314,6 +333,7 @@ impl<H: PluginHandler> Plugin<H> {
             runtime: Mutex::new(None),
             pending_sync: Mutex::new(Vec::new()),
             runtime_shutdown: Notify::new(),
+            synchronize_seen: watch::Sender::new(false),
         });
         // The listener yields our one logical connection and then stays open: ttrpc's
         // `Server::shutdown` expects its accept loop to still be running.
@@ -367,8 +387,17 @@ impl<H: PluginHandler> Plugin<H> {
             }
         });
         tracing::info!(plugin = %self.options.full_name(), socket = %self.options.socket_path.display(), "registered with NRI runtime");
+        // Registered but never synchronized means no pod events: give up and reconnect.
+        let mut seen = session.synchronize_seen.subscribe();
+        let waited = self.options.confirmation_timeout;
+        let unconfirmed = async move {
+            if tokio::time::timeout(waited, seen.wait_for(|seen| *seen)).await.is_ok() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             () = shutdown.cancelled() => Ok(SessionEnd::LocalShutdown),
+            () = unconfirmed => Err(PluginError::Unconfirmed { waited }),
             () = session.runtime_shutdown.notified() => Ok(SessionEnd::RuntimeShutdown),
             closed = mux.closed() => match closed {
                 Ok(()) => Ok(SessionEnd::Disconnected),
@@ -424,6 +453,8 @@ struct Session<H> {
     /// Pods of a split `Synchronize` (NRI 0.8+) collected until the last chunk.
     pending_sync: Mutex<Vec<PodSandbox>>,
     runtime_shutdown: Notify,
+    /// Whether the runtime's `Synchronize` arrived (its first part, for a split one).
+    synchronize_seen: watch::Sender<bool>,
 }
 
 impl<H: PluginHandler> Session<H> {
@@ -538,6 +569,7 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         _ctx: &TtrpcContext,
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
+        self.synchronize_seen.send_replace(true);
         let pods = {
             let mut pending = self.pending_sync.lock().unwrap_or_else(PoisonError::into_inner);
             pending.extend(req.pods.iter().map(PodSandbox::from));

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -76,6 +77,10 @@ pub struct RuntimeOptions {
     /// `more = true` on all but the last, as NRI 0.8+ runtimes do for large states. `None`
     /// sends everything at once.
     pub sync_chunk_pods: Option<usize>,
+    /// Fault injection for plugin tests: this many connections, the first to register, get
+    /// their `RegisterPlugin` answered and then nothing (no `Configure`, no `Synchronize`),
+    /// as from a runtime stuck after the registration. 0 outside such tests.
+    pub stall_after_registration: usize,
 }
 
 impl RuntimeOptions {
@@ -89,6 +94,7 @@ impl RuntimeOptions {
             registration_timeout: DEFAULT_REGISTRATION_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             sync_chunk_pods: None,
+            stall_after_registration: 0,
         }
     }
 }
@@ -161,6 +167,8 @@ struct Shared {
     pods: Mutex<BTreeMap<String, PodSandbox>>,
     registered: watch::Sender<usize>,
     stop: CancellationToken,
+    /// Registrations stalled so far ([`RuntimeOptions::stall_after_registration`]).
+    stalled: std::sync::atomic::AtomicUsize,
 }
 
 /// The runtime end of NRI: a listening socket and the plugins connected to it.
@@ -184,6 +192,7 @@ impl NriRuntime {
             pods: Mutex::new(BTreeMap::new()),
             registered: watch::Sender::new(0),
             stop: CancellationToken::new(),
+            stalled: std::sync::atomic::AtomicUsize::new(0),
         });
         tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(Self { shared })
@@ -517,6 +526,13 @@ async fn serve_plugin(stream: UnixStream, shared: Arc<Shared>) {
             .await
             .map_err(|_| "plugin did not register in time".to_owned())?
             .map_err(|_| "connection ended before registration".to_owned())?;
+        let stall = shared.stalled.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |stalled| {
+            (stalled < shared.options.stall_after_registration).then_some(stalled + 1)
+        });
+        if stall.is_ok() {
+            tracing::info!("stalling after the registration (test fault)");
+            std::future::pending::<()>().await;
+        }
         let plugin = configure_and_sync(&shared, &client, registration).await?;
         Ok::<_, String>(plugin)
     };

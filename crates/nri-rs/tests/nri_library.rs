@@ -347,6 +347,47 @@ async fn plugin_reconnects_after_the_runtime_restarts() {
     f.stop().await;
 }
 
+/// A runtime that answers `RegisterPlugin` and then sends nothing would leave the plugin
+/// registered without pod events; the plugin gives the connection up and reconnects.
+#[tokio::test]
+async fn a_registration_the_runtime_never_follows_up_is_abandoned_and_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nri.sock");
+    let mut options = RuntimeOptions::new(&socket);
+    options.stall_after_registration = 1;
+    let runtime = NriRuntime::bind(options).unwrap();
+    let (tx, mut seen) = mpsc::unbounded_channel();
+    let confirmation = Duration::from_millis(300);
+    let options = PluginOptions::new("recorder", "10")
+        .unwrap()
+        .socket_path(&socket)
+        .confirmation_timeout(confirmation)
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let plugin = Plugin::new(Arc::new(Recorder { seen: tx }), options);
+    let mut status = plugin.status();
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let started = Instant::now();
+    let task = tokio::spawn(async move { plugin.run(token).await });
+
+    // The stalled connection registers (the runtime answered) but is never synchronized.
+    tokio::time::timeout(WAIT, status.wait_for(|s| *s == PluginStatus::Registered))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(runtime.plugins().is_empty(), "the stalled connection is not configured");
+    // The second connection is configured and synchronized like any other.
+    runtime.wait_for_plugins(1, WAIT).await.unwrap();
+    assert!(started.elapsed() >= confirmation, "the first connection waited out its timeout");
+    let synced = tokio::time::timeout(WAIT, seen.recv()).await.unwrap().unwrap();
+    assert_eq!(synced, Seen::Sync(vec![]));
+    let ran = pod("after-retry");
+    runtime.run_pod_sandbox(&ran).await.unwrap();
+    assert_eq!(tokio::time::timeout(WAIT, seen.recv()).await.unwrap().unwrap(), Seen::Run(ran));
+    stop.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn runtime_shutdown_makes_the_plugin_reconnect() {
     let mut f = Fixture::start(RuntimeProtocol::V0_12, EventMask::POD_SANDBOX_LIFECYCLE).await;
