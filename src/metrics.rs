@@ -227,11 +227,22 @@ impl Metrics {
     }
 }
 
-/// Shared health state: live as long as the process serves, ready once the daemon said so.
-#[derive(Debug, Default)]
+/// A condition that keeps `/readyz` failing while it holds: `Some(why)`.
+type ReadinessCheck = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Shared health state: live as long as the process serves, ready once the daemon said so
+/// and no readiness check fails.
+#[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
     changed: tokio::sync::Notify,
+    checks: std::sync::Mutex<Vec<(&'static str, ReadinessCheck)>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health").field("ready", &self.is_ready()).finish_non_exhaustive()
+    }
 }
 
 impl Health {
@@ -241,7 +252,7 @@ impl Health {
         self.changed.notify_waiters();
     }
 
-    /// Returns once the daemon is ready.
+    /// Returns once the daemon said it is ready (checks aside).
     pub async fn wait_until_ready(&self) {
         loop {
             let changed = self.changed.notified();
@@ -252,10 +263,36 @@ impl Health {
         }
     }
 
-    /// Whether `/readyz` answers 200.
+    /// Whether the daemon said it is ready (checks aside).
     #[must_use]
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Adds a condition under which `/readyz` fails, with `name` and the check's reason in
+    /// the answer.
+    pub fn add_check(
+        &self,
+        name: &'static str,
+        check: impl Fn() -> Option<String> + Send + Sync + 'static,
+    ) {
+        self.checks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((name, Box::new(check)));
+    }
+
+    /// `Ok` when `/readyz` answers 200, else why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.is_ready() {
+            return Err("not ready".to_owned());
+        }
+        let checks = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let failing: Vec<String> = checks
+            .iter()
+            .filter_map(|(name, check)| check().map(|why| format!("{name}: {why}")))
+            .collect();
+        if failing.is_empty() { Ok(()) } else { Err(failing.join("; ")) }
     }
 }
 
@@ -309,9 +346,33 @@ async fn metrics_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse 
 }
 
 async fn readyz_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
-    if endpoint.health.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    match endpoint.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::Health;
+
+    #[test]
+    fn a_failing_check_keeps_readiness_down_and_names_its_reason() {
+        let health = Health::default();
+        assert_eq!(health.readiness(), Err("not ready".to_owned()));
+        health.set_ready(true);
+        let broken = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&broken);
+        health.add_check("state", move || {
+            flag.load(Ordering::Relaxed).then(|| "the journal refuses writes".to_owned())
+        });
+        assert_eq!(health.readiness(), Ok(()));
+        broken.store(true, Ordering::Relaxed);
+        assert_eq!(health.readiness(), Err("state: the journal refuses writes".to_owned()));
+        broken.store(false, Ordering::Relaxed);
+        assert_eq!(health.readiness(), Ok(()));
     }
 }

@@ -177,7 +177,16 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // came back from pods destroyed while the daemon was down get their names back, VLAN
     // users are counted); publish; then register with kubelet and the runtime. Running pods
     // are verified at Synchronize, off this path.
-    let (attach_service, claims) = load_state(&config, &client, &metrics).await?;
+    let (attach_service, claims, store) = load_state(&config, &client, &metrics).await?;
+    // fsyncgate: after a failed fdatasync the store refuses writes until a restart reloads
+    // it from disk; the DaemonSet pod shows not ready, with the reason, until then.
+    health.add_check("state", move || {
+        store.is_poisoned().then(|| {
+            "the state dir's journal refuses writes after a failed write or fdatasync; \
+             restart the daemon"
+                .to_owned()
+        })
+    });
     attach_service.start().await;
     let events = NodeEvents::new(client.clone(), &config.driver_name, &config.node_name, node_uid);
     let slices = KubeSlices::new(client, clients.watch, &config.driver_name, &config.node_name);
@@ -241,7 +250,7 @@ async fn load_state(
     config: &NodeConfig,
     client: &kube::Client,
     metrics: &Arc<Metrics>,
-) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>), NodeError> {
+) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>, Arc<Store>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
@@ -278,13 +287,14 @@ async fn load_state(
     let host = HostNetlink::current()?;
     let (driver, attach_claims, attach_metrics) =
         (config.driver_name.clone(), Arc::clone(&claims), Arc::clone(metrics));
+    let attach_store = Arc::clone(&store);
     let attach_service = tokio::task::spawn_blocking(move || {
-        AttachService::load(&driver, attach_claims, host, store, status, attach_metrics)
+        AttachService::load(&driver, attach_claims, host, attach_store, status, attach_metrics)
             .map_err(NodeError::Attachments)
     })
     .await
     .map_err(NodeError::StateTask)??;
-    Ok((Arc::new(attach_service), claims))
+    Ok((Arc::new(attach_service), claims, store))
 }
 
 /// Serves the kubelet sockets (registration last).

@@ -172,8 +172,10 @@ fn a_failed_fdatasync_poisons_the_store_and_a_reopen_keeps_every_acknowledged_co
     let disk = SimDisk::new(4);
     let store = open(&disk).unwrap();
     store.put("a", &entry(1, 10)).unwrap();
+    assert!(!store.is_poisoned());
     disk.fail(SimOp::SyncData, 1, nix::libc::EIO);
     let err = store.put("a", &entry(2, 10)).unwrap_err();
+    assert!(store.is_poisoned(), "readiness reports it");
     assert!(
         matches!(&err, StoreError::Io { op: "fdatasync", source, .. } if source.raw_os_error() == Some(nix::libc::EIO)),
         "{err}"
@@ -188,6 +190,7 @@ fn a_failed_fdatasync_poisons_the_store_and_a_reopen_keeps_every_acknowledged_co
     let a = store.get::<Item>("a").unwrap().map(|e| e.value);
     assert!(a == Some(1) || a == Some(2), "a = {a:?}");
     assert_eq!(store.get::<Item>("b").unwrap(), None);
+    assert!(!store.is_poisoned());
     store.put("b", &entry(5, 10)).unwrap();
 }
 

@@ -383,6 +383,12 @@ impl Store {
         &self.root
     }
 
+    /// Whether the store refuses every write until it is reopened (a failed `fdatasync`, or
+    /// a failed append that could not be cut back).
+    pub fn is_poisoned(&self) -> bool {
+        self.lock_journal().poisoned
+    }
+
     fn lock_journal(&self) -> MutexGuard<'_, Journal> {
         // A panic while holding the lock cannot leave the journal half-applied: memory is
         // updated only after a successful append, so the data is still consistent.
