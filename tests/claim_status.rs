@@ -26,7 +26,11 @@ fn client_for(url: &str) -> kube::Client {
 }
 
 fn fast() -> Backoff {
-    Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200) }
+    Backoff {
+        settle: Duration::from_millis(1),
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+    }
 }
 
 /// Creates a claim and allocates it through `/status` as the scheduler does: a shared device

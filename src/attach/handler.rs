@@ -127,11 +127,22 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHand
         container: Container,
     ) -> Result<(), HandlerError> {
         let started = Instant::now();
-        if self.unverified(&pod.uid) && !self.wait_verified(&pod.uid, verify_deadline()).await {
+        let deadline = verify_deadline();
+        if self.unverified(&pod.uid) && !self.wait_verified(&pod.uid, deadline).await {
             self.count("CreateContainer", false);
             return Err(HandlerError::new(format!(
                 "container {} of pod {pod} refused for now: the daemon restarted and is still \
                  verifying the pod's network interfaces; the kubelet retries",
+                container.name
+            )));
+        }
+        // RunPodSandbox is answered before the attach's completion (claim statuses, the
+        // device metadata files a container may read) has run; it holds the pod's gate.
+        if tokio::time::timeout_at(deadline, self.gates.hold(&pod.uid)).await.is_err() {
+            self.count("CreateContainer", false);
+            return Err(HandlerError::new(format!(
+                "container {} of pod {pod} refused for now: the pod's network interfaces are \
+                 still being set up; the kubelet retries",
                 container.name
             )));
         }

@@ -83,7 +83,7 @@ pub struct AttachService<C, N, S, W> {
     pub(super) claims: C,
     pub(super) netns: N,
     pub(super) store: S,
-    pub(super) status: W,
+    pub(super) status: Arc<W>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) vlans: Arc<VlanUsers>,
     pub(super) inner: Arc<Mutex<Inner>>,
@@ -99,6 +99,9 @@ pub struct AttachService<C, N, S, W> {
     pub(super) kernel_slots: tokio::sync::Semaphore,
     /// Bounds the pods whose links are being removed in the background at the same time.
     pub(super) detach_slots: Arc<tokio::sync::Semaphore>,
+    /// Attach completions (statuses, device metadata, the record's results) still running
+    /// after their sandbox was answered.
+    pub(super) completing: Arc<watch::Sender<usize>>,
 }
 
 impl<C, N, S, W> std::fmt::Debug for AttachService<C, N, S, W> {
@@ -126,7 +129,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             claims,
             netns,
             store,
-            status,
+            status: Arc::new(status),
             metrics,
             vlans: Arc::new(VlanUsers::new()),
             inner: Arc::new(Mutex::new(Inner::default())),
@@ -137,6 +140,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             reconciles: super::reconcile::Reconciles::default(),
             kernel_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES),
             detach_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES)),
+            completing: Arc::new(watch::Sender::new(0)),
         };
         {
             let mut inner = lock(&service.inner);
@@ -216,21 +220,59 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         claims: &[PreparedClaim],
         started: Instant,
     ) -> Result<(), AttachFailure> {
-        self.serialised(&sandbox.uid, self.attach_pod_locked(sandbox, claims, started)).await
+        let held = self.gates.hold(&sandbox.uid).await;
+        let Some(record) = self.attach_pod_locked(sandbox, claims, started).await? else {
+            return Ok(());
+        };
+        // The rest completes the attach after the answer, holding the pod's gate, so no
+        // later event of the pod overtakes it and CreateContainer waits for it (the device
+        // metadata a container may read is written here): the claim statuses and the record
+        // with the results (a restart without them reads the interfaces back from the kernel:
+        // `completed_attach`).
+        let (driver, inner, sink, store) = (
+            self.driver.clone(),
+            Arc::clone(&self.inner),
+            Arc::clone(&self.status),
+            self.store.clone(),
+        );
+        let claims = claims.to_vec();
+        let completing = Arc::clone(&self.completing);
+        completing.send_modify(|n| *n += 1);
+        tokio::spawn(async move {
+            for claim in &claims {
+                super::status::submit_ready(&driver, &inner, &*sink, claim, &record);
+            }
+            if let Err(err) = store.save_attachment(&record) {
+                tracing::warn!(pod = %record.pod_uid, %err, "recording the attach results (a restart reads them from the kernel)");
+            }
+            drop(held);
+            completing.send_modify(|n| *n -= 1);
+        });
+        Ok(())
     }
 
+    /// Returns once every attach answered so far has completed (claim statuses submitted,
+    /// device metadata and pod records written).
+    pub async fn settled(&self) {
+        let mut completing = self.completing.subscribe();
+        // The sender lives in `self`: the wait cannot end with it dropped.
+        let _ignored = completing.wait_for(|n| *n == 0).await;
+    }
+
+    /// Attaches what `claims` need and is not attached yet; the completed record, to be
+    /// written, when something was attached.
     async fn attach_pod_locked(
         &self,
         sandbox: &Sandbox,
         claims: &[PreparedClaim],
         started: Instant,
-    ) -> Result<(), AttachFailure> {
+    ) -> Result<Option<PodAttachment>, AttachFailure> {
         lock(&self.inner).sandboxes.insert(sandbox.uid.clone(), sandbox.clone());
         if self.covered(&sandbox.uid, sandbox.netns.as_deref(), claims) {
-            return Ok(());
+            return Ok(None);
         }
         if claims.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let Some(netns) = sandbox.netns.clone() else {
             return Err(AttachFailure::NoNetns);
@@ -304,15 +346,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         crate::failpoint!("attach.before_results");
         lock(&self.inner).pods.insert(sandbox.uid.clone(), record.clone());
         self.refresh_moved();
-        // The results complete the record (a restart without them reads the interfaces back
-        // from the kernel: `completed_attach`).
-        if let Err(err) = self.persist(&record) {
-            tracing::warn!(pod = %sandbox.uid, %err, "recording the attach results (a restart reads them from the kernel)");
-        }
-        for claim in claims {
-            self.submit_ready(claim, &record);
-        }
-        Ok(())
+        Ok(Some(record))
     }
 
     /// Executes the plans of `record.devices[first_new..]`, filling their results; on a

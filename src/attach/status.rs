@@ -7,7 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde::Serialize;
 
+use std::sync::Mutex;
+
 use super::handler::Sandbox;
+use super::service::Inner;
 use super::{
     AttachFailure, AttachService, AttachedDevice, AttachmentStore, NetnsAccess, PodAttachment,
     PodClaims, REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
@@ -266,52 +269,79 @@ impl AttachedClaim {
     }
 }
 
+/// Builds `claim`'s status entries from `outcomes` (on top of the last ones submitted,
+/// kept in `inner`) and hands them to `sink`.
+fn submit_entries<W: StatusSink>(
+    inner: &Mutex<Inner>,
+    sink: &W,
+    claim: &AttachedClaim,
+    outcomes: &[(DeviceKey, DeviceOutcome)],
+) {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let previous = lock(inner).statuses.get(&claim.uid).cloned().unwrap_or_default();
+    match build_entries(outcomes, &previous, claim.generation, &now) {
+        Ok(entries) => {
+            lock(inner).statuses.insert(claim.uid.clone(), entries.clone());
+            sink.submit(
+                ClaimRef {
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    uid: claim.uid.clone(),
+                },
+                entries,
+            );
+        }
+        Err(err) => tracing::warn!(claim = %claim.name, %err, "building the claim status"),
+    }
+}
+
+fn device_key(driver: &str, pool: &str, device: &str, share_id: Option<&String>) -> DeviceKey {
+    DeviceKey {
+        driver: driver.to_owned(),
+        pool: pool.to_owned(),
+        device: device.to_owned(),
+        share_id: share_id.cloned(),
+    }
+}
+
+/// Submits `Ready` (or the failure of a device left unattached) for `claim`'s devices in
+/// `record`. A free function: the attach's completion runs it after the NRI answer.
+pub(super) fn submit_ready<W: StatusSink>(
+    driver: &str,
+    inner: &Mutex<Inner>,
+    sink: &W,
+    claim: &PreparedClaim,
+    record: &PodAttachment,
+) {
+    let outcomes: Vec<_> = record
+        .devices
+        .iter()
+        .filter(|d| d.claim_uid == claim.uid)
+        .map(|d| {
+            let outcome = match &d.result {
+                Some(result) => DeviceOutcome::Ready(result.clone()),
+                None => DeviceOutcome::Failed {
+                    reason: REASON_ATTACH_FAILED.to_owned(),
+                    message: format!("{} is not attached", d.plan.interface_name),
+                },
+            };
+            (device_key(driver, &d.pool, &d.device, d.share_id.as_ref()), outcome)
+        })
+        .collect();
+    submit_entries(inner, sink, &AttachedClaim::from_prepared(claim), &outcomes);
+}
+
 impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     fn submit(&self, claim: &AttachedClaim, outcomes: &[(DeviceKey, DeviceOutcome)]) {
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let previous = lock(&self.inner).statuses.get(&claim.uid).cloned().unwrap_or_default();
-        match build_entries(outcomes, &previous, claim.generation, &now) {
-            Ok(entries) => {
-                lock(&self.inner).statuses.insert(claim.uid.clone(), entries.clone());
-                self.status.submit(
-                    ClaimRef {
-                        namespace: claim.namespace.clone(),
-                        name: claim.name.clone(),
-                        uid: claim.uid.clone(),
-                    },
-                    entries,
-                );
-            }
-            Err(err) => tracing::warn!(claim = %claim.name, %err, "building the claim status"),
-        }
+        submit_entries(&self.inner, &*self.status, claim, outcomes);
     }
 
     fn key(&self, pool: &str, device: &str, share_id: Option<&String>) -> DeviceKey {
-        DeviceKey {
-            driver: self.driver.clone(),
-            pool: pool.to_owned(),
-            device: device.to_owned(),
-            share_id: share_id.cloned(),
-        }
+        device_key(&self.driver, pool, device, share_id)
     }
 
     pub(super) fn submit_ready(&self, claim: &PreparedClaim, record: &PodAttachment) {
-        let outcomes: Vec<_> = record
-            .devices
-            .iter()
-            .filter(|d| d.claim_uid == claim.uid)
-            .map(|d| {
-                let outcome = match &d.result {
-                    Some(result) => DeviceOutcome::Ready(result.clone()),
-                    None => DeviceOutcome::Failed {
-                        reason: REASON_ATTACH_FAILED.to_owned(),
-                        message: format!("{} is not attached", d.plan.interface_name),
-                    },
-                };
-                (self.key(&d.pool, &d.device, d.share_id.as_ref()), outcome)
-            })
-            .collect();
-        self.submit(&AttachedClaim::from_prepared(claim), &outcomes);
+        submit_ready(&self.driver, &self.inner, &*self.status, claim, record);
     }
 
     pub(super) fn submit_failed(&self, claims: &[PreparedClaim], message: &str) {

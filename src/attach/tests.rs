@@ -313,6 +313,14 @@ fn ready(entries: &[AllocatedDeviceStatus]) -> Vec<(String, String, Option<Strin
         .collect()
 }
 
+/// RunPodSandbox, then waits for the attach's completion (statuses, metadata, record), which
+/// runs after the answer.
+async fn run(service: &Service, pod: PodSandbox) -> Result<(), nri_rs::HandlerError> {
+    let answered = service.run_pod_sandbox(pod).await;
+    service.settled().await;
+    answered
+}
+
 #[tokio::test]
 async fn claims_attach_in_name_order_with_default_names_and_report_ready() {
     let world = World::new();
@@ -327,7 +335,7 @@ async fn claims_attach_in_name_order_with_default_names_and_report_ready() {
         ],
     ));
     let service = world.service();
-    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&service, world.pod("p1")).await.unwrap();
 
     // alpha/a keeps its explicit net1; alpha/b and zeta/nic get net2 and net3.
     let creates: Vec<String> =
@@ -375,7 +383,7 @@ async fn a_failure_in_the_second_claim_rolls_back_the_first_and_names_the_step()
     world.add_claim(claim("b", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
     world.kernel.fail_on("add address 10.0.2.5/24", EEXIST);
     let service = world.service();
-    let err = service.run_pod_sandbox(world.pod("p1")).await.unwrap_err();
+    let err = run(&service, world.pod("p1")).await.unwrap_err();
     let message = err.to_string();
     for part in ["claim ns/b", "request nic", "device eth1", "add address 10.0.2.5/24", "errno 17"]
     {
@@ -398,7 +406,7 @@ async fn a_failure_in_the_second_claim_rolls_back_the_first_and_names_the_step()
     assert!(warnings[0].1.starts_with("AttachFailed: ") && warnings[0].0.uid == "p1");
 
     // kubelet retries the sandbox: now it works.
-    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&service, world.pod("p1")).await.unwrap();
     assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"]);
     assert_eq!(ready(&world.status.last("b"))[0].0, "True");
 }
@@ -408,9 +416,9 @@ async fn a_second_run_pod_sandbox_is_a_no_op() {
     let world = World::new();
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
     let service = world.service();
-    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&service, world.pod("p1")).await.unwrap();
     let calls = world.kernel.log().len();
-    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&service, world.pod("p1")).await.unwrap();
     service.create_container(world.pod("p1"), Container::default()).await.unwrap();
     assert_eq!(world.kernel.log().len(), calls);
 }
@@ -419,10 +427,10 @@ async fn a_second_run_pod_sandbox_is_a_no_op() {
 async fn pods_without_claims_cost_nothing() {
     let world = World::new();
     let service = world.service();
-    service.run_pod_sandbox(world.pod("other")).await.unwrap();
+    run(&service, world.pod("other")).await.unwrap();
     let mut host_network = world.pod("hostnet");
     host_network.netns_path = None;
-    service.run_pod_sandbox(host_network).await.unwrap();
+    run(&service, host_network).await.unwrap();
     service.stop_pod_sandbox(world.pod("unknown")).await.unwrap();
     service.remove_pod_sandbox(world.pod("unknown")).await.unwrap();
     assert!(world.kernel.log().is_empty());
@@ -469,7 +477,7 @@ async fn stop_detaches_and_keeps_the_record_until_remove() {
     ));
     let service = world.service();
     let moved = service.moved_devices();
-    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&service, world.pod("p1")).await.unwrap();
     assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"]);
     assert_eq!(*moved.borrow(), BTreeSet::from(["eth2".to_owned()]));
 
@@ -515,7 +523,7 @@ async fn unprepare_of_an_attached_claim_detaches_it() {
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
     world.add_claim(claim("b", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
     let service = world.service();
-    service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&service, world.pod("p1")).await.unwrap();
     service.detach_claim("uid-a").await;
     assert_eq!(world.kernel.links(Side::Pod), ["net2"]);
     let record = service.attachment("p1").unwrap();
@@ -527,6 +535,7 @@ async fn unprepare_of_an_attached_claim_detaches_it() {
 async fn synchronize(service: &Service, pods: Vec<PodSandbox>) {
     service.synchronize(pods).await.unwrap();
     service.reconcile_pending().await;
+    service.settled().await;
 }
 
 #[tokio::test]
@@ -559,10 +568,10 @@ async fn a_stopped_sandbox_the_runtime_still_lists_is_not_attached_again_after_a
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
     {
         let service = world.service();
-        service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+        run(&service, world.pod("p1")).await.unwrap();
         service.stop_pod_sandbox(world.pod("p1")).await.unwrap();
         // The next event of the pod waits for the background link removal.
-        service.run_pod_sandbox(world.pod("other")).await.unwrap();
+        run(&service, world.pod("other")).await.unwrap();
         service.remove_pod_sandbox(world.pod("other")).await.unwrap();
     }
     let service = world.service();
@@ -646,7 +655,7 @@ async fn synchronize_attaches_running_pods_and_detaches_gone_ones() {
     world.add_claim(claim("gone", "old", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
     {
         let service = world.service();
-        service.run_pod_sandbox(world.pod("old")).await.unwrap();
+        run(&service, world.pod("old")).await.unwrap();
         world.results_stored("old").await;
     }
     assert_eq!(world.kernel.links(Side::Pod), ["net1"]);
@@ -676,7 +685,7 @@ async fn synchronize_keeps_running_interfaces_and_restores_missing_ones() {
     let world = World::new();
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
     world.add_claim(claim("b", "p1", &[("nic", "eth1", macvlan("10.0.2.5/24"))]));
-    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&world.service(), world.pod("p1")).await.unwrap();
     world.results_stored("p1").await;
     // Someone deleted net2 inside the pod while the daemon was down.
     let net2 = world.kernel.get(Side::Pod, "net2").unwrap();
@@ -732,7 +741,7 @@ async fn a_record_of_a_dead_pod_gives_the_nic_back_with_its_mtu() {
         "p1",
         &[("dev", "eth2", json!({"mode": "host-device", "interface": {"mtu": 1500}}))],
     ));
-    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&world.service(), world.pod("p1")).await.unwrap();
     // The pod netns is destroyed while the daemon is down; the kernel returns the NIC as net1.
     let moved = world.kernel.get(Side::Pod, "net1").unwrap();
     world.kernel.destroy_pod_netns();
@@ -779,7 +788,7 @@ async fn a_kernel_failure_at_any_call_of_a_pod_attach_leaves_no_link_and_no_reco
     for c in claims() {
         clean.add_claim(c);
     }
-    clean.service().run_pod_sandbox(clean.pod("p1")).await.unwrap();
+    run(&clean.service(), clean.pod("p1")).await.unwrap();
     let calls = clean.failures.lock().unwrap().calls();
     assert!(calls >= 6, "{calls} kernel calls");
     for fail_at in 1..=calls {
@@ -791,7 +800,7 @@ async fn a_kernel_failure_at_any_call_of_a_pod_attach_leaves_no_link_and_no_reco
             ["eth1", "eth2"].iter().map(|n| world.kernel.get(Side::Host, n)).collect();
         *world.failures.lock().unwrap() = FailurePlan::new(fail_at, nix::libc::EBUSY);
         let service = world.service();
-        let err = service.run_pod_sandbox(world.pod("p1")).await.unwrap_err();
+        let err = run(&service, world.pod("p1")).await.unwrap_err();
         let context = format!("call {fail_at} of {calls}: {err}");
         assert!(err.to_string().contains("injected failure"), "{context}");
         assert!(world.kernel.links(Side::Pod).is_empty(), "{context}: pod links left");
@@ -803,7 +812,7 @@ async fn a_kernel_failure_at_any_call_of_a_pod_attach_leaves_no_link_and_no_reco
         assert!(service.attachment("p1").is_none(), "{context}: record in memory");
         assert!(world.store.0.lock().unwrap().is_empty(), "{context}: record on disk");
         // The retry (kubelet recreates the sandbox) attaches both.
-        service.run_pod_sandbox(world.pod("p1")).await.unwrap();
+        run(&service, world.pod("p1")).await.unwrap();
         assert_eq!(world.kernel.links(Side::Pod), ["net1", "net2"], "{context}: retry");
     }
 }
@@ -826,7 +835,7 @@ async fn a_finished_attach_whose_results_were_lost_is_adopted_without_touching_i
         "p1",
         &[("nic", "eth2", json!({"mode": "host-device", "ipam": {"addresses": ["10.0.2.5/24"]}}))],
     ));
-    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&world.service(), world.pod("p1")).await.unwrap();
     world.results_stored("p1").await;
     forget_results(&world, "p1");
     let service = world.service();
@@ -841,7 +850,7 @@ async fn a_finished_attach_whose_results_were_lost_is_adopted_without_touching_i
 async fn a_half_done_attach_is_undone_and_done_again_at_synchronize() {
     let world = World::new();
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
-    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&world.service(), world.pod("p1")).await.unwrap();
     world.results_stored("p1").await;
     forget_results(&world, "p1");
     // The crash came before the link was set up.
@@ -861,7 +870,7 @@ async fn a_half_done_attach_is_undone_and_done_again_at_synchronize() {
 async fn a_failed_lookup_at_synchronize_never_detaches_a_live_interface() {
     let world = World::new();
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
-    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&world.service(), world.pod("p1")).await.unwrap();
     world.results_stored("p1").await;
     let service = world.service();
     world.kernel.fail_lookups(Some(nix::libc::ENOBUFS));
@@ -886,7 +895,7 @@ async fn default_names_follow_the_pods_claim_order_not_claim_names() {
     alpha.pod_claim_index = Some(1);
     world.add_claim(alpha);
     world.add_claim(zeta);
-    world.service().run_pod_sandbox(world.pod("p1")).await.unwrap();
+    run(&world.service(), world.pod("p1")).await.unwrap();
     let record = world.store.0.lock().unwrap()["p1"].clone();
     let names: Vec<(String, String)> = record
         .devices

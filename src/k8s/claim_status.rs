@@ -17,9 +17,14 @@ use prometheus_client::metrics::family::Family;
 use crate::metrics::ResultLabel;
 use crate::model::{ClaimRef, PodRef};
 
-/// Retry pacing of the writer.
+/// Pacing of the writer.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
+    /// Delay before a claim's first write. A status is submitted just before the NRI answer
+    /// that starts the pod's containers; writing it a moment later lets that answer, and the
+    /// runtime's next steps, go first on a busy node (the write costs CPU here and in the
+    /// API server), and a quick succession of statuses of one claim is written once.
+    pub settle: Duration,
     /// Delay after the first failure.
     pub initial: Duration,
     /// Largest delay between attempts.
@@ -28,7 +33,11 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { initial: Duration::from_millis(200), max: Duration::from_secs(30) }
+        Self {
+            settle: Duration::from_millis(5),
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(30),
+        }
     }
 }
 
@@ -159,6 +168,7 @@ impl Inner {
 
 /// The writer task of one claim: writes the newest status until none is left.
 async fn run_claim(inner: Arc<Inner>, claim: ClaimRef) {
+    tokio::time::sleep(inner.backoff.settle).await;
     while let Some(mut entries) = inner.take(&claim, true) {
         let mut delay = inner.backoff.initial;
         loop {

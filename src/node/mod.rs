@@ -234,8 +234,10 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // Slices stay: kubelet removes a node's slices itself once the driver is gone for good,
     // and a restart continues at the next generation without an empty window.
     health.set_ready(false);
-    // Interfaces stay in running pods (DESIGN §6): the plugin only disconnects.
+    // Interfaces stay in running pods (DESIGN §6): the plugin only disconnects. Attaches
+    // already answered finish their statuses, metadata and records first.
     nri.stop().await;
+    let _ignored = tokio::time::timeout(Duration::from_secs(2), attach_service.settled()).await;
     kubelet.stop();
     if let Err(err) = kubelet.wait().await {
         tracing::warn!(%err, "kubelet plugin stopped with an error");
