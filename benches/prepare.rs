@@ -1,7 +1,11 @@
 //! NodePrepareResources through the real DRA socket against `netclaim dev --api-only` on
-//! loopback (DESIGN §10): a new claim (GET, validate, reserve an address, durable write) and
-//! a repeated prepare of a prepared claim (answered from memory). Besides criterion's
-//! estimates, prints the median of the individually timed calls.
+//! loopback (DESIGN §10): a new claim (GET, validate, reserve an address, durable write), a
+//! repeated prepare of a prepared claim (answered from memory) and 100 new claims in one call.
+//! After criterion's groups, interleaved rounds put them next to their floors, timed in the
+//! same rounds: one durable append (write + fdatasync of a journal-sized line in the state
+//! dir), a call without claims (the gRPC round trip) and the API reads the prepare cannot
+//! avoid (the claim and its pod; for 100 claims as many at a time as the service reads them).
+//! Without `--bench` every benchmark runs once and the rounds shrink.
 
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
@@ -9,115 +13,270 @@
 #[path = "../tests/claims_support/mod.rs"]
 mod claims_support;
 
-use std::sync::{Arc, Mutex};
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use claims_support::{DevApi, Plugin, claim_ref, dra_client, network_config};
 use criterion::{Criterion, criterion_group, criterion_main};
+use futures::StreamExt as _;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use netclaim::claims::{ClaimReader, MAX_CONCURRENT_CLAIMS};
+use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
-use serde_json::json;
+use serde_json::{Value, json};
 
-fn median(samples: &Mutex<Vec<Duration>>) -> Duration {
-    let mut samples = samples.lock().unwrap().clone();
+type DraClient = v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
+
+fn median(samples: &[Duration]) -> Duration {
+    let mut samples = samples.to_vec();
     samples.sort_unstable();
     samples[samples.len() / 2]
+}
+
+/// Claims allocated the way the scheduler writes them, each with its own share of `eth2`.
+struct Claims {
+    api: DevApi,
+    config: Value,
+    counter: Mutex<u64>,
+}
+
+impl Claims {
+    /// Untimed: creates and allocates `count` new claims (the scheduler's work).
+    async fn allocate(&self, count: usize) -> Vec<ResourceClaim> {
+        let mut claims = Vec::with_capacity(count);
+        for _ in 0..count {
+            let n = {
+                let mut counter = self.counter.lock().unwrap();
+                *counter += 1;
+                *counter
+            };
+            let share = format!("3f1c0c3e-0000-4000-8000-{n:012}");
+            claims.push(
+                self.api
+                    .allocated_claim(
+                        &format!("bench-{n}"),
+                        &[("nic", "eth2", Some(&share))],
+                        Some(self.config.clone()),
+                    )
+                    .await,
+            );
+        }
+        claims
+    }
+}
+
+/// One NodePrepareResources call for `claims`, timed; every claim must succeed.
+async fn prepare(client: &DraClient, claims: &[ResourceClaim]) -> Duration {
+    let request =
+        v1::NodePrepareResourcesRequest { claims: claims.iter().map(claim_ref).collect() };
+    let started = Instant::now();
+    let response = client.clone().node_prepare_resources(request).await.unwrap().into_inner();
+    let elapsed = started.elapsed();
+    assert_eq!(response.claims.len(), claims.len());
+    assert!(response.claims.values().all(|c| c.error.is_empty()), "{response:?}");
+    elapsed
+}
+
+/// Untimed: unprepares and deletes `claims`, so the pool and the API stay small.
+async fn release(client: &DraClient, claims: &Claims, prepared: &[ResourceClaim]) {
+    let request =
+        v1::NodeUnprepareResourcesRequest { claims: prepared.iter().map(claim_ref).collect() };
+    let response = client.clone().node_unprepare_resources(request).await.unwrap().into_inner();
+    assert!(response.claims.values().all(|c| c.error.is_empty()), "{response:?}");
+    for claim in prepared {
+        claims.api.delete_claim(claim.metadata.name.as_deref().unwrap()).await;
+    }
+}
+
+/// The API reads a prepare of `claims` cannot avoid, as many claims at a time as the claim
+/// service reads them: the claim, then the pod it is reserved for (a template claim's
+/// `podClaimName` is the pod's name for it).
+async fn reads(reader: &KubeClaims, claims: &[ResourceClaim]) -> Duration {
+    let started = Instant::now();
+    futures::stream::iter(claims)
+        .map(|claim| async move {
+            let read = reader.get("default", claim.metadata.name.as_deref().unwrap()).await;
+            let pod = &read.unwrap().status.unwrap().reserved_for.unwrap()[0].name;
+            reader.pod_claim_names("default", pod).await.unwrap();
+        })
+        .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+        .collect::<Vec<()>>()
+        .await;
+    started.elapsed()
+}
+
+/// The floor of a durable write: one journal-sized line appended to a file in the state dir
+/// and fdatasync'ed.
+fn durable_append(file: &mut std::fs::File) -> Duration {
+    let line = [b'x'; 400];
+    let started = Instant::now();
+    file.write_all(&line).unwrap();
+    file.sync_data().unwrap();
+    started.elapsed()
+}
+
+fn smoke() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test")
 }
 
 fn prepare_benches(c: &mut Criterion) {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let api = rt.block_on(DevApi::start());
-    let plugin = rt.block_on(Plugin::start(&api, &api.dir.path().join("state"), api.dir.path()));
-    let client = rt.block_on(dra_client(&plugin.dra_socket()));
+    let state_dir = api.dir.path().join("state");
+    let plugin = rt.block_on(Plugin::start(&api, &state_dir, api.dir.path()));
+    // kubelet's side: its own single-threaded runtime on this thread, as kubelet is its own
+    // process; the plugin runs on `rt`'s two workers, as in the daemon on this machine.
+    let kubelet = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = kubelet.block_on(dra_client(&plugin.dra_socket()));
+    let reader = KubeClaims::new(api.client.clone());
     let config = network_config(json!({"ipam": {"pool": {"subnet": "10.64.0.0/12"}}}));
-    let counter = Arc::new(Mutex::new(0u64));
+    let claims = Claims { api, config, counter: Mutex::new(0) };
+    // The async benchmark bodies take these by reference.
+    let (client, claims) = (&client, &claims);
 
     let mut group = c.benchmark_group("prepare");
     group
-        .sample_size(30)
-        .measurement_time(Duration::from_secs(5))
-        .warm_up_time(Duration::from_secs(1));
+        .sample_size(10)
+        .sampling_mode(criterion::SamplingMode::Flat)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
 
-    let new_samples = Mutex::new(Vec::new());
     group.bench_function("new_claim", |b| {
-        b.to_async(&rt).iter_custom(|iters| {
-            let mut client = client.clone();
-            let counter = Arc::clone(&counter);
-            let config = config.clone();
-            let api = &api;
-            let samples = &new_samples;
-            async move {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let n = {
-                        let mut counter = counter.lock().unwrap();
-                        *counter += 1;
-                        *counter
-                    };
-                    let share = format!("3f1c0c3e-0000-4000-8000-{n:012}");
-                    // Creating and allocating the claim is the scheduler's work: not timed.
-                    let claim = api
-                        .allocated_claim(
-                            &format!("bench-{n}"),
-                            &[("nic", "eth2", Some(&share))],
-                            Some(config.clone()),
-                        )
-                        .await;
-                    let started = Instant::now();
-                    let response = client
-                        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                            claims: vec![claim_ref(&claim)],
-                        })
-                        .await
-                        .unwrap()
-                        .into_inner();
-                    let elapsed = started.elapsed();
-                    assert!(response.claims.values().all(|c| c.error.is_empty()), "{response:?}");
-                    samples.lock().unwrap().push(elapsed);
-                    total += elapsed;
-                }
-                total
+        b.to_async(&kubelet).iter_custom(|iters| async move {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let claim = claims.allocate(1).await;
+                total += prepare(client, &claim).await;
+                release(client, claims, &claim).await;
             }
+            total
         });
     });
 
-    let prepared = rt.block_on(api.allocated_claim(
-        "repeat",
-        &[("nic", "eth2", Some("3f1c0c3e-0000-4000-8000-ffffffffffff"))],
-        Some(config.clone()),
-    ));
-    let repeat_request = v1::NodePrepareResourcesRequest { claims: vec![claim_ref(&prepared)] };
-    rt.block_on(client.clone().node_prepare_resources(repeat_request.clone())).unwrap();
-    let repeat_samples = Mutex::new(Vec::new());
+    let repeated = rt.block_on(claims.allocate(1));
+    kubelet.block_on(prepare(client, &repeated));
+    let repeated = &repeated;
     group.bench_function("repeated", |b| {
-        b.to_async(&rt).iter_custom(|iters| {
-            let mut client = client.clone();
-            let request = repeat_request.clone();
-            let samples = &repeat_samples;
-            async move {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let started = Instant::now();
-                    let response =
-                        client.node_prepare_resources(request.clone()).await.unwrap().into_inner();
-                    let elapsed = started.elapsed();
-                    assert!(response.claims.values().all(|c| c.error.is_empty()));
-                    samples.lock().unwrap().push(elapsed);
-                    total += elapsed;
-                }
-                total
+        b.to_async(&kubelet).iter_custom(|iters| async move {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                total += prepare(client, repeated).await;
             }
+            total
+        });
+    });
+
+    group.bench_function("100_claims_one_call", |b| {
+        b.to_async(&kubelet).iter_custom(|iters| async move {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let batch = claims.allocate(100).await;
+                total += prepare(client, &batch).await;
+                release(client, claims, &batch).await;
+            }
+            total
         });
     });
     group.finish();
-    println!(
-        "per-call medians: new claim {:?} ({} calls), repeated {:?} ({} calls)",
-        median(&new_samples),
-        new_samples.lock().unwrap().len(),
-        median(&repeat_samples),
-        repeat_samples.lock().unwrap().len(),
+
+    // Interleaved rounds: each sequence next to its floor, the order rotating.
+    let rounds = if smoke() {
+        2
+    } else {
+        std::env::var("NETCLAIM_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(60)
+    };
+    let mut floor_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(state_dir.join("fdatasync-floor"))
+        .unwrap();
+    let (mut fsync, mut read, mut new, mut repeat) = (vec![], vec![], vec![], vec![]);
+    let mut empty = vec![];
+    let (mut read100, mut new100) = (vec![], vec![]);
+    for round in 0..rounds {
+        for turn in 0..4 {
+            match (round + turn) % 4 {
+                0 => fsync.push(durable_append(&mut floor_file)),
+                1 => {
+                    let claim = rt.block_on(claims.allocate(1));
+                    read.push(rt.block_on(reads(&reader, &claim)));
+                    new.push(kubelet.block_on(prepare(client, &claim)));
+                    kubelet.block_on(release(client, claims, &claim));
+                }
+                2 => {
+                    repeat.push(kubelet.block_on(prepare(client, repeated)));
+                    empty.push(kubelet.block_on(prepare(client, &[])));
+                }
+                // A 100-claim call every fourth round: each allocates 200 API objects.
+                _ if round % 4 == 0 => {
+                    let batch = rt.block_on(claims.allocate(100));
+                    read100.push(rt.block_on(reads(&reader, &batch)));
+                    new100.push(kubelet.block_on(prepare(client, &batch)));
+                    kubelet.block_on(release(client, claims, &batch));
+                }
+                _ => {}
+            }
+        }
+    }
+    report(
+        state_dir.as_path(),
+        &Medians {
+            fsync: median(&fsync),
+            read: median(&read),
+            new: median(&new),
+            repeat: median(&repeat),
+            empty: median(&empty),
+            read100: median(&read100),
+            new100: median(&new100),
+            rounds,
+        },
     );
     rt.block_on(plugin.stop());
+}
+
+/// Medians of the interleaved rounds.
+struct Medians {
+    fsync: Duration,
+    read: Duration,
+    new: Duration,
+    repeat: Duration,
+    /// A call without claims: the gRPC round trip and the adapter, the floor of `repeat`.
+    empty: Duration,
+    read100: Duration,
+    new100: Duration,
+    rounds: usize,
+}
+
+fn report(state_dir: &Path, m: &Medians) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("rounds ({} rounds, order rotating; state dir {}):", m.rounds, state_dir.display());
+    println!(
+        "  floors: fdatasync of one line {:.3} ms, API reads of one claim {:.3} ms, of 100 claims \
+         {} at a time {:.3} ms",
+        ms(m.fsync),
+        ms(m.read),
+        MAX_CONCURRENT_CLAIMS,
+        ms(m.read100)
+    );
+    println!(
+        "  new claim {:.3} ms = fdatasync + {:.3} ms (target: + <= 1 ms); repeated {:.3} ms \
+         (target < 0.2 ms), of which the round trip of a call without claims {:.3} ms",
+        ms(m.new),
+        ms(m.new) - ms(m.fsync),
+        ms(m.repeat),
+        ms(m.empty)
+    );
+    println!(
+        "  100 claims in one call {:.3} ms, beyond the reads {:.3} ms = {:.2} fdatasyncs \
+         (target < 3)",
+        ms(m.new100),
+        ms(m.new100) - ms(m.read100),
+        (ms(m.new100) - ms(m.read100)) / ms(m.fsync)
+    );
 }
 
 criterion_group!(benches, prepare_benches);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use netclaim::claims::metadata::DeviceMetadata;
 use netclaim::claims::{ClaimService, DeviceLookup, LookupError, ServiceIdentity};
 use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
@@ -176,6 +177,27 @@ impl DeviceLookup for FixedDevices {
 
 pub(crate) type Service = ClaimService<KubeClaims, FixedDevices, Arc<Store>>;
 
+/// The claim service on `state_dir` (reading claims from `api`, devices [`FixedDevices`],
+/// device metadata written when `metadata` is given) and its store.
+pub(crate) fn claim_service(
+    api: &DevApi,
+    state_dir: &Path,
+    metadata: Option<Arc<DeviceMetadata>>,
+) -> (Arc<Service>, Arc<Store>) {
+    let store = Arc::new(Store::open(state_dir).unwrap());
+    let mut service = ClaimService::load(
+        ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
+        KubeClaims::new(api.client.clone()),
+        FixedDevices,
+        Arc::clone(&store),
+    )
+    .unwrap();
+    if let Some(metadata) = metadata {
+        service = service.with_metadata(metadata).unwrap();
+    }
+    (Arc::new(service), store)
+}
+
 /// The kubelet plugin serving a claim service on `state_dir`, sockets under `sockets`.
 pub(crate) struct Plugin {
     pub(crate) handle: KubeletPluginHandle,
@@ -184,16 +206,7 @@ pub(crate) struct Plugin {
 
 impl Plugin {
     pub(crate) async fn start(api: &DevApi, state_dir: &Path, sockets: &Path) -> Self {
-        let store = Arc::new(Store::open(state_dir).unwrap());
-        let service = Arc::new(
-            ClaimService::load(
-                ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
-                KubeClaims::new(api.client.clone()),
-                FixedDevices,
-                store,
-            )
-            .unwrap(),
-        );
+        let (service, _store) = claim_service(api, state_dir, None);
         let config =
             KubeletPluginConfig::new(DRIVER, sockets.join("registry"), sockets.join("plugin"));
         let handle = KubeletPlugin::start(config, Arc::clone(&service), std::future::pending())
