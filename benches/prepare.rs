@@ -189,42 +189,57 @@ fn prepare_benches(c: &mut Criterion) {
     } else {
         std::env::var("NETCLAIM_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(60)
     };
-    let mut floor_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(state_dir.join("fdatasync-floor"))
-        .unwrap();
-    let (mut fsync, mut read, mut new, mut repeat) = (vec![], vec![], vec![], vec![]);
-    let mut empty = vec![];
-    let (mut read100, mut new100) = (vec![], vec![]);
-    for round in 0..rounds {
-        for turn in 0..4 {
-            match (round + turn) % 4 {
-                0 => fsync.push(durable_append(&mut floor_file)),
-                1 => {
-                    let claim = rt.block_on(claims.allocate(1));
-                    read.push(rt.block_on(reads(&reader, &claim)));
-                    new.push(kubelet.block_on(prepare(client, &claim)));
-                    kubelet.block_on(release(client, claims, &claim));
+    let sides = Sides { rt: &rt, kubelet: &kubelet, client, claims, reader: &reader };
+    report(state_dir.as_path(), &sides.rounds(rounds, repeated, &state_dir));
+    rt.block_on(plugin.stop());
+}
+
+/// The runtimes, clients and claims the interleaved rounds use.
+struct Sides<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    kubelet: &'a tokio::runtime::Runtime,
+    client: &'a DraClient,
+    claims: &'a Claims,
+    reader: &'a KubeClaims,
+}
+
+impl Sides<'_> {
+    /// Each sequence next to its floors, the order rotating every round.
+    fn rounds(&self, rounds: usize, repeated: &[ResourceClaim], state_dir: &Path) -> Medians {
+        let mut floor_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(state_dir.join("fdatasync-floor"))
+            .unwrap();
+        let (mut fsync, mut read, mut new, mut repeat) = (vec![], vec![], vec![], vec![]);
+        let mut empty = vec![];
+        let (mut read100, mut new100) = (vec![], vec![]);
+        for round in 0..rounds {
+            for turn in 0..4 {
+                match (round + turn) % 4 {
+                    0 => fsync.push(durable_append(&mut floor_file)),
+                    1 => {
+                        let claim = self.rt.block_on(self.claims.allocate(1));
+                        read.push(self.rt.block_on(reads(self.reader, &claim)));
+                        new.push(self.kubelet.block_on(prepare(self.client, &claim)));
+                        self.kubelet.block_on(release(self.client, self.claims, &claim));
+                    }
+                    2 => {
+                        repeat.push(self.kubelet.block_on(prepare(self.client, repeated)));
+                        empty.push(self.kubelet.block_on(prepare(self.client, &[])));
+                    }
+                    // A 100-claim call every fourth round: each allocates 200 API objects.
+                    _ if round % 4 == 0 => {
+                        let batch = self.rt.block_on(self.claims.allocate(100));
+                        read100.push(self.rt.block_on(reads(self.reader, &batch)));
+                        new100.push(self.kubelet.block_on(prepare(self.client, &batch)));
+                        self.kubelet.block_on(release(self.client, self.claims, &batch));
+                    }
+                    _ => {}
                 }
-                2 => {
-                    repeat.push(kubelet.block_on(prepare(client, repeated)));
-                    empty.push(kubelet.block_on(prepare(client, &[])));
-                }
-                // A 100-claim call every fourth round: each allocates 200 API objects.
-                _ if round % 4 == 0 => {
-                    let batch = rt.block_on(claims.allocate(100));
-                    read100.push(rt.block_on(reads(&reader, &batch)));
-                    new100.push(kubelet.block_on(prepare(client, &batch)));
-                    kubelet.block_on(release(client, claims, &batch));
-                }
-                _ => {}
             }
         }
-    }
-    report(
-        state_dir.as_path(),
-        &Medians {
+        Medians {
             fsync: median(&fsync),
             read: median(&read),
             new: median(&new),
@@ -233,9 +248,8 @@ fn prepare_benches(c: &mut Criterion) {
             read100: median(&read100),
             new100: median(&new100),
             rounds,
-        },
-    );
-    rt.block_on(plugin.stop());
+        }
+    }
 }
 
 /// Medians of the interleaved rounds.
