@@ -24,14 +24,15 @@ fn cri_protos() {
         .expect("tonic codegen failed on proto/cri/api.proto");
 }
 
-/// Kubelet plugin registration v1, DRA v1 and v1beta1, and DRA health v1alpha1
+/// Kubelet plugin registration v1, DRA v1 and v1beta1, and DRA health v1 and v1alpha1
 /// (`src/kubelet/`). Parsed with `protox` (pure Rust) so a fresh machine needs no `protoc`;
 /// the generated code lands in `$OUT_DIR/kubelet_protos.rs` as one module tree.
 fn kubelet_protos() {
-    const PROTOS: [&str; 4] = [
+    const PROTOS: [&str; 5] = [
         "proto/pluginregistration/v1/registration.proto",
         "proto/dra/v1/dra.proto",
         "proto/dra/v1beta1/dra.proto",
+        "proto/dra-health/v1/health.proto",
         "proto/dra-health/v1alpha1/health.proto",
     ];
     for proto in PROTOS {

@@ -7,8 +7,9 @@
 //! handled in `attach`), the driver attaches the planned interfaces with netlink (`podnet`,
 //! `host`) and reports the result in the claim status (`k8s`).
 //!
-//! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`) does no I/O; adapters
-//! (`host`, `k8s`, `kubelet`, `store`, `cdi`) sit at the edge; `node` wires them together.
+//! The core (`model`, `inventory`, `claims`, `ipam`, `podnet::plan`, `health`) does no I/O;
+//! adapters (`host`, `k8s`, `kubelet`, `store`, `cdi`) sit at the edge; `node` wires them
+//! together.
 
 // Dependencies that nothing imports are caught at the crate roots (the lint misfires in test
 // crates, which see the dev-dependencies too).
@@ -24,6 +25,7 @@ pub mod cli;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod failpoints;
+pub mod health;
 pub mod host;
 pub mod inventory;
 pub mod ipam;

@@ -75,5 +75,6 @@ fn version(out: &mut std::io::StdoutLock<'static>) -> anyhow::Result<()> {
     writeln!(out, "netclaim {}", env!("CARGO_PKG_VERSION"))?;
     writeln!(out, "resource API: resource.k8s.io/v1 (Kubernetes 1.34+)")?;
     writeln!(out, "kubelet plugin API: v1.DRAPlugin, v1beta1.DRAPlugin")?;
+    writeln!(out, "device health API: v1.DRAResourceHealth, v1alpha1.DRAResourceHealth")?;
     Ok(())
 }

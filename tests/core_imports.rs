@@ -1,5 +1,5 @@
-//! The core does no I/O and owns its ports (DESIGN §9): `model`, `inventory`, `claims`, `ipam`
-//! and `podnet::plan` must not reach an adapter of this crate (`host`, `k8s`, `kubelet`,
+//! The core does no I/O and owns its ports (DESIGN §9): `model`, `inventory`, `claims`, `ipam`,
+//! `podnet::plan` and `health` must not reach an adapter of this crate (`host`, `k8s`, `kubelet`,
 //! `node`, `store`, `cdi`, `attach`, `dev`, `controller`, `cli`) nor a crate that talks to the kernel
 //! or the cluster (kube, tonic, ttrpc, rtnetlink, netlink-*, nix, aya), nor `std::fs`.
 //!
@@ -25,6 +25,7 @@ const CORE_ROOTS: &[&str] = &[
     "src/claims/mod.rs",
     "src/ipam/mod.rs",
     "src/podnet/plan.rs",
+    "src/health/mod.rs",
 ];
 
 /// One forbidden import: where and what.

@@ -164,7 +164,12 @@ async fn grpc_go_registers_the_driver_and_reaches_both_dra_versions() {
     assert_eq!(info["endpoint"], handle.dra_socket().to_str().unwrap());
     assert_eq!(
         info["supported_versions"],
-        serde_json::json!(["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+        serde_json::json!([
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ])
     );
     assert_eq!(run.calls("NotifyRegistrationStatus")[0]["ok"], true);
 

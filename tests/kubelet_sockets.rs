@@ -123,7 +123,15 @@ async fn registration_socket_accepts_grpc_go_authorities_and_reports_the_driver(
             assert_eq!(info.r#type, "DRAPlugin");
             assert_eq!(info.name, DRIVER);
             assert_eq!(info.endpoint, dirs.plugin.join("dra.sock").to_str().unwrap());
-            assert_eq!(info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+            assert_eq!(
+                info.supported_versions,
+                [
+                    "v1.DRAPlugin",
+                    "v1beta1.DRAPlugin",
+                    "v1.DRAResourceHealth",
+                    "v1alpha1.DRAResourceHealth"
+                ]
+            );
         }
         let status = RegistrationStatus { plugin_registered: true, error: String::new() };
         expect_ok(

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::health::MovedNic;
 use crate::podnet::{AttachPlan, AttachedInterface};
 
 /// Where a pod's interfaces stand.
@@ -80,6 +81,24 @@ impl PodAttachment {
                     .any(|s| matches!(s, crate::podnet::plan::Step::MoveIntoPod { .. }))
             })
             .map(|d| d.plan.host_device.as_str())
+    }
+
+    /// The moved NICs with where they are inside the pod (for device health), keyed by host
+    /// interface name.
+    pub fn moved_nics(&self) -> impl Iterator<Item = (String, MovedNic)> + '_ {
+        self.devices.iter().flat_map(move |d| {
+            d.plan.steps.iter().filter_map(move |step| match step {
+                crate::podnet::plan::Step::MoveIntoPod { host_name, pod_name, .. } => Some((
+                    host_name.clone(),
+                    MovedNic {
+                        netns: self.netns.clone(),
+                        pod: format!("{}/{}", self.pod_namespace, self.pod_name),
+                        if_name: pod_name.clone(),
+                    },
+                )),
+                _ => None,
+            })
+        })
     }
 
     /// Whether the record has an interface for `(claim_uid, request)`.

@@ -2,7 +2,7 @@
 //! pod's planned interfaces into its netns (undoing them on failure), detaching them at stop,
 //! remove and unprepare, and the set of host NICs currently moved into pods.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,7 @@ use super::{
     NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
 };
 use crate::claims::PreparedClaim;
+use crate::health::MovedNic;
 use crate::metrics::{Metrics, ModeLabel, NriEventLabels};
 use crate::model::cause::{Cause, cause};
 use crate::podnet::{PodNetns, VlanUsers, attach, detach, quiesce};
@@ -89,6 +90,8 @@ pub struct AttachService<C, N, S, W> {
     pub(super) inner: Arc<Mutex<Inner>>,
     pub(super) gates: Arc<Gates>,
     pub(super) moved: watch::Sender<BTreeSet<String>>,
+    /// The same NICs with their pod netns and pod-side name (device health watches them).
+    pub(super) moved_nics: watch::Sender<BTreeMap<String, MovedNic>>,
     /// Set by the first `Synchronize`: only then is the set of running pods known.
     pub(super) synchronized: std::sync::atomic::AtomicBool,
     /// Woken after each `Synchronize`, for the sweep of claims gone from the API.
@@ -135,6 +138,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             inner: Arc::new(Mutex::new(Inner::default())),
             gates: Arc::new(Gates::default()),
             moved: watch::Sender::new(BTreeSet::new()),
+            moved_nics: watch::Sender::new(BTreeMap::new()),
             synchronized: std::sync::atomic::AtomicBool::new(false),
             sweep_due: tokio::sync::Notify::new(),
             reconciles: super::reconcile::Reconciles::default(),
@@ -158,6 +162,13 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         self.moved.subscribe()
     }
 
+    /// NICs currently moved into pods with their pod netns and pod-side name, by host
+    /// interface name (for device health); changes together with [`Self::moved_devices`].
+    #[must_use]
+    pub fn moved_nics(&self) -> watch::Receiver<BTreeMap<String, MovedNic>> {
+        self.moved_nics.subscribe()
+    }
+
     /// The record of pod `pod_uid`, if any.
     #[must_use]
     pub fn attachment(&self, pod_uid: &str) -> Option<PodAttachment> {
@@ -175,6 +186,17 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         self.moved.send_if_modified(|current| {
             let changed = *current != moved;
             *current = moved;
+            changed
+        });
+        let nics: BTreeMap<String, MovedNic> = lock(&self.inner)
+            .pods
+            .values()
+            .filter(|p| p.state == AttachmentState::Attached)
+            .flat_map(PodAttachment::moved_nics)
+            .collect();
+        self.moved_nics.send_if_modified(|current| {
+            let changed = *current != nics;
+            *current = nics;
             changed
         });
     }

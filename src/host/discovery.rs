@@ -201,6 +201,8 @@ pub fn interface_from_link(link: &LinkMessage) -> Option<HostInterface> {
     })?;
     let mut interface = HostInterface::new(link.header.index, &name, 0);
     interface.loopback = link.header.flags.contains(LinkFlags::Loopback);
+    interface.admin_up = Some(link.header.flags.contains(LinkFlags::Up));
+    interface.lower_up = Some(link.header.flags.contains(LinkFlags::LowerUp));
     for attribute in &link.attributes {
         match attribute {
             LinkAttribute::Address(bytes) if bytes.iter().any(|b| *b != 0) => {

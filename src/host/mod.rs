@@ -13,5 +13,6 @@ pub mod discovery;
 pub mod link_events;
 pub mod netlink;
 pub mod netns;
+pub mod pod_links;
 pub mod pod_netns;
 pub mod sysfs;

@@ -96,7 +96,7 @@ pub async fn loopback_up(path: &Path) -> Result<(), LinkOpError> {
 /// That it is a *network* namespace is checked by `setns(CLONE_NEWNET)`, which the kernel
 /// refuses with `EINVAL` for any other kind (the same check as `NS_GET_NSTYPE`, without an
 /// unsafe ioctl).
-fn open_netns_file(path: &Path) -> Result<File, LinkOpError> {
+pub(super) fn open_netns_file(path: &Path) -> Result<File, LinkOpError> {
     let display = || path.display().to_string();
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -119,7 +119,7 @@ fn open_netns_file(path: &Path) -> Result<File, LinkOpError> {
 
 /// Whether two open files are the same namespace (same device and inode, as `ip netns
 /// identify` compares them).
-fn same_namespace(a: &File, b: &File) -> Result<bool, nix::Error> {
+pub(super) fn same_namespace(a: &File, b: &File) -> Result<bool, nix::Error> {
     let (a, b) = (nix::sys::stat::fstat(a)?, nix::sys::stat::fstat(b)?);
     Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
 }

@@ -14,6 +14,7 @@ use std::future::Future;
 
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use tokio::sync::watch;
 
 use super::slices::{PoolIdentity, build_slices, exclusive_device_from_api};
 use super::{Inventory, Selection, SharingMode};
@@ -95,6 +96,8 @@ pub struct Publisher<A> {
     /// source for devices that were already inside a pod when the daemon (re)started.
     found_at_start: Vec<Device>,
     capacity_drop_reported: bool,
+    /// The devices of the pool as last computed (for device health).
+    devices: watch::Sender<Vec<Device>>,
 }
 
 impl<A: SliceApi> Publisher<A> {
@@ -125,7 +128,25 @@ impl<A: SliceApi> Publisher<A> {
             moved: BTreeSet::new(),
             found_at_start: Vec::new(),
             capacity_drop_reported: false,
+            devices: watch::Sender::new(Vec::new()),
         }
+    }
+
+    /// The devices this node publishes, updated at each [`Self::sync`] as soon as they are
+    /// computed (before the API writes, so device health does not wait for the API server).
+    #[must_use]
+    pub fn devices(&self) -> watch::Receiver<Vec<Device>> {
+        self.devices.subscribe()
+    }
+
+    fn announce(&self, devices: &[Device]) {
+        self.devices.send_if_modified(|current| {
+            let changed = current.as_slice() != devices;
+            if changed {
+                *current = devices.to_vec();
+            }
+            changed
+        });
     }
 
     /// The port, for callers that need it (tests).
@@ -216,6 +237,7 @@ impl<A: SliceApi> Publisher<A> {
             self.refresh_retained();
         }
         let devices = self.devices_for(interfaces);
+        self.announce(&devices);
         let changed = self.published_devices.as_ref() != Some(&devices);
         if !changed && !force {
             return Ok(SyncReport {
@@ -234,6 +256,7 @@ impl<A: SliceApi> Publisher<A> {
         {
             self.selection = self.selection.clone().with_sharing_mode(SharingMode::Slots);
             let devices = self.devices_for(interfaces);
+            self.announce(&devices);
             self.pool.generation += 1;
             let again = self.write(&devices).await?;
             report.applied += again.applied;

@@ -1,13 +1,15 @@
 //! Kubelet plugin adapter: plugin registration and the DRA gRPC services on Unix sockets.
 //!
 //! [`KubeletPlugin::start`] binds `<plugin-dir>/dra.sock` (DRA `v1` and `v1beta1`, answered by
-//! a [`ClaimPreparer`]) and then `<registry-dir>/<driver>-reg.sock` (registration), in that
+//! a [`ClaimPreparer`]; device health `v1` and `v1alpha1`, streamed from a [`HealthReport`]
+//! watch) and then `<registry-dir>/<driver>-reg.sock` (registration), in that
 //! order: kubelet connects to the DRA socket as soon as registration succeeds. Both sockets
 //! accept any `:authority` kubelet's grpc-go sends ([`authority`]), are mode 0600 in 0700
 //! directories, replace stale sockets at start and are removed on shutdown.
 
 pub mod authority;
 pub mod dra;
+pub mod health;
 pub mod metered;
 pub mod proto;
 pub mod registration;
@@ -24,7 +26,9 @@ use tokio::task::JoinHandle;
 pub use authority::{AuthorityRewriteError, ClientStreamRewriter};
 
 use crate::claims::ClaimPreparer;
+use crate::health::HealthReport;
 use dra::DraService;
+use health::{HealthService, HealthStreamSettings};
 use registration::{RegistrationSettings, run_registration};
 use transport::{adapted_incoming, bind_private_socket, create_private_dir, remove_socket_if_ours};
 
@@ -138,11 +142,18 @@ pub struct KubeletPluginConfig {
     pub reregister_delay: Duration,
     /// Deadline for one prepare/unprepare call; below kubelet's own 45 s.
     pub call_timeout: Duration,
+    /// The device health report the health streams send (DESIGN §5 item 8). [`Self::new`]
+    /// sets one without devices.
+    pub health: watch::Receiver<HealthReport>,
+    /// Pacing of the health streams: re-sent at least every 10 s, each device valid for
+    /// 30 s (kubelet shows it Unknown after that).
+    pub health_stream: HealthStreamSettings,
 }
 
 impl KubeletPluginConfig {
     /// Settings with the production defaults: a 1 s socket check, a 1 s initial
-    /// re-registration delay and a 40 s call deadline.
+    /// re-registration delay, a 40 s call deadline, and health re-sent every 10 s with a
+    /// 30 s timeout (of a report without devices until [`Self::with_health`]).
     pub fn new(
         driver_name: impl Into<String>,
         registry_dir: impl Into<PathBuf>,
@@ -155,7 +166,16 @@ impl KubeletPluginConfig {
             socket_check_interval: Duration::from_secs(1),
             reregister_delay: Duration::from_secs(1),
             call_timeout: Duration::from_secs(40),
+            health: watch::channel(HealthReport::default()).1,
+            health_stream: HealthStreamSettings::default(),
         }
+    }
+
+    /// The same settings streaming `health` to kubelet.
+    #[must_use]
+    pub fn with_health(mut self, health: watch::Receiver<HealthReport>) -> Self {
+        self.health = health;
+        self
     }
 
     /// `<registry-dir>/<driver>-reg.sock`.
@@ -200,6 +220,7 @@ impl KubeletPluginConfig {
         for (field, value) in [
             ("socket-check-interval", self.socket_check_interval),
             ("call-timeout", self.call_timeout),
+            ("health-resend-interval", self.health_stream.resend_interval),
         ] {
             if value.is_zero() {
                 return Err(KubeletError::InvalidConfig {
@@ -207,6 +228,17 @@ impl KubeletPluginConfig {
                     reason: "must be positive".into(),
                 });
             }
+        }
+        // A report re-sent less often than kubelet's timeout would flap to Unknown between
+        // two sends.
+        if self.health_stream.check_timeout <= self.health_stream.resend_interval {
+            return Err(KubeletError::InvalidConfig {
+                field: "health-check-timeout",
+                reason: format!(
+                    "{:?} must be longer than the resend interval {:?}",
+                    self.health_stream.check_timeout, self.health_stream.resend_interval
+                ),
+            });
         }
         Ok(())
     }
@@ -242,6 +274,9 @@ impl KubeletPlugin {
         });
 
         let service = DraService::new(preparer, config.call_timeout);
+        // Health streams never end by themselves: they end at stop, before the drain below.
+        let health =
+            HealthService::new(config.health.clone(), config.health_stream, stop_rx.clone());
         let dra_path = dra_socket.clone();
         let mut dra_stop = stop_rx.clone();
         // In-flight calls may take up to the call deadline; a client that never lets the
@@ -252,6 +287,8 @@ impl KubeletPlugin {
             let server = tonic::transport::Server::builder()
                 .add_service(service.v1_server())
                 .add_service(service.v1beta1_server())
+                .add_service(health.v1_server())
+                .add_service(health.v1alpha1_server())
                 .serve_with_incoming_shutdown(adapted_incoming(dra_listener), async {
                     let _ = stopped_rx.await;
                 });

@@ -25,9 +25,12 @@ use super::transport::{
 
 /// `PluginInfo.type` of DRA drivers.
 pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
-/// DRA services we serve, in our order of preference (kubelet ≥ 1.34 takes the first one it
-/// supports; 1.32/1.33 only know v1beta1).
-pub const SUPPORTED_DRA_SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// DRA services we serve, in our order of preference (kubelet ≥ 1.34 takes the first
+/// `DRAPlugin` entry it supports; 1.32/1.33 only know v1beta1), then the device health
+/// services (DESIGN §1): kubelet 1.37+ opens the health stream only when one is advertised
+/// and prefers v1; 1.34–1.36 call v1alpha1.
+pub const SUPPORTED_DRA_SERVICES: [&str; 4] =
+    ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
 /// How long a registration server may take to finish in-flight calls when it is replaced or
 /// stopped; kubelet closes its registration connection after each attempt.
 const SERVER_DRAIN: Duration = Duration::from_secs(5);

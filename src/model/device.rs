@@ -31,6 +31,11 @@ pub struct HostInterface {
     pub oper_state: OperState,
     /// Carrier detected (`IFLA_CARRIER`).
     pub carrier: Option<bool>,
+    /// Administratively up (`IFF_UP`); `None` when not reported.
+    pub admin_up: Option<bool>,
+    /// The driver signals a working lower layer (`IFF_LOWER_UP`, the carrier as the link
+    /// flags carry it); `None` when not reported.
+    pub lower_up: Option<bool>,
     /// The bond or bridge this interface is enslaved to (`IFLA_MASTER`).
     pub controller: Option<Controller>,
     /// The interface carries a default route (IPv4 or IPv6, main table).
@@ -56,6 +61,8 @@ impl HostInterface {
             kind: None,
             oper_state: OperState::Unknown,
             carrier: None,
+            admin_up: None,
+            lower_up: None,
             controller: None,
             has_default_route: false,
             global_addresses: Vec::new(),

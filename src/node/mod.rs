@@ -1,7 +1,8 @@
 //! `netclaim node`: the node daemon's composition root. Builds the adapters, runs the
 //! ResourceSlice publisher with its triggers (netlink events, slice watch), loads the
-//! prepared claims and pod attachments, serves kubelet's DRA calls, runs the NRI plugin that
-//! attaches pod interfaces, serves metrics, and shuts down on SIGTERM/SIGINT.
+//! prepared claims and pod attachments, serves kubelet's DRA calls and the device health
+//! streams (fed by the health monitor), runs the NRI plugin that attaches pod interfaces,
+//! serves metrics, and shuts down on SIGTERM/SIGINT.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,10 +19,12 @@ use crate::attach::{AttachService, DetachingPreparer, WithDeviceMetadata, plugin
 use crate::cdi::LocalFiles;
 use crate::claims::metadata::{DeviceMetadata, MetadataLayout};
 use crate::claims::{ClaimService, ServiceIdentity};
+use crate::health::{self as device_health, HealthReport, MonitorInputs, MonitorSettings};
 use crate::host::device_lookup::DiscoveredDevices;
 use crate::host::discovery::HostInterfaces;
 use crate::host::link_events;
 use crate::host::netlink::HostNetlink;
+use crate::host::pod_links::{PodLinkError, PodLinkWatcher};
 use crate::host::sysfs::Sysfs;
 use crate::inventory::publish::{self, Publisher, RequestedSharing, Triggers};
 use crate::inventory::slices::PoolIdentity;
@@ -118,6 +121,9 @@ pub enum NodeError {
     /// The netlink event subscription failed.
     #[error("subscribing to netlink link events: {0}")]
     LinkEvents(#[source] std::io::Error),
+    /// Device health could not start.
+    #[error("device health: {0}")]
+    DeviceHealth(#[source] PodLinkError),
     /// Installing a signal handler failed.
     #[error("installing the {signal} handler: {source}")]
     Signal {
@@ -165,14 +171,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let clients = k8s::clients(config.kubeconfig.as_deref(), k8s::UNARY_READ_TIMEOUT).await?;
     let client = clients.unary.clone();
     let node_uid = node_uid(&client, &config.node_name).await;
-    let owner = node_uid.clone().map(|uid| OwnerReference {
-        api_version: "v1".to_owned(),
-        kind: "Node".to_owned(),
-        name: config.node_name.clone(),
-        uid,
-        controller: Some(true),
-        ..OwnerReference::default()
-    });
+    let owner = node_uid.clone().map(|uid| node_owner(&config.node_name, uid));
     // DESIGN §6, in this order: load the state; put host-side leftovers right (devices that
     // came back from pods destroyed while the daemon was down get their names back, VLAN
     // users are counted); publish; then register with kubelet and the runtime. Running pods
@@ -203,6 +202,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     };
     let publisher = Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
     let interfaces = HostInterfaces::new(Sysfs::new(&config.sysfs_root));
+    let reports = start_device_health(&config, &interfaces, &publisher, &attach_service, &stop)?;
     let publishing = publish::run(publisher, &interfaces, &events, triggers, &metrics, &health);
     tokio::pin!(publishing);
     let serving = async {
@@ -214,7 +214,8 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
                 "no publication yet; registering with kubelet anyway (prepared claims stay reachable)");
         }
         let kubelet =
-            start_kubelet_plugin(&config, &claims, &attach_service, &metrics, &stop).await?;
+            start_kubelet_plugin(&config, &claims, &attach_service, &metrics, reports, &stop)
+                .await?;
         let nri = start_nri(
             Arc::clone(&attach_service),
             Arc::clone(&claims),
@@ -299,12 +300,40 @@ async fn load_state(
     Ok((Arc::new(attach_service), claims, store))
 }
 
+/// Starts the device health monitor (DESIGN §5 item 8) over the devices `publisher` publishes,
+/// the host's links (a netlink subscription of its own, so health does not wait for the
+/// publisher's API writes) and the NICs inside pods; returns the reports the kubelet plugin
+/// streams. The monitor stops by itself when `stop` turns true.
+fn start_device_health(
+    config: &NodeConfig,
+    interfaces: &HostInterfaces,
+    publisher: &Publisher<KubeSlices>,
+    attach_service: &NodeAttach,
+    stop: &watch::Receiver<bool>,
+) -> Result<watch::Receiver<HealthReport>, NodeError> {
+    let (out, reports) = watch::channel(HealthReport::default());
+    tokio::spawn(device_health::run(
+        MonitorSettings::new(&config.node_name),
+        interfaces.clone(),
+        PodLinkWatcher::current().map_err(NodeError::DeviceHealth)?,
+        MonitorInputs {
+            devices: publisher.devices(),
+            moved: attach_service.moved_nics(),
+            link_changes: link_events::subscribe().map_err(NodeError::LinkEvents)?,
+            stop: stop.clone(),
+        },
+        out,
+    ));
+    Ok(reports)
+}
+
 /// Serves the kubelet sockets (registration last).
 async fn start_kubelet_plugin(
     config: &NodeConfig,
     claims: &Arc<NodeClaims>,
     attach_service: &Arc<NodeAttach>,
     metrics: &Arc<Metrics>,
+    health: watch::Receiver<HealthReport>,
     stop: &watch::Receiver<bool>,
 ) -> Result<KubeletPluginHandle, NodeError> {
     let gauge = {
@@ -321,7 +350,8 @@ async fn start_kubelet_plugin(
             &config.driver_name,
             &config.kubelet_registry_dir,
             &config.kubelet_plugin_dir,
-        ),
+        )
+        .with_health(health),
         preparer,
         async move {
             let _ignored = stopped.wait_for(|stopped| *stopped).await;
@@ -344,6 +374,18 @@ async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
             tracing::warn!(node, %err, "reading the Node failed; slices get no owner reference");
             None
         }
+    }
+}
+
+/// The Node as the controlling owner of our slices.
+fn node_owner(node: &str, uid: String) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Node".to_owned(),
+        name: node.to_owned(),
+        uid,
+        controller: Some(true),
+        ..OwnerReference::default()
     }
 }
 
