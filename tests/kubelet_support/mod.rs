@@ -63,6 +63,66 @@ impl RawGrpcClient {
     /// One unary call with the given `:authority`. The client's HPACK encoder indexes fields,
     /// so later calls on the same connection reference its dynamic table, like grpc-go.
     pub(crate) async fn call(&mut self, authority: &str, path: &str, message: &[u8]) -> Outcome {
+        let stream_id = self.send_request(authority, path, message).await;
+        tokio::time::timeout(Duration::from_secs(10), self.read_outcome(stream_id))
+            .await
+            .expect("server answered within 10 s")
+    }
+
+    /// Opens a server-streaming call with the given `:authority` and returns its first
+    /// message (the stream stays open), or how the call ended without one.
+    pub(crate) async fn first_streamed(
+        &mut self,
+        authority: &str,
+        path: &str,
+        message: &[u8],
+    ) -> Result<Vec<u8>, Outcome> {
+        let stream_id = self.send_request(authority, path, message).await;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let mut data = Vec::new();
+            loop {
+                let Some((ty, flags, sid, payload)) = self.read_frame().await else {
+                    panic!("connection closed before stream {stream_id} sent a message");
+                };
+                match ty {
+                    0x4 if flags & 0x1 == 0 => {
+                        self.stream.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap();
+                    }
+                    0x7 => {
+                        let code = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+                        return Err(Outcome::GoAway(code));
+                    }
+                    0x3 if sid == stream_id => {
+                        let code = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                        return Err(Outcome::Reset(code));
+                    }
+                    0x0 if sid == stream_id => {
+                        data.extend_from_slice(&payload);
+                        if data.len() >= 5 {
+                            let len = u32::from_be_bytes(data[1..5].try_into().unwrap());
+                            let end = 5 + usize::try_from(len).unwrap();
+                            if data.len() >= end {
+                                return Ok(data[5..end].to_vec());
+                            }
+                        }
+                    }
+                    0x1 if sid == stream_id && flags & 0x1 != 0 => {
+                        return Err(Outcome::Response {
+                            grpc_status: "headers ended the stream".into(),
+                            grpc_message: String::new(),
+                            message: data,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("server sent a message within 10 s")
+    }
+
+    /// Sends the HEADERS and the one DATA frame of a request; returns its stream id.
+    async fn send_request(&mut self, authority: &str, path: &str, message: &[u8]) -> u32 {
         let stream_id = self.next_stream;
         self.next_stream += 2;
         let headers: Vec<(&[u8], &[u8])> = vec![
@@ -89,9 +149,7 @@ impl RawGrpcClient {
         let mut out = frame(0x1, 0x4, stream_id, &block);
         out.extend(frame(0x0, 0x1, stream_id, &grpc));
         self.stream.write_all(&out).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.read_outcome(stream_id))
-            .await
-            .expect("server answered within 10 s")
+        stream_id
     }
 
     async fn read_frame(&mut self) -> Option<(u8, u8, u32, Vec<u8>)> {
