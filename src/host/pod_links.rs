@@ -2,7 +2,7 @@
 //! subscribed to link notifications, created on a dedicated OS thread that entered the pod's
 //! netns (the socket stays bound to that netns; no tokio worker calls `setns`), reading the
 //! link by its pod-side name at start, after every link notification and every
-//! [`RECHECK`] (notifications can be lost when the socket's buffer overflows). The socket is
+//! 10 s (notifications can be lost when the socket's buffer overflows). The socket is
 //! released when the monitor stops watching (the NIC left the pod).
 
 use std::fs::File;
