@@ -1,9 +1,12 @@
 //! Build script: generates Rust code from the project's own `.proto` files under `proto/`
-//! (the NRI protos live with the `nri-rs` crate).
+//! (the NRI protos live with the `nri-rs` crate), and compiles the eBPF counters under `bpf/`
+//! with clang into `$OUT_DIR` (the daemon embeds the object).
 //!
 //! Each protocol has its own function so that modules can be merged independently.
 
 use std::env;
+use std::path::PathBuf;
+use std::process::Command;
 
 fn main() {
     // The CRI client serves only `netclaim dev` (the dev kubelet runs pods through containerd).
@@ -11,6 +14,38 @@ fn main() {
         cri_protos();
     }
     kubelet_protos();
+    bpf_objects();
+}
+
+/// `bpf/counters.c` → `$OUT_DIR/counters.bpf.o` (DESIGN §5 item 8). clang's BPF target with
+/// `-g`: aya needs the object's BTF for the BTF-style map definition. `NETCLAIM_CLANG` names
+/// another clang; `-I/usr/include/<multiarch>` is where Debian keeps `asm/types.h`, which
+/// the kernel's uapi headers include.
+fn bpf_objects() {
+    const SOURCE: &str = "bpf/counters.c";
+    println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-env-changed=NETCLAIM_CLANG");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR for build scripts"))
+        .join("counters.bpf.o");
+    let clang = env::var("NETCLAIM_CLANG").unwrap_or_else(|_| "clang".to_owned());
+    let multiarch = format!(
+        "/usr/include/{}-linux-gnu",
+        env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".to_owned())
+    );
+    let status = Command::new(&clang)
+        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+        .arg(format!("-I{multiarch}"))
+        .args(["-c", SOURCE, "-o"])
+        .arg(&out)
+        .status();
+    match status {
+        Ok(status) if status.success() => {}
+        Ok(status) => panic!("{clang} failed on {SOURCE} ({status})"),
+        Err(err) => panic!(
+            "cannot run {clang} to build {SOURCE}: {err}; install clang and libbpf-dev \
+             (scripts/setup/00-base.sh) or point NETCLAIM_CLANG at a clang with the BPF target"
+        ),
+    }
 }
 
 /// CRI (`src/dev/cri.rs`): tonic client from `proto/cri/api.proto`, compiled with protox (no protoc).

@@ -35,5 +35,6 @@ pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod podnet;
+pub mod stats;
 pub mod store;
 pub mod telemetry;

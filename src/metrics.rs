@@ -17,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::model::stats::{Direction, InterfaceStats, PROTOCOLS};
+
 /// Label set `{result}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -101,6 +103,9 @@ pub struct Metrics {
     pub nri_events: Family<NriEventLabels, Counter>,
     /// `netclaim_ipam_addresses{pool,state}`.
     pub ipam_addresses: Family<IpamLabels, Gauge>,
+    /// `netclaim_interface_{rx,tx}_{bytes,packets,dropped}_total` and
+    /// `netclaim_interface_protocol_packets_total`, from the last collection.
+    pub interface_traffic: Arc<InterfaceTraffic>,
 }
 
 impl Default for Metrics {
@@ -188,6 +193,8 @@ impl Metrics {
             "Addresses of node-local pools by state",
             ipam_addresses.clone(),
         );
+        let interface_traffic = Arc::new(InterfaceTraffic::default());
+        registry.register_collector(Box::new(Arc::clone(&interface_traffic)));
         Self {
             registry,
             devices_published,
@@ -203,6 +210,7 @@ impl Metrics {
             detach_duration,
             nri_events,
             ipam_addresses,
+            interface_traffic,
         }
     }
 
@@ -224,6 +232,97 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _infallible = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+}
+
+/// Labels `{namespace,pod,claim,interface}` of one attached pod interface.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceLabels {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The claim's name.
+    pub claim: String,
+    /// The pod-side interface name.
+    pub interface: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabels {
+    namespace: String,
+    pod: String,
+    claim: String,
+    interface: String,
+    direction: &'static str,
+    protocol: &'static str,
+}
+
+/// Per-interface traffic counters as last collected: a collector encoded at each scrape, so
+/// the series of an interface that went disappear with it (the snapshot is replaced whole).
+#[derive(Debug, Default)]
+pub struct InterfaceTraffic {
+    samples: std::sync::RwLock<Vec<(InterfaceLabels, InterfaceStats)>>,
+}
+
+impl InterfaceTraffic {
+    /// Replaces the snapshot.
+    pub fn replace(&self, samples: Vec<(InterfaceLabels, InterfaceStats)>) {
+        *self.samples.write().unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
+    }
+}
+
+impl prometheus_client::collector::Collector for InterfaceTraffic {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        use prometheus_client::metrics::counter::ConstCounter;
+
+        type Field = fn(&InterfaceStats) -> u64;
+        let samples = self.samples.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let families: [(&str, &str, Field); 6] = [
+            ("interface_rx_bytes", "Bytes received by a pod interface", |s| s.rx.bytes),
+            ("interface_rx_packets", "Packets received by a pod interface", |s| s.rx.packets),
+            ("interface_rx_dropped", "Received packets the kernel dropped", |s| s.rx_dropped),
+            ("interface_tx_bytes", "Bytes sent by a pod interface", |s| s.tx.bytes),
+            ("interface_tx_packets", "Packets sent by a pod interface", |s| s.tx.packets),
+            ("interface_tx_dropped", "Sent packets the kernel dropped", |s| s.tx_dropped),
+        ];
+        for (name, help, field) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (labels, stats) in samples.iter() {
+                ConstCounter::new(field(stats)).encode(family.encode_family(labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "interface_protocol_packets",
+            "Packets of a pod interface by direction and L4 protocol",
+            None,
+            MetricType::Counter,
+        )?;
+        for (labels, stats) in samples.iter() {
+            for direction in [Direction::Rx, Direction::Tx] {
+                for protocol in PROTOCOLS {
+                    let set = ProtocolLabels {
+                        namespace: labels.namespace.clone(),
+                        pod: labels.pod.clone(),
+                        claim: labels.claim.clone(),
+                        interface: labels.interface.clone(),
+                        direction: direction.as_str(),
+                        protocol,
+                    };
+                    ConstCounter::new(stats.direction(direction).protocol(protocol))
+                        .encode(family.encode_family(&set)?)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -374,5 +473,48 @@ mod tests {
         assert_eq!(health.readiness(), Err("state: the journal refuses writes".to_owned()));
         broken.store(false, Ordering::Relaxed);
         assert_eq!(health.readiness(), Ok(()));
+    }
+
+    #[test]
+    fn interface_series_follow_the_snapshot() {
+        use crate::model::stats::{DirectionCounters, InterfaceStats};
+
+        let metrics = super::Metrics::new();
+        let labels = super::InterfaceLabels {
+            namespace: "default".to_owned(),
+            pod: "web-0".to_owned(),
+            claim: "web-0-net".to_owned(),
+            interface: "net1".to_owned(),
+        };
+        let stats = InterfaceStats {
+            rx: DirectionCounters {
+                bytes: 980,
+                packets: 10,
+                icmp: 7,
+                other: 3,
+                ..Default::default()
+            },
+            tx: DirectionCounters { bytes: 1140, packets: 12, udp: 2, ..Default::default() },
+            rx_dropped: 1,
+            tx_dropped: 4,
+        };
+        metrics.interface_traffic.replace(vec![(labels, stats)]);
+        let text = metrics.encode();
+        let series = r#"{namespace="default",pod="web-0",claim="web-0-net",interface="net1"}"#;
+        for (name, value) in [
+            ("netclaim_interface_rx_bytes_total", 980),
+            ("netclaim_interface_rx_packets_total", 10),
+            ("netclaim_interface_rx_dropped_total", 1),
+            ("netclaim_interface_tx_bytes_total", 1140),
+            ("netclaim_interface_tx_packets_total", 12),
+            ("netclaim_interface_tx_dropped_total", 4),
+        ] {
+            assert!(text.contains(&format!("{name}{series} {value}\n")), "{name} in:\n{text}");
+        }
+        assert!(text.contains(
+            r#"netclaim_interface_protocol_packets_total{namespace="default",pod="web-0",claim="web-0-net",interface="net1",direction="rx",protocol="icmp"} 7"#
+        ));
+        metrics.interface_traffic.replace(Vec::new());
+        assert!(!metrics.encode().contains("netclaim_interface_"), "series of a gone interface");
     }
 }

@@ -62,6 +62,16 @@ fn unknown_flags_and_bad_values_exit_2_with_one_line() {
         &netclaim(&["inventory", "--driver-name", "Bad_Driver"], &[]),
         &["Bad_Driver", "--driver-name"],
     );
+    for bad in ["5 minutes", "10d", "1.5s", "s"] {
+        assert_usage_error(
+            &netclaim(&["node", "--node-name", "n1", "--stats-interval", bad], &[]),
+            &[bad, "--stats-interval"],
+        );
+    }
+    assert_usage_error(
+        &netclaim(&["node", "--node-name", "n1", "--stats-hook", "xdp"], &[]),
+        &["xdp", "--stats-hook"],
+    );
 }
 
 #[test]

@@ -131,6 +131,20 @@ struct Cluster {
     /// The kubeconfig the daemon uses (the API server's own unless a test puts a proxy
     /// between them).
     node_kubeconfig: Option<PathBuf>,
+    /// A bpffs of the test's own when the scenario turns traffic counters on (otherwise the
+    /// daemon runs with `--bpffs=` and hooks nothing).
+    bpffs: Option<PrivateBpffs>,
+}
+
+/// A bpffs mounted in the test's dir, unmounted on drop.
+struct PrivateBpffs {
+    path: PathBuf,
+}
+
+impl Drop for PrivateBpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").args(["-l"]).arg(&self.path).status();
+    }
 }
 
 impl Cluster {
@@ -154,6 +168,7 @@ impl Cluster {
             node_starts: AtomicU32::new(0),
             node_binary: PathBuf::from(NETCLAIM),
             node_kubeconfig: None,
+            bpffs: None,
         }
     }
 
@@ -187,6 +202,15 @@ impl Cluster {
         std::fs::read_to_string(self.dir().join(format!("node{n}.log"))).unwrap_or_default()
     }
 
+    /// Turns traffic counters on for the next [`Self::start_node`]: a bpffs of the test's
+    /// own and the status refreshed every second.
+    fn enable_stats(&mut self) {
+        let path = self.dir().join("bpf");
+        std::fs::create_dir_all(&path).unwrap();
+        support::run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()]);
+        self.bpffs = Some(PrivateBpffs { path });
+    }
+
     /// Starts `netclaim node` publishing `shared` as shared parents and `include` as
     /// exclusive devices, connected to our containerd's NRI socket.
     fn start_node(&mut self, shared: &str, include: &str) {
@@ -216,6 +240,15 @@ impl Cluster {
             "--include-interfaces".into(),
             include.into(),
         ];
+        match &self.bpffs {
+            Some(bpffs) => self.node_args.extend([
+                "--bpffs".into(),
+                bpffs.path.display().to_string(),
+                "--stats-interval".into(),
+                "1s".into(),
+            ]),
+            None => self.node_args.push("--bpffs=".into()),
+        }
         if !shared.is_empty() {
             self.node_args.extend(["--shared-parents".into(), shared.into()]);
         }
@@ -1616,6 +1649,107 @@ fn a_container_reads_its_interface_from_the_device_metadata_file(runtime: Runtim
     });
 }
 
+/// `data.stats` of `claim`'s entry once `check` accepts it.
+async fn wait_stats(cluster: &Cluster, claim: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let claims = cluster.claims();
+    let started = Instant::now();
+    loop {
+        let current = claims.get(claim).await.unwrap();
+        let stats = current
+            .status
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .and_then(|d| d.iter().find(|e| e.driver == DRIVER))
+            .and_then(|e| e.data.as_ref())
+            .and_then(|d| d.0.get("stats").cloned());
+        if let Some(stats) = stats.filter(|s| check(s)) {
+            return stats;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "claim {claim}: no matching data.stats: {:#?}\nnode log:\n{}",
+            current.status,
+            cluster.node_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn traffic_between_two_pods_shows_in_both_claims_and_in_metrics(runtime: Runtime) {
+    run_e2e(runtime, |cluster| {
+        Box::pin(async move {
+            cluster.enable_stats();
+            let (_parent, class) = cluster.node_with_device("s0", "s1", 1500, "macvlan").await;
+            let pool: IpNetwork = "10.77.9.0/24".parse().unwrap();
+            let pods = [PodSpec::new(&cluster.prefix, 0), PodSpec::new(&cluster.prefix, 1)];
+            let (claims, mut dra) =
+                cluster.prepared_claims(&pods, &class, &macvlan_config("10.77.9.0/24")).await;
+            let cri = cluster.cri().await;
+            let (a, _) = run_pod(cluster, &cri, &pods[0], 0).await.unwrap();
+            let (b, _) = run_pod(cluster, &cri, &pods[1], 0).await.unwrap();
+            let (b_ips, _) = wait_ready_status(cluster, &pods[1].claim, &pool).await;
+            wait_ready_status(cluster, &pods[0].claim, &pool).await;
+            // Counters hook on after the answer: wait until both interfaces carry them before
+            // the traffic that must be counted.
+            let bpffs =
+                cluster.bpffs.as_ref().unwrap().path.join("netclaim").join(&cluster.node_name);
+            wait_until("counters pinned for both pods", cluster, || async {
+                [&pods[0].uid, &pods[1].uid]
+                    .iter()
+                    .all(|uid| bpffs.join(uid.as_str()).join(POD_IFNAME).join("counters").exists())
+            })
+            .await;
+            let ping = Command::new("nsenter")
+                .arg(format!("--net={}", a.netns_path()))
+                .args(["ping", "-q", "-c", "10", "-i", "0.05", "-W", "2"])
+                .arg(b_ips[0].ip().to_string())
+                .output()
+                .unwrap();
+            assert!(ping.status.success(), "ping a -> b: {ping:?}");
+
+            let sent = wait_stats(cluster, &pods[0].claim, |s| {
+                s["protocols"]["icmp"]["txPackets"].as_u64() >= Some(10)
+            })
+            .await;
+            let got = wait_stats(cluster, &pods[1].claim, |s| {
+                s["protocols"]["icmp"]["rxPackets"].as_u64() >= Some(10)
+            })
+            .await;
+            eprintln!("a: {sent}\nb: {got}");
+            assert!(sent["txBytes"].as_u64().unwrap() >= 10 * 84, "{sent}");
+            assert!(got["txPackets"].as_u64().unwrap() >= 10, "b answered: {got}");
+            assert!(sent["collectedAt"].as_str().is_some_and(|t| t.ends_with('Z')), "{sent}");
+
+            let series = |pod: &PodSpec, claim: &str| {
+                format!(
+                    "netclaim_interface_tx_packets_total{{namespace=\"default\",pod=\"{}\",claim=\"{claim}\",interface=\"{POD_IFNAME}\"}}",
+                    pod.name
+                )
+            };
+            let a_series = series(&pods[0], &pods[0].claim);
+            wait_until("the traffic in /metrics", cluster, || async {
+                cluster.metric(&a_series).await >= 10.0
+            })
+            .await;
+
+            for pod in [&a, &b] {
+                stop_and_remove(&cri, pod).await;
+            }
+            drop((a, b));
+            wait_until("the series gone with the interfaces", cluster, || async {
+                !cluster.metrics_text().await.contains("netclaim_interface_tx_packets_total")
+            })
+            .await;
+            wait_until("the pins gone", cluster, || async {
+                std::fs::read_dir(&bpffs).map_or(0, Iterator::count) == 0
+            })
+            .await;
+            cluster.unprepare(&mut dra, &claims).await;
+            cluster.assert_state_empty();
+        })
+    });
+}
+
 /// Each scenario as a test on each runtime: `containerd_1_7::<name>`, `containerd_2_1::<name>`.
 macro_rules! on_each_runtime {
     ($($name:ident),* $(,)?) => {
@@ -1653,4 +1787,5 @@ on_each_runtime!(
     no_container_starts_while_the_pod_lacks_its_interface,
     a_claim_with_a_name_static_address_mtu_and_route_gets_exactly_that,
     a_container_reads_its_interface_from_the_device_metadata_file,
+    traffic_between_two_pods_shows_in_both_claims_and_in_metrics,
 );

@@ -23,6 +23,7 @@ use crate::health::MovedNic;
 use crate::metrics::{Metrics, ModeLabel, NriEventLabels};
 use crate::model::cause::{Cause, cause};
 use crate::podnet::{PodNetns, VlanUsers, attach, detach, quiesce};
+use crate::stats::{AttachedInterfaces, WatchedInterface};
 
 /// One async lock per pod UID in use, so the same pod is never worked on twice at once.
 #[derive(Default)]
@@ -92,6 +93,9 @@ pub struct AttachService<C, N, S, W> {
     pub(super) moved: watch::Sender<BTreeSet<String>>,
     /// The same NICs with their pod netns and pod-side name (device health watches them).
     pub(super) moved_nics: watch::Sender<BTreeMap<String, MovedNic>>,
+    /// Bumped whenever a pod record changes (cheap on the sandbox path); the stats service
+    /// then takes [`Self::attached_interfaces`] off that path.
+    pub(super) interfaces_version: watch::Sender<u64>,
     /// Set by the first `Synchronize`: only then is the set of running pods known.
     pub(super) synchronized: std::sync::atomic::AtomicBool,
     /// Woken after each `Synchronize`, for the sweep of claims gone from the API.
@@ -110,6 +114,19 @@ pub struct AttachService<C, N, S, W> {
 impl<C, N, S, W> std::fmt::Debug for AttachService<C, N, S, W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AttachService").field("driver", &self.driver).finish_non_exhaustive()
+    }
+}
+
+/// The stats service follows the attached interfaces through the service.
+impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachedInterfaces
+    for Arc<AttachService<C, N, S, W>>
+{
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.interface_changes()
+    }
+
+    fn snapshot(&self) -> Vec<WatchedInterface> {
+        self.attached_interfaces()
     }
 }
 
@@ -139,6 +156,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             gates: Arc::new(Gates::default()),
             moved: watch::Sender::new(BTreeSet::new()),
             moved_nics: watch::Sender::new(BTreeMap::new()),
+            interfaces_version: watch::Sender::new(0),
             synchronized: std::sync::atomic::AtomicBool::new(false),
             sweep_due: tokio::sync::Notify::new(),
             reconciles: super::reconcile::Reconciles::default(),
@@ -175,7 +193,54 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         lock(&self.inner).pods.get(pod_uid).cloned()
     }
 
+    /// Changes of the attached interfaces: a counter bumped on every pod record change.
+    #[must_use]
+    pub fn interface_changes(&self) -> watch::Receiver<u64> {
+        self.interfaces_version.subscribe()
+    }
+
+    /// Every interface attached now (records attached, with results), with the `stats`
+    /// setting of its claim's config.
+    #[must_use]
+    pub fn attached_interfaces(&self) -> Vec<WatchedInterface> {
+        let stats_off: BTreeSet<(String, String)> = self
+            .claims
+            .all_claims()
+            .into_iter()
+            .flat_map(|claim| {
+                claim
+                    .devices
+                    .into_iter()
+                    .filter(|d| !d.config.stats)
+                    .map(move |d| (claim.uid.clone(), d.request))
+            })
+            .collect();
+        let inner = lock(&self.inner);
+        inner
+            .pods
+            .values()
+            .filter(|record| record.state == AttachmentState::Attached)
+            .flat_map(|record| {
+                record.devices.iter().filter(|d| d.result.is_some()).map(|d| WatchedInterface {
+                    pod_uid: record.pod_uid.clone(),
+                    pod_namespace: record.pod_namespace.clone(),
+                    pod_name: record.pod_name.clone(),
+                    netns: record.netns.clone(),
+                    claim_uid: d.claim_uid.clone(),
+                    claim_name: d.claim_name.clone(),
+                    request: d.request.clone(),
+                    pool: d.pool.clone(),
+                    device: d.device.clone(),
+                    share_id: d.share_id.clone(),
+                    interface: d.plan.interface_name.clone(),
+                    stats: !stats_off.contains(&(d.claim_uid.clone(), d.request.clone())),
+                })
+            })
+            .collect()
+    }
+
     pub(super) fn refresh_moved(&self) {
+        self.interfaces_version.send_modify(|version| *version = version.wrapping_add(1));
         let moved: BTreeSet<String> = lock(&self.inner)
             .pods
             .values()

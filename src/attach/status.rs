@@ -16,9 +16,12 @@ use super::{
     PodClaims, REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
 };
 use crate::claims::PreparedClaim;
+use crate::metrics::InterfaceLabels;
 use crate::model::ClaimRef;
 use crate::model::cause::chain;
+use crate::model::stats::{InterfaceStats, StatsStatus};
 use crate::podnet::apply::AttachedInterface;
+use crate::stats::{StatsSink, WatchedInterface};
 
 /// The API server's limit on `status.devices[].data` (protocols.md §3.3).
 pub const MAX_DATA_BYTES: usize = 10 * 1024;
@@ -151,7 +154,19 @@ fn build_entry(
         observed_generation: generation,
     };
     let (network_data, data) = match outcome {
-        DeviceOutcome::Ready(iface) => (Some(network_data(iface)), Some(network_status(iface))),
+        DeviceOutcome::Ready(iface) => {
+            let mut data = network_status(iface);
+            // The counters stay until the stats service reports newer ones: a rebuilt entry
+            // of the same interface must not make them vanish between two collections.
+            if let (Some(old_data), serde_json::Value::Object(fields)) =
+                (old.and_then(|entry| entry.data.as_ref()), &mut data.0)
+                && old.and_then(interface_name) == Some(iface.name.as_str())
+                && let Some(stats) = old_data.0.get(STATS_FIELD)
+            {
+                fields.insert(STATS_FIELD.to_owned(), stats.clone());
+            }
+            (Some(network_data(iface)), Some(data))
+        }
         DeviceOutcome::Failed { .. } => (None, None),
     };
     Ok(AllocatedDeviceStatus {
@@ -163,6 +178,49 @@ fn build_entry(
         network_data,
         data,
     })
+}
+
+/// The key of the counters in `data` (DESIGN §5 item 4).
+const STATS_FIELD: &str = "stats";
+
+fn interface_name(entry: &AllocatedDeviceStatus) -> Option<&str> {
+    entry.network_data.as_ref().and_then(|d| d.interface_name.as_deref())
+}
+
+/// The counters of one interface of a device, as the status shows them: the device, the
+/// pod-side interface name, `data.stats`.
+pub type InterfaceCounters = (DeviceKey, String, StatsStatus);
+
+/// Sets `data.stats` of the Ready entries of `entries` named by `stats` (pool, device,
+/// shareID, interface); returns whether any entry changed. `data` stays within
+/// [`MAX_DATA_BYTES`]: the counters are a fixed-size object, and an entry whose routes
+/// already filled the limit gets none.
+pub fn set_stats(entries: &mut [AllocatedDeviceStatus], stats: &[InterfaceCounters]) -> bool {
+    let mut changed = false;
+    for (key, interface, counters) in stats {
+        let Some(entry) = entries.iter_mut().find(|entry| {
+            entry.driver == key.driver
+                && entry.pool == key.pool
+                && entry.device == key.device
+                && entry.share_id == key.share_id
+                && interface_name(entry) == Some(interface.as_str())
+        }) else {
+            continue;
+        };
+        let Some(RawExtension(serde_json::Value::Object(fields))) = entry.data.as_mut() else {
+            continue;
+        };
+        let value = serde_json::to_value(counters).unwrap_or(serde_json::Value::Null);
+        let mut with = fields.clone();
+        with.insert(STATS_FIELD.to_owned(), value);
+        if serde_json::Value::Object(with.clone()).to_string().len() <= MAX_DATA_BYTES
+            && fields.get(STATS_FIELD) != with.get(STATS_FIELD)
+        {
+            *fields = with;
+            changed = true;
+        }
+    }
+    changed
 }
 
 /// `networkData`: ips in the canonical CIDR form the API server demands (host bits kept;
@@ -395,6 +453,44 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         }
     }
 
+    /// Adds the counters of `samples` to the last status of their claims and submits each
+    /// claim that changed once (one write per claim, whatever its number of interfaces).
+    pub fn submit_stats(&self, samples: Vec<(WatchedInterface, InterfaceStats)>) {
+        let collected_at = k8s_openapi::jiff::Timestamp::now().to_string();
+        let mut by_claim: Vec<(WatchedInterface, Vec<InterfaceCounters>)> = Vec::new();
+        for (watched, stats) in samples {
+            let item = (
+                self.key(&watched.pool, &watched.device, watched.share_id.as_ref()),
+                watched.interface.clone(),
+                stats.to_status(collected_at.clone()),
+            );
+            match by_claim.iter_mut().find(|(w, _)| w.claim_uid == watched.claim_uid) {
+                Some((_, items)) => items.push(item),
+                None => by_claim.push((watched, vec![item])),
+            }
+        }
+        for (watched, items) in by_claim {
+            let entries = {
+                let mut inner = lock(&self.inner);
+                let Some(entries) = inner.statuses.get_mut(&watched.claim_uid) else {
+                    continue;
+                };
+                if !set_stats(entries, &items) {
+                    continue;
+                }
+                entries.clone()
+            };
+            self.status.submit(
+                ClaimRef {
+                    namespace: watched.pod_namespace.clone(),
+                    name: watched.claim_name.clone(),
+                    uid: watched.claim_uid.clone(),
+                },
+                entries,
+            );
+        }
+    }
+
     /// Logs a failed attach, marks the pod's claims `Ready=False` (reason
     /// [`REASON_ATTACH_FAILED`]) and records a Warning Event on the Pod; returns the message.
     pub(super) fn report_failure(
@@ -413,6 +509,33 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         self.submit_failed(claims, &chain(err));
         self.status.warn_pod(sandbox.pod_ref(), REASON_ATTACH_FAILED, message.clone());
         message
+    }
+}
+
+/// Collected counters go to Prometheus (every collection) and, when changed, to the claim
+/// statuses.
+impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> StatsSink
+    for std::sync::Arc<AttachService<C, N, S, W>>
+{
+    fn collected(&self, samples: &[(WatchedInterface, InterfaceStats)]) {
+        self.metrics.interface_traffic.replace(
+            samples
+                .iter()
+                .map(|(watched, stats)| {
+                    let labels = InterfaceLabels {
+                        namespace: watched.pod_namespace.clone(),
+                        pod: watched.pod_name.clone(),
+                        claim: watched.claim_name.clone(),
+                        interface: watched.interface.clone(),
+                    };
+                    (labels, *stats)
+                })
+                .collect(),
+        );
+    }
+
+    fn changed(&self, samples: Vec<(WatchedInterface, InterfaceStats)>) {
+        self.submit_stats(samples);
     }
 }
 
@@ -487,6 +610,46 @@ mod tests {
         assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", "AttachFailed"));
         assert_eq!(cond.last_transition_time, at(30));
         assert!(after[0].network_data.is_none() && after[0].data.is_none());
+    }
+
+    #[test]
+    fn stats_join_the_ready_entry_of_their_interface_and_survive_a_rebuild() {
+        use crate::model::stats::{DirectionCounters, InterfaceStats};
+
+        let k = key("eth1", Some("4b4c6a3e-0c9a-4b1e-9d1c-2f1f6c1a7e11"));
+        let other = key("eth2", None);
+        let ready = DeviceOutcome::Ready(iface(&["10.10.1.5/24"], vec![]));
+        let failed =
+            DeviceOutcome::Failed { reason: "AttachFailed".to_owned(), message: "x".to_owned() };
+        let mut entries = build_entries(
+            &[(k.clone(), ready.clone()), (other.clone(), failed)],
+            &[],
+            Some(1),
+            &at(10),
+        )
+        .expect("valid");
+        let stats = InterfaceStats {
+            rx: DirectionCounters { bytes: 980, packets: 10, icmp: 10, ..Default::default() },
+            tx: DirectionCounters { bytes: 980, packets: 10, icmp: 10, ..Default::default() },
+            rx_dropped: 0,
+            tx_dropped: 2,
+        };
+        let reported = stats.to_status("2026-11-25T10:00:00Z".to_owned());
+        let items = [
+            (k.clone(), "net1".to_owned(), reported.clone()),
+            // Not Ready, and another interface of the right device: neither gets counters.
+            (other.clone(), "net1".to_owned(), reported.clone()),
+            (k.clone(), "net9".to_owned(), reported),
+        ];
+        assert!(set_stats(&mut entries, &items));
+        let data = &entries[0].data.as_ref().expect("data").0;
+        assert_eq!(data["stats"]["txDropped"], 2);
+        assert_eq!(data["stats"]["protocols"]["icmp"]["rxPackets"], 10);
+        assert_eq!(data["mode"], "macvlan", "the rest of data stays");
+        assert!(entries[1].data.is_none());
+        assert!(!set_stats(&mut entries, &items[..1]), "unchanged counters are no change");
+        let rebuilt = build_entries(&[(k, ready)], &entries, Some(2), &at(20)).expect("valid");
+        assert_eq!(rebuilt[0].data.as_ref().expect("data").0["stats"]["txDropped"], 2);
     }
 
     #[test]

@@ -99,6 +99,9 @@ fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
             nri: args.containerd_nri_socket.clone(),
         }),
         run_parent: args.run_dir.clone(),
+        // Zero keeps the counters out of the status, but the demo still reads them there:
+        // an explicit 0 turns them off altogether in the dev cluster.
+        stats_interval: Some(args.dev_stats_interval).filter(|interval| !interval.is_zero()),
     })
 }
 

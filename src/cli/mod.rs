@@ -165,6 +165,56 @@ pub struct NodeArgs {
     /// Our NRI plugin index: two digits; plugins run in index order.
     #[arg(long, env = "NETCLAIM_NRI_PLUGIN_INDEX", default_value = "10", value_parser = parse_nri_plugin_index)]
     pub nri_plugin_index: String,
+
+    /// How often changed traffic counters are written to the claim status (`300s`, `5m`,
+    /// `1h`); `0` keeps them out of the status (Prometheus keeps them).
+    #[arg(long, env = "NETCLAIM_STATS_INTERVAL", default_value = "300s", value_parser = parse_duration)]
+    pub stats_interval: std::time::Duration,
+
+    /// Where the BPF file system is mounted (the traffic counters are pinned under
+    /// `<bpffs>/netclaim/<node>/`). An empty value turns the counters off.
+    #[arg(long, env = "NETCLAIM_BPFFS", default_value = "/sys/fs/bpf", value_parser = parse_path_or_empty)]
+    pub bpffs: PathBuf,
+
+    /// How counters hook onto pod interfaces: `tcx` (Linux 6.6+), `clsact`, or `auto` (tcx
+    /// where the kernel has it).
+    #[arg(long, env = "NETCLAIM_STATS_HOOK", value_enum, default_value_t = StatsHookArg::Auto)]
+    pub stats_hook: StatsHookArg,
+}
+
+/// `--stats-hook`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatsHookArg {
+    /// tcx where the kernel has it (6.6+), clsact otherwise.
+    Auto,
+    /// tcx links.
+    Tcx,
+    /// clsact filters.
+    Clsact,
+}
+
+/// A path where an empty value means "off" (clap's own path parser refuses empty values).
+#[allow(clippy::unnecessary_wraps, reason = "clap calls value parsers that return a Result")]
+fn parse_path_or_empty(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
+}
+
+/// `300s`, `5m`, `1h`, `250ms` or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (a whole number with ms, s, m or h)"))?;
+    let duration = match unit {
+        "" | "s" => std::time::Duration::from_secs(value),
+        "ms" => std::time::Duration::from_millis(value),
+        "m" => std::time::Duration::from_mins(value),
+        "h" => std::time::Duration::from_hours(value),
+        other => return Err(format!("unknown unit {other:?} in {text:?} (ms, s, m or h)")),
+    };
+    Ok(duration)
 }
 
 /// `--nri-plugin-index`: NRI orders plugins by a two-digit index.
@@ -187,6 +237,12 @@ pub struct DevArgs {
     /// with a macvlan each; ping between them; clean up; exit 0 only if all of it worked.
     #[arg(long, env = "NETCLAIM_DEMO")]
     pub demo: bool,
+
+    /// How often the node daemon writes changed traffic counters to the claim status (`0`:
+    /// never). Short by default so the dev cluster shows them soon after traffic; counters
+    /// are pinned in a bpffs the cluster mounts in its run dir.
+    #[arg(long = "stats-interval", env = "NETCLAIM_STATS_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub dev_stats_interval: std::time::Duration,
 
     /// Address the API server listens on (port 0 picks a free one; loopback only by design:
     /// there is no authentication).

@@ -1,9 +1,10 @@
 //! `netclaim node`: turn the flags into a [`NodeConfig`] and run the daemon.
 
-use super::{NodeArgs, SharingModeArg};
+use super::{NodeArgs, SharingModeArg, StatsHookArg};
+use crate::host::bpf::HookKind;
 use crate::inventory::publish::RequestedSharing;
 use crate::inventory::{InventoryError, Selection, SharingMode};
-use crate::node::{self, NodeConfig, NodeError};
+use crate::node::{self, NodeConfig, NodeError, StatsConfig};
 
 /// Why `netclaim node` could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,17 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         nri_socket: args.nri_socket.clone(),
         nri_plugin_index: args.nri_plugin_index.clone(),
         cdi_spec_dir: Some(args.cdi_spec_dir.clone()).filter(|dir| !dir.as_os_str().is_empty()),
+        stats: Some(args.bpffs.clone()).filter(|dir| !dir.as_os_str().is_empty()).map(|bpffs| {
+            StatsConfig {
+                bpffs,
+                hook: match args.stats_hook {
+                    StatsHookArg::Auto => HookKind::for_running_kernel(),
+                    StatsHookArg::Tcx => HookKind::Tcx,
+                    StatsHookArg::Clsact => HookKind::Clsact,
+                },
+                status_interval: args.stats_interval,
+            }
+        }),
     })
 }
 

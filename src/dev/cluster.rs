@@ -22,7 +22,7 @@ use crate::dev::cri::{CriClient, CriError};
 use crate::inventory::Selection;
 use crate::inventory::publish::RequestedSharing;
 use crate::k8s::{self, ClientError};
-use crate::node::{self, NodeConfig, NodeError};
+use crate::node::{self, NodeConfig, NodeError, StatsConfig};
 use kube_inmemory::apiserver::{self, ApiServerError, ServerOptions};
 use kube_inmemory::kubeconfig::{self, KubeconfigError};
 use nri_rs::{NriRuntime, RuntimeError, RuntimeOptions};
@@ -64,6 +64,9 @@ pub struct ClusterOptions {
     pub containerd: Option<ContainerdSockets>,
     /// Parent of the run dir (default: the system temp dir).
     pub run_parent: Option<PathBuf>,
+    /// `--stats-interval` of the node daemon; `None` turns the traffic counters off. They
+    /// are pinned in a bpffs of the cluster's own, mounted in the run dir.
+    pub stats_interval: Option<Duration>,
 }
 
 /// Errors starting or stopping the dev cluster.
@@ -241,6 +244,7 @@ impl Cluster {
             nri_plugin_index: "10".to_owned(),
             // Inside the run dir: a dev cluster never writes into the host's CDI dirs.
             cdi_spec_dir: Some(run_dir.join("cdi")),
+            stats: options.stats_interval.and_then(|interval| private_stats(&run_dir, interval)),
         };
         let (stop_node, node_stopped) = watch::channel(false);
         let node = spawn_node_daemon(node_config, node_stopped)?;
@@ -355,9 +359,27 @@ impl Cluster {
     }
 }
 
+/// Counters pinned in a bpffs mounted at `<run_dir>/bpf`; `None` (with a warning) when it
+/// cannot be mounted, so the cluster runs without counters rather than not at all.
+fn private_stats(run_dir: &Path, interval: Duration) -> Option<StatsConfig> {
+    let bpffs = run_dir.join("bpf");
+    match crate::host::bpf::mount_private_bpffs(&bpffs) {
+        Ok(()) => Some(StatsConfig {
+            bpffs,
+            hook: crate::host::bpf::HookKind::for_running_kernel(),
+            status_interval: interval,
+        }),
+        Err(err) => {
+            tracing::warn!(err = %crate::model::cause::chain(&err), "no traffic counters");
+            None
+        }
+    }
+}
+
 /// Removes the run dir; namespaces still pinned in it (a pod that could not be torn down) are
 /// unmounted first, so `remove_dir_all` never fails on a busy mount point.
 fn remove_run_dir(run_dir: &Path) {
+    crate::host::bpf::unmount_private_bpffs(&run_dir.join("bpf"));
     if let Ok(entries) = std::fs::read_dir(run_dir.join("netns")) {
         for entry in entries.flatten() {
             if let Err(err) = crate::host::netns::remove(&entry.path()) {

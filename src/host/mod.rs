@@ -6,6 +6,7 @@
     reason = "host/ is where namespaces are entered and netlink sockets are opened"
 )]
 
+pub mod bpf;
 #[cfg(feature = "dev")]
 pub mod demo_network;
 pub mod device_lookup;

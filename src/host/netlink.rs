@@ -77,6 +77,34 @@ impl HostNetlink {
     }
 }
 
+/// `(rx_dropped, tx_dropped)` of each of `names` in the netns at `path` (`IFLA_STATS64`), one
+/// socket for all of them; `None` for a name the netns does not have.
+pub async fn link_drops(
+    path: &Path,
+    names: &[String],
+) -> Result<Vec<Option<(u64, u64)>>, LinkOpError> {
+    let (handle, _netns) = open_in_netns(path).await?;
+    let links: Vec<LinkMessage> = handle
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|err| op_error("RTM_GETLINK dump", Side::Pod, err))?;
+    Ok(names
+        .iter()
+        .map(|name| {
+            let message = links.iter().find(|link| {
+                link.attributes.iter().any(|a| matches!(a, LinkAttribute::IfName(n) if n == name))
+            })?;
+            message.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Stats64(stats) => Some((stats.rx_dropped, stats.tx_dropped)),
+                _ => None,
+            })
+        })
+        .collect())
+}
+
 /// `ip link set lo up` inside the netns at `path`, as a CNI runtime does for every pod.
 pub async fn loopback_up(path: &Path) -> Result<(), LinkOpError> {
     let (handle, _netns) = open_in_netns(path).await?;

@@ -5,5 +5,6 @@ pub mod device;
 pub mod names;
 pub mod network_config;
 pub mod refs;
+pub mod stats;
 
 pub use refs::{ClaimRef, PodRef};

@@ -20,6 +20,7 @@ use crate::cdi::LocalFiles;
 use crate::claims::metadata::{DeviceMetadata, MetadataLayout};
 use crate::claims::{ClaimService, ServiceIdentity};
 use crate::health::{self as device_health, HealthReport, MonitorInputs, MonitorSettings};
+use crate::host::bpf::{CounterPins, HookKind};
 use crate::host::device_lookup::DiscoveredDevices;
 use crate::host::discovery::HostInterfaces;
 use crate::host::link_events;
@@ -38,6 +39,7 @@ use crate::k8s::{self, ClientError};
 use crate::kubelet::metered::MeteredPreparer;
 use crate::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
 use crate::metrics::{Health, Metrics, MetricsServerError};
+use crate::stats::{StatsService, StatsSettings};
 use crate::store::Store;
 
 /// The daemon's claim service.
@@ -83,6 +85,19 @@ pub struct NodeConfig {
     pub nri_plugin_index: String,
     /// `--cdi-spec-dir`; `None` turns device metadata off.
     pub cdi_spec_dir: Option<PathBuf>,
+    /// Traffic counters; `None` (an empty `--bpffs`) turns them off.
+    pub stats: Option<StatsConfig>,
+}
+
+/// Settings of the traffic counters.
+#[derive(Debug, Clone)]
+pub struct StatsConfig {
+    /// `--bpffs`: where the BPF file system is mounted.
+    pub bpffs: PathBuf,
+    /// `--stats-hook`, resolved for the running kernel.
+    pub hook: HookKind,
+    /// `--stats-interval`: zero keeps the counters out of the claim status.
+    pub status_interval: Duration,
 }
 
 /// A fatal daemon error.
@@ -226,6 +241,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
         )?;
         Ok::<_, NodeError>((kubelet, nri))
     };
+    let stats = start_stats(&config, &attach_service, &stop);
     let (kubelet, nri) = tokio::select! {
         served = serving => served?,
         // Stopped before the first publication.
@@ -239,6 +255,10 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // already answered finish their statuses, metadata and records first.
     nri.stop().await;
     let _ignored = tokio::time::timeout(Duration::from_secs(2), attach_service.settled()).await;
+    // Counters stay on running pods (pinned); the service only stops reading them.
+    if let Some(stats) = stats {
+        let _ignored = tokio::time::timeout(Duration::from_secs(1), stats).await;
+    }
     kubelet.stop();
     if let Err(err) = kubelet.wait().await {
         tracing::warn!(%err, "kubelet plugin stopped with an error");
@@ -246,6 +266,33 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let _ignored = tokio::time::timeout(Duration::from_secs(1), metrics_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the stats service when counters are on and a bpffs is mounted where they go.
+fn start_stats(
+    config: &NodeConfig,
+    attach_service: &Arc<NodeAttach>,
+    stop: &watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    config.stats.as_ref().filter(|settings| {
+        let mounted = crate::host::bpf::is_bpffs(&settings.bpffs);
+        if !mounted {
+            tracing::warn!(bpffs = %settings.bpffs.display(),
+                "traffic counters off: no BPF file system is mounted there (mount it, or pass --bpffs)");
+        }
+        mounted
+    }).map(|settings| {
+        let hooks = CounterPins::new(&settings.bpffs, &config.node_name, settings.hook);
+        tracing::info!(hook = settings.hook.as_str(), bpffs = %settings.bpffs.display(),
+            "traffic counters on");
+        let service =
+            StatsService::new(hooks, StatsSettings::from_status_interval(settings.status_interval));
+        tokio::spawn(service.run(
+            Arc::clone(attach_service),
+            Arc::clone(attach_service),
+            stop.clone(),
+        ))
+    })
 }
 
 /// Opens the state dir and loads the prepared claims and pod attachments.

@@ -251,6 +251,8 @@ pub(crate) fn node_daemon_args(dir: &std::path::Path) -> Vec<String> {
         path("plugin"),
         "--cdi-spec-dir".to_owned(),
         path("cdi"),
+        // No counters: root tests share the host, and the host's bpffs is not theirs.
+        "--bpffs=".to_owned(),
     ]
 }
 

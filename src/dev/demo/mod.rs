@@ -22,7 +22,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use self::report::{Cleanup, DemoReport, PingResult, PodRow};
+use self::report::{Cleanup, DemoReport, PingResult, PodRow, TrafficRow};
 use super::cluster::{Cluster, ClusterOptions};
 use super::kubelet::Sandboxes;
 use super::kubelet::pod_claims;
@@ -240,12 +240,61 @@ async fn steps(
         report.timings.pods_ready_seconds
     ));
     report.pods = rows;
-    report.claim_status = first_claim_status(&client, report).await;
 
     report.pings = pings(&report.pods, peer_ip).await;
     let answered = report.pings.iter().filter(|p| p.ok).count();
     progress.phase(&format!("pings: {answered}/{} answered", report.pings.len()));
+    if let Some(interval) = options.cluster.stats_interval {
+        let started = Instant::now();
+        report.traffic = traffic(&client, &report.pods, &report.pings, interval).await?;
+        progress.phase(&format!(
+            "traffic counters of {} pods in their claim status ({:.1}s)",
+            report.traffic.len(),
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    // Read last, so it shows the counters too.
+    report.claim_status = first_claim_status(&client, report).await;
     Ok(())
+}
+
+/// Waits until every pod's claim status carries counters and every pod that pinged shows
+/// its echo requests sent (`txPackets` ≥ 3), at most three stats intervals and 10 s; returns
+/// one row per pod.
+async fn traffic(
+    client: &Client,
+    rows: &[PodRow],
+    pings: &[PingResult],
+    interval: Duration,
+) -> Result<Vec<TrafficRow>, String> {
+    let limit = interval * 3 + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let claims = claims_by_name(client).await?;
+        let traffic: Vec<TrafficRow> = rows
+            .iter()
+            .filter_map(|row| {
+                let claim =
+                    claims.iter().find(|c| c.metadata.name.as_deref() == Some(&row.claim))?;
+                TrafficRow::from_status(row, claim)
+            })
+            .collect();
+        let pinged = |pod: &str| pings.iter().any(|p| p.ok && p.from == pod);
+        let complete = traffic.len() == rows.len()
+            && traffic.iter().all(|t| !pinged(&t.pod) || t.tx_packets >= 3);
+        if complete {
+            return Ok(traffic);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "traffic counters: {} of {} claims show them after {limit:?}, the pinging pods' \
+                 echo requests not all counted",
+                traffic.len(),
+                rows.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Waits until the node daemon published `device` (so the allocator can use it).
@@ -618,6 +667,13 @@ fn print(report: &DemoReport, output: DemoOutput, progress: &Progress) {
                     out,
                     "ping {} -> {} ({}): {verdict} {}",
                     ping.from, ping.to, ping.address, ping.detail
+                );
+            }
+            if !report.traffic.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "\ntraffic counters (eBPF, from each claim's status.devices[].data.stats):\n{}",
+                    report::render_traffic(&report.traffic)
                 );
             }
             if let Some(status) = &report.claim_status {

@@ -101,6 +101,9 @@ pub struct DemoReport {
     pub pods: Vec<PodRow>,
     /// The pings.
     pub pings: Vec<PingResult>,
+    /// Each pod's traffic counters after the pings, from its claim status (empty when the
+    /// cluster runs without counters).
+    pub traffic: Vec<TrafficRow>,
     /// One claim's `status.devices`.
     pub claim_status: Option<serde_json::Value>,
     /// Phase timings.
@@ -193,7 +196,6 @@ pub fn check(report: &DemoReport, expected_pods: usize, subnet: IpNetwork) -> Ve
 /// The table of pods for people.
 #[must_use]
 pub fn render_table(rows: &[PodRow]) -> String {
-    let headers = ["POD", "INTERFACE", "MAC", "ADDRESS", "READY"];
     let cells: Vec<[String; 5]> = rows
         .iter()
         .map(|r| {
@@ -206,8 +208,36 @@ pub fn render_table(rows: &[PodRow]) -> String {
             ]
         })
         .collect();
+    render_columns(["POD", "INTERFACE", "MAC", "ADDRESS", "READY"], &cells)
+}
+
+/// The table of traffic counters for people.
+#[must_use]
+pub fn render_traffic(rows: &[TrafficRow]) -> String {
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.pod.clone(),
+                r.interface.clone(),
+                r.rx_packets.to_string(),
+                r.rx_bytes.to_string(),
+                r.tx_packets.to_string(),
+                r.tx_bytes.to_string(),
+                format!("{}/{}", r.rx_dropped, r.tx_dropped),
+            ]
+        })
+        .collect();
+    render_columns(
+        ["POD", "INTERFACE", "RX PACKETS", "RX BYTES", "TX PACKETS", "TX BYTES", "DROPPED RX/TX"],
+        &cells,
+    )
+}
+
+/// Left-aligned columns two spaces apart, the last one unpadded.
+fn render_columns<const N: usize>(headers: [&str; N], cells: &[[String; N]]) -> String {
     let mut widths = headers.map(str::len);
-    for row in &cells {
+    for row in cells {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
         }
@@ -226,10 +256,55 @@ pub fn render_table(rows: &[PodRow]) -> String {
         out.push('\n');
     };
     line(&headers.map(str::to_owned));
-    for row in &cells {
+    for row in cells {
         line(row);
     }
     out
+}
+
+/// One pod interface's traffic counters, as its claim's `data.stats` reports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficRow {
+    /// Pod name.
+    pub pod: String,
+    /// Interface.
+    pub interface: String,
+    /// `rxPackets`.
+    pub rx_packets: u64,
+    /// `rxBytes`.
+    pub rx_bytes: u64,
+    /// `txPackets`.
+    pub tx_packets: u64,
+    /// `txBytes`.
+    pub tx_bytes: u64,
+    /// `rxDropped`.
+    pub rx_dropped: u64,
+    /// `txDropped`.
+    pub tx_dropped: u64,
+}
+
+impl TrafficRow {
+    /// The row of `pod` from the `data.stats` of its claim's entry; `None` without counters.
+    #[must_use]
+    pub fn from_status(pod: &PodRow, claim: &ResourceClaim) -> Option<Self> {
+        let entries = claim.status.as_ref()?.devices.as_ref()?;
+        let stats = entries.iter().find_map(|entry| {
+            let name = entry.network_data.as_ref()?.interface_name.as_deref()?;
+            (name == pod.interface).then_some(entry.data.as_ref()?.0.get("stats")?)
+        })?;
+        let field = |name: &str| stats.get(name).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        Some(Self {
+            pod: pod.name.clone(),
+            interface: pod.interface.clone(),
+            rx_packets: field("rxPackets"),
+            rx_bytes: field("rxBytes"),
+            tx_packets: field("txPackets"),
+            tx_bytes: field("txBytes"),
+            rx_dropped: field("rxDropped"),
+            tx_dropped: field("txDropped"),
+        })
+    }
 }
 
 /// `VmHWM` (peak resident set, KiB) from a `/proc/<pid>/status` text.

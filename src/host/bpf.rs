@@ -1,0 +1,625 @@
+//! eBPF traffic counters on pod interfaces (DESIGN §5 item 8), with aya: loads the object
+//! `build.rs` compiles from `bpf/counters.c`, attaches its two classifiers to one interface
+//! inside a pod's network namespace, pins what must outlive the daemon under
+//! `<bpffs>/netclaim/<node>/<podUID>/<interface>/`, reads the pinned counters, and detaches.
+//!
+//! Attachment: tcx links on kernels that have them (6.6+), which die with their last file
+//! descriptor, so each link is pinned (a `kill -9` keeps it, and removing the pin detaches it);
+//! on older kernels a `clsact` qdisc with two direct-action filters, which the kernel keeps
+//! until they are removed or the interface goes. The counters map is pinned in both cases,
+//! so a restarted daemon reads the counts the programs kept adding to while it was down.
+//!
+//! Attaching and detaching `clsact` filters runs on a dedicated OS thread that entered the
+//! pod's netns (aya resolves the interface name and talks netlink in the calling thread's
+//! namespace); reading and unpinning are file operations on bpffs that need no namespace.
+
+use std::io::ErrorKind;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Map, MapData, PerCpuArray};
+use aya::programs::links::FdLink;
+use aya::programs::tc::{NlOptions, TcAttachOptions};
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
+
+use crate::model::stats::{DirectionCounters, InterfaceStats};
+use crate::podnet::LinkOpError;
+use crate::stats::CounterHooks;
+
+/// The object `build.rs` compiled from `bpf/counters.c`, aligned as aya's ELF parser needs.
+static COUNTERS_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/counters.bpf.o"));
+
+/// Program names in `bpf/counters.c`; `clsact` filters are found by them again at detach.
+const RX_PROGRAM: &str = "netclaim_rx";
+const TX_PROGRAM: &str = "netclaim_tx";
+/// Map name in `bpf/counters.c`: a per-CPU array, slot 0 rx (ingress), slot 1 tx (egress).
+const COUNTERS_MAP: &str = "COUNTERS";
+/// Pin names inside an interface's directory.
+const MAP_PIN: &str = "counters";
+const RX_LINK_PIN: &str = "rx_link";
+const TX_LINK_PIN: &str = "tx_link";
+
+/// `struct counters` of `bpf/counters.c`: bytes, packets, tcp, udp, icmp, other (u64 each).
+type RawCounters = [u64; 6];
+
+/// How the classifiers are attached to an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookKind {
+    /// tcx links (Linux 6.6+), pinned.
+    Tcx,
+    /// Direct-action filters on a `clsact` qdisc (any kernel with BPF classifiers).
+    Clsact,
+}
+
+impl HookKind {
+    /// tcx where the running kernel has it, `clsact` otherwise.
+    #[must_use]
+    pub fn for_running_kernel() -> Self {
+        // An unreadable version (no uname release aya can parse) gets the hook every kernel
+        // with BPF classifiers has.
+        match KernelVersion::current() {
+            Ok(version) if version >= KernelVersion::new(6, 6, 0) => Self::Tcx,
+            _ => Self::Clsact,
+        }
+    }
+
+    /// `tcx` or `clsact`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcx => "tcx",
+            Self::Clsact => "clsact",
+        }
+    }
+}
+
+/// Why a counter operation failed; each names the interface or path.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    /// A pin directory could not be made, listed or removed.
+    #[error("{action} {path}")]
+    PinDir {
+        /// What was being done.
+        action: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The embedded object could not be loaded (ELF, BTF or map creation).
+    #[error("loading the counters object")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// A program is missing from the object, or the verifier refused it.
+    #[error("program {program}")]
+    Program {
+        /// Its name.
+        program: &'static str,
+        /// aya's error.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// The map is missing from the object.
+    #[error("the counters object has no map {COUNTERS_MAP}")]
+    NoMap,
+    /// Pinning a map or link failed.
+    #[error("pinning {path}")]
+    Pin {
+        /// The pin path.
+        path: PathBuf,
+        /// aya's error.
+        #[source]
+        source: Box<aya::pin::PinError>,
+    },
+    /// Attaching a classifier failed.
+    #[error("attaching {program} ({kind}) to {interface}")]
+    Attach {
+        /// The program.
+        program: &'static str,
+        /// `tcx` or `clsact`.
+        kind: &'static str,
+        /// The interface in the pod.
+        interface: String,
+        /// aya's error.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// A tcx attachment did not give a link that can be pinned.
+    #[error("the tcx link of {program}")]
+    Link {
+        /// The program.
+        program: &'static str,
+        /// aya's error.
+        #[source]
+        source: Box<aya::programs::links::LinkError>,
+    },
+    /// Adding the `clsact` qdisc failed.
+    #[error("adding a clsact qdisc to {interface}")]
+    Clsact {
+        /// The interface.
+        interface: String,
+        /// aya's error.
+        #[source]
+        source: Box<aya::programs::tc::TcError>,
+    },
+    /// Removing our `clsact` filters failed.
+    #[error("removing filter {program} from {interface}")]
+    Detach {
+        /// The program name of the filter.
+        program: &'static str,
+        /// The interface.
+        interface: String,
+        /// aya's error.
+        #[source]
+        source: Box<aya::programs::tc::TcError>,
+    },
+    /// The pinned counters map could not be opened or read.
+    #[error("reading {path}")]
+    Read {
+        /// The pin.
+        path: PathBuf,
+        /// aya's error.
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// The pod's netns file could not be opened (or is not a network namespace).
+    #[error("opening the pod netns")]
+    OpenNetns(#[source] LinkOpError),
+    /// The pod's netns could not be entered.
+    #[error("entering the pod netns {path}")]
+    Netns {
+        /// The namespace file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The thread that entered the pod netns died.
+    #[error("the netns thread for {0} died")]
+    Thread(PathBuf),
+}
+
+/// One interface's counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InterfaceCounters {
+    /// Received by the pod (the interface's ingress).
+    pub rx: DirectionCounters,
+    /// Sent by the pod (egress).
+    pub tx: DirectionCounters,
+}
+
+/// Sums the per-CPU copies of one slot.
+fn sum(per_cpu: impl IntoIterator<Item = RawCounters>) -> DirectionCounters {
+    per_cpu.into_iter().fold(DirectionCounters::default(), |acc, raw| DirectionCounters {
+        bytes: acc.bytes.wrapping_add(raw[0]),
+        packets: acc.packets.wrapping_add(raw[1]),
+        tcp: acc.tcp.wrapping_add(raw[2]),
+        udp: acc.udp.wrapping_add(raw[3]),
+        icmp: acc.icmp.wrapping_add(raw[4]),
+        other: acc.other.wrapping_add(raw[5]),
+    })
+}
+
+/// This node's subtree of bpffs: `<bpffs>/netclaim/<node>`. Other nodes' subtrees (test
+/// daemons share one bpffs) are never touched.
+#[derive(Debug, Clone)]
+pub struct CounterPins {
+    root: PathBuf,
+    kind: HookKind,
+}
+
+impl CounterPins {
+    /// The subtree of `node` under the bpffs mounted at `bpffs`, attaching with `kind`.
+    #[must_use]
+    pub fn new(bpffs: &Path, node: &str, kind: HookKind) -> Self {
+        Self { root: bpffs.join("netclaim").join(node), kind }
+    }
+
+    /// How this node attaches.
+    #[must_use]
+    pub fn kind(&self) -> HookKind {
+        self.kind
+    }
+
+    /// The pin directory of one interface.
+    #[must_use]
+    pub fn dir(&self, pod_uid: &str, interface: &str) -> PathBuf {
+        self.root.join(pod_uid).join(interface)
+    }
+
+    /// Attaches counters to `interface` inside the netns at `netns`, replacing any earlier
+    /// ones of the same pod interface (the counts start again from zero). Blocking: a thread
+    /// enters the netns for the `clsact` netlink calls and for aya's name lookup.
+    ///
+    /// # Errors
+    /// A [`BpfError`] naming the step; what this call attached or pinned is removed again.
+    pub fn attach(&self, netns: &Path, pod_uid: &str, interface: &str) -> Result<(), BpfError> {
+        self.detach(Some(netns), pod_uid, interface)?;
+        let dir = self.dir(pod_uid, interface);
+        create_dir(&dir)?;
+        let kind = self.kind;
+        let (netns_owned, dir_owned, interface_owned) =
+            (netns.to_owned(), dir.clone(), interface.to_owned());
+        let attached =
+            run_in_netns(netns, move || attach_in_netns(kind, &dir_owned, &interface_owned))
+                .and_then(|result| result);
+        if attached.is_err() {
+            // Best effort: the caller reports the first error, which says what failed.
+            let _ignored = self.detach(Some(&netns_owned), pod_uid, interface);
+        }
+        attached
+    }
+
+    /// Reads the counters pinned for one interface; `None` when none are pinned.
+    ///
+    /// # Errors
+    /// [`BpfError::Read`] when the pin exists but cannot be read.
+    pub fn read_counters(
+        &self,
+        pod_uid: &str,
+        interface: &str,
+    ) -> Result<Option<InterfaceCounters>, BpfError> {
+        let path = self.dir(pod_uid, interface).join(MAP_PIN);
+        let read_error = |source| BpfError::Read { path: path.clone(), source: Box::new(source) };
+        let data = match MapData::from_pin(&path) {
+            Ok(data) => data,
+            Err(aya::maps::MapError::SyscallError(err))
+                if err.io_error.kind() == ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(err) => return Err(read_error(err)),
+        };
+        let map = Map::from_map_data(data).map_err(read_error)?;
+        let array: PerCpuArray<MapData, RawCounters> =
+            PerCpuArray::try_from(map).map_err(read_error)?;
+        let slot = |index: u32| -> Result<DirectionCounters, BpfError> {
+            let values = array.get(&index, 0).map_err(read_error)?;
+            Ok(sum(values.iter().copied()))
+        };
+        Ok(Some(InterfaceCounters { rx: slot(0)?, tx: slot(1)? }))
+    }
+
+    /// Detaches and unpins one interface's counters. tcx links detach when their pin goes
+    /// (the daemon holds no other descriptor); `clsact` filters are removed inside `netns`
+    /// when it is given and still exists (a gone netns took them with it). Idempotent.
+    ///
+    /// # Errors
+    /// [`BpfError`] when a filter or a pin could not be removed.
+    pub fn detach(
+        &self,
+        netns: Option<&Path>,
+        pod_uid: &str,
+        interface: &str,
+    ) -> Result<(), BpfError> {
+        let dir = self.dir(pod_uid, interface);
+        if !dir.exists() {
+            return Ok(());
+        }
+        let tcx = dir.join(RX_LINK_PIN).exists() || dir.join(TX_LINK_PIN).exists();
+        if !tcx && let Some(netns) = netns.filter(|path| path.exists()) {
+            let owned = interface.to_owned();
+            match run_in_netns(netns, move || remove_filters(&owned)) {
+                Ok(result) => result?,
+                // The netns went between the check and the open: the filters went with it.
+                Err(BpfError::OpenNetns(LinkOpError::NetnsGone { .. })) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        remove_dir(&dir)?;
+        // The pod's directory goes with its last interface.
+        if let Some(pod_dir) = dir.parent() {
+            let _ignored = std::fs::remove_dir(pod_dir);
+        }
+        Ok(())
+    }
+
+    /// Pod UIDs with counters pinned under this node's subtree.
+    ///
+    /// # Errors
+    /// [`BpfError::PinDir`] when the subtree cannot be listed.
+    pub fn pods(&self) -> Result<Vec<String>, BpfError> {
+        list_dir(&self.root)
+    }
+
+    /// Interfaces of `pod_uid` with counters pinned.
+    ///
+    /// # Errors
+    /// [`BpfError::PinDir`] when the directory cannot be listed.
+    pub fn interfaces(&self, pod_uid: &str) -> Result<Vec<String>, BpfError> {
+        list_dir(&self.root.join(pod_uid))
+    }
+}
+
+fn list_dir(dir: &Path) -> Result<Vec<String>, BpfError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(BpfError::PinDir { action: "listing", path: dir.to_owned(), source });
+        }
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| BpfError::PinDir {
+            action: "listing",
+            path: dir.to_owned(),
+            source,
+        })?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn create_dir(dir: &Path) -> Result<(), BpfError> {
+    std::fs::create_dir_all(dir).map_err(|source| BpfError::PinDir {
+        action: "creating",
+        path: dir.to_owned(),
+        source,
+    })
+}
+
+/// Removes the pins inside `dir` (bpffs holds only pins and directories), then `dir`.
+fn remove_dir(dir: &Path) -> Result<(), BpfError> {
+    for name in list_dir(dir)? {
+        let path = dir.join(&name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == ErrorKind::NotFound => {}
+            Err(source) => return Err(BpfError::PinDir { action: "unpinning", path, source }),
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(BpfError::PinDir { action: "removing", path: dir.to_owned(), source }),
+    }
+}
+
+/// Loads the object, attaches both classifiers to `interface` of the calling thread's netns
+/// and pins the map (and the tcx links) in `dir`.
+fn attach_in_netns(kind: HookKind, dir: &Path, interface: &str) -> Result<(), BpfError> {
+    let mut ebpf = aya::Ebpf::load(COUNTERS_OBJECT).map_err(|err| BpfError::Load(Box::new(err)))?;
+    let map_path = dir.join(MAP_PIN);
+    ebpf.map(COUNTERS_MAP)
+        .ok_or(BpfError::NoMap)?
+        .pin(&map_path)
+        .map_err(|source| BpfError::Pin { path: map_path.clone(), source: Box::new(source) })?;
+    if kind == HookKind::Clsact {
+        match aya::programs::tc::qdisc_add_clsact(interface) {
+            Ok(()) => {}
+            // EEXIST: the interface has a clsact qdisc already (ours from an earlier attach,
+            // or another tool's); filters are added beside the others.
+            Err(aya::programs::tc::TcError::NetlinkError(err))
+                if err.raw_os_error() == Some(nix::libc::EEXIST) => {}
+            Err(source) => {
+                return Err(BpfError::Clsact {
+                    interface: interface.to_owned(),
+                    source: Box::new(source),
+                });
+            }
+        }
+    }
+    for (program, attach_type, pin) in [
+        (RX_PROGRAM, TcAttachType::Ingress, RX_LINK_PIN),
+        (TX_PROGRAM, TcAttachType::Egress, TX_LINK_PIN),
+    ] {
+        let program_error = |source| BpfError::Program { program, source: Box::new(source) };
+        let classifier: &mut SchedClassifier = ebpf
+            .program_mut(program)
+            .ok_or(aya::programs::ProgramError::NotLoaded)
+            .and_then(TryInto::try_into)
+            .map_err(program_error)?;
+        classifier.load().map_err(program_error)?;
+        let options = match kind {
+            HookKind::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
+            HookKind::Clsact => TcAttachOptions::Netlink(NlOptions::default()),
+        };
+        let attach_error = |source| BpfError::Attach {
+            program,
+            kind: kind.as_str(),
+            interface: interface.to_owned(),
+            source: Box::new(source),
+        };
+        let link_id = classifier
+            .attach_with_options(interface, attach_type, options)
+            .map_err(attach_error)?;
+        if kind == HookKind::Tcx {
+            let link = classifier.take_link(link_id).map_err(attach_error)?;
+            let path = dir.join(pin);
+            let fd_link: FdLink = link
+                .try_into()
+                .map_err(|source| BpfError::Link { program, source: Box::new(source) })?;
+            // The pin holds the link: dropping `fd_link` afterwards closes only our descriptor.
+            fd_link
+                .pin(&path)
+                .map_err(|source| BpfError::Pin { path, source: Box::new(source) })?;
+        } else {
+            // A netlink filter stays in the kernel when aya's handle is dropped: forget the
+            // link so dropping the program does not remove it.
+            let link = classifier.take_link(link_id).map_err(attach_error)?;
+            std::mem::forget(link);
+        }
+    }
+    Ok(())
+}
+
+/// Removes our two `clsact` filters from `interface` of the calling thread's netns.
+fn remove_filters(interface: &str) -> Result<(), BpfError> {
+    for (program, attach_type) in
+        [(RX_PROGRAM, TcAttachType::Ingress), (TX_PROGRAM, TcAttachType::Egress)]
+    {
+        match aya::programs::tc::qdisc_detach_program(interface, attach_type, program) {
+            Ok(()) => {}
+            // No such filter, or no such interface (it left the netns or was deleted).
+            Err(aya::programs::tc::TcError::IoError(err))
+                if matches!(err.kind(), ErrorKind::NotFound)
+                    || err.raw_os_error() == Some(nix::libc::ENODEV) => {}
+            Err(aya::programs::tc::TcError::NetlinkError(err))
+                if matches!(
+                    err.raw_os_error(),
+                    Some(nix::libc::ENOENT | nix::libc::EINVAL | nix::libc::ENODEV)
+                ) => {}
+            Err(source) => {
+                return Err(BpfError::Detach {
+                    program,
+                    interface: interface.to_owned(),
+                    source: Box::new(source),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `job` on a new OS thread inside the netns at `path` (the thread ends with the job).
+fn run_in_netns<T: Send + 'static>(
+    path: &Path,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BpfError> {
+    let netns = super::netlink::open_netns_file(path).map_err(BpfError::OpenNetns)?;
+    let owned = path.to_owned();
+    std::thread::Builder::new()
+        .name("netns-bpf".to_owned())
+        .spawn(move || -> Result<T, BpfError> {
+            nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|errno| BpfError::Netns { path: owned, source: errno.into() })?;
+            Ok(job())
+        })
+        .map_err(|source| BpfError::Netns { path: path.to_owned(), source })?
+        .join()
+        .map_err(|_| BpfError::Thread(path.to_owned()))?
+}
+
+/// Whether a BPF file system is mounted at `path` (the DaemonSet mounts the host's, which
+/// systemd mounts at boot; a plain directory there would make every pin fail).
+#[must_use]
+pub fn is_bpffs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// Mounts a BPF file system of its own at `dir` (created as needed): each bpffs mount is a
+/// separate instance, so the dev cluster's pins never meet the host's `/sys/fs/bpf`.
+///
+/// # Errors
+/// [`BpfError::PinDir`] when the directory cannot be made or the mount fails (not root).
+pub fn mount_private_bpffs(dir: &Path) -> Result<(), BpfError> {
+    create_dir(dir)?;
+    nix::mount::mount(Some("bpf"), dir, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(|errno| BpfError::PinDir {
+            action: "mounting bpffs on",
+            path: dir.to_owned(),
+            source: errno.into(),
+        })
+}
+
+/// Unmounts a bpffs [`mount_private_bpffs`] made (lazily: a reader still holding a pin
+/// does not keep the mount busy) and removes its directory.
+pub fn unmount_private_bpffs(dir: &Path) {
+    let _ignored = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+    let _ignored = std::fs::remove_dir(dir);
+}
+
+/// Errors of the stats service's kernel port.
+#[derive(Debug, thiserror::Error)]
+pub enum CounterPortError {
+    /// A counter operation.
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    /// Reading the link counters in the pod netns.
+    #[error("reading the link counters")]
+    Link(#[source] LinkOpError),
+    /// The blocking task was cancelled or panicked.
+    #[error("the counters task did not finish")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// The stats service's kernel port: pins on bpffs, drops from the pod's link counters.
+impl CounterHooks for CounterPins {
+    type Error = CounterPortError;
+
+    async fn hook(&self, netns: &Path, pod_uid: &str, interface: &str) -> Result<(), Self::Error> {
+        let (pins, netns, pod_uid, interface) =
+            (self.clone(), netns.to_owned(), pod_uid.to_owned(), interface.to_owned());
+        tokio::task::spawn_blocking(move || pins.attach(&netns, &pod_uid, &interface))
+            .await
+            .map_err(CounterPortError::Task)?
+            .map_err(CounterPortError::Bpf)
+    }
+
+    async fn unhook(
+        &self,
+        netns: Option<&Path>,
+        pod_uid: &str,
+        interface: &str,
+    ) -> Result<(), Self::Error> {
+        let (pins, netns, pod_uid, interface) =
+            (self.clone(), netns.map(Path::to_owned), pod_uid.to_owned(), interface.to_owned());
+        tokio::task::spawn_blocking(move || pins.detach(netns.as_deref(), &pod_uid, &interface))
+            .await
+            .map_err(CounterPortError::Task)?
+            .map_err(CounterPortError::Bpf)
+    }
+
+    async fn read(
+        &self,
+        netns: &Path,
+        pod_uid: &str,
+        interfaces: &[String],
+    ) -> Result<Vec<Option<InterfaceStats>>, Self::Error> {
+        let drops =
+            super::netlink::link_drops(netns, interfaces).await.map_err(CounterPortError::Link)?;
+        interfaces
+            .iter()
+            .zip(drops)
+            .map(|(interface, drops)| {
+                // Pinned maps are read with two bpf(2) lookups: no thread hand-off needed.
+                let counters = self.read_counters(pod_uid, interface)?;
+                Ok(counters.map(|c| {
+                    let (rx_dropped, tx_dropped) = drops.unwrap_or_default();
+                    InterfaceStats { rx: c.rx, tx: c.tx, rx_dropped, tx_dropped }
+                }))
+            })
+            .collect()
+    }
+
+    fn hooked(&self) -> Result<Vec<(String, String)>, Self::Error> {
+        let mut pairs = Vec::new();
+        for pod in self.pods()? {
+            let interfaces = self.interfaces(&pod)?;
+            if interfaces.is_empty() {
+                // An empty pod directory an interrupted detach left behind.
+                let _ignored = std::fs::remove_dir(self.root.join(&pod));
+            }
+            pairs.extend(interfaces.into_iter().map(|interface| (pod.clone(), interface)));
+        }
+        Ok(pairs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_copies_are_summed_field_by_field() {
+        let total = sum([[100, 2, 1, 0, 1, 0], [1500, 1, 1, 0, 0, 0], [60, 1, 0, 0, 0, 1]]);
+        assert_eq!(
+            total,
+            DirectionCounters { bytes: 1660, packets: 4, tcp: 2, udp: 0, icmp: 1, other: 1 }
+        );
+    }
+
+    #[test]
+    fn pins_live_under_the_nodes_subtree() {
+        let pins = CounterPins::new(Path::new("/sys/fs/bpf"), "node-a", HookKind::Tcx);
+        assert_eq!(
+            pins.dir("6f1c", "net1"),
+            PathBuf::from("/sys/fs/bpf/netclaim/node-a/6f1c/net1")
+        );
+    }
+}

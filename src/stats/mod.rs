@@ -1,0 +1,315 @@
+//! Traffic stats of attached pod interfaces (DESIGN §5 items 4 and 8): hooks counters onto
+//! each interface once the attach service reports it attached (so never on the sandbox's
+//! path), unhooks them when the interface goes, collects every interface's counters on a
+//! timer for Prometheus, and hands the ones that changed to the claim status every
+//! `--stats-interval`.
+//!
+//! It reaches the kernel through [`CounterHooks`] and the rest of the daemon through
+//! [`AttachedInterfaces`] (the attach service bumps a counter on every change, and the
+//! snapshot is taken here, off the sandbox's path) and [`StatsSink`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::model::stats::InterfaceStats;
+
+/// One attached pod interface, as the attach service reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedInterface {
+    /// Pod UID.
+    pub pod_uid: String,
+    /// Pod namespace.
+    pub pod_namespace: String,
+    /// Pod name.
+    pub pod_name: String,
+    /// The sandbox's network namespace.
+    pub netns: PathBuf,
+    /// Claim UID.
+    pub claim_uid: String,
+    /// Claim name (in the pod's namespace).
+    pub claim_name: String,
+    /// Request of the allocation result.
+    pub request: String,
+    /// Pool of the device.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// `shareID` of a shared device.
+    pub share_id: Option<String>,
+    /// Pod-side interface name.
+    pub interface: String,
+    /// `stats` of the interface's NetworkConfig.
+    pub stats: bool,
+}
+
+impl WatchedInterface {
+    fn key(&self) -> InterfaceKey {
+        (self.pod_uid.clone(), self.interface.clone())
+    }
+}
+
+/// `(pod UID, interface)`: what the kernel side knows an interface by.
+type InterfaceKey = (String, String);
+
+/// The kernel side: counters hooked onto pod interfaces.
+pub trait CounterHooks: Send + Sync + 'static {
+    /// The adapter's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Hooks fresh counters onto `interface` in the netns at `netns`.
+    fn hook(
+        &self,
+        netns: &Path,
+        pod_uid: &str,
+        interface: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Removes the counters of `interface` (idempotent; `netns` when it may still exist).
+    fn unhook(
+        &self,
+        netns: Option<&Path>,
+        pod_uid: &str,
+        interface: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Reads the counters of `interfaces` of one pod, with the kernel's drop counters;
+    /// `None` for an interface without counters.
+    fn read(
+        &self,
+        netns: &Path,
+        pod_uid: &str,
+        interfaces: &[String],
+    ) -> impl Future<Output = Result<Vec<Option<InterfaceStats>>, Self::Error>> + Send;
+
+    /// The `(pod UID, interface)` pairs with counters hooked (after a restart: the pins).
+    ///
+    /// # Errors
+    /// The adapter's error when they cannot be listed.
+    fn hooked(&self) -> Result<Vec<(String, String)>, Self::Error>;
+}
+
+/// The attached interfaces: a change counter, and a snapshot taken when it moved.
+pub trait AttachedInterfaces: Send + Sync + 'static {
+    /// Bumped whenever the set of attached interfaces may have changed.
+    fn changes(&self) -> watch::Receiver<u64>;
+    /// Every interface attached now.
+    fn snapshot(&self) -> Vec<WatchedInterface>;
+}
+
+/// Where collected stats go.
+pub trait StatsSink: Send + Sync + 'static {
+    /// Every hooked interface's counters, after each collection (Prometheus).
+    fn collected(&self, samples: &[(WatchedInterface, InterfaceStats)]);
+    /// The interfaces whose counters changed since they were last handed over, at most
+    /// once per status interval (the claim status).
+    fn changed(&self, samples: Vec<(WatchedInterface, InterfaceStats)>);
+}
+
+/// Timing of the collection.
+#[derive(Debug, Clone, Copy)]
+pub struct StatsSettings {
+    /// How often counters are read for Prometheus.
+    pub collect_every: Duration,
+    /// How often changed counters go to the claim status; `None`: never (`--stats-interval 0`).
+    pub status_every: Option<Duration>,
+}
+
+impl StatsSettings {
+    /// Counters are read at least every 15 s, and at least as often as the status interval.
+    #[must_use]
+    pub fn from_status_interval(interval: Duration) -> Self {
+        const PROMETHEUS: Duration = Duration::from_secs(15);
+        if interval.is_zero() {
+            Self { collect_every: PROMETHEUS, status_every: None }
+        } else {
+            Self { collect_every: interval.min(PROMETHEUS), status_every: Some(interval) }
+        }
+    }
+}
+
+/// The stats service.
+#[derive(Debug)]
+pub struct StatsService<H> {
+    hooks: Arc<H>,
+    settings: StatsSettings,
+    /// Interfaces with counters hooked, by key.
+    hooked: BTreeMap<InterfaceKey, WatchedInterface>,
+    /// What was last handed to the claim status, by key.
+    submitted: BTreeMap<InterfaceKey, InterfaceStats>,
+}
+
+impl<H: CounterHooks> StatsService<H> {
+    /// A service over `hooks`.
+    pub fn new(hooks: H, settings: StatsSettings) -> Self {
+        Self {
+            hooks: Arc::new(hooks),
+            settings,
+            hooked: BTreeMap::new(),
+            submitted: BTreeMap::new(),
+        }
+    }
+
+    /// Runs until `shutdown` fires: follows `interfaces`, collects, reports to `sink`.
+    ///
+    /// Counters hooked before a restart are adopted when their interface is still attached
+    /// (the programs kept counting while the daemon was down), and removed otherwise.
+    pub async fn run(
+        mut self,
+        source: impl AttachedInterfaces,
+        sink: impl StatsSink,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut versions = source.changes();
+        versions.borrow_and_update();
+        let current = source.snapshot();
+        self.adopt(&current).await;
+        self.follow(&current).await;
+        let mut collect = tokio::time::interval(self.settings.collect_every);
+        collect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut status_due =
+            self.settings.status_every.map(|every| tokio::time::Instant::now() + every);
+        loop {
+            tokio::select! {
+                moved = versions.changed() => {
+                    if moved.is_err() {
+                        break;
+                    }
+                    versions.borrow_and_update();
+                    let current = source.snapshot();
+                    self.follow(&current).await;
+                }
+                _ = collect.tick() => {
+                    let samples = self.collect().await;
+                    sink.collected(&samples);
+                    if let (Some(due), Some(every)) = (status_due, self.settings.status_every)
+                        && tokio::time::Instant::now() >= due
+                    {
+                        status_due = Some(due + every);
+                        let fresh = self.changed(samples);
+                        if !fresh.is_empty() {
+                            sink.changed(fresh);
+                        }
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+        }
+    }
+
+    /// Takes over the counters a previous process hooked: those of interfaces still attached
+    /// are kept (and counted on), the others removed.
+    async fn adopt(&mut self, interfaces: &[WatchedInterface]) {
+        let pinned = match self.hooks.hooked() {
+            Ok(pinned) => pinned,
+            Err(err) => {
+                tracing::warn!(err = %crate::model::cause::chain(&err), "listing the counters of an earlier run");
+                return;
+            }
+        };
+        for (pod_uid, interface) in pinned {
+            let key = (pod_uid, interface);
+            match interfaces.iter().find(|i| i.key() == key && i.stats) {
+                Some(watched) => {
+                    self.hooked.insert(key, watched.clone());
+                }
+                None => {
+                    if let Err(err) = self.hooks.unhook(None, &key.0, &key.1).await {
+                        tracing::warn!(pod = %key.0, interface = %key.1, err = %crate::model::cause::chain(&err),
+                            "removing counters of an interface that is gone");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hooks the new interfaces, unhooks the gone ones.
+    async fn follow(&mut self, interfaces: &[WatchedInterface]) {
+        let wanted: BTreeMap<InterfaceKey, &WatchedInterface> =
+            interfaces.iter().filter(|i| i.stats).map(|i| (i.key(), i)).collect();
+        let gone: Vec<InterfaceKey> = self
+            .hooked
+            .iter()
+            .filter(|(key, old)| wanted.get(*key).is_none_or(|new| new.netns != old.netns))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            if let Some(old) = self.hooked.remove(&key) {
+                self.submitted.remove(&key);
+                if let Err(err) = self.hooks.unhook(Some(&old.netns), &key.0, &key.1).await {
+                    tracing::warn!(pod = %key.0, interface = %key.1, err = %crate::model::cause::chain(&err),
+                        "removing the counters of a detached interface");
+                }
+            }
+        }
+        for (key, watched) in wanted {
+            if self.hooked.contains_key(&key) {
+                continue;
+            }
+            match self.hooks.hook(&watched.netns, &key.0, &key.1).await {
+                Ok(()) => {
+                    self.hooked.insert(key, watched.clone());
+                }
+                // Not retried until the interface is attached again: the pod keeps its
+                // network; only its counters are missing, which the log says.
+                Err(err) => {
+                    tracing::warn!(pod = %key.0, interface = %key.1,
+                        err = %crate::model::cause::chain(&err), "hooking traffic counters");
+                }
+            }
+        }
+    }
+
+    /// Reads every hooked interface, one pod at a time.
+    async fn collect(&self) -> Vec<(WatchedInterface, InterfaceStats)> {
+        let mut by_pod: BTreeMap<&str, Vec<&WatchedInterface>> = BTreeMap::new();
+        for watched in self.hooked.values() {
+            by_pod.entry(watched.pod_uid.as_str()).or_default().push(watched);
+        }
+        let mut samples = Vec::new();
+        for (pod_uid, watched) in by_pod {
+            let names: Vec<String> = watched.iter().map(|w| w.interface.clone()).collect();
+            match self.hooks.read(&watched[0].netns, pod_uid, &names).await {
+                Ok(stats) => samples.extend(
+                    watched
+                        .into_iter()
+                        .zip(stats)
+                        .filter_map(|(w, stats)| stats.map(|stats| (w.clone(), stats))),
+                ),
+                // A pod stopping while it is read: its interfaces leave the watch next.
+                Err(err) => {
+                    tracing::debug!(pod = %pod_uid, err = %crate::model::cause::chain(&err),
+                    "reading traffic counters");
+                }
+            }
+        }
+        samples
+    }
+
+    /// The samples that differ from what the status last got, remembered as submitted.
+    fn changed(
+        &mut self,
+        samples: Vec<(WatchedInterface, InterfaceStats)>,
+    ) -> Vec<(WatchedInterface, InterfaceStats)> {
+        let live: BTreeSet<InterfaceKey> = samples.iter().map(|(w, _)| w.key()).collect();
+        self.submitted.retain(|key, _| live.contains(key));
+        samples
+            .into_iter()
+            .filter(|(watched, stats)| {
+                let key = watched.key();
+                if self.submitted.get(&key) == Some(stats) {
+                    return false;
+                }
+                self.submitted.insert(key, *stats);
+                true
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;
