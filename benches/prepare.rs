@@ -189,14 +189,16 @@ fn prepare_benches(c: &mut Criterion) {
     } else {
         std::env::var("NETCLAIM_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(60)
     };
-    let sides = Sides { rt: &rt, kubelet: &kubelet, client, claims, reader: &reader };
+    let sides = Sides { kubelet: &kubelet, client, claims, reader: &reader };
     report(state_dir.as_path(), &sides.rounds(rounds, repeated, &state_dir));
     rt.block_on(plugin.stop());
 }
 
-/// The runtimes, clients and claims the interleaved rounds use.
+/// The runtimes, clients and claims the interleaved rounds use. Every API call runs on
+/// `kubelet`, as criterion's groups ran them: the API client's pooled connections are tasks
+/// of the runtime that opened them, and a current-thread runtime drives its tasks only inside
+/// its own `block_on` (a call from `rt` on such a connection waited forever).
 struct Sides<'a> {
-    rt: &'a tokio::runtime::Runtime,
     kubelet: &'a tokio::runtime::Runtime,
     client: &'a DraClient,
     claims: &'a Claims,
@@ -219,8 +221,8 @@ impl Sides<'_> {
                 match (round + turn) % 4 {
                     0 => fsync.push(durable_append(&mut floor_file)),
                     1 => {
-                        let claim = self.rt.block_on(self.claims.allocate(1));
-                        read.push(self.rt.block_on(reads(self.reader, &claim)));
+                        let claim = self.kubelet.block_on(self.claims.allocate(1));
+                        read.push(self.kubelet.block_on(reads(self.reader, &claim)));
                         new.push(self.kubelet.block_on(prepare(self.client, &claim)));
                         self.kubelet.block_on(release(self.client, self.claims, &claim));
                     }
@@ -230,8 +232,8 @@ impl Sides<'_> {
                     }
                     // A 100-claim call every fourth round: each allocates 200 API objects.
                     _ if round % 4 == 0 => {
-                        let batch = self.rt.block_on(self.claims.allocate(100));
-                        read100.push(self.rt.block_on(reads(self.reader, &batch)));
+                        let batch = self.kubelet.block_on(self.claims.allocate(100));
+                        read100.push(self.kubelet.block_on(reads(self.reader, &batch)));
                         new100.push(self.kubelet.block_on(prepare(self.client, &batch)));
                         self.kubelet.block_on(release(self.client, self.claims, &batch));
                     }

@@ -211,11 +211,20 @@ pub fn set_stats(entries: &mut [AllocatedDeviceStatus], stats: &[InterfaceCounte
             continue;
         };
         let value = serde_json::to_value(counters).unwrap_or(serde_json::Value::Null);
+        // Only the counts make a change: a new `collectedAt` alone is no reason to write.
+        let counts = |stats: Option<&serde_json::Value>| {
+            stats.and_then(serde_json::Value::as_object).map(|object| {
+                let mut object = object.clone();
+                object.remove("collectedAt");
+                object
+            })
+        };
+        if counts(fields.get(STATS_FIELD)) == counts(Some(&value)) {
+            continue;
+        }
         let mut with = fields.clone();
         with.insert(STATS_FIELD.to_owned(), value);
-        if serde_json::Value::Object(with.clone()).to_string().len() <= MAX_DATA_BYTES
-            && fields.get(STATS_FIELD) != with.get(STATS_FIELD)
-        {
+        if serde_json::Value::Object(with.clone()).to_string().len() <= MAX_DATA_BYTES {
             *fields = with;
             changed = true;
         }

@@ -905,3 +905,73 @@ async fn default_names_follow_the_pods_claim_order_not_claim_names() {
     assert!(names.contains(&("uid-zeta".to_owned(), "net1".to_owned())), "{names:?}");
     assert!(names.contains(&("uid-alpha".to_owned(), "net2".to_owned())), "{names:?}");
 }
+
+/// The stats service's view of the attach service: the change counter moves with the
+/// records, the snapshot lists attached interfaces with their `stats` setting, and counters
+/// handed back land in `data.stats` of the right entry (one write per claim) and in
+/// Prometheus.
+#[tokio::test]
+async fn attached_interfaces_carry_their_stats_setting_and_counters_reach_status_and_metrics() {
+    use crate::model::stats::{DirectionCounters, InterfaceStats};
+    use crate::stats::{AttachedInterfaces as _, StatsSink as _};
+
+    let world = World::new();
+    world.add_claim(claim("counted", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim(
+        "quiet",
+        "p1",
+        &[(
+            "nic",
+            "eth1",
+            json!({"mode": "macvlan", "stats": false, "ipam": {"addresses": ["10.0.1.6/24"]}}),
+        )],
+    ));
+    let service = Arc::new(world.service());
+    let mut changes = service.changes();
+    changes.borrow_and_update();
+    assert!(service.snapshot().is_empty());
+    run(&service, world.pod("p1")).await.unwrap();
+    assert!(changes.has_changed().unwrap(), "the attach moved the counter");
+    let mut snapshot = service.snapshot();
+    snapshot.sort_by(|a, b| a.claim_name.cmp(&b.claim_name));
+    let summary: Vec<_> = snapshot
+        .iter()
+        .map(|w| (w.claim_name.as_str(), w.interface.as_str(), w.stats, w.pod_name.as_str()))
+        .collect();
+    assert_eq!(summary, [("counted", "net1", true, "pod-p1"), ("quiet", "net2", false, "pod-p1")]);
+
+    let writes_before = world.status.statuses.lock().unwrap().len();
+    let stats = InterfaceStats {
+        rx: DirectionCounters { bytes: 420, packets: 5, icmp: 5, ..Default::default() },
+        tx: DirectionCounters { bytes: 420, packets: 5, icmp: 5, ..Default::default() },
+        rx_dropped: 0,
+        tx_dropped: 1,
+    };
+    let counted = snapshot[0].clone();
+    service.collected(&[(counted.clone(), stats)]);
+    service.changed(vec![(counted.clone(), stats)]);
+    let statuses = world.status.statuses.lock().unwrap().clone();
+    assert_eq!(statuses.len(), writes_before + 1, "one write for the one claim that changed");
+    let entry = &world.status.last("counted")[0];
+    let data = &entry.data.as_ref().unwrap().0;
+    assert_eq!(data["stats"]["rxPackets"], 5);
+    assert_eq!(data["stats"]["txDropped"], 1);
+    assert_eq!(ready(std::slice::from_ref(entry))[0].1, "NetworkReady", "conditions untouched");
+    let text = world.metrics.encode();
+    assert!(
+        text.contains(
+            r#"netclaim_interface_rx_packets_total{namespace="ns",pod="pod-p1",claim="counted",interface="net1"} 5"#
+        ),
+        "{text}"
+    );
+    service.changed(vec![(counted, stats)]);
+    assert_eq!(
+        world.status.statuses.lock().unwrap().len(),
+        writes_before + 1,
+        "the same counters again are no new write"
+    );
+
+    service.stop_pod_sandbox(world.pod("p1")).await.unwrap();
+    service.settled().await;
+    assert!(service.snapshot().is_empty(), "a stopped pod's interfaces leave the snapshot");
+}

@@ -31,6 +31,12 @@ use crate::stats::CounterHooks;
 static COUNTERS_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/counters.bpf.o"));
 
+/// The embedded counters object (for benchmarks that load it themselves).
+#[must_use]
+pub fn counters_object() -> &'static [u8] {
+    COUNTERS_OBJECT
+}
+
 /// Program names in `bpf/counters.c`; `clsact` filters are found by them again at detach.
 const RX_PROGRAM: &str = "netclaim_rx";
 const TX_PROGRAM: &str = "netclaim_tx";

@@ -1,0 +1,278 @@
+//! What the traffic counters cost a packet (DESIGN §10, issue 15), root only. Two figures,
+//! in one run:
+//!
+//! - `BPF_PROG_TEST_RUN` of the egress program on an ICMP echo frame, 1e6 repeats per
+//!   sample: the program's own time per packet (ns), the kernel's test-run harness included.
+//! - The packet rate of UDP datagrams sent from one throwaway netns to another through a
+//!   veth pair, with the counters hooked on the sender's end (both directions, as on a pod
+//!   interface) and without, in interleaved rounds (the order alternating), with the
+//!   per-round ratio: the loss the counters cause (target ≤ 3 %).
+//!
+//! Without `--bench` (`cargo test --benches`, as `make test` runs it) every benchmark runs
+//! once and the rounds shrink; under CI, missing root fails it instead of skipping.
+
+#![allow(missing_docs, reason = "a bench binary has no public API")]
+#![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the bench builds its own namespaces and enters them on threads of its own"
+)]
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use criterion::{Criterion, SamplingMode};
+use netclaim::host::bpf::{CounterPins, HookKind, counters_object};
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(2) == Some("0"))
+}
+
+/// Under CI a bench that cannot run fails instead of skipping.
+fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| !value.is_empty() && value != "false")
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("running ip");
+    assert!(status.success(), "ip {args:?} failed");
+}
+
+/// Two netns joined by a veth pair (`a` 10.79.0.1 → `b` 10.79.0.2), a private bpffs; all
+/// removed on drop.
+struct Topology {
+    prefix: String,
+    bpffs: tempfile::TempDir,
+}
+
+impl Topology {
+    fn new() -> Self {
+        let prefix = format!("ncb{:05x}", std::process::id() & 0xf_ffff);
+        let (a, b) = (format!("{prefix}-a"), format!("{prefix}-b"));
+        ip(&["netns", "add", &a]);
+        ip(&["netns", "add", &b]);
+        let (ea, eb) = (format!("{prefix}a"), format!("{prefix}b"));
+        ip(&["-n", &a, "link", "add", &ea, "type", "veth", "peer", "name", &eb]);
+        ip(&["-n", &a, "link", "set", &eb, "netns", &b]);
+        ip(&["-n", &a, "addr", "add", "10.79.0.1/24", "dev", &ea]);
+        ip(&["-n", &b, "addr", "add", "10.79.0.2/24", "dev", &eb]);
+        ip(&["-n", &a, "link", "set", &ea, "up"]);
+        ip(&["-n", &b, "link", "set", &eb, "up"]);
+        let bpffs = tempfile::tempdir().unwrap();
+        let status =
+            Command::new("mount").args(["-t", "bpf", "bpf"]).arg(bpffs.path()).status().unwrap();
+        assert!(status.success(), "mounting a private bpffs");
+        Self { prefix, bpffs }
+    }
+
+    fn netns(&self, side: &str) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}-{side}", self.prefix))
+    }
+
+    fn sender_if(&self) -> String {
+        format!("{}a", self.prefix)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let _ignored = Command::new("umount").arg("-l").arg(self.bpffs.path()).status();
+        for side in ["a", "b"] {
+            let _ignored = Command::new("ip")
+                .args(["netns", "del", &format!("{}-{side}", self.prefix)])
+                .status();
+        }
+    }
+}
+
+/// A UDP socket created inside the netns at `path` (a socket stays in the netns it was made
+/// in, whichever thread uses it later).
+fn socket_in(path: &Path, bind: SocketAddrV4) -> UdpSocket {
+    let path = path.to_owned();
+    std::thread::spawn(move || {
+        let netns = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        UdpSocket::bind(bind).unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+/// An Ethernet + IPv4 + ICMP echo request frame of 98 bytes (what `ping` sends).
+fn echo_frame() -> Vec<u8> {
+    let mut frame = vec![0u8; 98];
+    frame[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    frame[14] = 0x45;
+    frame[16..18].copy_from_slice(&84u16.to_be_bytes());
+    frame[22] = 64;
+    frame[23] = 1; // ICMP
+    frame[26..30].copy_from_slice(&[10, 79, 0, 1]);
+    frame[30..34].copy_from_slice(&[10, 79, 0, 2]);
+    frame[34] = 8; // echo request
+    frame
+}
+
+/// Sends `count` datagrams of 64 bytes; the time it took.
+fn blast(sender: &UdpSocket, count: u32) -> Duration {
+    let payload = [0u8; 64];
+    let target = SocketAddrV4::new(Ipv4Addr::new(10, 79, 0, 2), 9);
+    let started = Instant::now();
+    for _ in 0..count {
+        sender.send_to(&payload, target).unwrap();
+    }
+    started.elapsed()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test");
+    if !is_root() {
+        assert!(!under_ci(), "benches/stats needs root, and CI runs every bench");
+        println!("SKIPPED: benches/stats needs root (BPF programs, network namespaces)");
+        return;
+    }
+    let topology = Topology::new();
+    let pins = CounterPins::new(topology.bpffs.path(), "bench", HookKind::for_running_kernel());
+    let receiver = socket_in(&topology.netns("b"), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9));
+    receiver.set_nonblocking(true).unwrap();
+    let sender = socket_in(&topology.netns("a"), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+    let drain = || {
+        let mut buf = [0u8; 128];
+        while receiver.recv_from(&mut buf).is_ok() {}
+    };
+
+    let mut ebpf = aya::Ebpf::load(counters_object()).unwrap();
+    let program: &mut SchedClassifier =
+        ebpf.program_mut("netclaim_tx").unwrap().try_into().unwrap();
+    program.load().unwrap();
+    let frame = echo_frame();
+    let repeat: u32 = if smoke { 1000 } else { 1_000_000 };
+    let test_run = |program: &SchedClassifier| {
+        let result = program
+            .test_run(TestRunOptions { data_in: Some(&frame), repeat, ..TestRunOptions::new() })
+            .unwrap();
+        // The kernel reports the mean duration of one repeat.
+        result.duration
+    };
+
+    let batch: u32 = if smoke { 1000 } else { 20_000 };
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
+    let mut group = criterion.benchmark_group("counters");
+    group.sampling_mode(SamplingMode::Flat);
+    group.bench_function("prog-test-run-per-packet", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| test_run(program)).sum());
+    });
+    group.bench_function(format!("veth-udp-{batch}/without"), |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let t = blast(&sender, batch);
+                    drain();
+                    t
+                })
+                .sum()
+        });
+    });
+    pins.attach(&topology.netns("a"), "bench-pod", &topology.sender_if()).unwrap();
+    group.bench_function(format!("veth-udp-{batch}/with-counters"), |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let t = blast(&sender, batch);
+                    drain();
+                    t
+                })
+                .sum()
+        });
+    });
+    pins.detach(Some(&topology.netns("a")), "bench-pod", &topology.sender_if()).unwrap();
+    group.finish();
+    criterion.final_summary();
+
+    let rounds = if smoke { 2 } else { 30 };
+    interleaved_rounds(
+        &Sides { topology: &topology, pins: &pins, sender: &sender, drain: &drain },
+        rounds,
+        batch,
+        || test_run(program),
+        repeat,
+    );
+}
+
+/// What the interleaved rounds need.
+struct Sides<'a> {
+    topology: &'a Topology,
+    pins: &'a CounterPins,
+    sender: &'a UdpSocket,
+    drain: &'a dyn Fn(),
+}
+
+/// With and without counters alternate, the hook attached between them; prints the medians
+/// and the per-round ratio.
+fn interleaved_rounds(
+    sides: &Sides<'_>,
+    rounds: usize,
+    batch: u32,
+    test_run: impl Fn() -> Duration,
+    repeat: u32,
+) {
+    let Sides { topology, pins, sender, drain } = sides;
+    let (mut with, mut without, mut ratios, mut per_packet) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        let measure = |hooked: bool| {
+            if hooked {
+                pins.attach(&topology.netns("a"), "bench-pod", &topology.sender_if()).unwrap();
+            }
+            let took = blast(sender, batch);
+            drain();
+            if hooked {
+                pins.detach(Some(&topology.netns("a")), "bench-pod", &topology.sender_if())
+                    .unwrap();
+            }
+            f64::from(batch) / took.as_secs_f64()
+        };
+        let (plain, counted) = if round % 2 == 0 {
+            let plain = measure(false);
+            (plain, measure(true))
+        } else {
+            let counted = measure(true);
+            (measure(false), counted)
+        };
+        without.push(plain);
+        with.push(counted);
+        ratios.push(counted / plain);
+        per_packet.push(test_run().as_secs_f64() * 1e9);
+    }
+    let ratio = median(&mut ratios);
+    println!(
+        "rounds ({rounds}, order alternating, {} hook, {batch} datagrams of 64 B each):",
+        pins.kind().as_str()
+    );
+    println!(
+        "  veth packet rate median: without counters {:.0}/s, with {:.0}/s; per-round ratio \
+         median {ratio:.3} = {:.1} % loss (target <= 3 %)",
+        median(&mut without),
+        median(&mut with),
+        (1.0 - ratio) * 100.0
+    );
+    println!(
+        "  BPF_PROG_TEST_RUN of the egress program, {repeat} repeats: median {:.1} ns per packet",
+        median(&mut per_packet)
+    );
+}
