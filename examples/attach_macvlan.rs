@@ -76,13 +76,21 @@ async fn plan(host: &HostNetlink, args: &Args) -> Result<AttachPlan, String> {
         pf_mtu: None,
         passthru_children: 0,
         other_children: 0,
+        ipvlan_children: 0,
     };
     let entry = ConfigEntry {
         source: ConfigSource::Claim,
         requests: Vec::new(),
         parameters: args.config.clone(),
     };
-    let config = resolve(&[entry], "net", &facts).map_err(|e| format!("--config: {e}"))?;
+    // What this kernel and build can attach, probed as the daemon does at start: a mode or
+    // VLAN the node cannot attach is refused here rather than half-way through the apply.
+    let kernel = tokio::task::spawn_blocking(netclaim::host::kernel_probe::probe)
+        .await
+        .map_err(|e| format!("probing the kernel: {e}"))?;
+    let support = netclaim::podnet::plan::node_support(&kernel);
+    let config =
+        resolve(&[entry], "net", &facts, &support).map_err(|e| format!("--config: {e}"))?;
     let device = HostDevice {
         if_name: parent.name.clone(),
         kind: facts.kind,

@@ -17,6 +17,7 @@ use kube::Api;
 use kube::api::PostParams;
 use kube_inmemory::allocator::{AllocatorController, reserve_for};
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
+use netclaim::model::support::Probe;
 use nri_rs::{NriRuntime, PodSandbox, RuntimeOptions};
 use serde_json::json;
 use support::{Child, Netns, node_daemon_args, require_root, scrape_metric, start_api_server};
@@ -378,6 +379,100 @@ fn run_pod_sandbox_attaches_a_macvlan_and_stop_removes_it() {
     assert_eq!(pod_ipv4(&pod_netns, "net1"), None, "net1 is gone at once");
     node.wait_for_status("web-net", "False", "PodStopped", "node.log");
     node.runtime.block_on(node.nri().remove_pod_sandbox(&stopping)).unwrap();
+}
+
+/// Whether this kernel creates a link of `kind` (`ipvlan`, `vlan`) on a veth, asked with `ip`
+/// in a throwaway netns: the ground truth the daemon's probe is checked against.
+fn kernel_has(kind: &str) -> bool {
+    let netns = Netns::new();
+    let (parent, peer) = (netns.ifname("k0"), netns.ifname("k1"));
+    netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
+    let child = netns.ifname("k2");
+    let mut args = vec!["-n", netns.name.as_str(), "link", "add", "link", &parent, "name", &child];
+    args.extend_from_slice(if kind == "vlan" {
+        &["type", "vlan", "id", "7"]
+    } else {
+        &["type", "ipvlan"]
+    });
+    std::process::Command::new("ip").args(&args).status().unwrap().success()
+}
+
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn the_kernel_probe_agrees_with_the_kernel_and_leaves_no_link_behind() {
+    if !require_root("the_kernel_probe_agrees_with_the_kernel_and_leaves_no_link_behind") {
+        return;
+    }
+    let netns = Netns::new();
+    let before = netns.ip(&["-o", "link", "show"]).stdout;
+    // The probe makes its own private netns from whichever one it runs in.
+    let path = format!("/run/netns/{}", netns.name);
+    let started = Instant::now();
+    let support =
+        netclaim::host::netns::run_in(Path::new(&path), netclaim::host::kernel_probe::probe)
+            .unwrap();
+    println!("probe: ipvlan {}, vlan {} in {:?}", support.ipvlan, support.vlan, started.elapsed());
+    for (kind, probe) in [("ipvlan", &support.ipvlan), ("vlan", &support.vlan)] {
+        match (kernel_has(kind), probe) {
+            (true, Probe::Available) => {}
+            (false, Probe::Missing { detail }) => {
+                assert!(detail.contains("EOPNOTSUPP"), "{detail}");
+            }
+            (has, other) => panic!(
+                "{kind}: the kernel {} it, the probe says {other}",
+                if has { "has" } else { "lacks" }
+            ),
+        }
+    }
+    assert_eq!(netns.ip(&["-o", "link", "show"]).stdout, before, "the probe left a link behind");
+}
+
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn a_mode_the_node_cannot_attach_is_refused_at_prepare_not_at_sandbox_time() {
+    if !require_root("a_mode_the_node_cannot_attach_is_refused_at_prepare_not_at_sandbox_time") {
+        return;
+    }
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let log = node.log("node.log");
+    assert!(log.contains("probed the kernel's child link kinds"), "{log}");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "ipvl");
+    let parent = node.parent.clone();
+
+    let uid = node.allocated_claim_on("ipvl-net", &sandbox, &parent, json!({"mode": "ipvlan"}));
+    let error = node.prepare("ipvl-net", &uid).error;
+    let reason = if kernel_has("ipvlan") {
+        "this build does not implement the ipvlan attach yet"
+    } else {
+        // This CI host: its kernel has no ipvlan module.
+        "ipvlan is not available on this node's kernel"
+    };
+    for part in ["claim default/ipvl-net", "mode: \"ipvlan\"", reason] {
+        assert!(error.contains(part), "{part:?} missing in {error:?}");
+    }
+    assert!(node.claim("ipvl-net").status.unwrap().devices.is_none(), "nothing was attached");
+
+    let uid = node.allocated_claim_on(
+        "vlan-net",
+        &sandbox,
+        &parent,
+        json!({"mode": "macvlan", "vlan": 7}),
+    );
+    let error = node.prepare("vlan-net", &uid).error;
+    let has_vlan = kernel_has("vlan");
+    if has_vlan {
+        assert_eq!(error, "", "{}", node.log("node.log"));
+    } else {
+        for part in ["claim default/vlan-net", "vlan: 7", "VLAN sub-interfaces are not available"] {
+            assert!(error.contains(part), "{part:?} missing in {error:?}");
+        }
+    }
+    // The pod starts without the refused claims (lo, plus the VLAN claim's macvlan on a
+    // kernel with 8021q).
+    node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox)).unwrap();
+    assert_eq!(pod_links(&pod_netns).len(), 1 + usize::from(has_vlan), "{}", node.log("node.log"));
 }
 
 #[test]

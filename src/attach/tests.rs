@@ -17,7 +17,7 @@ use super::*;
 use crate::claims::{PodConsumer, PreparedClaim, PreparedClaimDevice};
 use crate::metrics::Metrics;
 use crate::model::network_config::{
-    Addressing, ConfigEntry, ConfigSource, DeviceFacts, DeviceKind, Sharing, resolve,
+    Addressing, ConfigEntry, ConfigSource, DeviceFacts, DeviceKind, NodeSupport, Sharing, resolve,
 };
 use crate::model::{ClaimRef, PodRef};
 use crate::podnet::failing::{FailingOps, FailurePlan};
@@ -244,6 +244,7 @@ fn facts(if_name: &str, sharing: Sharing, mtu: u32) -> DeviceFacts {
         pf_mtu: None,
         passthru_children: 0,
         other_children: 0,
+        ipvlan_children: 0,
     }
 }
 
@@ -269,7 +270,8 @@ fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> 
                     facts(if_name, sharing, if *if_name == "eth2" { 9000 } else { 1500 });
                 let entries =
                     [ConfigEntry { source: ConfigSource::Claim, requests: Vec::new(), parameters }];
-                let config = resolve(&entries, request, &device_facts).unwrap();
+                let config =
+                    resolve(&entries, request, &device_facts, &NodeSupport::everything()).unwrap();
                 let addresses = match &config.addressing {
                     Addressing::Static(a) => a.clone(),
                     _ => Vec::new(),

@@ -42,9 +42,11 @@ use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;
 use crate::model::network_config::{
-    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, PoolSpec, ResolvedMode,
-    ResolvedNetworkConfig, Sharing,
+    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, NodeSupport, PoolSpec,
+    ResolvedMode, ResolvedNetworkConfig, Sharing,
 };
+use crate::model::support::KernelSupport;
+use crate::podnet::plan::node_support;
 
 use allocation::{AllocatedResult, ClaimAllocation};
 use metadata::{DeviceMetadata, MetadataError};
@@ -406,6 +408,8 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     state: Arc<Mutex<State<S>>>,
     /// Device metadata files (KEP-5304); `None` when turned off.
     metadata: Option<Arc<DeviceMetadata>>,
+    /// The modes and features this node can attach; prepare refuses the others (DESIGN §2).
+    support: Arc<NodeSupport>,
     /// One async lock per claim UID in flight, so the same claim is never worked on twice
     /// at once (kubelet may repeat a call that timed out while the first still runs).
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -476,6 +480,9 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             devices,
             state: Arc::new(Mutex::new(State { ipam, prepared, pending: HashMap::new() })),
             metadata: None,
+            // Until the daemon hands over its probe, only what this build cannot attach is
+            // refused.
+            support: Arc::new(node_support(&KernelSupport::unprobed())),
             in_flight: Mutex::new(HashMap::new()),
         })
     }
@@ -487,6 +494,14 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         metadata.restore(&claims).map_err(LoadError::Metadata)?;
         self.metadata = Some(metadata);
         Ok(self)
+    }
+
+    /// Refuses at prepare what this node cannot attach: `kernel` is what the start-up probe
+    /// found (`host::kernel_probe`), combined with what this build implements.
+    #[must_use]
+    pub fn with_kernel_support(mut self, kernel: &KernelSupport) -> Self {
+        self.support = Arc::new(node_support(kernel));
+        self
     }
 
     /// The prepared claim of `uid`, if any.
@@ -593,11 +608,13 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             }
             let state = Arc::clone(&self.state);
             let metadata = self.metadata.clone();
+            let support = Arc::clone(&self.support);
             let claim = claim.clone();
             tokio::task::spawn_blocking(move || {
                 commit_prepare(
                     &state,
                     metadata.as_deref(),
+                    &support,
                     &claim,
                     &allocation,
                     facts,
@@ -626,21 +643,24 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
     }
 }
 
-/// Child counts of `if_name` from the claims already prepared on it: a macvlan parent takes
-/// one passthru child or any number of other children.
+/// Child counts of the netdev a new child would sit on, from the children already planned:
+/// the parent `facts.if_name` itself, or its VLAN sub-interface when `vlan` is set (each is
+/// its own netdev with its own receive handler, so kinds and passthru count per netdev). A
+/// macvlan parent takes one passthru child or any number of other children; a parent
+/// carries macvlan or ipvlan children, not both.
 fn add_planned_children<'a>(
     facts: &mut DeviceFacts,
-    in_use: impl Iterator<Item = &'a PreparedClaim>,
+    vlan: Option<u16>,
+    planned: impl Iterator<Item = (&'a str, &'a ResolvedNetworkConfig)>,
 ) {
-    for device in in_use.flat_map(|c| &c.devices) {
-        if device.if_name != facts.if_name {
+    for (if_name, config) in planned {
+        if if_name != facts.if_name || config.vlan != vlan {
             continue;
         }
-        match device.config.mode {
+        match config.mode {
             ResolvedMode::Macvlan { mode: MacvlanMode::Passthru } => facts.passthru_children += 1,
-            ResolvedMode::Macvlan { .. } | ResolvedMode::Ipvlan { .. } => {
-                facts.other_children += 1;
-            }
+            ResolvedMode::Macvlan { .. } => facts.other_children += 1,
+            ResolvedMode::Ipvlan { .. } => facts.ipvlan_children += 1,
             ResolvedMode::HostDevice | ResolvedMode::SriovVf => {}
         }
     }
@@ -709,6 +729,7 @@ fn check_pool_settings<'a>(
 fn commit_prepare<S: ClaimStore>(
     state: &Mutex<State<S>>,
     metadata: Option<&DeviceMetadata>,
+    support: &NodeSupport,
     claim: &ClaimRef,
     allocation: &ClaimAllocation,
     facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
@@ -721,7 +742,7 @@ fn commit_prepare<S: ClaimStore>(
             return Ok(done.kubelet_devices());
         }
         let (prepared, leases, new_leases) =
-            reserve_claim(state, metadata, claim, allocation, facts, pod_claim_index)?;
+            reserve_claim(state, metadata, support, claim, allocation, facts, pod_claim_index)?;
         state.pending.insert(prepared.uid.clone(), prepared.clone());
         (prepared, leases, new_leases, state.ipam.store().clone())
     };
@@ -756,21 +777,28 @@ fn commit_prepare<S: ClaimStore>(
 fn reserve_claim<S: ClaimStore>(
     state: &mut State<S>,
     metadata: Option<&DeviceMetadata>,
+    support: &NodeSupport,
     claim: &ClaimRef,
     allocation: &ClaimAllocation,
     facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
     pod_claim_index: Option<u32>,
 ) -> Result<(PreparedClaim, Vec<Lease>, Vec<Lease>), ClaimError> {
-    let mut devices = Vec::with_capacity(allocation.results.len());
+    let mut devices: Vec<(_, DeviceFacts, _, ResolvedNetworkConfig)> =
+        Vec::with_capacity(allocation.results.len());
     for (result, (mut facts, attributes)) in allocation.results.iter().zip(facts) {
-        add_planned_children(&mut facts, state.claims_in_use());
-        let config = network_config::resolve(&allocation.config, &result.request, &facts).map_err(
-            |source| ClaimError::Config {
-                request: result.request.clone(),
-                device: result.device.clone(),
-                source: Box::new(source),
-            },
-        )?;
+        let config_error = |source| ClaimError::Config {
+            request: result.request.clone(),
+            device: result.device.clone(),
+            source: Box::new(source),
+        };
+        let merged = network_config::merge_for_request(&allocation.config, &result.request)
+            .map_err(config_error)?;
+        // Children of other claims and of this claim's earlier results.
+        let in_use =
+            state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config));
+        let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, c));
+        add_planned_children(&mut facts, merged.vlan, in_use.chain(this_claim));
+        let config = merged.validate(&facts, support).map_err(config_error)?;
         devices.push((result, facts, attributes, config));
     }
     let mut prepared = PreparedClaim {

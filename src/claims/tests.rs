@@ -91,6 +91,7 @@ impl DeviceLookup for FixedDevices {
             pf_mtu: None,
             passthru_children: 0,
             other_children: 0,
+            ipvlan_children: 0,
         })
     }
 
@@ -331,7 +332,7 @@ async fn config_merges_class_then_claim_entries_for_the_matching_request_only() 
                 &[],
                 params(json!({"mode": "macvlan", "interface": {"mtu": 1300, "name": "net1"}})),
             ),
-            config("FromClaim", DRIVER, &["b"], params(json!({"mode": "ipvlan"}))),
+            config("FromClaim", DRIVER, &["b"], params(json!({"macvlan": {"mode": "vepa"}}))),
             // Another driver's entry is not ours to decode (it would fail strict decoding).
             config("FromClaim", "other.example.com", &[], json!({"whatever": true})),
         ],
@@ -345,7 +346,10 @@ async fn config_merges_class_then_claim_entries_for_the_matching_request_only() 
     assert_eq!(a.config.interface.name.as_deref(), Some("net1"), "class field kept");
     assert_eq!(a.config.mode.mode(), crate::model::network_config::Mode::Macvlan);
     let b = &stored.devices[1];
-    assert_eq!(b.config.mode.mode(), crate::model::network_config::Mode::Ipvlan);
+    assert_eq!(
+        b.config.mode,
+        ResolvedMode::Macvlan { mode: crate::model::network_config::MacvlanMode::Vepa }
+    );
     assert_eq!(b.config.interface.mtu, 1300, "entry for request a does not apply to b");
     assert_eq!(b.if_name, "eth2", "a slot maps to its parent");
 }
@@ -409,6 +413,74 @@ async fn passthru_takes_the_parent_alone_across_claims() {
     prepare_one(&service, &reference("p1", "u1")).await.unwrap();
     let err = prepare_one(&service, &reference("p2", "u2")).await.unwrap_err();
     assert!(err.contains("macvlan.mode"), "{err}");
+}
+
+#[tokio::test]
+async fn a_passthru_child_on_a_vlan_sub_interface_leaves_the_parent_itself_free() {
+    // `eth2.7` is a netdev of its own, with its own receive handler: passthru on it does not
+    // take `eth2`, but it does take `eth2.7` from a later claim on the same VLAN.
+    let api = Arc::new(FakeApi::default());
+    let on = |name: &str, uid: &str, body: Value| {
+        api.put(claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config("FromClaim", DRIVER, &[], params(body))],
+        ));
+    };
+    on("p7", "u1", json!({"macvlan": {"mode": "passthru"}, "vlan": 7}));
+    on("plain", "u2", json!({"macvlan": {"mode": "bridge"}}));
+    on("b7", "u3", json!({"macvlan": {"mode": "bridge"}, "vlan": 7}));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    prepare_one(&service, &reference("p7", "u1")).await.unwrap();
+    prepare_one(&service, &reference("plain", "u2")).await.unwrap();
+    let err = prepare_one(&service, &reference("b7", "u3")).await.unwrap_err();
+    assert!(err.contains("request nic, device eth2: mode: \"macvlan\": passthru"), "{err}");
+}
+
+#[tokio::test]
+async fn a_mode_the_node_cannot_attach_fails_the_prepare_naming_mode_and_reserves_nothing() {
+    use crate::model::support::Probe;
+    let api = Arc::new(FakeApi::default());
+    let on = |name: &str, uid: &str, device: &str, body: Value| {
+        api.put(claim(
+            name,
+            uid,
+            vec![result("nic", DRIVER, NODE, device)],
+            vec![config("FromClaim", DRIVER, &[], params(body))],
+        ));
+    };
+    on(
+        "ipvl",
+        "u1",
+        "eth2",
+        json!({"mode": "ipvlan", "ipam": {"pool": {"subnet": "10.9.0.0/24"}}}),
+    );
+    on("tagged", "u2", "eth2-s0", json!({"vlan": 7, "ipam": {"addresses": ["10.8.0.5/24"]}}));
+    on("plain", "u3", "eth2", json!({"ipam": {"pool": {"subnet": "10.9.0.0/24"}}}));
+    let dir = tempfile::tempdir().unwrap();
+    let missing = Probe::Missing { detail: "EOPNOTSUPP".to_owned() };
+    let service = service(&api, dir.path())
+        .with_kernel_support(&KernelSupport { ipvlan: missing.clone(), vlan: missing });
+    let err = prepare_one(&service, &reference("ipvl", "u1")).await.unwrap_err();
+    assert!(
+        err.starts_with(
+            "claim default/ipvl: request nic, device eth2: mode: \"ipvlan\": not available on \
+             this node: ipvlan is not available on this node's kernel (EOPNOTSUPP)"
+        ),
+        "{err}"
+    );
+    let err = prepare_one(&service, &reference("tagged", "u2")).await.unwrap_err();
+    assert!(err.contains("device eth2-s0: vlan: 7: not available on this node: VLAN"), "{err}");
+    assert_eq!(lock(&service.state).ipam.leases().count(), 0, "no address held");
+    assert!(service.prepared("u1").is_none() && service.prepared("u2").is_none());
+    // The first address of the pool is still free for a claim the node can attach.
+    prepare_one(&service, &reference("plain", "u3")).await.unwrap();
+    assert_eq!(
+        service.prepared("u3").unwrap().devices[0].addresses,
+        vec!["10.9.0.1/24".parse().unwrap()]
+    );
 }
 
 #[tokio::test]
@@ -616,7 +688,9 @@ fn a_record_written_before_reserved_for_was_kept_still_loads() {
                         pf_mtu: None,
                         passthru_children: 0,
                         other_children: 0,
+                        ipvlan_children: 0,
                     },
+                    &crate::model::network_config::NodeSupport::everything(),
                 )
                 .unwrap(),
             )

@@ -11,6 +11,7 @@ pub mod bpf;
 pub mod demo_network;
 pub mod device_lookup;
 pub mod discovery;
+pub mod kernel_probe;
 pub mod link_events;
 pub mod netlink;
 pub mod netns;

@@ -69,6 +69,7 @@ fn facts_of(
         pf_mtu,
         passthru_children: 0,
         other_children: 0,
+        ipvlan_children: 0,
     }
 }
 

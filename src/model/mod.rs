@@ -6,5 +6,6 @@ pub mod names;
 pub mod network_config;
 pub mod refs;
 pub mod stats;
+pub mod support;
 
 pub use refs::{ClaimRef, PodRef};

@@ -23,6 +23,7 @@ use serde_json::Value;
 pub use validate::{MAX_ADDRESSES, MAX_ROUTES, check_interface_name};
 // The device vocabulary is the model's one (`model::device`); validation speaks it too.
 pub use crate::model::device::{DeviceKind, Sharing};
+pub use crate::model::support::NodeSupport;
 
 /// The only `apiVersion` this driver understands.
 pub const API_VERSION: &str = "netclaim.dev/v1alpha1";
@@ -334,8 +335,10 @@ pub struct DeviceFacts {
     pub pf_mtu: Option<u32>,
     /// macvlan children in passthru mode already on this parent.
     pub passthru_children: u32,
-    /// Other macvlan/ipvlan children already on this parent.
+    /// macvlan children in other modes already on this parent.
     pub other_children: u32,
+    /// ipvlan children already on this parent (a parent carries one kind of child).
+    pub ipvlan_children: u32,
 }
 
 /// A MAC address (EUI-48).
@@ -591,6 +594,25 @@ pub enum Rule {
         passthru_children: u32,
         /// Existing other children.
         other_children: u32,
+    },
+    /// The node cannot attach this mode (its kernel lacks the link kind, or this build does
+    /// not implement the attach yet): refused at prepare, never at sandbox time.
+    #[error("not available on this node: {0}")]
+    ModeUnavailable(String),
+    /// The node cannot create VLAN sub-interfaces (no 8021q in its kernel).
+    #[error("not available on this node: {0}")]
+    VlanUnavailable(String),
+    /// A parent carries one kind of child: macvlan and ipvlan each take the parent's one
+    /// receive handler (`netdev_rx_handler_register` answers `EBUSY` to the second kind).
+    #[error(
+        "a parent carries one kind of child, and this one already has {count} {existing} \
+         children"
+    )]
+    ChildKindMix {
+        /// The kind already on the parent.
+        existing: Mode,
+        /// How many of them.
+        count: u32,
     },
     /// ipvlan children share the parent's MAC address.
     #[error("not allowed with ipvlan (ipvlan children share the parent's MAC address)")]
@@ -905,9 +927,14 @@ impl NetworkConfig {
         override_with(&mut self.stats, stats);
     }
 
-    /// Checks this (merged) config against the allocated device and applies defaults.
-    pub fn validate(&self, device: &DeviceFacts) -> Result<ResolvedNetworkConfig, ConfigError> {
-        validate::validate(self, device)
+    /// Checks this (merged) config against the allocated device and what the node can
+    /// attach (`support`), and applies defaults.
+    pub fn validate(
+        &self,
+        device: &DeviceFacts,
+        support: &NodeSupport,
+    ) -> Result<ResolvedNetworkConfig, ConfigError> {
+        validate::validate(self, device, support)
     }
 }
 
@@ -972,6 +999,7 @@ pub fn resolve(
     entries: &[ConfigEntry],
     request: &str,
     device: &DeviceFacts,
+    support: &NodeSupport,
 ) -> Result<ResolvedNetworkConfig, ConfigError> {
-    merge_for_request(entries, request)?.validate(device)
+    merge_for_request(entries, request)?.validate(device, support)
 }

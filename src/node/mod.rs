@@ -313,8 +313,12 @@ async fn load_state(
     let claim_metadata = metadata.clone();
     let (service, store) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
+        // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
+        // accepted that would fail every pod at sandbox time.
+        let kernel = crate::host::kernel_probe::probe();
         let mut service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
-            .map_err(NodeError::Claims)?;
+            .map_err(NodeError::Claims)?
+            .with_kernel_support(&kernel);
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }

@@ -15,6 +15,7 @@ use crate::model::network_config::{
     Addressing, DeviceKind, MacAddr, MacvlanMode, Mode, ResolvedMode, ResolvedNetworkConfig, Route,
     Sharing, check_interface_name,
 };
+use crate::model::support::{KernelSupport, NodeSupport, Probe};
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -489,17 +490,9 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
                 hardware_address: config.interface.hardware_address,
             });
         }
-        ResolvedMode::Ipvlan { .. } => {
-            return Err(PlanError::ModeNotSupported {
-                mode,
-                why: "ipvlan attach comes with its VM tests (this kernel has no ipvlan module)",
-            });
-        }
-        ResolvedMode::SriovVf => {
-            return Err(PlanError::ModeNotSupported {
-                mode,
-                why: "VF settings on the PF are not implemented yet (netdevsim VM tests)",
-            });
+        ResolvedMode::Ipvlan { .. } | ResolvedMode::SriovVf => {
+            let why = not_implemented(mode).unwrap_or("no plan for this mode");
+            return Err(PlanError::ModeNotSupported { mode, why });
         }
         ResolvedMode::HostDevice => {
             if device.sharing != Sharing::Exclusive {
@@ -546,6 +539,46 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
         host_mac_to_restore,
         steps,
     })
+}
+
+/// Why this build cannot plan `mode` yet, or `None` when [`plan_attach`] handles it. Prepare
+/// refuses these modes through [`node_support`], so a claim never reaches the sandbox with
+/// one.
+#[must_use]
+pub fn not_implemented(mode: Mode) -> Option<&'static str> {
+    match mode {
+        Mode::Macvlan | Mode::HostDevice => None,
+        Mode::Ipvlan => Some("this build does not implement the ipvlan attach yet"),
+        Mode::SriovVf => Some(
+            "this build does not implement VF settings on the PF yet \
+             (use mode host-device to move the VF without them)",
+        ),
+    }
+}
+
+/// What prepare refuses on this node: modes and VLAN sub-interfaces its kernel lacks (the
+/// kernel's reason first: it stays true when the attach is implemented), then modes this
+/// build cannot plan ([`not_implemented`]).
+#[must_use]
+pub fn node_support(kernel: &KernelSupport) -> NodeSupport {
+    let mut support = NodeSupport::everything();
+    if let Probe::Missing { detail } = &kernel.ipvlan {
+        support = support.refuse_mode(
+            Mode::Ipvlan,
+            format!("ipvlan is not available on this node's kernel ({detail})"),
+        );
+    }
+    if let Probe::Missing { detail } = &kernel.vlan {
+        support = support.refuse_vlan(format!(
+            "VLAN sub-interfaces are not available on this node's kernel ({detail})"
+        ));
+    }
+    for mode in [Mode::Macvlan, Mode::Ipvlan, Mode::HostDevice, Mode::SriovVf] {
+        if let Some(why) = not_implemented(mode) {
+            support = support.refuse_mode(mode, why);
+        }
+    }
+    support
 }
 
 fn vlan_link(parent: &str, id: u16) -> Result<VlanLink, PlanError> {

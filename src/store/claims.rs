@@ -119,6 +119,7 @@ mod tests {
                 pf_mtu: None,
                 passthru_children: 0,
                 other_children: 0,
+                ipvlan_children: 0,
             })
         }
 

@@ -157,6 +157,7 @@ impl DeviceLookup for FixedDevices {
             pf_mtu: None,
             passthru_children: 0,
             other_children: 0,
+            ipvlan_children: 0,
         })
     }
 

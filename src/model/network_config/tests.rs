@@ -3,6 +3,18 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::model::support::{KernelSupport, Probe};
+use crate::podnet::plan::node_support;
+
+/// [`super::resolve`] on a node that can attach everything: these tests are about the
+/// config's own rules.
+fn resolve(
+    entries: &[ConfigEntry],
+    request: &str,
+    device: &DeviceFacts,
+) -> Result<ResolvedNetworkConfig, ConfigError> {
+    super::resolve(entries, request, device, &NodeSupport::everything())
+}
 
 fn shared() -> DeviceFacts {
     DeviceFacts {
@@ -15,6 +27,7 @@ fn shared() -> DeviceFacts {
         pf_mtu: None,
         passthru_children: 0,
         other_children: 0,
+        ipvlan_children: 0,
     }
 }
 
@@ -36,6 +49,10 @@ fn bond() -> DeviceFacts {
 
 fn with_children(passthru: u32, other: u32) -> DeviceFacts {
     DeviceFacts { passthru_children: passthru, other_children: other, ..shared() }
+}
+
+fn with_ipvlan_children(count: u32) -> DeviceFacts {
+    DeviceFacts { ipvlan_children: count, ..shared() }
 }
 
 /// Adds `apiVersion` and `kind` to a parameters object.
@@ -230,6 +247,31 @@ fn cases() -> Vec<Case> {
             "bridge next to a passthru child",
             with_children(1, 0),
             json!({"macvlan": {"mode": "bridge"}}),
+            "mode",
+        ),
+        // one kind of child per parent
+        accept(
+            "ipvlan next to ipvlan children",
+            with_ipvlan_children(3),
+            json!({"mode": "ipvlan"}),
+        ),
+        reject("macvlan next to ipvlan children", with_ipvlan_children(1), json!({}), "mode"),
+        reject(
+            "ipvlan next to macvlan children",
+            with_children(0, 2),
+            json!({"mode": "ipvlan"}),
+            "mode",
+        ),
+        reject(
+            "ipvlan next to a passthru child",
+            with_children(1, 0),
+            json!({"mode": "ipvlan"}),
+            "mode",
+        ),
+        reject(
+            "passthru next to ipvlan children",
+            with_ipvlan_children(1),
+            json!({"macvlan": {"mode": "passthru"}}),
             "mode",
         ),
         // hardware address
@@ -829,7 +871,7 @@ mod decoder_props {
         match decode(0, parameters) {
             Ok(config) => {
                 for device in [shared(), exclusive(), vf(), slot()] {
-                    if let Err(err) = config.validate(&device) {
+                    if let Err(err) = config.validate(&device, &NodeSupport::everything()) {
                         prop_assert!(!err.path().is_empty(), "{err}");
                     }
                 }
@@ -859,4 +901,89 @@ mod decoder_props {
             }
         }
     }
+}
+
+/// A node whose kernel lacks ipvlan and 8021q, as the start-up probe reports it.
+fn node_without_ipvlan_and_8021q() -> NodeSupport {
+    let missing = || Probe::Missing { detail: "the kernel answered EOPNOTSUPP".to_owned() };
+    node_support(&KernelSupport { ipvlan: missing(), vlan: missing() })
+}
+
+fn refused_on(support: &NodeSupport, body: Value, device: &DeviceFacts) -> ConfigError {
+    super::resolve(&[claim_entry(body)], "nic", device, support).expect_err("refused")
+}
+
+#[test]
+fn a_mode_the_kernel_lacks_is_refused_naming_mode_with_the_kernel_reason() {
+    let support = node_without_ipvlan_and_8021q();
+    for device in [shared(), slot()] {
+        let err = refused_on(&support, json!({"mode": "ipvlan"}), &device);
+        assert_eq!(err.path(), "mode");
+        let message = err.to_string();
+        assert!(
+            message.contains("ipvlan is not available on this node's kernel")
+                && message.contains("EOPNOTSUPP"),
+            "{message}"
+        );
+    }
+    // macvlan (the shared default) is not affected.
+    let r = super::resolve(&[claim_entry(json!({}))], "nic", &shared(), &support).unwrap();
+    assert_eq!(r.mode.mode(), Mode::Macvlan);
+}
+
+#[test]
+fn a_vlan_without_8021q_is_refused_naming_vlan_but_passes_on_an_unprobed_kernel() {
+    let support = node_without_ipvlan_and_8021q();
+    let err = refused_on(&support, json!({"mode": "macvlan", "vlan": 7}), &shared());
+    assert_eq!(err.path(), "vlan");
+    assert!(err.to_string().contains("VLAN sub-interfaces are not available"), "{err}");
+    let unprobed = node_support(&KernelSupport::unprobed());
+    let r = super::resolve(
+        &[claim_entry(json!({"mode": "macvlan", "vlan": 7}))],
+        "nic",
+        &shared(),
+        &unprobed,
+    )
+    .unwrap();
+    assert_eq!(r.vlan, Some(7));
+}
+
+#[test]
+fn modes_this_build_cannot_attach_are_refused_at_prepare_even_on_a_capable_kernel() {
+    let available =
+        node_support(&KernelSupport { ipvlan: Probe::Available, vlan: Probe::Available });
+    let err = refused_on(&available, json!({"mode": "ipvlan"}), &shared());
+    assert_eq!(err.path(), "mode");
+    assert!(err.to_string().contains("does not implement the ipvlan attach"), "{err}");
+    let err = refused_on(&available, json!({"mode": "sriov-vf"}), &vf());
+    assert_eq!(err.path(), "mode");
+    assert!(err.to_string().contains("VF settings"), "{err}");
+    // The kernel's reason comes first: it stays true once the attach is implemented.
+    let err = refused_on(&node_without_ipvlan_and_8021q(), json!({"mode": "ipvlan"}), &shared());
+    assert!(err.to_string().contains("not available on this node's kernel"), "{err}");
+}
+
+#[test]
+fn a_vf_without_a_mode_moves_as_host_device_while_sriov_vf_is_refused() {
+    let support = node_support(&KernelSupport::unprobed());
+    let r = super::resolve(&[claim_entry(json!({}))], "nic", &vf(), &support).unwrap();
+    assert_eq!(r.mode, ResolvedMode::HostDevice);
+    assert_eq!(r.sriov, None);
+    // On a node that can attach everything the design's default stands.
+    let r = resolve(&[claim_entry(json!({}))], "nic", &vf()).unwrap();
+    assert_eq!(r.mode, ResolvedMode::SriovVf);
+    // VF settings without a mode name the section that needs sriov-vf.
+    let err = refused_on(&support, json!({"sriov": {"trust": true}}), &vf());
+    assert_eq!(err.path(), "sriov");
+}
+
+#[test]
+fn a_refused_default_mode_says_it_was_the_default() {
+    let support = NodeSupport::everything()
+        .refuse_mode(Mode::Macvlan, "no macvlan here")
+        .refuse_mode(Mode::Ipvlan, "no ipvlan here");
+    let err = refused_on(&support, json!({}), &shared());
+    assert_eq!(err.path(), "mode");
+    assert!(err.value().contains("the default for this device"), "{err}");
+    assert!(err.to_string().contains("no macvlan here"), "{err}");
 }

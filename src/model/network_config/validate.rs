@@ -7,9 +7,9 @@ use ipnetwork::IpNetwork;
 
 use super::{
     Addressing, ConfigError, DeviceFacts, DeviceKind, InterfaceConfig, IpamConfig, MISSING,
-    MacAddr, MacvlanMode, Mode, NetworkConfig, PoolConfig, PoolSpec, ResolvedInterface,
-    ResolvedMode, ResolvedNetworkConfig, Route, RouteConfig, Rule, Sharing, SriovConfig,
-    SriovSettings,
+    MacAddr, MacvlanMode, Mode, NetworkConfig, NodeSupport, PoolConfig, PoolSpec,
+    ResolvedInterface, ResolvedMode, ResolvedNetworkConfig, Route, RouteConfig, Rule, Sharing,
+    SriovConfig, SriovSettings,
 };
 
 /// At most this many addresses per interface: the limit of `networkData.ips` in the claim
@@ -43,11 +43,12 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 pub(super) fn validate(
     cfg: &NetworkConfig,
     device: &DeviceFacts,
+    support: &NodeSupport,
 ) -> Result<ResolvedNetworkConfig, ConfigError> {
     if let Some(name) = &cfg.pod_network {
         check_dns_label(name).map_err(|rule| invalid("podNetwork", quoted(name), rule))?;
     }
-    let mode = resolve_mode(cfg, device)?;
+    let mode = resolve_mode(cfg, device, support)?;
     check_sections(cfg, mode.mode())?;
     let interface_cfg = cfg.interface.clone().unwrap_or_default();
     if let Some(name) = &interface_cfg.name {
@@ -65,6 +66,14 @@ pub(super) fn validate(
         }
         Some(v) if mode.mode() == Mode::HostDevice => {
             return Err(invalid("vlan", v.to_string(), Rule::VlanNotForMode { mode: mode.mode() }));
+        }
+        // A shared parent's VLAN is a sub-interface the attach creates (8021q); a VF's VLAN
+        // is a setting on its PF, which needs no module.
+        Some(v) if matches!(mode.mode(), Mode::Macvlan | Mode::Ipvlan) => {
+            if let Some(why) = support.vlan_refusal() {
+                return Err(invalid("vlan", v.to_string(), Rule::VlanUnavailable(why.to_owned())));
+            }
+            Some(v)
         }
         Some(v) => Some(v),
     };
@@ -98,7 +107,15 @@ fn allowed_modes(device: &DeviceFacts) -> &'static [Mode] {
     }
 }
 
-fn resolve_mode(cfg: &NetworkConfig, device: &DeviceFacts) -> Result<ResolvedMode, ConfigError> {
+/// The mode asked for, or the device's default, refused when the node cannot attach it. The
+/// default is the first allowed mode the node can attach (an exclusive VF moves as
+/// `host-device` while `sriov-vf` is refused), so a claim that names no mode never fails for a
+/// mode it did not ask for while another one works.
+fn resolve_mode(
+    cfg: &NetworkConfig,
+    device: &DeviceFacts,
+    support: &NodeSupport,
+) -> Result<ResolvedMode, ConfigError> {
     let allowed = allowed_modes(device);
     let not_allowed = |value: String| {
         let names: Vec<&str> = allowed.iter().map(|m| m.as_str()).collect();
@@ -115,8 +132,19 @@ fn resolve_mode(cfg: &NetworkConfig, device: &DeviceFacts) -> Result<ResolvedMod
     let mode = match cfg.mode {
         Some(mode) if allowed.contains(&mode) => mode,
         Some(mode) => return Err(not_allowed(quoted(mode.as_str()))),
-        None => *allowed.first().ok_or_else(|| not_allowed(MISSING.to_owned()))?,
+        None => *allowed
+            .iter()
+            .find(|m| support.mode_refusal(**m).is_none())
+            .or_else(|| allowed.first())
+            .ok_or_else(|| not_allowed(MISSING.to_owned()))?,
     };
+    if let Some(why) = support.mode_refusal(mode) {
+        let value = match cfg.mode {
+            Some(_) => quoted(mode.as_str()),
+            None => format!("{} (the default for this device)", quoted(mode.as_str())),
+        };
+        return Err(invalid("mode", value, Rule::ModeUnavailable(why.to_owned())));
+    }
     Ok(match mode {
         Mode::Macvlan => ResolvedMode::Macvlan {
             mode: cfg.macvlan.as_ref().and_then(|m| m.mode).unwrap_or_default(),
@@ -421,25 +449,39 @@ fn resolve_mtu(
     Ok(mtu)
 }
 
-/// A macvlan parent in passthru mode has exactly one child, and passthru cannot be added
-/// next to other children (`macvlan_common_newlink` returns EBUSY/EINVAL).
+/// The children a parent can take (DESIGN §2). A netdev has one receive handler, which the
+/// first macvlan or ipvlan child registers (`netdev_rx_handler_register`), so a parent
+/// carries one kind of child: the other kind would fail with `EBUSY` at sandbox time. A
+/// macvlan parent in passthru mode has exactly one child, and passthru cannot be added next
+/// to other children (`macvlan_common_newlink` returns EBUSY/EINVAL): it takes the parent's
+/// whole capacity.
 fn check_children(mode: ResolvedMode, device: &DeviceFacts) -> Result<(), ConfigError> {
-    let rule = Rule::Passthru {
-        passthru_children: device.passthru_children,
-        other_children: device.other_children,
-    };
+    let macvlan_children = device.passthru_children + device.other_children;
     match mode {
-        ResolvedMode::Macvlan { mode: MacvlanMode::Passthru }
-            if device.passthru_children + device.other_children > 0 =>
-        {
-            Err(invalid("macvlan.mode", quoted("passthru"), rule))
+        ResolvedMode::Macvlan { .. } if device.ipvlan_children > 0 => Err(invalid(
+            "mode",
+            quoted(mode.mode().as_str()),
+            Rule::ChildKindMix { existing: Mode::Ipvlan, count: device.ipvlan_children },
+        )),
+        ResolvedMode::Ipvlan { .. } if macvlan_children > 0 => Err(invalid(
+            "mode",
+            quoted(mode.mode().as_str()),
+            Rule::ChildKindMix { existing: Mode::Macvlan, count: macvlan_children },
+        )),
+        ResolvedMode::Macvlan { mode: MacvlanMode::Passthru } if macvlan_children > 0 => {
+            Err(invalid("macvlan.mode", quoted("passthru"), passthru_rule(device)))
         }
-        ResolvedMode::Macvlan { .. } | ResolvedMode::Ipvlan { .. }
-            if device.passthru_children > 0 =>
-        {
-            Err(invalid("mode", quoted(mode.mode().as_str()), rule))
+        ResolvedMode::Macvlan { .. } if device.passthru_children > 0 => {
+            Err(invalid("mode", quoted(mode.mode().as_str()), passthru_rule(device)))
         }
         _ => Ok(()),
+    }
+}
+
+fn passthru_rule(device: &DeviceFacts) -> Rule {
+    Rule::Passthru {
+        passthru_children: device.passthru_children,
+        other_children: device.other_children,
     }
 }
 
