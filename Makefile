@@ -1,7 +1,7 @@
 # The entry points for people and CI. `.ci/run` calls `make lint` and `make test`.
 CARGO ?= cargo
 
-.PHONY: demo run setup build lint test bench
+.PHONY: demo run setup build lint test bench vmtest
 
 # First command of the README: install what the demo needs (base tools, ping), build, run
 # `netclaim dev --demo` (15 pods with a macvlan each on a veth it creates; cleans up after).
@@ -48,3 +48,16 @@ test: setup
 
 bench:
 	$(CARGO) bench
+
+# VM tests (decision 0012, vmtests/README.md): install QEMU 10, virtme-ng and the Debian
+# kernels into /opt/netclaim-vm (idempotent), build the VM test binaries on the host, boot
+# VM_KERNEL (6.1 or 6.12) under TCG with two igb NICs and run them inside as root. Not part of
+# `make test` or `.ci/run` yet.
+VM_KERNEL ?= 6.1
+VM_TESTS := vm_kernel
+
+vmtest:
+	bash vmtests/install.sh
+	mkdir -p target/vmtests
+	CARGO=$(CARGO) bash vmtests/build.sh $(VM_TESTS) > target/vmtests/binaries
+	bash vmtests/run.sh $(VM_KERNEL) $$(cat target/vmtests/binaries)

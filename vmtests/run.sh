@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Boots one Debian kernel under QEMU TCG with virtme-ng (the host's root file system shared
+# read-only, /tmp a writable overlay), with two emulated Intel 82576 NICs (QEMU `igb`: a PF
+# with SR-IOV, driver igb, VFs driver igbvf), and runs host-built test binaries inside as root
+# (vmtests/guest.sh). The guest's output comes back on stdout and in the log; the exit status
+# is the guest's (0 only when every binary passed).
+#
+# Usage: vmtests/run.sh <6.1|6.12> <test binary> [<test binary>...]
+#   NETCLAIM_VM_PREFIX  where vmtests/install.sh put QEMU, virtme-ng and the kernels
+#                       (default /opt/netclaim-vm)
+#   NETCLAIM_VM_LOG     the log file (default target/vmtests/<kernel>.log)
+#   NETCLAIM_VM_TIMEOUT seconds before the VM is killed (default 600)
+set -euo pipefail
+
+PREFIX="${NETCLAIM_VM_PREFIX:-/opt/netclaim-vm}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+if [[ $# -lt 2 ]]; then
+    echo "usage: $0 <6.1|6.12> <test binary>..." >&2
+    exit 2
+fi
+kernel=$1
+shift
+kdir="$PREFIX/kernel-$kernel"
+if [[ ! -f $kdir/release ]]; then
+    echo "no kernel $kernel under $PREFIX: run vmtests/install.sh first" >&2
+    exit 2
+fi
+release=$(cat "$kdir/release")
+binaries=()
+for binary in "$@"; do
+    # The guest sees the host's root file system: absolute paths resolve the same there.
+    binaries+=("$(realpath "$binary")")
+done
+log="${NETCLAIM_VM_LOG:-$HERE/../target/vmtests/$kernel.log}"
+mkdir -p "$(dirname "$log")"
+
+# Each igb sits behind a PCIe root port of its own: its VFs take device numbers on the PF's
+# bus (VF offset 0x80, stride 2), and two PFs on the root bus would claim the same slots. q35
+# is the PCIe machine (with `pc` the PF has no sriov_totalvfs); user networking with
+# `restrict=on` keeps the guest off any outside network; `romfile=` skips the boot ROM.
+nics="-device pcie-root-port,id=rp0,bus=pcie.0,chassis=1,slot=1"
+nics+=" -device pcie-root-port,id=rp1,bus=pcie.0,chassis=2,slot=2"
+nics+=" -netdev user,id=n0,restrict=on -device igb,netdev=n0,bus=rp0,romfile="
+nics+=" -netdev user,id=n1,restrict=on -device igb,netdev=n1,bus=rp1,romfile="
+
+# vng runs virtme-run from PATH; the wrapper from install.sh points QEMU at its firmware.
+export PATH="$PREFIX/venv/bin:$PATH"
+started=$(date +%s%N)
+set +e
+# /dev/kvm on this machine kind cannot run stock kernels (node-stack.md): TCG. Output goes
+# through a pipe: vng hands QEMU /proc/self/fd/1 and 2, which a plain `>` redirection would
+# make overwrite each other.
+timeout --kill-after=10 "${NETCLAIM_VM_TIMEOUT:-600}" \
+    vng --disable-kvm --run "$kdir/boot/vmlinuz-$release" --qemu "$PREFIX/bin/qemu-system-x86_64" \
+    --memory 1G --cpus 2 \
+    --exec "bash $HERE/guest.sh ${binaries[*]}" \
+    --qemu-opts="$nics" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+wall_ms=$((($(date +%s%N) - started) / 1000000))
+echo "vmtests: kernel $release: exit $rc, $((wall_ms / 1000)).$(printf '%03d' $((wall_ms % 1000))) s wall for the whole boot and run" | tee -a "$log"
+exit "$rc"
