@@ -121,6 +121,12 @@ fn two_hundred_fifty_pods_in_a_burst_then_kill_9_and_a_restart_that_verifies_the
     run_e2e(Runtime::Containerd21, |cluster| {
         Box::pin(async move {
             cluster.node_binary = release_binary();
+            // Counters on, as the daemon ships; NETCLAIM_SCALE_STATS=0 runs the same burst
+            // without them (the attach histogram must not move: issue 15).
+            let stats_on = std::env::var("NETCLAIM_SCALE_STATS").as_deref() != Ok("0");
+            if stats_on {
+                cluster.enable_stats();
+            }
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.78.0.0/23".parse().unwrap();
             let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
@@ -176,6 +182,33 @@ fn two_hundred_fifty_pods_in_a_burst_then_kill_9_and_a_restart_that_verifies_the
             );
             assert!(p99 < 0.1, "attach p99 {p99} s (target 50 ms, asserted with a 2x margin)");
             assert!(peak < PEAK_RSS_BOUND_KIB, "daemon VmHWM {peak} KiB with {PODS} pods");
+            // Every interface gets its counters after its answer; their pins must survive the
+            // kill -9 below and be adopted, not hooked again (same inode).
+            let pins = |cluster: &Cluster| -> BTreeMap<String, u64> {
+                use std::os::unix::fs::MetadataExt as _;
+                let root = cluster.dir().join("bpf/netclaim").join(&cluster.node_name);
+                pods.iter()
+                    .filter_map(|pod| {
+                        let pin = root.join(&pod.uid).join(POD_IFNAME).join("counters");
+                        Some((pod.uid.clone(), std::fs::metadata(pin).ok()?.ino()))
+                    })
+                    .collect()
+            };
+            let hooked_pins = if stats_on {
+                wait_until("counters hooked on every pod", cluster, || async {
+                    pins(cluster).len() == PODS
+                })
+                .await;
+                eprintln!(
+                    "counters hooked on all {PODS} pods {:?} after the burst began; daemon \
+                     VmHWM then {} KiB",
+                    started.elapsed(),
+                    peak_rss_kib(cluster.node_pid())
+                );
+                pins(cluster)
+            } else {
+                BTreeMap::new()
+            };
             for pod in running.iter().step_by(25) {
                 let (ips, _) = wait_ready_status(cluster, &pod.spec.claim, &pool).await;
                 assert_eq!(ips.len(), 1, "{}", pod.spec.name);
@@ -212,6 +245,12 @@ fn two_hundred_fifty_pods_in_a_burst_then_kill_9_and_a_restart_that_verifies_the
                 assert_eq!(link.mac, macs[&pod.spec.name], "{} re-created", pod.spec.name);
             }
             assert!(!log.contains("re-attached a missing interface"), "no interface re-attached");
+            if stats_on {
+                // The stats service adopts the pins when it starts, which is before any
+                // re-hook could happen; give it a collection period.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                assert_eq!(pins(cluster), hooked_pins, "counters adopted, none hooked again");
+            }
             let containerd_log =
                 std::fs::read_to_string(cluster.containerd.path("containerd.log")).unwrap();
             let dropped: Vec<&str> = containerd_log
