@@ -54,7 +54,7 @@ bench:
 # VM_KERNEL (6.1 or 6.12) under TCG with two igb NICs and run them inside as root. Not part of
 # `make test` or `.ci/run` yet.
 VM_KERNEL ?= 6.1
-VM_TESTS := vm_kernel vm_stats
+VM_TESTS := vm_kernel vm_stats vm_ipvlan
 
 vmtest:
 	bash vmtests/install.sh

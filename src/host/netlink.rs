@@ -14,14 +14,16 @@ use ipnetwork::IpNetwork;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
-    LinkAttribute, LinkFlags, LinkMessage, MacVlanMode as NlMacVlanMode,
+    IpVlanFlags as NlIpVlanFlags, IpVlanMode as NlIpVlanMode, LinkAttribute, LinkFlags,
+    LinkMessage, MacVlanMode as NlMacVlanMode,
 };
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::{
-    AddressMessageBuilder, Handle, LinkMacVlan, LinkUnspec, LinkVlan, RouteMessageBuilder,
+    AddressMessageBuilder, Handle, LinkIpVlan, LinkMacVlan, LinkUnspec, LinkVlan,
+    RouteMessageBuilder,
 };
 
-use crate::model::network_config::{MacAddr, MacvlanMode, Route};
+use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
 use crate::podnet::ops::{
     ENODEV, LinkOpError, LinkOps, LinkState, NetnsRefusal, PodLinkConfig, Side,
 };
@@ -358,6 +360,24 @@ fn nl_macvlan_mode(mode: MacvlanMode) -> NlMacVlanMode {
     }
 }
 
+fn nl_ipvlan_mode(mode: IpvlanMode) -> NlIpVlanMode {
+    match mode {
+        IpvlanMode::L2 => NlIpVlanMode::L2,
+        IpvlanMode::L3 => NlIpVlanMode::L3,
+        IpvlanMode::L3s => NlIpVlanMode::L3S,
+    }
+}
+
+/// `IFLA_IPVLAN_FLAGS`: bridge is the absence of both flags (`IPVLAN_F_PRIVATE`,
+/// `IPVLAN_F_VEPA`; the kernel refuses both at once).
+fn nl_ipvlan_flags(flag: IpvlanFlag) -> NlIpVlanFlags {
+    match flag {
+        IpvlanFlag::Bridge => NlIpVlanFlags::empty(),
+        IpvlanFlag::Private => NlIpVlanFlags::Private,
+        IpvlanFlag::Vepa => NlIpVlanFlags::Vepa,
+    }
+}
+
 /// The route message for `route` through link `index`: main table, static protocol, metric as
 /// `RTA_PRIORITY`, link scope for an on-link IPv4 route (as `ip route` does).
 fn route_message(index: u32, route: &Route) -> RouteMessage {
@@ -454,18 +474,32 @@ impl LinkOps for NetlinkOps {
         mac: Option<MacAddr>,
     ) -> Result<(), LinkOpError> {
         let pod_fd = self.pod_fd()?;
-        let ChildKind::Macvlan { mode } = kind;
-        let mut builder = LinkMacVlan::new(name, parent_index, nl_macvlan_mode(mode))
-            .mtu(mtu)
-            .setns_by_fd(pod_fd);
-        if let Some(mac) = mac {
-            builder = builder.address(mac.0.to_vec());
-        }
+        let message = match kind {
+            ChildKind::Macvlan { mode } => {
+                let mut builder = LinkMacVlan::new(name, parent_index, nl_macvlan_mode(mode))
+                    .mtu(mtu)
+                    .setns_by_fd(pod_fd);
+                if let Some(mac) = mac {
+                    builder = builder.address(mac.0.to_vec());
+                }
+                builder.build()
+            }
+            // No IFLA_ADDRESS: `ipvlan_link_new` overwrites the child's address with the
+            // parent's, so a requested MAC would be dropped silently (the plan never sets
+            // one). An MTU above the parent's is refused with EINVAL, as for macvlan.
+            ChildKind::Ipvlan { mode, flag } => {
+                LinkIpVlan::new(name, parent_index, nl_ipvlan_mode(mode))
+                    .flag(nl_ipvlan_flags(flag))
+                    .mtu(mtu)
+                    .setns_by_fd(pod_fd)
+                    .build()
+            }
+        };
         // Sent on the host socket: IFLA_LINK resolves in the sender's netns.
         self.host
             .handle
             .link()
-            .add(builder.build())
+            .add(message)
             .execute()
             .await
             .map_err(|err| op_error(format!("RTM_NEWLINK {kind} {name}"), Side::Host, err))

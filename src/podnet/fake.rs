@@ -200,7 +200,16 @@ impl LinkOps for FakeKernel {
         }
         let index = k.next_index;
         k.next_index += 1;
-        let mac = mac.or(Some(MacAddr([6, 0, 0, 0, 0, u8::try_from(index).unwrap()])));
+        let generated = Some(MacAddr([6, 0, 0, 0, 0, u8::try_from(index).unwrap()]));
+        let mac = match kind {
+            ChildKind::Macvlan { .. } => mac.or(generated),
+            // As `ipvlan_link_new`: the child takes the parent's address, whatever was asked.
+            ChildKind::Ipvlan { .. } => k
+                .links
+                .iter()
+                .find(|((side, _), link)| *side == SideKey::Host && link.index == parent_index)
+                .map_or(generated, |(_, parent)| parent.mac),
+        };
         k.links.insert(
             (SideKey::Pod, name.to_owned()),
             LinkState { index, name: name.to_owned(), mac, mtu, alias: None },

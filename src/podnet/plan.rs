@@ -12,8 +12,8 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 use crate::model::network_config::{
-    Addressing, DeviceKind, MacAddr, MacvlanMode, Mode, ResolvedMode, ResolvedNetworkConfig, Route,
-    Sharing, check_interface_name,
+    Addressing, DeviceKind, IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Mode, ResolvedMode,
+    ResolvedNetworkConfig, Route, Sharing, check_interface_name,
 };
 use crate::model::support::{KernelSupport, NodeSupport, Probe};
 
@@ -94,8 +94,7 @@ pub struct AttachRequest<'a> {
     pub pool_addresses: &'a [IpNetwork],
 }
 
-/// The kind of virtual child link created on a shared parent. ipvlan (mode, flag) joins
-/// here together with its VM tests (this kernel has no ipvlan module).
+/// The kind of virtual child link created on a shared parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "type")]
 #[non_exhaustive]
@@ -105,13 +104,41 @@ pub enum ChildKind {
         /// macvlan mode.
         mode: MacvlanMode,
     },
+    /// `IFLA_INFO_KIND` `ipvlan` with its `IFLA_IPVLAN_MODE` and `IFLA_IPVLAN_FLAGS`. The
+    /// child shares the parent's MAC address (`ipvlan_link_new` copies it), so it has none of
+    /// its own to set.
+    Ipvlan {
+        /// ipvlan mode (l2, l3, l3s).
+        mode: IpvlanMode,
+        /// ipvlan flag (bridge, private, vepa).
+        flag: IpvlanFlag,
+    },
 }
 
 impl fmt::Display for ChildKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ChildKind::Macvlan { mode } => write!(f, "macvlan mode {}", macvlan_mode_name(*mode)),
+            ChildKind::Ipvlan { mode, flag } => {
+                write!(f, "ipvlan mode {} {}", ipvlan_mode_name(*mode), ipvlan_flag_name(*flag))
+            }
         }
+    }
+}
+
+fn ipvlan_mode_name(mode: IpvlanMode) -> &'static str {
+    match mode {
+        IpvlanMode::L2 => "l2",
+        IpvlanMode::L3 => "l3",
+        IpvlanMode::L3s => "l3s",
+    }
+}
+
+fn ipvlan_flag_name(flag: IpvlanFlag) -> &'static str {
+    match flag {
+        IpvlanFlag::Bridge => "bridge",
+        IpvlanFlag::Private => "private",
+        IpvlanFlag::Vepa => "vepa",
     }
 }
 
@@ -466,31 +493,14 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
     let mut host_mac_to_restore = None;
     match config.mode {
         ResolvedMode::Macvlan { mode: macvlan_mode } => {
-            if device.sharing == Sharing::Exclusive {
-                return Err(PlanError::ModeDoesNotFitDevice {
-                    mode,
-                    sharing: device.sharing,
-                    device: device.if_name.clone(),
-                });
-            }
-            let parent = match config.vlan {
-                Some(id) => {
-                    let vlan = vlan_link(&device.if_name, id)?;
-                    let name = vlan.name.clone();
-                    steps.push(Step::EnsureVlan { vlan });
-                    name
-                }
-                None => device.if_name.clone(),
-            };
-            steps.push(Step::CreateChild {
-                kind: ChildKind::Macvlan { mode: macvlan_mode },
-                parent,
-                name: interface_name.to_owned(),
-                mtu: config.interface.mtu,
-                hardware_address: config.interface.hardware_address,
-            });
+            let kind = ChildKind::Macvlan { mode: macvlan_mode };
+            push_child(&mut steps, request, kind, config.interface.hardware_address)?;
         }
-        ResolvedMode::Ipvlan { .. } | ResolvedMode::SriovVf => {
+        // Validation refuses `hardwareAddress` with ipvlan: the child has the parent's MAC.
+        ResolvedMode::Ipvlan { mode: ipvlan_mode, flag } => {
+            push_child(&mut steps, request, ChildKind::Ipvlan { mode: ipvlan_mode, flag }, None)?;
+        }
+        ResolvedMode::SriovVf => {
             let why = not_implemented(mode).unwrap_or("no plan for this mode");
             return Err(PlanError::ModeNotSupported { mode, why });
         }
@@ -541,14 +551,48 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
     })
 }
 
+/// The steps of a child on the shared parent (or on its VLAN sub-interface, ensured first),
+/// created in the pod under its final name.
+fn push_child(
+    steps: &mut Vec<Step>,
+    request: &AttachRequest<'_>,
+    kind: ChildKind,
+    hardware_address: Option<MacAddr>,
+) -> Result<(), PlanError> {
+    let AttachRequest { config, device, interface_name, .. } = *request;
+    if device.sharing == Sharing::Exclusive {
+        return Err(PlanError::ModeDoesNotFitDevice {
+            mode: config.mode.mode(),
+            sharing: device.sharing,
+            device: device.if_name.clone(),
+        });
+    }
+    let parent = match config.vlan {
+        Some(id) => {
+            let vlan = vlan_link(&device.if_name, id)?;
+            let name = vlan.name.clone();
+            steps.push(Step::EnsureVlan { vlan });
+            name
+        }
+        None => device.if_name.clone(),
+    };
+    steps.push(Step::CreateChild {
+        kind,
+        parent,
+        name: interface_name.to_owned(),
+        mtu: config.interface.mtu,
+        hardware_address,
+    });
+    Ok(())
+}
+
 /// Why this build cannot plan `mode` yet, or `None` when [`plan_attach`] handles it. Prepare
 /// refuses these modes through [`node_support`], so a claim never reaches the sandbox with
 /// one.
 #[must_use]
 pub fn not_implemented(mode: Mode) -> Option<&'static str> {
     match mode {
-        Mode::Macvlan | Mode::HostDevice => None,
-        Mode::Ipvlan => Some("this build does not implement the ipvlan attach yet"),
+        Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice => None,
         Mode::SriovVf => Some(
             "this build does not implement VF settings on the PF yet \
              (use mode host-device to move the VF without them)",

@@ -952,13 +952,13 @@ fn a_vlan_without_8021q_is_refused_naming_vlan_but_passes_on_an_unprobed_kernel(
 fn modes_this_build_cannot_attach_are_refused_at_prepare_even_on_a_capable_kernel() {
     let available =
         node_support(&KernelSupport { ipvlan: Probe::Available, vlan: Probe::Available });
-    let err = refused_on(&available, json!({"mode": "ipvlan"}), &shared());
-    assert_eq!(err.path(), "mode");
-    assert!(err.to_string().contains("does not implement the ipvlan attach"), "{err}");
+    let r = super::resolve(&[claim_entry(json!({"mode": "ipvlan"}))], "nic", &shared(), &available)
+        .unwrap();
+    assert_eq!(r.mode.mode(), Mode::Ipvlan, "the ipvlan attach exists");
     let err = refused_on(&available, json!({"mode": "sriov-vf"}), &vf());
     assert_eq!(err.path(), "mode");
     assert!(err.to_string().contains("VF settings"), "{err}");
-    // The kernel's reason comes first: it stays true once the attach is implemented.
+    // Where the kernel lacks it, ipvlan is refused with the kernel's reason.
     let err = refused_on(&node_without_ipvlan_and_8021q(), json!({"mode": "ipvlan"}), &shared());
     assert!(err.to_string().contains("not available on this node's kernel"), "{err}");
 }

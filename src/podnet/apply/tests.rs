@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::model::network_config::{
-    Addressing, MacvlanMode, ResolvedMode, ResolvedNetworkConfig, Sharing,
+    Addressing, IpvlanFlag, IpvlanMode, MacvlanMode, ResolvedMode, ResolvedNetworkConfig, Sharing,
 };
 use crate::podnet::fake::FakeKernel;
 use crate::podnet::plan::tests::{config, device, pod, route};
@@ -68,6 +68,43 @@ async fn macvlan_on_a_new_vlan_attaches_and_reports_the_interface() {
     assert_eq!(attached.routes, plan.routes());
     assert_eq!(kernel.get(Side::Host, "eth1.100").unwrap().alias.as_deref(), Some(VLAN_ALIAS));
     assert_eq!(vlans.users("eth1.100").await, ["uid-1"]);
+}
+
+/// An ipvlan is created in the pod under its final name with mode and flag in the one
+/// `RTM_NEWLINK`, takes the parent's MAC, gets addresses, up and routes as a macvlan, and
+/// goes with its delete at detach.
+#[tokio::test]
+async fn ipvlan_attaches_with_the_parents_mac_and_detaches_leaving_nothing() {
+    let kernel = kernel_with_parent();
+    let vlans = VlanUsers::new();
+    let cfg = config(
+        ResolvedMode::Ipvlan { mode: IpvlanMode::L3s, flag: IpvlanFlag::Vepa },
+        static_addresses(),
+        vec![route("0.0.0.0/0", None, Some(10))],
+    );
+    let plan = make_plan(&cfg, &device("eth1", Sharing::Shared), "uid-1", "net1");
+    let attached = attach(&kernel, &vlans, &plan).await.unwrap();
+    assert_eq!(
+        kernel.log(),
+        [
+            "create ipvlan mode l3s vepa net1 parent=10 mtu=1400 mac=-",
+            "add address 10.10.1.5/24 on 11",
+            "add address fd00:10::5/64 on 11 nodad",
+            "set 11 up",
+            "add route 0.0.0.0/0 metric 10 dev 11",
+        ]
+    );
+    assert_eq!(attached.mode, crate::model::network_config::Mode::Ipvlan);
+    assert_eq!((attached.name.as_str(), attached.mtu), ("net1", 1400));
+    assert_eq!(attached.mac, kernel.get(Side::Host, "eth1").unwrap().mac, "the parent's MAC");
+    assert_eq!(kernel.links(Side::Host), ["eth1"], "nothing created in the host netns");
+
+    let report = detach(&kernel, &vlans, &plan).await;
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(kernel.log().last().unwrap(), "delete pod link 11");
+    assert!(kernel.links(Side::Pod).is_empty());
+    assert_eq!(kernel.leftovers(), (0, 0));
+    assert_eq!(kernel.links(Side::Host), ["eth1"]);
 }
 
 #[tokio::test]
@@ -351,7 +388,18 @@ async fn a_failure_injected_at_every_step_leaves_the_kernel_as_it_was() {
     );
     nic_cfg.interface.mtu = 1500;
     let nic_plan = make_plan(&nic_cfg, &nic, "uid-2", "net2");
-    for (what, plan) in [("macvlan on a new VLAN", &vlan_plan), ("host device", &nic_plan)] {
+    let mut ipvlan_cfg = config(
+        ResolvedMode::Ipvlan { mode: IpvlanMode::L2, flag: IpvlanFlag::Private },
+        static_addresses(),
+        vec![route("10.20.0.0/16", Some("10.10.1.1"), None)],
+    );
+    ipvlan_cfg.vlan = Some(100);
+    let ipvlan_plan = make_plan(&ipvlan_cfg, &device("eth1", Sharing::Shared), "uid-3", "net3");
+    for (what, plan) in [
+        ("macvlan on a new VLAN", &vlan_plan),
+        ("host device", &nic_plan),
+        ("ipvlan on a new VLAN", &ipvlan_plan),
+    ] {
         let fresh = || {
             let kernel = FakeKernel::new();
             kernel.add_host_link("eth1", 1500, None);

@@ -143,6 +143,86 @@ fn macvlan_without_vlan_uses_the_parent_and_every_macvlan_mode() {
 }
 
 #[test]
+fn ipvlan_is_created_in_the_pod_with_every_mode_and_flag_and_never_a_mac() {
+    for (mode, mode_name) in
+        [(IpvlanMode::L2, "l2"), (IpvlanMode::L3, "l3"), (IpvlanMode::L3s, "l3s")]
+    {
+        for (flag, flag_name) in [
+            (IpvlanFlag::Bridge, "bridge"),
+            (IpvlanFlag::Private, "private"),
+            (IpvlanFlag::Vepa, "vepa"),
+        ] {
+            let cfg = config(
+                ResolvedMode::Ipvlan { mode, flag },
+                static_v4_v6(),
+                vec![route("0.0.0.0/0", Some("10.10.1.1"), None)],
+            );
+            let (dev, pod) = (device("eth1", Sharing::Shared), pod());
+            let plan = plan_attach(&request(&cfg, &dev, &pod, &[])).unwrap();
+            assert_eq!(plan.mode, Mode::Ipvlan);
+            assert_eq!(
+                lines(&plan.steps),
+                [
+                    format!(
+                        "create ipvlan mode {mode_name} {flag_name} net1 on eth1 (mtu 1400) in the pod"
+                    ),
+                    "add address 10.10.1.5/24".to_owned(),
+                    "add address fd00:10::5/64".to_owned(),
+                    "set link up".to_owned(),
+                    "add route 0.0.0.0/0 via 10.10.1.1".to_owned(),
+                ]
+            );
+            assert_eq!(
+                plan.steps[0],
+                Step::CreateChild {
+                    kind: ChildKind::Ipvlan { mode, flag },
+                    parent: "eth1".to_owned(),
+                    name: "net1".to_owned(),
+                    mtu: 1400,
+                    hardware_address: None,
+                }
+            );
+            assert!(plan.creates_child());
+            assert_eq!(lines(&plan.teardown()), ["delete net1 in the pod"]);
+            let json = serde_json::to_string(&plan).unwrap();
+            assert_eq!(serde_json::from_str::<AttachPlan>(&json).unwrap(), plan, "{json}");
+        }
+    }
+}
+
+#[test]
+fn ipvlan_on_a_vlan_ensures_the_sub_interface_first() {
+    let mut cfg = config(
+        ResolvedMode::Ipvlan { mode: IpvlanMode::L3, flag: IpvlanFlag::Private },
+        Addressing::None,
+        vec![],
+    );
+    cfg.vlan = Some(42);
+    let (dev, pod) = (device("eth1", Sharing::Slot), pod());
+    let plan = plan_attach(&request(&cfg, &dev, &pod, &[])).unwrap();
+    assert_eq!(
+        lines(&plan.steps),
+        [
+            "ensure VLAN sub-interface eth1.42",
+            "create ipvlan mode l3 private net1 on eth1.42 (mtu 1400) in the pod",
+            "set link up",
+        ]
+    );
+    assert_eq!(
+        lines(&plan.teardown()),
+        ["delete net1 in the pod", "release VLAN sub-interface eth1.42"]
+    );
+}
+
+#[test]
+fn only_sriov_vf_is_left_unimplemented() {
+    assert_eq!(not_implemented(Mode::Ipvlan), None);
+    assert_eq!(not_implemented(Mode::Macvlan), None);
+    assert_eq!(not_implemented(Mode::HostDevice), None);
+    assert!(not_implemented(Mode::SriovVf).is_some());
+}
+
+#[test]
 fn host_device_moves_with_alias_and_comes_back_with_its_name_and_mtu() {
     let cfg = config(
         ResolvedMode::HostDevice,
@@ -237,8 +317,8 @@ fn unsupported_and_mismatched_modes_are_refused_with_the_reason() {
         vec![],
     );
     assert!(matches!(
-        plan_attach(&request(&ipvlan, &shared, &pod, &[])).unwrap_err(),
-        PlanError::ModeNotSupported { mode: Mode::Ipvlan, .. }
+        plan_attach(&request(&ipvlan, &exclusive, &pod, &[])).unwrap_err(),
+        PlanError::ModeDoesNotFitDevice { mode: Mode::Ipvlan, sharing: Sharing::Exclusive, .. }
     ));
     let vf = config(ResolvedMode::SriovVf, Addressing::None, vec![]);
     assert!(matches!(
