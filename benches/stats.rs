@@ -144,7 +144,8 @@ fn main() {
         return;
     }
     let topology = Topology::new();
-    let pins = CounterPins::new(topology.bpffs.path(), "bench", HookKind::for_running_kernel());
+    // The default hook (decision 0013).
+    let pins = CounterPins::new(topology.bpffs.path(), "bench", HookKind::Clsact);
     let receiver = socket_in(&topology.netns("b"), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9));
     receiver.set_nonblocking(true).unwrap();
     let sender = socket_in(&topology.netns("a"), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
@@ -213,6 +214,103 @@ fn main() {
         || test_run(program),
         repeat,
     );
+    rtnl_stall(&topology, if smoke { 1 } else { 10 });
+}
+
+/// What hooking counters costs the attaches of other pods: macvlan creations (what an attach
+/// does under RTNL) timed while another thread hooks and unhooks counters in a loop, with tcx
+/// (whose link create and release wait for an RCU grace period while holding RTNL) and with
+/// clsact, against none; rounds rotate the three.
+fn rtnl_stall(topology: &Topology, rounds: usize) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (handle, _netns) =
+        runtime.block_on(netclaim::host::netlink::open_in_netns(&topology.netns("b"))).unwrap();
+    let parent = runtime
+        .block_on(async {
+            use futures::TryStreamExt as _;
+            handle
+                .link()
+                .get()
+                .match_name(format!("{}b", topology.prefix))
+                .execute()
+                .try_next()
+                .await
+        })
+        .unwrap()
+        .unwrap()
+        .header
+        .index;
+    let create = |name: &str| {
+        let started = Instant::now();
+        runtime
+            .block_on(
+                handle
+                    .link()
+                    .add(
+                        rtnetlink::LinkMacVlan::new(
+                            name,
+                            parent,
+                            netlink_packet_route::link::MacVlanMode::Bridge,
+                        )
+                        .build(),
+                    )
+                    .execute(),
+            )
+            .unwrap();
+        started.elapsed()
+    };
+    let delete = |name: &str| {
+        let _ignored = Command::new("ip")
+            .args(["-n", &format!("{}-b", topology.prefix), "link", "del", name])
+            .status();
+    };
+    let kinds = [None, Some(HookKind::Tcx), Some(HookKind::Clsact)];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    for round in 0..rounds {
+        for turn in 0..kinds.len() {
+            let index = (round + turn) % kinds.len();
+            let stop = Arc::new(AtomicBool::new(false));
+            let hooker = kinds[index].map(|kind| {
+                let pins = CounterPins::new(topology.bpffs.path(), kind.as_str(), kind);
+                let (stop, netns, interface) =
+                    (Arc::clone(&stop), topology.netns("a"), topology.sender_if());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        pins.attach(&netns, "stall", &interface).unwrap();
+                        pins.detach(Some(&netns), "stall", &interface).unwrap();
+                    }
+                })
+            });
+            // Let the hooker get going before the first creation.
+            std::thread::sleep(Duration::from_millis(20));
+            for i in 0..20 {
+                let name = format!("{}m{i}", topology.prefix);
+                samples[index].push(create(&name).as_secs_f64() * 1e3);
+                delete(&name);
+            }
+            stop.store(true, Ordering::Relaxed);
+            if let Some(hooker) = hooker {
+                hooker.join().unwrap();
+            }
+        }
+    }
+    println!(
+        "macvlan creations while counters are hooked and unhooked in a loop ({} each):",
+        samples[0].len()
+    );
+    for (kind, values) in kinds.iter().zip(&mut samples) {
+        values.sort_by(f64::total_cmp);
+        let p99 = values[(values.len() * 99 / 100).min(values.len() - 1)];
+        println!(
+            "  {:<6} median {:.3} ms, p99 {:.3} ms",
+            kind.map_or("none", HookKind::as_str),
+            values[values.len() / 2],
+            p99
+        );
+    }
 }
 
 /// What the interleaved rounds need.

@@ -176,8 +176,9 @@ pub struct NodeArgs {
     #[arg(long, env = "NETCLAIM_BPFFS", default_value = "/sys/fs/bpf", value_parser = parse_path_or_empty)]
     pub bpffs: PathBuf,
 
-    /// How counters hook onto pod interfaces: `tcx` (Linux 6.6+), `clsact`, or `auto` (tcx
-    /// where the kernel has it).
+    /// How counters hook onto pod interfaces: `clsact` filters, or `tcx` links (Linux 6.6+;
+    /// each attach and release waits for an RCU grace period holding RTNL, which stalls
+    /// every other pod's attach meanwhile). `auto` is clsact.
     #[arg(long, env = "NETCLAIM_STATS_HOOK", value_enum, default_value_t = StatsHookArg::Auto)]
     pub stats_hook: StatsHookArg,
 }
@@ -185,7 +186,7 @@ pub struct NodeArgs {
 /// `--stats-hook`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StatsHookArg {
-    /// tcx where the kernel has it (6.6+), clsact otherwise.
+    /// clsact (decision 0013: tcx stalls concurrent attaches).
     Auto,
     /// tcx links.
     Tcx,

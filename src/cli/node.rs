@@ -76,9 +76,8 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
             StatsConfig {
                 bpffs,
                 hook: match args.stats_hook {
-                    StatsHookArg::Auto => HookKind::for_running_kernel(),
                     StatsHookArg::Tcx => HookKind::Tcx,
-                    StatsHookArg::Clsact => HookKind::Clsact,
+                    StatsHookArg::Auto | StatsHookArg::Clsact => HookKind::Clsact,
                 },
                 status_interval: args.stats_interval,
             }

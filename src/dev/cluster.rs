@@ -366,7 +366,7 @@ fn private_stats(run_dir: &Path, interval: Duration) -> Option<StatsConfig> {
     match crate::host::bpf::mount_private_bpffs(&bpffs) {
         Ok(()) => Some(StatsConfig {
             bpffs,
-            hook: crate::host::bpf::HookKind::for_running_kernel(),
+            hook: crate::host::bpf::HookKind::Clsact,
             status_interval: interval,
         }),
         Err(err) => {

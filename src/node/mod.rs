@@ -282,8 +282,16 @@ fn start_stats(
         }
         mounted
     }).map(|settings| {
-        let hooks = CounterPins::new(&settings.bpffs, &config.node_name, settings.hook);
-        tracing::info!(hook = settings.hook.as_str(), bpffs = %settings.bpffs.display(),
+        let hook = if settings.hook == HookKind::Tcx
+            && HookKind::for_running_kernel() != HookKind::Tcx
+        {
+            tracing::warn!("--stats-hook tcx: this kernel has no tcx (Linux 6.6+); using clsact");
+            HookKind::Clsact
+        } else {
+            settings.hook
+        };
+        let hooks = CounterPins::new(&settings.bpffs, &config.node_name, hook);
+        tracing::info!(hook = hook.as_str(), bpffs = %settings.bpffs.display(),
             "traffic counters on");
         let service =
             StatsService::new(hooks, StatsSettings::from_status_interval(settings.status_interval));
