@@ -36,6 +36,8 @@ lint:
 # `cargo nextest run` reports them as skipped. As root, with the setup done, they all run.
 RUN_IGNORED := $(if $(filter 0,$(shell id -u)),--run-ignored all,)
 
+# After nextest, never beside it, the VM tests run on kernels 6.1 and 6.12
+# (vmtests/after-nextest.sh, decision 0012); nextest's summary line is printed again last.
 # The scale test runs the release daemon (what the image ships), built once here. Every
 # benchmark runs once in its smoke mode (`cargo test --benches`), so none can rot; under CI
 # (CI set) a bench that cannot run (no root, no CNI plugins) fails instead of skipping.
@@ -43,7 +45,8 @@ test: setup
 	$(CARGO) test --workspace --doc --quiet
 	$(CARGO) test --benches --features netclaim/failpoints
 	$(CARGO) build --release --bin netclaim
-	NETCLAIM_RELEASE_BIN=$(CURDIR)/target/release/netclaim \
+	NETCLAIM_RELEASE_BIN=$(CURDIR)/target/release/netclaim CARGO=$(CARGO) VM_TESTS="$(VM_TESTS)" \
+	  VM_CARGO_ARGS="--features netclaim/failpoints" bash vmtests/after-nextest.sh \
 	  $(CARGO) nextest run --workspace --features netclaim/failpoints --no-fail-fast $(RUN_IGNORED)
 
 bench:
@@ -51,8 +54,8 @@ bench:
 
 # VM tests (decision 0012, vmtests/README.md): install QEMU 10, virtme-ng and the Debian
 # kernels into /opt/netclaim-vm (idempotent), build the VM test binaries on the host, boot
-# VM_KERNEL (6.1 or 6.12) under TCG with two igb NICs and run them inside as root. Not part of
-# `make test` or `.ci/run` yet.
+# VM_KERNEL (6.1 or 6.12) under TCG with two igb NICs and run them inside as root. `make test`
+# runs them on both kernels after nextest.
 VM_KERNEL ?= 6.1
 VM_TESTS := vm_kernel vm_stats vm_ipvlan
 

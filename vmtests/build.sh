@@ -8,7 +8,10 @@ args=()
 for target in "$@"; do
     args+=(--test "$target")
 done
-out=$(${CARGO:-cargo} test "${args[@]}" --no-run 2>&1) || {
+# VM_CARGO_ARGS: extra arguments (`make test` passes nextest's features, so the binaries it
+# built are reused instead of building the crate a second time without them).
+# shellcheck disable=SC2086 # split on purpose
+out=$(${CARGO:-cargo} test "${args[@]}" ${VM_CARGO_ARGS:-} --no-run 2>&1) || {
     echo "$out" >&2
     exit 1
 }
