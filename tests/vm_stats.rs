@@ -1,7 +1,8 @@
 //! The traffic counters on the VM's kernels (`make vmtest`, decision 0012, issue 15 item 2):
-//! on 6.1 there is no tcx (it came with 6.6), so the daemon's choice of hook must be clsact,
-//! a tcx attach must fail and leave nothing behind, and the counters must still match the
-//! kernel's link counters through clsact; on 6.12 both hooks count. The checks are those of
+//! on 6.1 there is no tcx (it came with 6.6), so `HookKind::for_running_kernel` (which the
+//! daemon consults before honouring `--stats-hook tcx`) must say clsact, a tcx attach must
+//! fail and leave nothing behind, and the counters must still match the kernel's link
+//! counters through clsact; on 6.12 both hooks count. The checks are those of
 //! the host's root tier (`counters_support`, also run by `tests/stats_bpf.rs`). They run only
 //! inside the VM, where `vmtests/guest.sh` sets `NETCLAIM_VM=1`; nextest leaves this binary
 //! out (`.config/nextest.toml`), and run on a host anyway they fail rather than pass.
@@ -40,8 +41,8 @@ fn has_tcx() -> bool {
 
 #[test]
 #[ignore = "needs the VM: run `make vmtest`"]
-fn the_daemon_picks_clsact_before_6_6_and_tcx_from_it() {
-    require_vm("the_daemon_picks_clsact_before_6_6_and_tcx_from_it");
+fn tcx_is_offered_from_6_6_only() {
+    require_vm("tcx_is_offered_from_6_6_only");
     let expected = if has_tcx() { HookKind::Tcx } else { HookKind::Clsact };
     assert_eq!(HookKind::for_running_kernel(), expected);
 }
