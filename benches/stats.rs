@@ -179,29 +179,19 @@ fn main() {
     group.bench_function("prog-test-run-per-packet", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| test_run(program)).sum());
     });
-    group.bench_function(format!("veth-udp-{batch}/without"), |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let t = blast(&sender, batch);
-                    drain();
-                    t
-                })
-                .sum()
-        });
-    });
+    // `iters` batches, each drained at the receiver before the next.
+    let batches = |iters: u64| -> Duration {
+        (0..iters)
+            .map(|_| {
+                let took = blast(&sender, batch);
+                drain();
+                took
+            })
+            .sum()
+    };
+    group.bench_function(format!("veth-udp-{batch}/without"), |b| b.iter_custom(batches));
     pins.attach(&topology.netns("a"), "bench-pod", &topology.sender_if()).unwrap();
-    group.bench_function(format!("veth-udp-{batch}/with-counters"), |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let t = blast(&sender, batch);
-                    drain();
-                    t
-                })
-                .sum()
-        });
-    });
+    group.bench_function(format!("veth-udp-{batch}/with-counters"), |b| b.iter_custom(batches));
     pins.detach(Some(&topology.netns("a")), "bench-pod", &topology.sender_if()).unwrap();
     group.finish();
     criterion.final_summary();

@@ -139,6 +139,8 @@ struct Cluster {
 /// A bpffs mounted in the test's dir, unmounted on drop.
 struct PrivateBpffs {
     path: PathBuf,
+    /// `--stats-interval` of the daemon.
+    interval: String,
 }
 
 impl Drop for PrivateBpffs {
@@ -203,12 +205,12 @@ impl Cluster {
     }
 
     /// Turns traffic counters on for the next [`Self::start_node`]: a bpffs of the test's
-    /// own and the status refreshed every second.
-    fn enable_stats(&mut self) {
+    /// own, the claim status refreshed every `interval` (`--stats-interval`).
+    fn enable_stats(&mut self, interval: &str) {
         let path = self.dir().join("bpf");
         std::fs::create_dir_all(&path).unwrap();
         support::run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()]);
-        self.bpffs = Some(PrivateBpffs { path });
+        self.bpffs = Some(PrivateBpffs { path, interval: interval.to_owned() });
     }
 
     /// Starts `netclaim node` publishing `shared` as shared parents and `include` as
@@ -245,7 +247,7 @@ impl Cluster {
                 "--bpffs".into(),
                 bpffs.path.display().to_string(),
                 "--stats-interval".into(),
-                "1s".into(),
+                bpffs.interval.clone(),
             ]),
             None => self.node_args.push("--bpffs=".into()),
         }
@@ -1678,7 +1680,7 @@ async fn wait_stats(cluster: &Cluster, claim: &str, check: impl Fn(&Value) -> bo
 fn traffic_between_two_pods_shows_in_both_claims_and_in_metrics(runtime: Runtime) {
     run_e2e(runtime, |cluster| {
         Box::pin(async move {
-            cluster.enable_stats();
+            cluster.enable_stats("1s");
             let (_parent, class) = cluster.node_with_device("s0", "s1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.9.0/24".parse().unwrap();
             let pods = [PodSpec::new(&cluster.prefix, 0), PodSpec::new(&cluster.prefix, 1)];

@@ -86,6 +86,16 @@ impl Node {
         ]);
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
+        // A daemon killed just before may still be listed until the runtime side reads the
+        // end of its connection; counting it as the new one's registration raced with that.
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !self.nri().plugins().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the previous daemon's plugin is still listed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let child = self.netns.spawn_with_env(NETCLAIM, &args, env, &self.dir.path().join(log));
         let registered = self.runtime.block_on(self.nri().wait_for_plugins(1, PATIENCE));
         assert!(registered.is_ok(), "the daemon's NRI plugin did not register:\n{}", self.log(log));

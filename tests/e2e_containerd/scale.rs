@@ -18,10 +18,11 @@ use super::*;
 const PODS: usize = 250;
 /// Sandboxes in flight at once, as a kubelet with parallel pod workers sends them.
 const IN_FLIGHT: usize = 8;
-/// The daemon's peak RSS bound with 250 pods. Issue 12 asks for < 40 MiB, and the release
-/// daemon measured 38.4 MiB here after the burst (decision 0010); the bound keeps a margin for
-/// the noise of a shared machine and guards against regressions, the exact figure is printed.
-const PEAK_RSS_BOUND_KIB: u64 = 48 * 1024;
+/// The daemon's peak RSS bound with 250 pods: a regression guard, not the target. Issue 12 asks
+/// for < 40 MiB; the release daemon measured 48.7 MiB here without counters and 51.4 MiB with
+/// them (quiet machine, 2026-11-25: device health, the kernel probe and the stats service came
+/// since the 38.4 MiB of decision 0010), so the target is not met; the exact figure is printed.
+const PEAK_RSS_BOUND_KIB: u64 = 56 * 1024;
 
 /// Field `field` (a `kB` figure) of `/proc/<pid>/status`.
 fn status_kib(pid: u32, field: &str) -> u64 {
@@ -125,7 +126,9 @@ fn two_hundred_fifty_pods_in_a_burst_then_kill_9_and_a_restart_that_verifies_the
             // without them (the attach histogram must not move: issue 15).
             let stats_on = std::env::var("NETCLAIM_SCALE_STATS").as_deref() != Ok("0");
             if stats_on {
-                cluster.enable_stats();
+                // The daemon's default interval: the claim statuses get counters every 5 min,
+                // Prometheus every 15 s.
+                cluster.enable_stats("300s");
             }
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.78.0.0/23".parse().unwrap();
