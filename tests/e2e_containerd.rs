@@ -848,9 +848,15 @@ async fn wait_pod_links(cluster: &Cluster, pod: &RunningPod, names: &[&str]) -> 
         let links = links_in(&pod.netns_path());
         if names.iter().all(|n| links.get(*n).is_some_and(|l| !l.addresses.is_empty())) {
             let found: BTreeSet<&str> = links.keys().map(String::as_str).collect();
-            let expected: BTreeSet<&str> =
+            let allowed: BTreeSet<&str> =
                 ["lo", "eth0"].into_iter().chain(names.iter().copied()).collect();
-            assert_eq!(found, expected, "pod {}: nothing but its interfaces", pod.spec.name);
+            // `eth0` is the CNI plugin's, not ours: a sandbox whose CNI setup a containerd
+            // restart interrupted has none, which is not this driver's to judge.
+            assert!(
+                found.is_subset(&allowed),
+                "pod {}: nothing but its interfaces, lo and eth0: {found:?}",
+                pod.spec.name
+            );
             return names.iter().map(|n| links[*n].clone()).collect();
         }
         assert!(
