@@ -3,6 +3,7 @@
 pub mod cause;
 pub mod device;
 pub mod names;
+pub mod pod_network;
 pub mod network_config;
 pub mod refs;
 pub mod stats;

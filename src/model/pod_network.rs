@@ -1,0 +1,331 @@
+//! The `PodNetwork` and `IPBlock` kinds (`netclaim.dev/v1alpha1`, cluster-scoped; DESIGN §4)
+//! as data, and the names derived from them: IPBlock object names, labels, the finalizer and
+//! the DeviceClass of a network.
+//!
+//! These are the shapes of `deploy/crds/`: the API server prunes unknown fields and applies
+//! the schema's defaults before anything reads them, so the types here accept what the schema
+//! accepts and fill the same defaults for objects built in code (tests, `netclaim dev`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::network_config::{IpvlanConfig, MacvlanConfig, Mode, RouteConfig};
+
+/// API group of our custom kinds.
+pub const GROUP: &str = "netclaim.dev";
+/// API version of our custom kinds.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of our custom kinds.
+pub const API_VERSION: &str = "netclaim.dev/v1alpha1";
+
+/// Finalizer the controller keeps on a `PodNetwork` while any `IPBlock` of it exists.
+pub const FINALIZER: &str = "netclaim.dev/ipblocks";
+/// Label on an `IPBlock`: the `PodNetwork` it belongs to.
+pub const LABEL_POD_NETWORK: &str = "netclaim.dev/pod-network";
+/// Label on an `IPBlock`: the node that owns it.
+pub const LABEL_NODE: &str = "netclaim.dev/node";
+/// Label on the `DeviceClass` the controller manages: the `PodNetwork` it serves.
+pub const LABEL_MANAGED_FOR: &str = "netclaim.dev/pod-network";
+
+/// Default `spec.interfaceCapacity` (DESIGN §4).
+pub const DEFAULT_INTERFACE_CAPACITY: u32 = 256;
+/// Default IPv4 block prefix length.
+pub const DEFAULT_BLOCK_SIZE_V4: u8 = 26;
+/// Default IPv6 block prefix length.
+pub const DEFAULT_BLOCK_SIZE_V6: u8 = 120;
+/// Longest object name derived from a CIDR before it is hashed (DESIGN §4).
+pub const MAX_DERIVED_NAME: usize = 63;
+
+/// A `PodNetwork` object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetwork {
+    /// Always `netclaim.dev/v1alpha1` on the wire.
+    #[serde(default = "api_version")]
+    pub api_version: String,
+    /// Always `PodNetwork` on the wire.
+    #[serde(default = "pod_network_kind")]
+    pub kind: String,
+    /// Standard metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// What the administrator asked for.
+    pub spec: PodNetworkSpec,
+    /// What the controller observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PodNetworkStatus>,
+}
+
+fn api_version() -> String {
+    API_VERSION.to_owned()
+}
+
+fn pod_network_kind() -> String {
+    "PodNetwork".to_owned()
+}
+
+fn ip_block_kind() -> String {
+    "IPBlock".to_owned()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_provider() -> String {
+    super::names::DEFAULT_DRIVER_NAME.to_owned()
+}
+
+fn default_capacity() -> u32 {
+    DEFAULT_INTERFACE_CAPACITY
+}
+
+/// `PodNetwork.spec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetworkSpec {
+    /// `false`: devices lose the `podNetwork` tag (no new claims), running pods keep working.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The driver that serves the network (the driver name; immutable).
+    #[serde(default = "default_provider")]
+    pub provider: String,
+    /// How pods attach (immutable); default macvlan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// macvlan settings inherited by claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macvlan: Option<MacvlanConfig>,
+    /// ipvlan settings inherited by claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipvlan: Option<IpvlanConfig>,
+    /// Host interfaces (names or PCI addresses) that carry the network on each node.
+    #[serde(default)]
+    pub parents: Vec<String>,
+    /// Nodes that carry the network; absent or empty selects every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// VLAN id (0: untagged; immutable).
+    #[serde(default)]
+    pub vlan: u16,
+    /// Interface MTU; absent: the parent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Shared modes: `netclaim.dev/interfaces` capacity published per parent.
+    #[serde(default = "default_capacity")]
+    pub interface_capacity: u32,
+    /// Cluster-wide addressing; absent: pods get no address from the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipam: Option<PodNetworkIpam>,
+    /// Routes every pod of the network gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `PodNetwork.spec.ipam`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetworkIpam {
+    /// Subnets (CIDR strings), at most one family each in use at a time is not required: a
+    /// pod gets one address per family, from the family's subnets in order. Append-only.
+    #[serde(default)]
+    pub subnets: Vec<String>,
+    /// Gateways (one per family at most), inside a subnet; never handed out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<String>,
+    /// CIDRs never carved into blocks; static addresses must lie here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Prefix length of the per-node blocks (immutable).
+    #[serde(default)]
+    pub block_size: BlockSize,
+}
+
+/// Per-family block prefix lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockSize {
+    /// IPv4 block prefix length.
+    #[serde(default = "default_block_v4")]
+    pub ipv4: u8,
+    /// IPv6 block prefix length.
+    #[serde(default = "default_block_v6")]
+    pub ipv6: u8,
+}
+
+fn default_block_v4() -> u8 {
+    DEFAULT_BLOCK_SIZE_V4
+}
+
+fn default_block_v6() -> u8 {
+    DEFAULT_BLOCK_SIZE_V6
+}
+
+impl Default for BlockSize {
+    fn default() -> Self {
+        BlockSize { ipv4: DEFAULT_BLOCK_SIZE_V4, ipv6: DEFAULT_BLOCK_SIZE_V6 }
+    }
+}
+
+/// `PodNetwork.status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetworkStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (reasons `Ready`, `Invalid`, `Disabled`, `Overlaps`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The DeviceClass claims name to get an interface on this network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_class_name: Option<String>,
+}
+
+/// Condition type of a `PodNetwork`.
+pub const CONDITION_READY: &str = "Ready";
+/// Reasons of the `Ready` condition.
+pub mod reason {
+    /// Valid, enabled, no overlap.
+    pub const READY: &str = "Ready";
+    /// A field is invalid; the message names it.
+    pub const INVALID: &str = "Invalid";
+    /// `spec.enabled: false`.
+    pub const DISABLED: &str = "Disabled";
+    /// A subnet overlaps another `PodNetwork`'s; the message names it.
+    pub const OVERLAPS: &str = "Overlaps";
+}
+
+/// An `IPBlock` object: one CIDR of a `PodNetwork` owned by one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpBlock {
+    /// Always `netclaim.dev/v1alpha1` on the wire.
+    #[serde(default = "api_version")]
+    pub api_version: String,
+    /// Always `IPBlock` on the wire.
+    #[serde(default = "ip_block_kind")]
+    pub kind: String,
+    /// Standard metadata; the name is [`ip_block_name`] of the network and CIDR.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The block (immutable).
+    pub spec: IpBlockSpec,
+}
+
+/// `IPBlock.spec` (immutable once created).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpBlockSpec {
+    /// The `PodNetwork`.
+    pub pod_network: String,
+    /// The block, canonical network form (`10.10.0.64/26`); a /32 or /128 reserves one
+    /// static address.
+    pub cidr: String,
+    /// The node that owns the block.
+    pub node_name: String,
+    /// A static reservation: the claim that holds the address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<IpBlockClaim>,
+}
+
+/// The claim a static-address `IPBlock` is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpBlockClaim {
+    /// Namespace of the `ResourceClaim`.
+    pub namespace: String,
+    /// Name of the `ResourceClaim`.
+    pub name: String,
+    /// UID of the `ResourceClaim`.
+    pub uid: String,
+}
+
+impl IpBlock {
+    /// A new block object named after its network and CIDR, labelled for list filters.
+    #[must_use]
+    pub fn new(spec: IpBlockSpec) -> IpBlock {
+        let labels = BTreeMap::from([
+            (LABEL_POD_NETWORK.to_owned(), spec.pod_network.clone()),
+            (LABEL_NODE.to_owned(), spec.node_name.clone()),
+        ]);
+        IpBlock {
+            api_version: api_version(),
+            kind: ip_block_kind(),
+            metadata: ObjectMeta {
+                name: Some(ip_block_name(&spec.pod_network, &spec.cidr)),
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            },
+            spec,
+        }
+    }
+}
+
+/// The `IPBlock` name of `cidr` in `pod_network` (DESIGN §4): `<podnetwork>-<cidr>` with
+/// `.`, `:` and `/` mapped to `-`, from the canonical CIDR text the caller passes (so two
+/// nodes racing for one block derive one name and collide on create). Longer than 63
+/// characters: `<podnetwork prefix>-<first 16 hex of sha256(podnetwork/cidr)>`.
+#[must_use]
+pub fn ip_block_name(pod_network: &str, cidr: &str) -> String {
+    let mapped: String =
+        cidr.chars().map(|c| if matches!(c, '.' | ':' | '/') { '-' } else { c }).collect();
+    let name = format!("{pod_network}-{}", mapped.to_ascii_lowercase());
+    if name.len() <= MAX_DERIVED_NAME {
+        return name;
+    }
+    let digest = Sha256::digest(format!("{pod_network}/{cidr}").as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    // 63 - 1 (dash) - 16 (hash) = 46 characters of the network name at most; a name that
+    // ends in '-' after the cut would be an invalid DNS label, so trailing dashes go.
+    let prefix: String = pod_network.chars().take(MAX_DERIVED_NAME - 17).collect();
+    format!("{}-{hex}", prefix.trim_end_matches('-'))
+}
+
+/// The `DeviceClass` the controller manages for a `PodNetwork`.
+#[must_use]
+pub fn device_class_name(pod_network: &str) -> String {
+    format!("{pod_network}.podnetwork.{GROUP}")
+}
+
+/// Name of a shared device that carries `pod_network` on `parent` (DESIGN §4:
+/// `<podnetwork>-<parent>`).
+#[must_use]
+pub fn shared_device_name(pod_network: &str, parent_device: &str) -> String {
+    format!("{pod_network}-{parent_device}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_names_map_separators_and_hash_long_ones() {
+        assert_eq!(ip_block_name("medianet", "10.10.0.64/26"), "medianet-10-10-0-64-26");
+        assert_eq!(ip_block_name("medianet", "fd00:10::/120"), "medianet-fd00-10---120");
+        let long = ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::100/120");
+        assert!(long.len() <= MAX_DERIVED_NAME, "{long}");
+        assert!(long.starts_with("a-network-with-a-rather-long-name-"), "{long}");
+        // Distinct CIDRs give distinct hashed names.
+        let other =
+            ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::200/120");
+        assert_ne!(long, other);
+    }
+
+    #[test]
+    fn defaults_fill_what_the_schema_defaults() {
+        let pn: PodNetwork = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "spec": {"parents": ["eth1"], "ipam": {"subnets": ["10.0.0.0/16"]}}
+        }))
+        .expect("minimal spec decodes");
+        assert!(pn.spec.enabled);
+        assert_eq!(pn.spec.provider, "netclaim.dev");
+        assert_eq!(pn.spec.interface_capacity, DEFAULT_INTERFACE_CAPACITY);
+        let ipam = pn.spec.ipam.expect("ipam given");
+        assert_eq!(ipam.block_size, BlockSize { ipv4: 26, ipv6: 120 });
+    }
+}
