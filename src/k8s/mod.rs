@@ -1,8 +1,10 @@
-//! Kubernetes API adapter: client construction, ResourceSlices, ResourceClaims, Events.
+//! Kubernetes API adapter: client construction, ResourceSlices, ResourceClaims, Events, our custom kinds.
 
 pub mod claim_status;
 pub mod claims;
 pub mod events;
+pub mod kinds;
+pub mod pod_networks;
 pub mod resource_slices;
 pub mod status_sink;
 
