@@ -14,6 +14,8 @@ use sha2::{Digest as _, Sha256};
 
 use super::network_config::{IpvlanConfig, MacvlanConfig, Mode, RouteConfig};
 
+pub mod validate;
+
 /// API group of our custom kinds.
 pub const GROUP: &str = "netclaim.dev";
 /// API version of our custom kinds.
