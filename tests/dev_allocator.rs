@@ -291,3 +291,162 @@ async fn two_allocators_racing_never_allocate_a_claim_twice() {
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap().unwrap();
     srv.shutdown().await.unwrap();
 }
+
+/// Publishes a shared parent on `node` (and the exclusive `eth1` when `nic`).
+async fn publish_node(client: &kube::Client, node: &str, nic: bool) {
+    let mut devices = vec![device("parent0", "parent0", DeviceKind::Virtual, Some(256))];
+    if nic {
+        devices.push(device("eth1", "eth1", DeviceKind::Physical, None));
+    }
+    let pool = PoolIdentity { driver: DRIVER.to_owned(), node: node.to_owned(), generation: 1 };
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    for slice in build_slices(&pool, &devices) {
+        api.create(&PostParams::default(), &slice).await.unwrap();
+    }
+}
+
+async fn create_pod(client: &kube::Client, name: &str, claim: &str) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "containers": [{"name": "app", "image": "pause"}],
+            "resourceClaims": [{"name": "net", "resourceClaimName": claim}],
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_spread_over_two_nodes_and_their_claims_are_allocated_there() {
+    use k8s_openapi::api::core::v1::Pod;
+    let (srv, client) = server().await;
+    publish_node(&client, "node-1", false).await;
+    publish_node(&client, "node-2", true).await;
+    create_class(&client, "netclaim-macvlan", "device.allowMultipleAllocations").await;
+    create_class(
+        &client,
+        "netclaim-nic",
+        r#"device.attributes["netclaim.dev"].sharing == "exclusive""#,
+    )
+    .await;
+    let nodes = ["node-1".to_owned(), "node-2".to_owned()];
+    let controller = AllocatorController::for_nodes(client.clone(), &nodes);
+    let claim_reasons = controller.pending_reasons();
+    let pod_reasons = controller.unscheduled_reasons();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(controller.run(async move {
+        let _ = stop_rx.await;
+    }));
+
+    for i in 0..4 {
+        create_claim(&client, &format!("c-{i}"), "netclaim-macvlan").await;
+        create_pod(&client, &format!("p-{i}"), &format!("c-{i}")).await;
+    }
+    create_claim(&client, "unused", "netclaim-macvlan").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    wait_until("4 pods bound and their claims allocated", || {
+        let (pods, claims) = (pods.clone(), claims.clone());
+        async move {
+            let bound = pods.list(&ListParams::default()).await.unwrap().items.iter().all(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
+            });
+            let allocated = claims
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|c| !results(c).is_empty())
+                .count();
+            bound && allocated == 4
+        }
+    })
+    .await;
+    let mut per_node = BTreeMap::<String, usize>::new();
+    for i in 0..4 {
+        let pod = pods.get(&format!("p-{i}")).await.unwrap();
+        let node = pod.spec.unwrap().node_name.unwrap();
+        let claim = claims.get(&format!("c-{i}")).await.unwrap();
+        assert_eq!(results(&claim)[0].pool, node, "claim c-{i} follows its pod to {node}");
+        let selector = claim.status.unwrap().allocation.unwrap().node_selector.unwrap();
+        assert_eq!(
+            selector.node_selector_terms[0].match_fields.as_ref().unwrap()[0].values,
+            Some(vec![node.clone()])
+        );
+        *per_node.entry(node).or_default() += 1;
+    }
+    assert_eq!(per_node, BTreeMap::from([("node-1".to_owned(), 2), ("node-2".to_owned(), 2)]));
+    // A claim no pod uses waits, as with the scheduler.
+    assert!(results(&claims.get("unused").await.unwrap()).is_empty());
+    let reason = claim_reasons.lock().unwrap().get("default/unused").cloned().unwrap_or_default();
+    assert!(reason.contains("no pod that uses it is bound"), "{reason:?}");
+
+    // The exclusive NIC is on node-2 only: the first pod goes there, the second fits nowhere.
+    create_claim(&client, "nic-a", "netclaim-nic").await;
+    create_pod(&client, "nic-pod-a", "nic-a").await;
+    wait_until("nic-a allocated on node-2", || {
+        let claims = claims.clone();
+        async move {
+            results(&claims.get("nic-a").await.unwrap())
+                .first()
+                .is_some_and(|r| r.pool == "node-2" && r.device == "eth1")
+        }
+    })
+    .await;
+    assert_eq!(
+        pods.get("nic-pod-a").await.unwrap().spec.unwrap().node_name.as_deref(),
+        Some("node-2")
+    );
+    create_claim(&client, "nic-b", "netclaim-nic").await;
+    create_pod(&client, "nic-pod-b", "nic-b").await;
+    wait_until("nic-pod-b reported unschedulable", || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("nic-pod-b").await.unwrap();
+            pod.status.and_then(|s| s.conditions).into_iter().flatten().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+                    && c.message.as_deref().is_some_and(|m| m.contains("0/2 nodes are available"))
+            })
+        }
+    })
+    .await;
+    let reason = pod_reasons.lock().unwrap()["default/nic-pod-b"].clone();
+    assert!(reason.contains("node-2: claim nic-b") && reason.contains("eth1"), "{reason}");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let failed = events.list(&ListParams::default()).await.unwrap().items.into_iter().any(|e| {
+        e.reason.as_deref() == Some("FailedScheduling")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nic-pod-b")
+    });
+    assert!(failed, "no FailedScheduling Event on nic-pod-b");
+    assert!(pods.get("nic-pod-b").await.unwrap().spec.unwrap().node_name.is_none());
+
+    // Once nic-pod-a and its claim are gone, eth1 is free and nic-pod-b is placed.
+    pods.delete(
+        "nic-pod-a",
+        &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() },
+    )
+    .await
+    .unwrap();
+    claims.delete("nic-a", &DeleteParams::default()).await.unwrap();
+    wait_until("nic-pod-b placed on node-2", || {
+        let pods = pods.clone();
+        async move {
+            pods.get("nic-pod-b").await.unwrap().spec.unwrap().node_name.as_deref()
+                == Some("node-2")
+        }
+    })
+    .await;
+
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap().unwrap();
+    srv.shutdown().await.unwrap();
+}

@@ -1,5 +1,10 @@
 //! Controller: watches ResourceClaims, slices and classes through the API and writes
-//! `status.allocation` of unallocated claims for the dev node (the scheduler's DRA role).
+//! `status.allocation` of unallocated claims (the scheduler's DRA role). For one node
+//! ([`AllocatorController::new`]) every pending claim is allocated on it. For a set of nodes
+//! ([`AllocatorController::for_nodes`]) it also places pods: a pod without `spec.nodeName` is
+//! bound to a node whose devices can satisfy its claims, the least loaded first
+//! ([`super::schedule`]), and a claim is allocated on the node of the bound pod that uses
+//! it (a claim no bound pod uses waits, as with the scheduler).
 //!
 //! Every change triggers a full re-list and recomputation: used devices and consumed
 //! capacity come from the claims that exist *now*, so a deleted claim's devices and capacity
@@ -14,15 +19,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus, ResourceSlice,
+    DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
+    ResourceClaimTemplate, ResourceSlice,
 };
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource as _};
 
 use super::allocate::{AllocationInput, allocate};
+use super::schedule::{self, NodeCandidate, PlacementError, SchedulingInput};
 
 /// How often pending claims are retried even without a watch event (an event can be lost
 /// across a watch restart; this bounds how long a claim waits).
@@ -31,6 +40,8 @@ const RETRY_INTERVAL: Duration = Duration::from_secs(2);
 /// scheduler reports `FailedScheduling` on the Pod; we report on the claim itself).
 const REPORTER: &str = "netclaim-dev-allocator";
 const REASON_FAILED: &str = "FailedAllocation";
+/// The scheduler's reason on a Pod no node fits (Event and `PodScheduled` condition).
+const REASON_UNSCHEDULABLE: &str = "FailedScheduling";
 /// How many times [`reserve_for`] retries after a write conflict.
 const CONFLICT_RETRIES: usize = 8;
 
@@ -62,15 +73,26 @@ pub enum ControllerError {
     },
 }
 
-/// Why each pending claim (`namespace/name`) is not allocated, as last computed.
+/// Why each pending claim (`namespace/name`) is not allocated, or each pod not placed, as
+/// last computed.
 pub type PendingReasons = Arc<Mutex<BTreeMap<String, String>>>;
 
-/// The allocation controller for one node.
+/// Which nodes the controller allocates for.
+#[derive(Debug, Clone)]
+enum Nodes {
+    /// Every pending claim is for this node; pods are bound by someone else.
+    One(String),
+    /// Pods are placed on these nodes; claims follow their pods.
+    Set(Vec<String>),
+}
+
+/// The allocation controller.
 #[derive(Clone)]
 pub struct AllocatorController {
     client: Client,
-    node: String,
+    nodes: Nodes,
     reasons: PendingReasons,
+    unscheduled: PendingReasons,
     recorder: Recorder,
 }
 
@@ -79,8 +101,31 @@ pub struct AllocatorController {
 pub struct PassSummary {
     /// Claims allocated in this pass.
     pub allocated: usize,
-    /// Claims still unallocated (no fit, or a write conflict).
+    /// Claims still unallocated (no fit, no bound consumer yet, or a write conflict).
     pub pending: usize,
+    /// Pods bound to a node in this pass.
+    pub scheduled: usize,
+    /// Pods still without a node.
+    pub unscheduled: usize,
+}
+
+/// What one pass read from the API.
+struct World {
+    claims: Vec<ResourceClaim>,
+    slices: Vec<ResourceSlice>,
+    classes: Vec<DeviceClass>,
+    /// Only listed for a set of nodes.
+    pods: Vec<Pod>,
+    templates: Vec<ResourceClaimTemplate>,
+    candidates: Vec<NodeCandidate>,
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 fn claim_key(claim: &ResourceClaim) -> String {
@@ -105,16 +150,29 @@ fn is_conflict(error: &kube::Error) -> bool {
 }
 
 impl AllocatorController {
-    /// A controller allocating for `node`.
+    /// A controller allocating every pending claim on `node` (pods are bound by someone
+    /// else: in a one-node cluster the dev kubelet takes every pod).
     #[must_use]
     pub fn new(client: Client, node: &str) -> Self {
+        Self::with_nodes(client, Nodes::One(node.to_owned()), node)
+    }
+
+    /// A controller placing pods without `spec.nodeName` on `nodes` and allocating each
+    /// claim on the node of the pod that uses it.
+    #[must_use]
+    pub fn for_nodes(client: Client, nodes: &[String]) -> Self {
+        Self::with_nodes(client, Nodes::Set(nodes.to_vec()), &nodes.join(","))
+    }
+
+    fn with_nodes(client: Client, nodes: Nodes, instance: &str) -> Self {
         let reporter =
-            Reporter { controller: REPORTER.to_owned(), instance: Some(node.to_owned()) };
+            Reporter { controller: REPORTER.to_owned(), instance: Some(instance.to_owned()) };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            node: node.to_owned(),
+            nodes,
             reasons: PendingReasons::default(),
+            unscheduled: PendingReasons::default(),
         }
     }
 
@@ -124,13 +182,20 @@ impl AllocatorController {
         self.reasons.clone()
     }
 
-    /// One pass: lists slices, classes and claims, allocates every unallocated claim
-    /// (oldest first) that fits and writes its status.
-    pub async fn reconcile(&self) -> Result<PassSummary, ControllerError> {
+    /// Live view of why pods (`namespace/name`) are not placed on a node (a set of nodes
+    /// only).
+    #[must_use]
+    pub fn unscheduled_reasons(&self) -> PendingReasons {
+        self.unscheduled.clone()
+    }
+
+    async fn list_world(&self) -> Result<World, ControllerError> {
         let lp = ListParams::default();
-        let claims_api: Api<ResourceClaim> = Api::all(self.client.clone());
-        let mut claims =
-            claims_api.list(&lp).await.map_err(api_error("list resourceclaims"))?.items;
+        let claims = Api::<ResourceClaim>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .map_err(api_error("list resourceclaims"))?
+            .items;
         let slices = Api::<ResourceSlice>::all(self.client.clone())
             .list(&lp)
             .await
@@ -141,7 +206,75 @@ impl AllocatorController {
             .await
             .map_err(api_error("list deviceclasses"))?
             .items;
-        let mut pending: Vec<ResourceClaim> = claims
+        let mut world = World {
+            claims,
+            slices,
+            classes,
+            pods: Vec::new(),
+            templates: Vec::new(),
+            candidates: Vec::new(),
+        };
+        if let Nodes::Set(names) = &self.nodes {
+            world.pods = Api::<Pod>::all(self.client.clone())
+                .list(&lp)
+                .await
+                .map_err(api_error("list pods"))?
+                .items;
+            world.templates = Api::<ResourceClaimTemplate>::all(self.client.clone())
+                .list(&lp)
+                .await
+                .map_err(api_error("list resourceclaimtemplates"))?
+                .items;
+            let objects = Api::<Node>::all(self.client.clone())
+                .list(&lp)
+                .await
+                .map_err(api_error("list nodes"))?
+                .items;
+            world.candidates = names
+                .iter()
+                .map(|name| NodeCandidate {
+                    name: name.clone(),
+                    labels: objects
+                        .iter()
+                        .find(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+                        .and_then(|n| n.metadata.labels.clone())
+                        .unwrap_or_default(),
+                })
+                .collect();
+        }
+        Ok(world)
+    }
+
+    /// The node a pending claim is allocated for, or why it waits.
+    fn target_node(&self, claim: &ResourceClaim, pods: &[Pod]) -> Result<String, String> {
+        match &self.nodes {
+            Nodes::One(node) => Ok(node.clone()),
+            Nodes::Set(names) => match schedule::consumer_node(claim, pods) {
+                Some(node) if names.iter().any(|n| n == node) => Ok(node.to_owned()),
+                Some(node) => Err(format!(
+                    "its pod is bound to node {node}, which this allocator does not serve"
+                )),
+                None => Err("no pod that uses it is bound to a node yet".to_owned()),
+            },
+        }
+    }
+
+    /// One pass: lists what it needs, allocates every unallocated claim (oldest first) that
+    /// fits and writes its status; for a set of nodes, then places unbound pods.
+    pub async fn reconcile(&self) -> Result<PassSummary, ControllerError> {
+        let mut world = self.list_world().await?;
+        let mut summary = self.allocate_claims(&mut world).await;
+        if matches!(self.nodes, Nodes::Set(_)) {
+            let (scheduled, unscheduled) = self.schedule_pods(&world).await;
+            summary.scheduled = scheduled;
+            summary.unscheduled = unscheduled;
+        }
+        Ok(summary)
+    }
+
+    async fn allocate_claims(&self, world: &mut World) -> PassSummary {
+        let mut pending: Vec<ResourceClaim> = world
+            .claims
             .iter()
             .filter(|c| !is_allocated(c) && c.metadata.deletion_timestamp.is_none())
             .cloned()
@@ -154,11 +287,19 @@ impl AllocatorController {
         let mut reasons = BTreeMap::new();
         for claim in pending {
             let key = claim_key(&claim);
+            let node = match self.target_node(&claim, &world.pods) {
+                Ok(node) => node,
+                Err(why) => {
+                    reasons.insert(key, why);
+                    summary.pending += 1;
+                    continue;
+                }
+            };
             let input = AllocationInput {
-                node: &self.node,
-                slices: &slices,
-                classes: &classes,
-                claims: &claims,
+                node: &node,
+                slices: &world.slices,
+                classes: &world.classes,
+                claims: &world.claims,
             };
             let allocation =
                 match allocate(&input, &claim, &mut || uuid::Uuid::new_v4().to_string()) {
@@ -187,7 +328,7 @@ impl AllocatorController {
                 Ok(written) => {
                     tracing::info!(claim = %key, devices = ?device_names(&written), "claim allocated");
                     if let Some(slot) =
-                        claims.iter_mut().find(|c| c.metadata.uid == written.metadata.uid)
+                        world.claims.iter_mut().find(|c| c.metadata.uid == written.metadata.uid)
                     {
                         *slot = written;
                     }
@@ -208,7 +349,139 @@ impl AllocatorController {
         if let Ok(mut shared) = self.reasons.lock() {
             *shared = reasons;
         }
-        Ok(summary)
+        summary
+    }
+
+    /// Binds every unbound pod (oldest first) that fits a node; returns (bound, still
+    /// unbound). Tentative allocations of pods placed earlier in the pass, and of template
+    /// claims bound pods have not created yet, hold their devices.
+    async fn schedule_pods(&self, world: &World) -> (usize, usize) {
+        let mut unbound: Vec<&Pod> =
+            world.pods.iter().filter(|p| schedule::is_unbound(p)).collect();
+        if unbound.is_empty() {
+            if let Ok(mut shared) = self.unscheduled.lock() {
+                shared.clear();
+            }
+            return (0, 0);
+        }
+        unbound.sort_by(|a, b| {
+            (a.metadata.creation_timestamp.as_ref().map(|t| t.0), pod_key(a))
+                .cmp(&(b.metadata.creation_timestamp.as_ref().map(|t| t.0), pod_key(b)))
+        });
+        let mut pods = world.pods.clone();
+        let mut new_share_id = || uuid::Uuid::new_v4().to_string();
+        let mut assumed = {
+            let input = SchedulingInput {
+                nodes: &world.candidates,
+                slices: &world.slices,
+                classes: &world.classes,
+                claims: &world.claims,
+                templates: &world.templates,
+                pods: &pods,
+            };
+            schedule::assumed_claims(&input, &mut new_share_id)
+        };
+        let (mut bound, mut waiting) = (0, 0);
+        let mut reasons = BTreeMap::new();
+        for pod in unbound {
+            let key = pod_key(pod);
+            let input = SchedulingInput {
+                nodes: &world.candidates,
+                slices: &world.slices,
+                classes: &world.classes,
+                claims: &world.claims,
+                templates: &world.templates,
+                pods: &pods,
+            };
+            let placement = match schedule::place(&input, pod, &assumed, &mut new_share_id) {
+                Ok(placement) => placement,
+                Err(error) => {
+                    let reason = error.to_string();
+                    let previous = self.unscheduled.lock().ok().and_then(|r| r.get(&key).cloned());
+                    if previous.as_deref() != Some(reason.as_str())
+                        && !matches!(error, PlacementError::Waiting(_))
+                    {
+                        tracing::warn!(pod = %key, %reason, "pod cannot be placed");
+                        self.record_unschedulable(pod, &reason).await;
+                    }
+                    reasons.insert(key, reason);
+                    waiting += 1;
+                    continue;
+                }
+            };
+            match self.bind(pod, &placement.node).await {
+                Ok(()) => {
+                    tracing::info!(pod = %key, node = %placement.node, "pod placed");
+                    if let Some(slot) = pods.iter_mut().find(|p| p.metadata.uid == pod.metadata.uid)
+                    {
+                        slot.spec.get_or_insert_with(Default::default).node_name =
+                            Some(placement.node.clone());
+                    }
+                    assumed.extend(placement.assumed);
+                    bound += 1;
+                }
+                Err(error) => {
+                    if !matches!(&error, ControllerError::Api { source, .. } if is_conflict(source))
+                    {
+                        tracing::warn!(pod = %key, %error, "binding the pod failed");
+                    }
+                    reasons.insert(key, format!("binding failed: {error}"));
+                    waiting += 1;
+                }
+            }
+        }
+        if let Ok(mut shared) = self.unscheduled.lock() {
+            *shared = reasons;
+        }
+        (bound, waiting)
+    }
+
+    /// Sets `spec.nodeName` (the scheduler's binding), guarded by the resourceVersion the
+    /// placement was computed from.
+    async fn bind(&self, pod: &Pod, node: &str) -> Result<(), ControllerError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": pod.metadata.resource_version},
+            "spec": {"nodeName": node},
+        });
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(api_error(format!("bind pod {namespace}/{name} to {node}")))?;
+        Ok(())
+    }
+
+    /// A Warning Event and the `PodScheduled=False` condition on a pod no node fits, as the
+    /// scheduler reports it (`kubectl describe pod` shows both). Failures are logged.
+    async fn record_unschedulable(&self, pod: &Pod, reason: &str) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: REASON_UNSCHEDULABLE.to_owned(),
+            note: Some(reason.to_owned()),
+            action: "Scheduling".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &pod.object_ref(&())).await {
+            tracing::warn!(%error, "could not record an Event on the pod");
+        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        // Nothing else writes conditions of a pod no node runs.
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": reason,
+            "lastTransitionTime": now,
+        }]}});
+        if let Err(error) = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(%error, "could not write the pod's PodScheduled condition");
+        }
     }
 
     /// A Warning Event on the claim (`kubectl describe resourceclaim` shows it); failures to
@@ -227,10 +500,11 @@ impl AllocatorController {
     }
 
     /// Runs until `shutdown` completes: a pass on start, after every change to claims,
-    /// slices or classes, and every 2 s while claims are pending.
+    /// slices or classes (and pods, templates and Nodes for a set of nodes), and every 2 s
+    /// while claims or pods are pending.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
         let config = watcher::Config::default();
-        let changes = futures::stream::select_all([
+        let mut streams = vec![
             watcher(Api::<ResourceClaim>::all(self.client.clone()), config.clone())
                 .default_backoff()
                 .map(|_| ())
@@ -239,17 +513,34 @@ impl AllocatorController {
                 .default_backoff()
                 .map(|_| ())
                 .boxed(),
-            watcher(Api::<DeviceClass>::all(self.client.clone()), config)
+            watcher(Api::<DeviceClass>::all(self.client.clone()), config.clone())
                 .default_backoff()
                 .map(|_| ())
                 .boxed(),
-        ]);
+        ];
+        if matches!(self.nodes, Nodes::Set(_)) {
+            streams.extend([
+                watcher(Api::<Pod>::all(self.client.clone()), config.clone())
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+                watcher(Api::<ResourceClaimTemplate>::all(self.client.clone()), config.clone())
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+                watcher(Api::<Node>::all(self.client.clone()), config)
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+            ]);
+        }
+        let changes = futures::stream::select_all(streams);
         tokio::pin!(changes);
         tokio::pin!(shutdown);
         let mut pending = 0;
         loop {
             match self.reconcile().await {
-                Ok(summary) => pending = summary.pending,
+                Ok(summary) => pending = summary.pending + summary.unscheduled,
                 Err(error) => tracing::warn!(%error, "allocation pass failed; retrying"),
             }
             let retry = tokio::time::sleep(RETRY_INTERVAL);
@@ -292,6 +583,19 @@ where
     F: Future<Output = ()> + Send,
 {
     AllocatorController::new(client, node_name).run(shutdown)
+}
+
+/// Runs the allocator for a cluster of several nodes (see [`AllocatorController::for_nodes`])
+/// until `shutdown` completes; the returned future can be spawned.
+pub fn run_for_nodes<F>(
+    client: Client,
+    nodes: &[String],
+    shutdown: F,
+) -> impl Future<Output = Result<(), ControllerError>> + Send + use<F>
+where
+    F: Future<Output = ()> + Send,
+{
+    AllocatorController::for_nodes(client, nodes).run(shutdown)
 }
 
 /// Adds `consumer` to the claim's `status.reservedFor` (idempotent: the list is keyed by

@@ -14,16 +14,25 @@
 //!   config (`FromClaim`), and `nodeSelector` `matchFields metadata.name In [node]`.
 //!   Not supported (a clear error or ignored): `constraints` (error), `adminAccess`,
 //!   tolerations/taints, partitionable devices (shared counters), binding conditions.
-//! - [`controller`]: [`run`] / [`AllocatorController`] watch claims, slices and classes over
-//!   the API and allocate pending claims; [`reserve_for`] / [`unreserve`] edit
-//!   `status.reservedFor` for the dev kubelet.
+//! - [`schedule::place`] (pure): for a cluster of several nodes, the node an unbound pod goes
+//!   to (one whose devices satisfy all its claims, the least loaded first), and
+//!   [`schedule::consumer_node`], the node a claim is allocated for (its pod's).
+//! - [`controller`]: [`run`] / [`run_for_nodes`] / [`AllocatorController`] watch claims,
+//!   slices and classes (and pods for several nodes) over the API, bind pods and allocate
+//!   pending claims; [`reserve_for`] / [`unreserve`] edit `status.reservedFor` for the dev
+//!   kubelet.
 
 pub mod allocate;
 pub mod controller;
 pub mod quantity;
+pub mod schedule;
 pub mod selector;
 
-pub use controller::{AllocatorController, ControllerError, reserve_for, run, unreserve};
+pub use controller::{
+    AllocatorController, ControllerError, reserve_for, run, run_for_nodes, unreserve,
+};
 
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tests;
