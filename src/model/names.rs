@@ -61,6 +61,8 @@ pub mod attr {
     pub const VF_INDEX: &str = "vfIndex";
     /// PodNetwork that selected this device.
     pub const POD_NETWORK: &str = "podNetwork";
+    /// VLAN id of a PodNetwork's shared device (omitted when untagged).
+    pub const VLAN: &str = "vlan";
     /// `exclusive` or `shared`.
     pub const SHARING: &str = "sharing";
 }

@@ -293,11 +293,35 @@ pub fn device_class_name(pod_network: &str) -> String {
     format!("{pod_network}.podnetwork.{GROUP}")
 }
 
-/// Name of a shared device that carries `pod_network` on `parent` (DESIGN §4:
-/// `<podnetwork>-<parent>`).
+/// Name of a shared device that carries `pod_network` on `parent_device` (the parent's own
+/// device name; DESIGN §2: `<podnetwork>-<parent>`). Device names are DNS labels: a network
+/// name with dots (object names are DNS subdomains) has them mapped to `-`, and a name that
+/// had to change or is longer than 63 characters is cut and ends in
+/// `-<first 16 hex of sha256(podnetwork/parent)>`, so two networks or parents never share a
+/// device name.
 #[must_use]
 pub fn shared_device_name(pod_network: &str, parent_device: &str) -> String {
-    format!("{pod_network}-{parent_device}")
+    let name = format!("{pod_network}-{parent_device}");
+    let is_label = name.len() <= MAX_DERIVED_NAME
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if is_label {
+        return name;
+    }
+    let mapped: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
+    let digest = Sha256::digest(format!("{pod_network}/{parent_device}").as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let prefix: String = mapped.chars().take(MAX_DERIVED_NAME - 17).collect();
+    let prefix = prefix.trim_matches('-');
+    if prefix.is_empty() { format!("pn-{hex}") } else { format!("{prefix}-{hex}") }
 }
 
 #[cfg(test)]
@@ -308,13 +332,33 @@ mod tests {
     fn block_names_map_separators_and_hash_long_ones() {
         assert_eq!(ip_block_name("medianet", "10.10.0.64/26"), "medianet-10-10-0-64-26");
         assert_eq!(ip_block_name("medianet", "fd00:10::/120"), "medianet-fd00-10---120");
-        let long = ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::100/120");
+        let long =
+            ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::100/120");
         assert!(long.len() <= MAX_DERIVED_NAME, "{long}");
         assert!(long.starts_with("a-network-with-a-rather-long-name-"), "{long}");
         // Distinct CIDRs give distinct hashed names.
         let other =
             ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::200/120");
         assert_ne!(long, other);
+    }
+
+    #[test]
+    fn shared_device_names_are_dns_labels() {
+        assert_eq!(shared_device_name("medianet", "eth1"), "medianet-eth1");
+        assert_eq!(shared_device_name("medianet", "pci-0000-3b-00-1"), "medianet-pci-0000-3b-00-1");
+        let dotted = shared_device_name("media.net", "eth1");
+        assert!(dotted.starts_with("media-net-eth1-") && dotted.len() == 31, "{dotted}");
+        let long = shared_device_name(&"n".repeat(60), "pci-0000-3b-00-1");
+        assert_eq!(long.len(), MAX_DERIVED_NAME, "{long}");
+        assert_ne!(long, shared_device_name(&"n".repeat(60), "pci-0000-3b-00-2"));
+        for name in [dotted, long] {
+            assert!(
+                name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !name.starts_with('-')
+                    && !name.ends_with('-'),
+                "{name}"
+            );
+        }
     }
 
     #[test]
