@@ -1,11 +1,12 @@
 //! Which host interfaces become which DRA devices: selection, exclusion rules and attributes.
 //!
-//! Pure: takes the interfaces discovery found and the operator's selection, returns the
-//! devices to publish and, for every interface left out, the reason (so `netclaim inventory`
-//! can answer "why is my NIC not there?").
+//! Pure: takes the interfaces discovery found, the operator's selection and the PodNetworks
+//! this node carries ([`networks`]), returns the devices to publish and, for every interface
+//! left out, the reason (so `netclaim inventory` can answer "why is my NIC not there?").
 
 pub mod facts;
 pub mod naming;
+pub mod networks;
 pub mod publish;
 pub mod slices;
 
@@ -16,6 +17,8 @@ use crate::model::device::{
     AttributeValue, Device, DeviceKind, HostInterface, LinkKind, Sharing, SriovRole,
 };
 use crate::model::names::{self, ATTRIBUTE_DOMAIN, ATTRIBUTE_PCIE_ROOT, attr};
+use crate::model::pod_network::shared_device_name;
+use networks::{NetworkConflict, NetworkPlan, NodeNetworks, SharedNetwork};
 
 /// DRA string attributes are limited to 64 characters; longer values are omitted.
 const MAX_STRING_ATTRIBUTE_LEN: usize = 64;
@@ -107,6 +110,13 @@ impl Selection {
         self
     }
 
+    /// Sub-interfaces a shared device offers in slots mode at most (`capacity` above this is
+    /// published as this many slot devices).
+    #[must_use]
+    pub fn slot_count(&self) -> u32 {
+        self.slot_count
+    }
+
     fn is_shared_parent(&self, interface: &HostInterface) -> bool {
         self.shared_parents.iter().any(|wanted| {
             *wanted == interface.name
@@ -150,6 +160,12 @@ pub enum Exclusion {
     GlobalAddress(String),
     /// Listed in `--shared-parents` but not present on the node.
     SharedParentNotFound,
+    /// A parent of a shared-mode PodNetwork that selects this node but is not served now
+    /// (disabled, not ready, being deleted): kept off the exclusive devices, since the
+    /// network's pods may still have children on it.
+    PodNetworkNotServed(String),
+    /// Named in `spec.parents` of a PodNetwork served here, but not present on the node.
+    PodNetworkParentNotFound(String),
 }
 
 impl fmt::Display for Exclusion {
@@ -173,6 +189,12 @@ impl fmt::Display for Exclusion {
             Self::DefaultRoute => f.write_str("carries the node's default route"),
             Self::GlobalAddress(address) => write!(f, "carries node address {address}"),
             Self::SharedParentNotFound => f.write_str("listed in --shared-parents but not found"),
+            Self::PodNetworkNotServed(network) => {
+                write!(f, "parent of PodNetwork {network}, which is not served on this node now")
+            }
+            Self::PodNetworkParentNotFound(network) => {
+                write!(f, "parent of PodNetwork {network} but not found")
+            }
         }
     }
 }
@@ -193,23 +215,54 @@ pub struct Inventory {
     pub devices: Vec<Device>,
     /// Interfaces left out, sorted by name.
     pub skipped: Vec<Skipped>,
+    /// PodNetworks that could not be published together on one interface, sorted.
+    pub conflicts: Vec<NetworkConflict>,
 }
 
 impl Inventory {
-    /// Applies the selection and exclusion rules of DESIGN §2 to the discovered interfaces.
+    /// Applies the selection and exclusion rules of DESIGN §2 to the discovered interfaces,
+    /// without PodNetworks.
     #[must_use]
     pub fn build(interfaces: &[HostInterface], selection: &Selection) -> Self {
+        Self::build_with(interfaces, selection, &NodeNetworks::default())
+    }
+
+    /// [`Self::build`] with the PodNetworks of this node (DESIGN §2, §4): a parent of a served
+    /// shared-mode network becomes one shared device per network (`<podnetwork>-<parent>`,
+    /// never also a plain `--shared-parents` device), a device of a served exclusive-mode
+    /// network gets the `podNetwork` attribute, and a parent of a shared-mode network that
+    /// is not served now is published as nothing (unless listed in `--shared-parents`).
+    #[must_use]
+    pub fn build_with(
+        interfaces: &[HostInterface],
+        selection: &Selection,
+        networks: &NodeNetworks,
+    ) -> Self {
+        let plan = NetworkPlan::resolve(networks, interfaces);
         let mut inventory = Self::default();
         let mut sorted: Vec<&HostInterface> = interfaces.iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
 
         for interface in sorted {
-            let outcome = if selection.is_shared_parent(interface) {
+            let outcome = if let Some(uses) = plan.shared.get(&interface.name) {
+                shared_parent_exclusion(interface)
+                    .map_or_else(|| Ok(network_devices(interface, selection, uses)), Err)
+            } else if selection.is_shared_parent(interface) {
                 shared_parent_exclusion(interface)
                     .map_or_else(|| Ok(shared_devices(interface, selection)), Err)
+            } else if let Some(network) = plan.reserved.get(&interface.name) {
+                Err(Exclusion::PodNetworkNotServed(network.clone()))
             } else {
-                exclusive_exclusion(interface, selection)
-                    .map_or_else(|| Ok(vec![exclusive_device(interface)]), Err)
+                exclusive_exclusion(interface, selection).map_or_else(
+                    || {
+                        let mut device = exclusive_device(interface);
+                        if let Some(network) = plan.exclusive.get(&interface.name) {
+                            put_string(&mut device.attributes, attr::POD_NETWORK, network);
+                        }
+                        Ok(vec![device])
+                    },
+                    Err,
+                )
             };
             match outcome {
                 Ok(devices) => inventory.devices.extend(devices),
@@ -233,9 +286,16 @@ impl Inventory {
                 });
             }
         }
+        for missing in &plan.missing {
+            inventory.skipped.push(Skipped {
+                if_name: missing.parent.clone(),
+                reason: Exclusion::PodNetworkParentNotFound(missing.network.clone()),
+            });
+        }
         make_names_unique(&mut inventory.devices);
         inventory.devices.sort_by(|a, b| a.name.cmp(&b.name));
         inventory.skipped.sort_by(|a, b| a.if_name.cmp(&b.if_name));
+        inventory.conflicts = plan.conflicts;
         inventory
     }
 }
@@ -368,6 +428,53 @@ fn shared_devices(interface: &HostInterface, selection: &Selection) -> Vec<Devic
     }
 }
 
+/// The devices of the shared-mode PodNetworks on one parent: per network, one shared device
+/// `<podnetwork>-<parent>` with the network's capacity, or in slots mode as many slot
+/// devices (at most the node's slot count), each with the parent's attributes plus
+/// `podNetwork` and `vlan`.
+fn network_devices(
+    interface: &HostInterface,
+    selection: &Selection,
+    networks: &[SharedNetwork],
+) -> Vec<Device> {
+    let kind = device_kind(interface);
+    let mut parent_attributes = attributes(interface, kind);
+    put_string(&mut parent_attributes, attr::SHARING, "shared");
+    let parent = base_device_name(interface);
+    let mut devices = Vec::new();
+    for network in networks {
+        let mut attributes = parent_attributes.clone();
+        put_string(&mut attributes, attr::POD_NETWORK, &network.network);
+        put_int(&mut attributes, attr::VLAN, network.vlan.map(u32::from));
+        let name = shared_device_name(&network.network, &parent);
+        match selection.sharing_mode {
+            SharingMode::Capacity => devices.push(Device {
+                name,
+                if_name: interface.name.clone(),
+                kind,
+                sharing: Sharing::Shared,
+                shared_capacity: Some(network.capacity),
+                slot_index: None,
+                attributes,
+            }),
+            SharingMode::Slots => {
+                devices.extend((0..network.capacity.min(selection.slot_count)).map(|index| {
+                    Device {
+                        name: naming::fit_label(&format!("{name}-s{index}"), naming::MAX_LABEL_LEN),
+                        if_name: interface.name.clone(),
+                        kind,
+                        sharing: Sharing::Slot,
+                        shared_capacity: None,
+                        slot_index: Some(index),
+                        attributes: attributes.clone(),
+                    }
+                }));
+            }
+        }
+    }
+    devices
+}
+
 fn attributes(interface: &HostInterface, kind: DeviceKind) -> BTreeMap<String, AttributeValue> {
     let mut attributes = BTreeMap::new();
     put_string(&mut attributes, attr::IF_NAME, &interface.name);
@@ -440,10 +547,15 @@ fn make_names_unique(devices: &mut [Device]) {
     }
     for device in devices.iter_mut() {
         if counts.get(&device.name).copied().unwrap_or(0) > 1 {
-            let key = match device.slot_index {
+            let mut key = match device.slot_index {
                 Some(index) => format!("{}/{index}", device.if_name),
                 None => device.if_name.clone(),
             };
+            // Devices of PodNetworks carry the network too (one parent has one per network);
+            // the keys of other devices stay as they were, so their names do not change.
+            if let Some(network) = device.string_attribute(&qualified(attr::POD_NETWORK)) {
+                key = format!("{key}@{network}");
+            }
             device.name = naming::with_hash_suffix(&device.name, &key, naming::MAX_LABEL_LEN);
         }
     }

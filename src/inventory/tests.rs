@@ -383,3 +383,211 @@ fn overlong_string_values_are_omitted() {
     let inventory = Inventory::build(&[interface], &selection(&[], &[], &[]));
     assert!(!inventory.devices[0].attributes.contains_key(&key("kernelDriver")));
 }
+
+/// The node's networks judged from `(name, spec)` pairs: Ready, generation 1, created in
+/// list order (the first is the oldest).
+fn node_networks(specs: &[(&str, serde_json::Value)]) -> NodeNetworks {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+    let networks = specs
+        .iter()
+        .enumerate()
+        .map(|(age, (name, spec))| {
+            let mut network: crate::model::pod_network::PodNetwork =
+                serde_json::from_value(serde_json::json!({"spec": spec})).unwrap();
+            network.metadata.name = Some((*name).to_owned());
+            network.metadata.generation = Some(1);
+            network.metadata.creation_timestamp =
+                Some(Time(Timestamp::from_second(i64::try_from(age).unwrap()).unwrap()));
+            let enabled = network.spec.enabled;
+            network.status = Some(crate::model::pod_network::PodNetworkStatus {
+                observed_generation: Some(1),
+                conditions: vec![Condition {
+                    type_: "Ready".to_owned(),
+                    status: if enabled { "True" } else { "False" }.to_owned(),
+                    reason: if enabled { "Ready" } else { "Disabled" }.to_owned(),
+                    message: String::new(),
+                    observed_generation: Some(1),
+                    last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                }],
+                device_class_name: None,
+            });
+            ((*name).to_owned(), network)
+        })
+        .collect();
+    let inputs = networks::NetworkInputs {
+        pod_networks: Some(std::sync::Arc::new(networks)),
+        node_labels: Some(std::sync::Arc::default()),
+    };
+    NodeNetworks::evaluate("netclaim.dev", &inputs)
+}
+
+#[test]
+fn a_shared_network_publishes_one_device_per_parent_with_its_tag_vlan_and_capacity() {
+    use serde_json::json;
+    let interfaces = [nic(2, "ens1f0", "0000:3b:00.0"), virtual_link(3, "bond0", LinkKind::Bond)];
+    let networks = node_networks(&[(
+        "medianet",
+        json!({"parents": ["0000:3b:00.0", "bond0"], "vlan": 100, "interfaceCapacity": 64}),
+    )]);
+    let inventory = Inventory::build_with(&interfaces, &selection(&[], &[], &[]), &networks);
+    let names: Vec<&str> = inventory.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["medianet-bond0", "medianet-pci-0000-3b-00-0"]);
+    for device in &inventory.devices {
+        assert_eq!(device.sharing, Sharing::Shared);
+        assert_eq!(device.shared_capacity, Some(64));
+        assert_eq!(device.string_attribute(&key("podNetwork")), Some("medianet"));
+        assert_eq!(device.int_attribute(&key("vlan")), Some(100));
+        assert_eq!(device.string_attribute(&key("sharing")), Some("shared"));
+    }
+    let nic_device = &inventory.devices[1];
+    assert_eq!(nic_device.if_name, "ens1f0");
+    assert_eq!(nic_device.string_attribute(&key("pciAddress")), Some("0000:3b:00.0"));
+    let api = slices::api_device(nic_device);
+    assert_eq!(api.allow_multiple_allocations, Some(true));
+    assert_eq!(api.capacity.unwrap()["netclaim.dev/interfaces"].value.0, "64");
+    assert!(inventory.skipped.is_empty(), "{:?}", inventory.skipped);
+}
+
+#[test]
+fn an_untagged_network_has_no_vlan_attribute() {
+    let networks = node_networks(&[("flat", serde_json::json!({"parents": ["ens1f0"]}))]);
+    let inventory = Inventory::build_with(
+        &[nic(2, "ens1f0", "0000:3b:00.0")],
+        &selection(&[], &[], &[]),
+        &networks,
+    );
+    assert_eq!(inventory.devices[0].name, "flat-pci-0000-3b-00-0");
+    assert!(!inventory.devices[0].attributes.contains_key(&key("vlan")));
+}
+
+#[test]
+fn a_shared_parent_that_a_network_names_is_published_only_as_network_devices() {
+    use serde_json::json;
+    let interfaces = [nic(2, "ens1f0", "0000:3b:00.0")];
+    let networks = node_networks(&[
+        ("blue", json!({"parents": ["ens1f0"], "vlan": 10})),
+        ("red", json!({"parents": ["ens1f0"], "vlan": 20, "mode": "ipvlan"})),
+    ]);
+    let shared = selection(&[], &[], &["ens1f0"]);
+    let inventory = Inventory::build_with(&interfaces, &shared, &networks);
+    let names: Vec<&str> = inventory.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["blue-pci-0000-3b-00-0", "red-pci-0000-3b-00-0"]);
+    // Without networks it is the plain shared parent again.
+    let plain = Inventory::build(&interfaces, &shared);
+    assert_eq!(plain.devices.len(), 1);
+    assert_eq!(plain.devices[0].name, "pci-0000-3b-00-0");
+    assert_eq!(plain.devices[0].sharing, Sharing::Shared);
+}
+
+#[test]
+fn a_vlan_conflict_publishes_only_the_older_network_there() {
+    use serde_json::json;
+    let networks = node_networks(&[
+        ("older", json!({"parents": ["ens1f0"], "vlan": 10})),
+        ("newer", json!({"parents": ["ens1f0", "ens1f1"], "vlan": 10})),
+    ]);
+    let interfaces = [nic(2, "ens1f0", "0000:3b:00.0"), nic(3, "ens1f1", "0000:3b:00.1")];
+    let inventory = Inventory::build_with(&interfaces, &selection(&[], &[], &[]), &networks);
+    let names: Vec<&str> = inventory.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["newer-pci-0000-3b-00-1", "older-pci-0000-3b-00-0"]);
+    assert_eq!(inventory.conflicts.len(), 1);
+    let conflict = &inventory.conflicts[0];
+    assert_eq!(
+        (conflict.if_name.as_str(), conflict.kept.as_str(), conflict.dropped.as_str()),
+        ("ens1f0", "older", "newer")
+    );
+}
+
+#[test]
+fn slots_mode_publishes_slot_devices_of_each_network() {
+    use serde_json::json;
+    let networks = node_networks(&[
+        ("small", json!({"parents": ["ens1f0"], "vlan": 10, "interfaceCapacity": 3})),
+        ("big", json!({"parents": ["ens1f0"], "vlan": 20})),
+    ]);
+    let slots = selection(&[], &[], &[]).with_sharing_mode(SharingMode::Slots);
+    let inventory =
+        Inventory::build_with(&[nic(2, "ens1f0", "0000:3b:00.0")], &slots, &networks);
+    let count = |network: &str| {
+        inventory
+            .devices
+            .iter()
+            .filter(|d| d.string_attribute(&key("podNetwork")) == Some(network))
+            .count()
+    };
+    assert_eq!(count("small"), 3, "the network's capacity");
+    assert_eq!(count("big"), names::DEFAULT_SLOT_COUNT as usize, "at most the slot count");
+    let slot = inventory.devices.iter().find(|d| d.name == "small-pci-0000-3b-00-0-s2").unwrap();
+    assert_eq!((slot.sharing, slot.slot_index), (Sharing::Slot, Some(2)));
+    assert_eq!(slices::api_device(slot).allow_multiple_allocations, None);
+}
+
+#[test]
+fn an_exclusive_network_tags_its_devices_and_keeps_their_names() {
+    use serde_json::json;
+    let mut pf = nic(2, "ens1f0", "0000:3b:00.0");
+    if let Some(pci) = pf.hardware.pci.as_mut() {
+        pci.sriov = SriovRole::PhysicalFunction { total_vfs: 8, num_vfs: 1 };
+    }
+    let mut vf = nic(3, "ens1f0v0", "0000:3b:02.0");
+    if let Some(pci) = vf.hardware.pci.as_mut() {
+        pci.sriov = SriovRole::VirtualFunction {
+            pf_address: "0000:3b:00.0".parse().unwrap(),
+            pf_name: Some("ens1f0".to_owned()),
+            vf_index: Some(0),
+        };
+    }
+    let interfaces = [pf, vf, nic(4, "ens2", "0000:5e:00.0")];
+    let networks = node_networks(&[
+        ("fast", json!({"parents": ["ens1f0"], "mode": "sriov-vf"})),
+        ("whole", json!({"parents": ["ens2"], "mode": "host-device"})),
+    ]);
+    let inventory = Inventory::build_with(&interfaces, &selection(&[], &[], &[]), &networks);
+    let tag = |if_name: &str| {
+        let device = device_for(&inventory, if_name).unwrap();
+        assert_eq!(device.sharing, Sharing::Exclusive, "{if_name}");
+        device.string_attribute(&key("podNetwork")).map(str::to_owned)
+    };
+    assert_eq!(tag("ens1f0"), None, "the PF itself is not the network's");
+    assert_eq!(tag("ens1f0v0").as_deref(), Some("fast"));
+    assert_eq!(tag("ens2").as_deref(), Some("whole"));
+    assert_eq!(device_for(&inventory, "ens2").unwrap().name, "pci-0000-5e-00-0");
+}
+
+#[test]
+fn a_disabled_shared_network_leaves_the_slice_and_keeps_its_parent_off_exclusive_use() {
+    use serde_json::json;
+    let interfaces = [nic(2, "ens1f0", "0000:3b:00.0")];
+    let disabled = node_networks(&[("off", json!({"parents": ["ens1f0"], "enabled": false}))]);
+    let inventory = Inventory::build_with(&interfaces, &selection(&[], &[], &[]), &disabled);
+    assert!(inventory.devices.is_empty(), "{:?}", inventory.devices);
+    assert_eq!(
+        reason_for(&inventory, "ens1f0"),
+        Some(&Exclusion::PodNetworkNotServed("off".to_owned()))
+    );
+    // Listed in --shared-parents: the plain shared device comes back.
+    let inventory =
+        Inventory::build_with(&interfaces, &selection(&[], &[], &["ens1f0"]), &disabled);
+    assert_eq!(inventory.devices[0].name, "pci-0000-3b-00-0");
+    assert_eq!(inventory.devices[0].sharing, Sharing::Shared);
+    // A disabled exclusive network just drops its tag.
+    let off = node_networks(&[("dev", json!({"parents": ["ens1f0"], "mode": "host-device", "enabled": false}))]);
+    let inventory = Inventory::build_with(&interfaces, &selection(&[], &[], &[]), &off);
+    assert_eq!(inventory.devices[0].sharing, Sharing::Exclusive);
+    assert!(!inventory.devices[0].attributes.contains_key(&key("podNetwork")));
+}
+
+#[test]
+fn missing_and_unusable_parents_are_reported() {
+    use serde_json::json;
+    let mut port = nic(2, "ens1f0", "0000:3b:00.0");
+    port.controller = Some(Controller { name: "bond0".to_owned(), kind: Some(LinkKind::Bond) });
+    let networks = node_networks(&[("net", json!({"parents": ["ens1f0", "eth9"]}))]);
+    let inventory = Inventory::build_with(&[port], &selection(&[], &[], &[]), &networks);
+    assert!(inventory.devices.is_empty());
+    assert!(matches!(reason_for(&inventory, "ens1f0"), Some(Exclusion::Enslaved { .. })));
+    let missing = reason_for(&inventory, "eth9").unwrap();
+    assert_eq!(missing, &Exclusion::PodNetworkParentNotFound("net".to_owned()));
+    assert_eq!(missing.to_string(), "parent of PodNetwork net but not found");
+}
