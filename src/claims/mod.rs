@@ -18,6 +18,7 @@
 
 pub mod allocation;
 pub mod metadata;
+pub mod parent_capacity;
 pub mod preparer;
 
 pub use preparer::{
@@ -105,6 +106,15 @@ pub trait DeviceLookup: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<BTreeMap<String, AttributeValue>, LookupError>> + Send;
+    /// How many sub-interfaces host interface `if_name` may carry in all, across every
+    /// device published on it ([`parent_capacity`]); `None`: no limit known.
+    fn parent_limit(
+        &self,
+        if_name: &str,
+    ) -> impl Future<Output = Result<Option<u32>, LookupError>> + Send {
+        let _ = if_name;
+        async { Ok(None) }
+    }
 }
 
 /// Durable state of prepared claims; the same store keeps the IPAM's leases. Calls block on
@@ -340,6 +350,17 @@ pub enum ClaimError {
         gateway: std::net::IpAddr,
         /// The other claim (`namespace/name`).
         other: String,
+    },
+    /// The parent interface carries as many sub-interfaces as it may.
+    #[error("request {request}, device {device}: {source}")]
+    ParentCapacity {
+        /// Request name.
+        request: String,
+        /// Device name.
+        device: String,
+        /// The parent and its limit.
+        #[source]
+        source: parent_capacity::ParentFull,
     },
     /// The state store failed.
     #[error("persisting the prepared claim: {0}")]
@@ -598,13 +619,19 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 let device_error =
                     |source| ClaimError::Device { request: result.request.clone(), source };
                 let found = self.devices.facts(&result.device).await.map_err(device_error)?;
+                let parent_limit = match found.sharing {
+                    Sharing::Exclusive => None,
+                    Sharing::Shared | Sharing::Slot => {
+                        self.devices.parent_limit(&found.if_name).await.map_err(device_error)?
+                    }
+                };
                 let attributes = match &self.metadata {
                     Some(_) => {
                         self.devices.attributes(&result.device).await.map_err(device_error)?
                     }
                     None => BTreeMap::new(),
                 };
-                facts.push((found, attributes));
+                facts.push((found, attributes, parent_limit));
             }
             let state = Arc::clone(&self.state);
             let metadata = self.metadata.clone();
@@ -732,7 +759,7 @@ fn commit_prepare<S: ClaimStore>(
     support: &NodeSupport,
     claim: &ClaimRef,
     allocation: &ClaimAllocation,
-    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
+    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>, Option<u32>)>,
     pod_claim_index: Option<u32>,
 ) -> Result<Vec<PreparedDevice>, ClaimError> {
     let (prepared, leases, new_leases, store) = {
@@ -780,12 +807,12 @@ fn reserve_claim<S: ClaimStore>(
     support: &NodeSupport,
     claim: &ClaimRef,
     allocation: &ClaimAllocation,
-    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>)>,
+    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>, Option<u32>)>,
     pod_claim_index: Option<u32>,
 ) -> Result<(PreparedClaim, Vec<Lease>, Vec<Lease>), ClaimError> {
     let mut devices: Vec<(_, DeviceFacts, _, ResolvedNetworkConfig)> =
         Vec::with_capacity(allocation.results.len());
-    for (result, (mut facts, attributes)) in allocation.results.iter().zip(facts) {
+    for (result, (mut facts, attributes, parent_limit)) in allocation.results.iter().zip(facts) {
         let config_error = |source| ClaimError::Config {
             request: result.request.clone(),
             device: result.device.clone(),
@@ -799,6 +826,20 @@ fn reserve_claim<S: ClaimStore>(
         let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, c));
         add_planned_children(&mut facts, merged.vlan, in_use.chain(this_claim));
         let config = merged.validate(&facts, support).map_err(config_error)?;
+        let in_use =
+            state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config.mode));
+        let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, &c.mode));
+        parent_capacity::check(
+            &facts.if_name,
+            parent_limit,
+            &config.mode,
+            in_use.chain(this_claim),
+        )
+        .map_err(|source| ClaimError::ParentCapacity {
+            request: result.request.clone(),
+            device: result.device.clone(),
+            source,
+        })?;
         devices.push((result, facts, attributes, config));
     }
     let mut prepared = PreparedClaim {

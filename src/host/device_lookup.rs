@@ -1,16 +1,22 @@
 //! [`DeviceLookup`] over this node's interfaces: a recent netlink dump and sysfs walk, shared by
-//! the lookups of one kubelet request, checked against the operator's selection.
+//! the lookups of one kubelet request, checked against the operator's selection and the
+//! node's PodNetworks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use crate::claims::{DeviceLookup, LookupError};
-use crate::host::discovery;
+use crate::host::discovery::HostInterfaces;
 use crate::host::sysfs::Sysfs;
-use crate::inventory::{Selection, facts};
+use crate::inventory::facts::{self, LookupContext};
+use crate::inventory::networks::{NetworkInputs, NodeNetworks};
+use crate::inventory::publish::InterfaceSource;
+use crate::inventory::Selection;
 use crate::model::cause::cause;
 use crate::model::device::{AttributeValue, HostInterface};
 use crate::model::network_config::DeviceFacts;
@@ -23,9 +29,15 @@ const DISCOVERY_REUSE: Duration = Duration::from_millis(500);
 /// Looks allocated devices up in a recent discovery of the node's interfaces, so a device
 /// renamed or removed since publication is noticed at prepare time.
 #[derive(Debug, Clone)]
-pub struct DiscoveredDevices {
-    sysfs_root: PathBuf,
+pub struct DiscoveredDevices<I = HostInterfaces> {
+    source: I,
     selection: Selection,
+    /// The driver name (a PodNetwork of another provider is not ours) and the inputs of
+    /// the node's PodNetworks; `None`: no PodNetworks.
+    networks: Option<(String, watch::Receiver<NetworkInputs>)>,
+    /// Every PodNetwork name seen so far, so a network's devices resolve after it was
+    /// deleted (its hashed device names cannot be parsed back).
+    seen_networks: Arc<Mutex<BTreeSet<String>>>,
     recent: Arc<RecentSnapshot<Vec<HostInterface>>>,
 }
 
@@ -33,26 +45,68 @@ impl DiscoveredDevices {
     /// Lookup with the daemon's sysfs root and selection.
     #[must_use]
     pub fn new(sysfs_root: PathBuf, selection: Selection) -> Self {
-        Self { sysfs_root, selection, recent: Arc::new(RecentSnapshot::new(DISCOVERY_REUSE)) }
+        Self::with_source(HostInterfaces::new(Sysfs::new(sysfs_root)), selection)
     }
 }
 
-impl DiscoveredDevices {
+impl<I: InterfaceSource> DiscoveredDevices<I> {
+    /// Lookup over the interfaces `source` discovers.
+    #[must_use]
+    pub fn with_source(source: I, selection: Selection) -> Self {
+        Self {
+            source,
+            selection,
+            networks: None,
+            seen_networks: Arc::new(Mutex::new(BTreeSet::new())),
+            recent: Arc::new(RecentSnapshot::new(DISCOVERY_REUSE)),
+        }
+    }
+
+    /// Resolves PodNetwork devices too: `driver`'s networks as `inputs` has them.
+    #[must_use]
+    pub fn with_networks(mut self, driver: &str, inputs: watch::Receiver<NetworkInputs>) -> Self {
+        self.networks = Some((driver.to_owned(), inputs));
+        self
+    }
+
     async fn interfaces(&self) -> Result<Arc<Vec<HostInterface>>, LookupError> {
         self.recent
             .get_or_refresh(|| async {
-                discovery::discover(&Sysfs::new(&self.sysfs_root))
-                    .await
-                    .map_err(|e| LookupError::Failed(cause(e)))
+                self.source.discover().await.map_err(|e| LookupError::Failed(cause(e)))
             })
             .await
     }
+
+    /// The node's networks now, remembering their names.
+    fn node_networks(&self) -> (NodeNetworks, BTreeSet<String>) {
+        let networks = self.networks.as_ref().map_or_else(NodeNetworks::default, |(driver, inputs)| {
+            NodeNetworks::evaluate(driver, &inputs.borrow())
+        });
+        let mut seen = self.seen_networks.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.extend(networks.all().iter().map(|n| n.name.clone()));
+        (networks, seen.clone())
+    }
+
+    /// Runs `lookup` against the current interfaces, selection and networks.
+    async fn with_context<T>(
+        &self,
+        lookup: impl FnOnce(&LookupContext<'_>) -> T,
+    ) -> Result<T, LookupError> {
+        let interfaces = self.interfaces().await?;
+        let (networks, seen) = self.node_networks();
+        Ok(lookup(&LookupContext {
+            interfaces: &interfaces,
+            selection: &self.selection,
+            networks: &networks,
+            seen_networks: &seen,
+        }))
+    }
 }
 
-impl DeviceLookup for DiscoveredDevices {
+impl<I: InterfaceSource + 'static> DeviceLookup for DiscoveredDevices<I> {
     async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
-        let interfaces = self.interfaces().await?;
-        facts::device_facts(&interfaces, &self.selection, name)
+        self.with_context(|context| facts::device_facts(context, name))
+            .await?
             .ok_or_else(|| LookupError::NotFound(name.to_owned()))
     }
 
@@ -60,9 +114,13 @@ impl DeviceLookup for DiscoveredDevices {
         &self,
         name: &str,
     ) -> Result<BTreeMap<String, AttributeValue>, LookupError> {
-        let interfaces = self.interfaces().await?;
-        facts::device_attributes(&interfaces, &self.selection, name)
+        self.with_context(|context| facts::device_attributes(context, name))
+            .await?
             .ok_or_else(|| LookupError::NotFound(name.to_owned()))
+    }
+
+    async fn parent_limit(&self, if_name: &str) -> Result<Option<u32>, LookupError> {
+        self.with_context(|context| facts::parent_limit(context, if_name)).await
     }
 }
 

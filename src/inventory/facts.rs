@@ -1,51 +1,179 @@
-//! [`DeviceFacts`] of an allocated device name, from the node's current interfaces and the
-//! operator's selection (the scheduler copies no attributes into the claim, so the driver
-//! re-derives its own inventory). Pure.
+//! [`DeviceFacts`] of an allocated device name, from the node's current interfaces, the
+//! operator's selection and the PodNetworks of the node (the scheduler copies no attributes
+//! into the claim, so the driver re-derives its own inventory). Pure.
+//!
+//! A device that left the slice still resolves: a PodNetwork's shared device
+//! (`<podnetwork>-<parent>`) after its network was disabled, deleted or stopped selecting the
+//! node, and a plain `--shared-parents` device after a PodNetwork took its parent over,
+//! resolve to their parent's facts, so a claim allocated just before the change is still
+//! prepared and its pod keeps working (DESIGN §4: `enabled: false` keeps running pods).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::inventory::{Inventory, Selection, SharingMode};
-use crate::model::device::{self, AttributeValue, HostInterface, SriovRole};
-#[cfg(test)]
-use crate::model::device::{DeviceKind, Sharing};
+use crate::inventory::networks::NodeNetworks;
+use crate::inventory::{
+    Inventory, Selection, SharingMode, base_device_name, device_kind, put_string,
+    shared_parent_exclusion,
+};
+use crate::model::device::{self, AttributeValue, Device, HostInterface, Sharing, SriovRole};
+use crate::model::names::attr;
 use crate::model::network_config::DeviceFacts;
+use crate::model::pod_network::shared_device_name;
 
 /// Smallest MTU Linux accepts on an Ethernet device without `IFLA_MIN_MTU` (`ETH_MIN_MTU`).
 const DEFAULT_MIN_MTU: u32 = 68;
 /// Largest MTU when the driver reports none (`IP_MAX_MTU`).
 const DEFAULT_MAX_MTU: u32 = 65535;
 
+/// What a device name is looked up in: the node's interfaces, the selection, its PodNetworks
+/// now, and the names of networks seen before (which may be gone from the API).
+#[derive(Debug, Clone, Copy)]
+pub struct LookupContext<'a> {
+    /// The node's interfaces now.
+    pub interfaces: &'a [HostInterface],
+    /// The operator's selection.
+    pub selection: &'a Selection,
+    /// The node's PodNetworks now.
+    pub networks: &'a NodeNetworks,
+    /// Names of PodNetworks seen earlier (for devices of networks deleted since).
+    pub seen_networks: &'a BTreeSet<String>,
+}
+
 /// Facts of device `name` as this node would publish it now. Both sharing modes are tried:
 /// slot names (`<parent>-s<N>`) and shared-parent names never collide, and a claim
 /// allocated before the publisher fell back to slots still names its device. A slot maps to
-/// its parent interface. Child counts are left at 0: the caller adds the children it
-/// planned itself.
+/// its parent interface. A shared device that left the slice resolves to its parent (see the
+/// module doc). Child counts are left at 0: the caller adds the children it planned itself.
 #[must_use]
-pub fn device_facts(
-    interfaces: &[HostInterface],
-    selection: &Selection,
+pub fn device_facts(context: &LookupContext<'_>, name: &str) -> Option<DeviceFacts> {
+    let device = find_device(context, name)?;
+    let interface = context.interfaces.iter().find(|i| i.name == device.if_name)?;
+    Some(facts_of(&device, interface, context.interfaces))
+}
+
+/// The attributes device `name` is published with now, or was published with (a shared
+/// device that left the slice: its parent's, with `podNetwork`).
+#[must_use]
+pub fn device_attributes(
+    context: &LookupContext<'_>,
     name: &str,
-) -> Option<DeviceFacts> {
-    [SharingMode::Capacity, SharingMode::Slots].into_iter().find_map(|mode| {
-        let inventory = Inventory::build(interfaces, &selection.clone().with_sharing_mode(mode));
-        let device = inventory.devices.into_iter().find(|d| d.name == name)?;
-        let interface = interfaces.iter().find(|i| i.name == device.if_name)?;
-        Some(facts_of(&device, interface, interfaces))
+) -> Option<BTreeMap<String, AttributeValue>> {
+    find_device(context, name).map(|device| device.attributes)
+}
+
+/// How many sub-interfaces parent `if_name` may carry in all: the largest
+/// `netclaim.dev/interfaces` this node publishes for it (each PodNetwork's
+/// `interfaceCapacity`, or the `--shared-parents` capacity). Networks on one parent share
+/// it: the scheduler counts each device's capacity alone. `None` when nothing shared is
+/// published on it now (claims already there keep working; nothing is refused).
+#[must_use]
+pub fn parent_limit(context: &LookupContext<'_>, if_name: &str) -> Option<u32> {
+    let selection = context.selection.clone().with_sharing_mode(SharingMode::Capacity);
+    Inventory::build_with(context.interfaces, &selection, context.networks)
+        .devices
+        .iter()
+        .filter(|d| d.if_name == if_name)
+        .filter_map(|d| d.shared_capacity)
+        .max()
+}
+
+/// The device `name` stands for: published now (with the node's networks, then as a plain
+/// shared device without them), else a PodNetwork device that left the slice.
+fn find_device(context: &LookupContext<'_>, name: &str) -> Option<Device> {
+    let no_networks = NodeNetworks::default();
+    let published = |networks: &NodeNetworks| {
+        [SharingMode::Capacity, SharingMode::Slots].into_iter().find_map(|mode| {
+            let selection = context.selection.clone().with_sharing_mode(mode);
+            Inventory::build_with(context.interfaces, &selection, networks)
+                .devices
+                .into_iter()
+                .find(|d| d.name == name)
+        })
+    };
+    published(context.networks)
+        // A `--shared-parents` device whose parent a PodNetwork took over; never an
+        // exclusive device that only exists without the networks (its NIC now carries a
+        // network's children, or is kept for them).
+        .or_else(|| published(&no_networks).filter(|d| d.sharing != Sharing::Exclusive))
+        .or_else(|| departed_network_device(context, name))
+}
+
+/// A PodNetwork's shared (or slot) device that is not published now: `name` is
+/// `<podnetwork>-<parent>[-s<N>]` for a parent that could carry one, the network one the
+/// node knows (exact, hashed names too) or any DNS label before the parent's name.
+fn departed_network_device(context: &LookupContext<'_>, name: &str) -> Option<Device> {
+    let slots = context.selection.slot_count();
+    let known: BTreeSet<&str> = context
+        .networks
+        .all()
+        .iter()
+        .map(|n| n.name.as_str())
+        .chain(context.seen_networks.iter().map(String::as_str))
+        .collect();
+    let parents: Vec<(&HostInterface, String)> = context
+        .interfaces
+        .iter()
+        .filter(|i| shared_parent_exclusion(i).is_none())
+        .map(|i| (i, base_device_name(i)))
+        .collect();
+    let matches = |device: &str| -> Option<Option<u32>> {
+        if device == name {
+            return Some(None);
+        }
+        (0..slots).find(|index| {
+            super::naming::fit_label(&format!("{device}-s{index}"), super::naming::MAX_LABEL_LEN)
+                == name
+        })
+        .map(Some)
+    };
+    // Networks the node knows of: exact names, hashed ones included.
+    for network in &known {
+        for (interface, parent) in &parents {
+            if let Some(slot) = matches(&shared_device_name(network, parent)) {
+                return Some(departed_device(interface, name, Some(network), slot));
+            }
+        }
+    }
+    // A network deleted before this process saw it: `<label>-<parent>[-s<N>]`, the longest
+    // parent name first (`a-b-eth1` is network `a` on `b-eth1` when both parents exist).
+    let (body, slot) = match name.rsplit_once("-s") {
+        Some((body, index)) if index.parse::<u32>().is_ok_and(|i| i < slots) => {
+            (body, index.parse::<u32>().ok())
+        }
+        _ => (name, None),
+    };
+    let mut by_length = parents.clone();
+    by_length.sort_by_key(|(_, parent)| std::cmp::Reverse(parent.len()));
+    [(body, slot), (name, None)].into_iter().find_map(|(body, slot)| {
+        by_length.iter().find_map(|(interface, parent)| {
+            let network = body.strip_suffix(parent.as_str())?.strip_suffix('-')?;
+            super::naming::is_dns_label(network)
+                .then(|| departed_device(interface, name, Some(network), slot))
+        })
     })
 }
 
-/// The attributes device `name` is published with now (both sharing modes tried, as
-/// [`device_facts`] does).
-#[must_use]
-pub fn device_attributes(
-    interfaces: &[HostInterface],
-    selection: &Selection,
+fn departed_device(
+    interface: &HostInterface,
     name: &str,
-) -> Option<BTreeMap<String, AttributeValue>> {
-    [SharingMode::Capacity, SharingMode::Slots].into_iter().find_map(|mode| {
-        let inventory = Inventory::build(interfaces, &selection.clone().with_sharing_mode(mode));
-        inventory.devices.into_iter().find(|d| d.name == name).map(|d| d.attributes)
-    })
+    network: Option<&str>,
+    slot: Option<u32>,
+) -> Device {
+    let kind = device_kind(interface);
+    let mut attributes = super::attributes(interface, kind);
+    put_string(&mut attributes, attr::SHARING, "shared");
+    if let Some(network) = network {
+        put_string(&mut attributes, attr::POD_NETWORK, network);
+    }
+    Device {
+        name: name.to_owned(),
+        if_name: interface.name.clone(),
+        kind,
+        sharing: if slot.is_some() { Sharing::Slot } else { Sharing::Shared },
+        shared_capacity: None,
+        slot_index: slot,
+        attributes,
+    }
 }
 
 fn facts_of(
@@ -74,81 +202,4 @@ fn facts_of(
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
-
-    use super::*;
-
-    fn nic(index: u32, name: &str, mtu: u32) -> HostInterface {
-        let mut interface = HostInterface::new(index, name, mtu);
-        interface.hardware.has_device = true;
-        interface.min_mtu = Some(68);
-        interface.max_mtu = Some(9216);
-        interface
-    }
-
-    fn names(
-        interfaces: &[HostInterface],
-        selection: &Selection,
-        mode: SharingMode,
-    ) -> Vec<String> {
-        Inventory::build(interfaces, &selection.clone().with_sharing_mode(mode))
-            .devices
-            .into_iter()
-            .map(|d| d.name)
-            .collect()
-    }
-
-    #[test]
-    fn exclusive_shared_and_slot_devices_map_to_their_interface() {
-        let interfaces = vec![nic(2, "eth1", 1500), nic(3, "eth2", 9000)];
-        let selection =
-            Selection::new(&[], &[], &["eth2".to_owned()], SharingMode::Capacity).unwrap();
-        let capacity = names(&interfaces, &selection, SharingMode::Capacity);
-        let slots = names(&interfaces, &selection, SharingMode::Slots);
-        let exclusive = capacity.iter().find(|n| n.contains("eth1")).unwrap();
-        let shared = capacity.iter().find(|n| n.contains("eth2")).unwrap();
-        let slot = slots.iter().find(|n| n.contains("eth2") && !capacity.contains(n)).unwrap();
-
-        let facts = device_facts(&interfaces, &selection, exclusive).unwrap();
-        assert_eq!(
-            (facts.sharing, facts.kind, facts.if_name.as_str()),
-            (Sharing::Exclusive, DeviceKind::Physical, "eth1")
-        );
-        assert_eq!((facts.mtu, facts.min_mtu, facts.max_mtu), (1500, 68, 9216));
-        let facts = device_facts(&interfaces, &selection, shared).unwrap();
-        assert_eq!(
-            (facts.sharing, facts.if_name.as_str(), facts.mtu),
-            (Sharing::Shared, "eth2", 9000)
-        );
-        let facts = device_facts(&interfaces, &selection, slot).unwrap();
-        assert_eq!((facts.sharing, facts.if_name.as_str()), (Sharing::Slot, "eth2"), "slot {slot}");
-        assert_eq!(device_facts(&interfaces, &selection, "nope"), None);
-    }
-
-    #[test]
-    fn a_vf_carries_its_pf_mtu() {
-        let pf = nic(2, "ens1f0", 9000);
-        let mut vf = nic(3, "ens1f0v0", 1500);
-        vf.hardware.pci = Some(device::PciFacts {
-            address: "0000:3b:02.0".parse().unwrap(),
-            vendor: None,
-            device: None,
-            numa_node: None,
-            pcie_root: None,
-            sriov: SriovRole::VirtualFunction {
-                pf_address: "0000:3b:00.0".parse().unwrap(),
-                pf_name: Some("ens1f0".into()),
-                vf_index: Some(0),
-            },
-        });
-        let interfaces = vec![pf, vf];
-        let selection = Selection::new(&[], &[], &[], SharingMode::Capacity).unwrap();
-        let name = names(&interfaces, &selection, SharingMode::Capacity)
-            .into_iter()
-            .find(|n| n != "ens1f0" && !n.contains("ens1f0-"))
-            .unwrap();
-        let facts = device_facts(&interfaces, &selection, &name).unwrap();
-        assert_eq!((facts.kind, facts.pf_mtu), (DeviceKind::SriovVf, Some(9000)), "{name}");
-    }
-}
+mod tests;
