@@ -1,5 +1,5 @@
 //! Keeping a node's pool of ResourceSlices equal to its inventory: generations, stale slices,
-//! read-back of every write and the fallback to slot devices.
+//! read-back of every write, the fallback to slot devices, and the node's PodNetworks.
 //!
 //! The publisher talks to the API through the [`SliceApi`] port, so this logic is tested
 //! against an in-memory fake; `k8s::resource_slices` is the real adapter. [`run`] is the
@@ -7,7 +7,7 @@
 
 mod run;
 
-pub use run::{InterfaceSource, NodeWarnings, SliceEvent, Triggers, run};
+pub use run::{InterfaceSource, NETWORKS_PATIENCE, NodeWarnings, SliceEvent, Triggers, run};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -16,9 +16,11 @@ use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio::sync::watch;
 
+use super::networks::{NetworkConflict, NetworkInputs, NodeNetworks};
 use super::slices::{PoolIdentity, build_slices, exclusive_device_from_api};
 use super::{Inventory, Selection, SharingMode};
 use crate::model::device::{Device, HostInterface};
+use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
 
 /// A failed API call, as the port reports it.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,9 @@ pub struct SyncReport {
     /// The server dropped `allowMultipleAllocations`/`capacity` for the first time; the text
     /// says what happened and what the publisher did about it.
     pub capacity_dropped: Option<String>,
+    /// PodNetwork conflicts that appeared since the last sync (reported once each, again
+    /// only after they were resolved and came back).
+    pub new_conflicts: Vec<NetworkConflict>,
 }
 
 /// Publishes one node's pool.
@@ -96,6 +101,10 @@ pub struct Publisher<A> {
     /// source for devices that were already inside a pod when the daemon (re)started.
     found_at_start: Vec<Device>,
     capacity_drop_reported: bool,
+    /// The PodNetworks of this node, as last judged.
+    networks: NodeNetworks,
+    /// PodNetwork conflicts already reported.
+    conflicts: BTreeSet<NetworkConflict>,
     /// The devices of the pool as last computed (for device health).
     devices: watch::Sender<Vec<Device>>,
 }
@@ -128,6 +137,8 @@ impl<A: SliceApi> Publisher<A> {
             moved: BTreeSet::new(),
             found_at_start: Vec::new(),
             capacity_drop_reported: false,
+            networks: NodeNetworks::default(),
+            conflicts: BTreeSet::new(),
             devices: watch::Sender::new(Vec::new()),
         }
     }
@@ -164,6 +175,16 @@ impl<A: SliceApi> Publisher<A> {
     #[must_use]
     pub fn sharing_mode(&self) -> SharingMode {
         self.selection.sharing_mode()
+    }
+
+    /// Judges the node's PodNetworks from `inputs` for the next [`Self::sync`]; returns
+    /// whether that changed anything (a status or label change that serves the same
+    /// networks on the same terms does not).
+    pub fn set_networks(&mut self, inputs: &NetworkInputs) -> bool {
+        let networks = NodeNetworks::evaluate(&self.pool.driver, inputs);
+        let changed = networks != self.networks;
+        self.networks = networks;
+        changed
     }
 
     /// Devices that must stay published while discovery cannot see them (a NIC moved into a
@@ -236,13 +257,15 @@ impl<A: SliceApi> Publisher<A> {
             self.started = true;
             self.refresh_retained();
         }
-        let devices = self.devices_for(interfaces);
+        let (devices, conflicts) = self.inventory_for(interfaces);
+        let new_conflicts = self.note_conflicts(conflicts);
         self.announce(&devices);
         let changed = self.published_devices.as_ref() != Some(&devices);
         if !changed && !force {
             return Ok(SyncReport {
                 generation: self.pool.generation,
                 devices: devices.len(),
+                new_conflicts,
                 ..SyncReport::default()
             });
         }
@@ -250,12 +273,13 @@ impl<A: SliceApi> Publisher<A> {
             self.pool.generation += 1;
         }
         let mut report = self.write(&devices).await?;
+        report.new_conflicts = new_conflicts;
         if let Some(message) = report.capacity_dropped.clone()
             && self.requested == RequestedSharing::Auto
             && self.selection.sharing_mode() == SharingMode::Capacity
         {
             self.selection = self.selection.clone().with_sharing_mode(SharingMode::Slots);
-            let devices = self.devices_for(interfaces);
+            let (devices, _) = self.inventory_for(interfaces);
             self.announce(&devices);
             self.pool.generation += 1;
             let again = self.write(&devices).await?;
@@ -271,17 +295,35 @@ impl<A: SliceApi> Publisher<A> {
         Ok(report)
     }
 
-    fn devices_for(&self, interfaces: &[HostInterface]) -> Vec<Device> {
-        let mut devices = Inventory::build(interfaces, &self.selection).devices;
+    /// The devices to publish and the PodNetwork conflicts met on the way.
+    fn inventory_for(&self, interfaces: &[HostInterface]) -> (Vec<Device>, Vec<NetworkConflict>) {
+        let inventory = Inventory::build_with(interfaces, &self.selection, &self.networks);
+        let mut devices = inventory.devices;
         let seen: BTreeSet<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
         let names: BTreeSet<String> = devices.iter().map(|d| d.name.clone()).collect();
+        let pod_network = format!("{ATTRIBUTE_DOMAIN}/{}", attr::POD_NETWORK);
         for device in self.retained.values() {
             if !seen.contains(device.if_name.as_str()) && !names.contains(&device.name) {
-                devices.push(device.clone());
+                let mut device = device.clone();
+                // A NIC in a pod keeps the tag it was published with only while its network
+                // still serves it; a network disabled meanwhile drops it now (DESIGN §4).
+                if !self.networks.keeps_tag(&device) {
+                    device.attributes.remove(&pod_network);
+                }
+                devices.push(device);
             }
         }
         devices.sort_by(|a, b| a.name.cmp(&b.name));
-        devices
+        (devices, inventory.conflicts)
+    }
+
+    /// Remembers `conflicts` and returns those not reported before; a conflict that is gone
+    /// is forgotten, so it is reported again if it comes back.
+    fn note_conflicts(&mut self, conflicts: Vec<NetworkConflict>) -> Vec<NetworkConflict> {
+        let current: BTreeSet<NetworkConflict> = conflicts.into_iter().collect();
+        let new = current.difference(&self.conflicts).cloned().collect();
+        self.conflicts = current;
+        new
     }
 
     async fn write(&mut self, devices: &[Device]) -> Result<SyncReport, SliceApiError> {

@@ -27,6 +27,7 @@ use crate::host::link_events;
 use crate::host::netlink::HostNetlink;
 use crate::host::pod_links::{PodLinkError, PodLinkWatcher};
 use crate::host::sysfs::Sysfs;
+use crate::inventory::networks::NetworkInputs;
 use crate::inventory::publish::{self, Publisher, RequestedSharing, Triggers};
 use crate::inventory::slices::PoolIdentity;
 use crate::inventory::{InventoryError, Selection};
@@ -187,11 +188,23 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let client = clients.unary.clone();
     let node_uid = node_uid(&client, &config.node_name).await;
     let owner = node_uid.clone().map(|uid| node_owner(&config.node_name, uid));
+    // Every PodNetwork (one watch for the daemon) and, with this Node's labels, the inputs
+    // of the node's PodNetwork devices (publisher and device lookup).
+    let watches_stop = cancel_on(&stop);
+    let pod_networks = k8s::pod_networks::spawn_watch(clients.watch.clone(), watches_stop.clone());
+    let network_inputs = k8s::node_networks::spawn(
+        clients.watch.clone(),
+        client.clone(),
+        &config.node_name,
+        pod_networks.clone(),
+        watches_stop,
+    );
     // DESIGN §6, in this order: load the state; put host-side leftovers right (devices that
     // came back from pods destroyed while the daemon was down get their names back, VLAN
     // users are counted); publish; then register with kubelet and the runtime. Running pods
     // are verified at Synchronize, off this path.
-    let (attach_service, claims, store) = load_state(&config, &client, &metrics).await?;
+    let (attach_service, claims, store) =
+        load_state(&config, &client, &metrics, &network_inputs).await?;
     // fsyncgate: after a failed fdatasync the store refuses writes until a restart reloads
     // it from disk; the DaemonSet pod shows not ready, with the reason, until then.
     health.add_check("state", move || {
@@ -208,6 +221,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
         link_changes: link_events::subscribe().map_err(NodeError::LinkEvents)?,
         moved: attach_service.moved_devices(),
         slice_events: Box::pin(slices.watch()),
+        networks: network_inputs,
         stop: stop.clone(),
     };
     let pool = PoolIdentity {
@@ -308,11 +322,13 @@ async fn load_state(
     config: &NodeConfig,
     client: &kube::Client,
     metrics: &Arc<Metrics>,
+    network_inputs: &watch::Receiver<NetworkInputs>,
 ) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>, Arc<Store>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
-    let devices = DiscoveredDevices::new(config.sysfs_root.clone(), config.selection.clone());
+    let devices = DiscoveredDevices::new(config.sysfs_root.clone(), config.selection.clone())
+        .with_networks(&config.driver_name, network_inputs.clone());
     let state_dir = config.state_dir.clone();
     let metadata = config.cdi_spec_dir.as_ref().map(|cdi_dir| {
         let layout = MetadataLayout::new(&config.driver_name, &config.kubelet_plugin_dir, cdi_dir);
@@ -418,6 +434,17 @@ async fn start_kubelet_plugin(
     )
     .await?;
     Ok(handle)
+}
+
+/// A token cancelled when `stop` turns true (for tasks that stop on a token).
+fn cancel_on(stop: &watch::Receiver<bool>) -> CancellationToken {
+    let token = CancellationToken::new();
+    let (mut stop, cancel) = (stop.clone(), token.clone());
+    tokio::spawn(async move {
+        let _ignored = stop.wait_for(|stopped| *stopped).await;
+        cancel.cancel();
+    });
+    token
 }
 
 /// The Node's uid, for owner references (slices are garbage-collected with their Node).

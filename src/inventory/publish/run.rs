@@ -1,8 +1,16 @@
-//! The publisher's loop: publish at once, then after each trigger (a netlink change on the
-//! host, a NIC moved into or out of a pod, a slice changed or deleted behind our back),
-//! debounced so a burst settles into one publication, retried with backoff when the API
-//! fails. It reaches the world through ports only: [`SliceApi`], [`InterfaceSource`] (the
-//! node's interfaces) and [`NodeWarnings`] (Events on the Node).
+//! The publisher's loop: publish once the node's PodNetworks are known, then after each
+//! trigger (a netlink change on the host, a NIC moved into or out of a pod, a slice changed
+//! or deleted behind our back, a PodNetwork or the Node's labels changed), debounced so a
+//! burst settles into one publication, retried with backoff when the API fails. It reaches
+//! the world through ports only: [`SliceApi`], [`InterfaceSource`] (the node's interfaces)
+//! and [`NodeWarnings`] (Events on the Node).
+//!
+//! The first publication waits (at most [`NETWORKS_PATIENCE`]) until the PodNetworks have
+//! been listed and the Node read: a restarted daemon then publishes the network devices it
+//! published before in its first generation instead of dropping them and adding them back
+//! a moment later (a claim allocated in between would meet a missing device). Past the
+//! patience (API server unreachable or a watch refused) it publishes what it knows, with a
+//! warning, and adds the network devices when the inputs arrive.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -15,6 +23,7 @@ use tokio::time::Instant;
 
 use super::{Publisher, SliceApi, SliceApiError};
 use crate::inventory::SharingMode;
+use crate::inventory::networks::NetworkInputs;
 use crate::metrics::{Health, Metrics, ResultLabel};
 use crate::model::cause::{Cause, Chain};
 use crate::model::device::HostInterface;
@@ -27,6 +36,10 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 /// Retry bounds after a failed publication (API server down, conflict).
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// Longest the first publication waits for the PodNetworks and the Node's labels. Both are
+/// one list each on a reachable API server; kubelet registration waits 10 s for the first
+/// publication, so this stays well below.
+pub const NETWORKS_PATIENCE: Duration = Duration::from_secs(5);
 
 /// What the watch of our slices reports.
 #[derive(Debug)]
@@ -65,6 +78,8 @@ pub struct Triggers<E> {
     pub moved: watch::Receiver<BTreeSet<String>>,
     /// Watch events of our own slices.
     pub slice_events: E,
+    /// The PodNetworks and this node's labels.
+    pub networks: watch::Receiver<NetworkInputs>,
     /// Becomes `true` when the daemon stops.
     pub stop: watch::Receiver<bool>,
 }
@@ -92,6 +107,10 @@ pub async fn run<A, I, W, E>(
     W: NodeWarnings,
     E: Stream<Item = SliceEvent> + Unpin,
 {
+    if !wait_for_networks(&mut triggers.networks, &mut triggers.stop).await {
+        return;
+    }
+    publisher.set_networks(&triggers.networks.borrow_and_update());
     // Publish at once, then on triggers.
     let mut due: Option<Instant> = Some(Instant::now());
     let mut first_trigger: Option<Instant> = None;
@@ -107,6 +126,11 @@ pub async fn run<A, I, W, E>(
             }
             Ok(()) = triggers.moved.changed() => {
                 schedule(&mut due, &mut first_trigger);
+            }
+            Ok(()) = triggers.networks.changed() => {
+                if publisher.set_networks(&triggers.networks.borrow_and_update()) {
+                    schedule(&mut due, &mut first_trigger);
+                }
             }
             Some(event) = triggers.slice_events.next() => {
                 if handle_slice_event(&publisher, event, &mut relisted) {
@@ -137,6 +161,31 @@ pub async fn run<A, I, W, E>(
             }
         }
     }
+}
+
+/// Waits until `networks` is known, at most [`NETWORKS_PATIENCE`]; `false` when the daemon
+/// stopped meanwhile.
+async fn wait_for_networks(
+    networks: &mut watch::Receiver<NetworkInputs>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let in_time = {
+        let known =
+            tokio::time::timeout(NETWORKS_PATIENCE, networks.wait_for(NetworkInputs::is_known));
+        tokio::select! {
+            _ = stop.wait_for(|stopped| *stopped) => return false,
+            // A closed channel (`Ok(Err)`) means no PodNetworks on this node: nothing to wait for.
+            waited = known => waited.is_ok(),
+        }
+    };
+    if !in_time {
+        tracing::warn!(
+            waited = ?NETWORKS_PATIENCE,
+            unknown = networks.borrow().unknown().join(" and "),
+            "publishing before the node's PodNetworks are known; their devices follow when they are"
+        );
+    }
+    true
 }
 
 /// Debounces: due [`DEBOUNCE`] after the last trigger, at most [`MAX_DELAY`] after the first.
@@ -219,6 +268,13 @@ async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings>(
             deleted = report.deleted,
             "published ResourceSlices"
         );
+    }
+    for conflict in &report.new_conflicts {
+        tracing::warn!(
+            interface = %conflict.if_name, kept = %conflict.kept, dropped = %conflict.dropped,
+            "{conflict}"
+        );
+        warnings.warn("PodNetworkConflict", "PublishResourceSlices", conflict.to_string()).await;
     }
     if let Some(message) = report.capacity_dropped {
         metrics.capacity_dropped.set(1);

@@ -281,3 +281,140 @@ async fn a_late_watch_event_of_an_older_generation_is_not_a_change() {
     assert_eq!(publisher.generation(), 2);
     assert!(!publisher.needs_repair(&name, Some(&first)), "generation 1 is our own old write");
 }
+
+/// Inputs with Ready networks `(name, spec)`, created in list order.
+fn network_inputs(specs: &[(&str, serde_json::Value)]) -> NetworkInputs {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+    let networks = specs
+        .iter()
+        .enumerate()
+        .map(|(age, (name, spec))| {
+            let mut network: crate::model::pod_network::PodNetwork =
+                serde_json::from_value(serde_json::json!({"spec": spec})).unwrap();
+            network.metadata.name = Some((*name).to_owned());
+            network.metadata.generation = Some(1);
+            network.metadata.creation_timestamp =
+                Some(Time(Timestamp::from_second(i64::try_from(age).unwrap()).unwrap()));
+            let ready = if network.spec.enabled { "True" } else { "False" };
+            network.status = Some(crate::model::pod_network::PodNetworkStatus {
+                observed_generation: Some(1),
+                conditions: vec![Condition {
+                    type_: "Ready".to_owned(),
+                    status: ready.to_owned(),
+                    reason: "Ready".to_owned(),
+                    message: String::new(),
+                    observed_generation: Some(1),
+                    last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                }],
+                device_class_name: None,
+            });
+            ((*name).to_owned(), network)
+        })
+        .collect();
+    NetworkInputs {
+        pod_networks: Some(std::sync::Arc::new(networks)),
+        node_labels: Some(std::sync::Arc::default()),
+    }
+}
+
+fn published_names(api: &FakeApi) -> Vec<String> {
+    api.slices
+        .lock()
+        .unwrap()
+        .values()
+        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn network_changes_republish_and_unrelated_ones_write_nothing() {
+    use serde_json::json;
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &["veth0"], RequestedSharing::Auto);
+    let interfaces = [veth("veth0")];
+    let inputs = network_inputs(&[("medianet", json!({"parents": ["veth0"], "vlan": 7}))]);
+    assert!(publisher.set_networks(&inputs));
+    publisher.sync(&interfaces, false).await.unwrap();
+    assert_eq!(published_names(&api), ["medianet-veth0"], "only as the network's device");
+
+    // Another status write that serves the same network on the same terms: no change.
+    let mut same = inputs.clone();
+    let mut networks = (*same.pod_networks.take().unwrap()).clone();
+    networks.get_mut("medianet").unwrap().metadata.resource_version = Some("99".to_owned());
+    same.pod_networks = Some(std::sync::Arc::new(networks));
+    assert!(!publisher.set_networks(&same));
+    let writes = api.applies();
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert_eq!((report.applied, api.applies()), (0, writes), "no API write when nothing changed");
+
+    // Disabled: the network's device goes, the plain shared parent comes back.
+    let disabled = network_inputs(&[(
+        "medianet",
+        json!({"parents": ["veth0"], "vlan": 7, "enabled": false}),
+    )]);
+    assert!(publisher.set_networks(&disabled));
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert_eq!(report.applied, 1);
+    assert_eq!(published_names(&api), ["veth0"]);
+}
+
+#[tokio::test]
+async fn a_conflict_is_reported_once_until_it_is_resolved() {
+    use serde_json::json;
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let interfaces = [veth("veth0")];
+    let both = network_inputs(&[
+        ("older", json!({"parents": ["veth0"], "vlan": 5})),
+        ("newer", json!({"parents": ["veth0"], "vlan": 5})),
+    ]);
+    publisher.set_networks(&both);
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert_eq!(report.new_conflicts.len(), 1);
+    assert_eq!(report.new_conflicts[0].kept, "older");
+    assert_eq!(published_names(&api), ["older-veth0"]);
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert!(report.new_conflicts.is_empty(), "reported once");
+
+    publisher.set_networks(&network_inputs(&[("older", json!({"parents": ["veth0"], "vlan": 5}))]));
+    publisher.sync(&interfaces, false).await.unwrap();
+    publisher.set_networks(&both);
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert_eq!(report.new_conflicts.len(), 1, "a conflict that came back is reported again");
+}
+
+#[tokio::test]
+async fn a_nic_in_a_pod_loses_its_tag_when_its_network_is_disabled() {
+    use serde_json::json;
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let all = nics(2);
+    let on = network_inputs(&[("dev", json!({"parents": ["ens0"], "mode": "host-device"}))]);
+    publisher.set_networks(&on);
+    publisher.sync(&all, false).await.unwrap();
+    let tag = |api: &FakeApi| {
+        api.slices
+            .lock()
+            .unwrap()
+            .values()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .find(|d| d.name == "pci-0000-00-00-0")
+            .and_then(|d| d.attributes.unwrap().get("netclaim.dev/podNetwork").cloned())
+            .and_then(|a| a.string)
+    };
+    assert_eq!(tag(&api).as_deref(), Some("dev"));
+
+    // ens0 moves into a pod: kept published, still tagged.
+    publisher.retain_moved(&BTreeSet::from(["ens0".to_owned()]));
+    publisher.sync(&all[1..], false).await.unwrap();
+    assert_eq!(tag(&api).as_deref(), Some("dev"));
+    // Disabled while it is there: still published (its pod runs), without the tag.
+    publisher.set_networks(&network_inputs(&[(
+        "dev",
+        json!({"parents": ["ens0"], "mode": "host-device", "enabled": false}),
+    )]));
+    publisher.sync(&all[1..], false).await.unwrap();
+    assert_eq!(api.device_count(), 2);
+    assert_eq!(tag(&api), None);
+}
