@@ -34,9 +34,7 @@ pub fn check<'a>(
         return Ok(());
     }
     // Every VLAN sub-interface of the parent counts: its children sit on the same NIC.
-    let children = planned
-        .filter(|(if_name, mode)| *if_name == parent && is_child(mode))
-        .count();
+    let children = planned.filter(|(if_name, mode)| *if_name == parent && is_child(mode)).count();
     let children = u32::try_from(children).unwrap_or(u32::MAX);
     if children >= limit {
         return Err(ParentFull { parent: parent.to_owned(), limit, children });

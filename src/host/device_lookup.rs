@@ -13,10 +13,10 @@ use tokio::sync::watch;
 use crate::claims::{DeviceLookup, LookupError};
 use crate::host::discovery::HostInterfaces;
 use crate::host::sysfs::Sysfs;
+use crate::inventory::Selection;
 use crate::inventory::facts::{self, LookupContext};
 use crate::inventory::networks::{NetworkInputs, NodeNetworks};
 use crate::inventory::publish::InterfaceSource;
-use crate::inventory::Selection;
 use crate::model::cause::cause;
 use crate::model::device::{AttributeValue, HostInterface};
 use crate::model::network_config::DeviceFacts;
@@ -79,9 +79,10 @@ impl<I: InterfaceSource> DiscoveredDevices<I> {
 
     /// The node's networks now, remembering their names.
     fn node_networks(&self) -> (NodeNetworks, BTreeSet<String>) {
-        let networks = self.networks.as_ref().map_or_else(NodeNetworks::default, |(driver, inputs)| {
-            NodeNetworks::evaluate(driver, &inputs.borrow())
-        });
+        let networks =
+            self.networks.as_ref().map_or_else(NodeNetworks::default, |(driver, inputs)| {
+                NodeNetworks::evaluate(driver, &inputs.borrow())
+            });
         let mut seen = self.seen_networks.lock().unwrap_or_else(PoisonError::into_inner);
         seen.extend(networks.all().iter().map(|n| n.name.clone()));
         (networks, seen.clone())

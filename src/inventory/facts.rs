@@ -120,11 +120,14 @@ fn departed_network_device(context: &LookupContext<'_>, name: &str) -> Option<De
         if device == name {
             return Some(None);
         }
-        (0..slots).find(|index| {
-            super::naming::fit_label(&format!("{device}-s{index}"), super::naming::MAX_LABEL_LEN)
-                == name
-        })
-        .map(Some)
+        (0..slots)
+            .find(|index| {
+                super::naming::fit_label(
+                    &format!("{device}-s{index}"),
+                    super::naming::MAX_LABEL_LEN,
+                ) == name
+            })
+            .map(Some)
     };
     // Networks the node knows of: exact names, hashed ones included.
     for network in &known {

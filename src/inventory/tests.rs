@@ -507,8 +507,7 @@ fn slots_mode_publishes_slot_devices_of_each_network() {
         ("big", json!({"parents": ["ens1f0"], "vlan": 20})),
     ]);
     let slots = selection(&[], &[], &[]).with_sharing_mode(SharingMode::Slots);
-    let inventory =
-        Inventory::build_with(&[nic(2, "ens1f0", "0000:3b:00.0")], &slots, &networks);
+    let inventory = Inventory::build_with(&[nic(2, "ens1f0", "0000:3b:00.0")], &slots, &networks);
     let count = |network: &str| {
         inventory
             .devices
@@ -572,7 +571,10 @@ fn a_disabled_shared_network_leaves_the_slice_and_keeps_its_parent_off_exclusive
     assert_eq!(inventory.devices[0].name, "pci-0000-3b-00-0");
     assert_eq!(inventory.devices[0].sharing, Sharing::Shared);
     // A disabled exclusive network just drops its tag.
-    let off = node_networks(&[("dev", json!({"parents": ["ens1f0"], "mode": "host-device", "enabled": false}))]);
+    let off = node_networks(&[(
+        "dev",
+        json!({"parents": ["ens1f0"], "mode": "host-device", "enabled": false}),
+    )]);
     let inventory = Inventory::build_with(&interfaces, &selection(&[], &[], &[]), &off);
     assert_eq!(inventory.devices[0].sharing, Sharing::Exclusive);
     assert!(!inventory.devices[0].attributes.contains_key(&key("podNetwork")));

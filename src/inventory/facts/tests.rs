@@ -207,5 +207,8 @@ fn the_parent_limit_is_the_largest_capacity_of_the_networks_on_it() {
     let networks = judged(vec![a, b]);
     let seen = BTreeSet::new();
     // Whatever the publisher's mode, the limit is the configured capacity.
-    assert_eq!(parent_limit(&context(&interfaces, &selection, &networks, &seen), "eth1"), Some(300));
+    assert_eq!(
+        parent_limit(&context(&interfaces, &selection, &networks, &seen), "eth1"),
+        Some(300)
+    );
 }

@@ -91,14 +91,8 @@ fn selector_operators_match_as_kubernetes_does() {
         (selector(&[], vec![expression("missing", "Exists", &[])]), false),
         (selector(&[], vec![expression("missing", "DoesNotExist", &[])]), true),
         (selector(&[], vec![expression("rack", "DoesNotExist", &[])]), false),
-        (
-            selector(&[("zone", "a")], vec![expression("rack", "In", &["r1"])]),
-            true,
-        ),
-        (
-            selector(&[("zone", "a")], vec![expression("rack", "NotIn", &["r1"])]),
-            false,
-        ),
+        (selector(&[("zone", "a")], vec![expression("rack", "In", &["r1"])]), true),
+        (selector(&[("zone", "a")], vec![expression("rack", "NotIn", &["r1"])]), false),
     ];
     for (selector, want) in cases {
         assert_eq!(selector_matches(Some(&selector), &node), Ok(want), "{selector:?}");
@@ -113,13 +107,17 @@ fn invalid_selectors_select_nothing_and_name_the_field() {
         .unwrap_err();
     assert!(err.to_string().contains("matchExpressions[0].values"), "{err}");
     let err = selector_matches(
-        Some(&selector(&[], vec![expression("zone", "Exists", &[]), expression("z", "Gt", &["1"])])),
+        Some(&selector(
+            &[],
+            vec![expression("zone", "Exists", &[]), expression("z", "Gt", &["1"])],
+        )),
         &node,
     )
     .unwrap_err();
     assert!(err.to_string().contains("matchExpressions[1].operator"), "{err}");
-    let err = selector_matches(Some(&selector(&[], vec![expression("zone", "Exists", &["a"])])), &node)
-        .unwrap_err();
+    let err =
+        selector_matches(Some(&selector(&[], vec![expression("zone", "Exists", &["a"])])), &node)
+            .unwrap_err();
     assert!(err.to_string().contains("takes no values"), "{err}");
 }
 
@@ -146,7 +144,8 @@ fn served_or_not_and_why() {
     let mut selected = base();
     selected.spec.node_selector = Some(selector(&[("zone", "a")], vec![]));
     let mut not_selected = base();
-    not_selected.spec.node_selector = Some(selector(&[], vec![expression("zone", "NotIn", &["a"])]));
+    not_selected.spec.node_selector =
+        Some(selector(&[], vec![expression("zone", "NotIn", &["a"])]));
     let mut disabled_elsewhere = not_selected.clone();
     disabled_elsewhere.spec.enabled = false;
 
@@ -177,11 +176,7 @@ fn served_or_not_and_why() {
         ),
         ("selector matches", selected, Some(Ok(()))),
         ("selector does not match", not_selected, Some(Err(NotServed::NodeNotSelected))),
-        (
-            "the selector is judged first",
-            disabled_elsewhere,
-            Some(Err(NotServed::NodeNotSelected)),
-        ),
+        ("the selector is judged first", disabled_elsewhere, Some(Err(NotServed::NodeNotSelected))),
     ];
     for (what, network, want) in rows {
         let judged = NodeNetworks::evaluate(DRIVER, &inputs(vec![network], node));
@@ -277,7 +272,10 @@ fn networks_on_one_parent_need_distinct_vlans_and_the_older_keeps_it() {
         }]
     );
     let text = plan.conflicts[0].to_string();
-    assert!(text.contains("older") && text.contains("newer") && text.contains("VLAN 100"), "{text}");
+    assert!(
+        text.contains("older") && text.contains("newer") && text.contains("VLAN 100"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -307,7 +305,10 @@ fn an_exclusive_device_carries_one_network() {
     );
     assert_eq!(
         plan.exclusive,
-        BTreeMap::from([("eth1".to_owned(), "dev".to_owned()), ("eth2".to_owned(), "dev2".to_owned())])
+        BTreeMap::from([
+            ("eth1".to_owned(), "dev".to_owned()),
+            ("eth2".to_owned(), "dev2".to_owned())
+        ])
     );
     assert!(plan.shared.is_empty(), "{:?}", plan.shared);
     let lost: Vec<(&str, &str, &str)> = plan
@@ -348,7 +349,8 @@ fn parents_of_networks_not_served_stay_reserved_only_where_selected() {
     disabled.spec.enabled = false;
     let mut elsewhere = network("elsewhere", 1, json!({"parents": ["eth2"]}));
     elsewhere.spec.node_selector = Some(selector(&[("zone", "b")], vec![]));
-    let mut exclusive_off = network("dev-off", 1, json!({"parents": ["eth2"], "mode": "host-device"}));
+    let mut exclusive_off =
+        network("dev-off", 1, json!({"parents": ["eth2"], "mode": "host-device"}));
     exclusive_off.spec.enabled = false;
     let plan = plan(vec![disabled, elsewhere, exclusive_off], &interfaces);
     assert_eq!(plan.reserved, BTreeMap::from([("eth1".to_owned(), "off".to_owned())]));

@@ -349,10 +349,8 @@ async fn network_changes_republish_and_unrelated_ones_write_nothing() {
     assert_eq!((report.applied, api.applies()), (0, writes), "no API write when nothing changed");
 
     // Disabled: the network's device goes, the plain shared parent comes back.
-    let disabled = network_inputs(&[(
-        "medianet",
-        json!({"parents": ["veth0"], "vlan": 7, "enabled": false}),
-    )]);
+    let disabled =
+        network_inputs(&[("medianet", json!({"parents": ["veth0"], "vlan": 7, "enabled": false}))]);
     assert!(publisher.set_networks(&disabled));
     let report = publisher.sync(&interfaces, false).await.unwrap();
     assert_eq!(report.applied, 1);
