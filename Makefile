@@ -1,7 +1,7 @@
 # The entry points for people and CI. `.ci/run` calls `make lint` and `make test`.
 CARGO ?= cargo
 
-.PHONY: demo run setup build lint test bench vmtest
+.PHONY: demo run setup build lint test bench vmtest image
 
 # First command of the README: install what the demo needs (base tools, ping), build, run
 # `netclaim dev --demo` (15 pods with a macvlan each on a veth it creates; cleans up after).
@@ -41,7 +41,8 @@ RUN_IGNORED := $(if $(filter 0,$(shell id -u)),--run-ignored all,)
 # The scale test runs the release daemon (what the image ships), built once here. Every
 # benchmark runs once in its smoke mode (`cargo test --benches`), so none can rot; under CI
 # (CI set) a bench that cannot run (no root, no CNI plugins) fails instead of skipping.
-test: setup
+# `image` first: tests/image.rs checks its archive and runs it on containerd.
+test: setup image
 	$(CARGO) test --workspace --doc --quiet
 	$(CARGO) test --benches --features netclaim/failpoints
 	$(CARGO) build --release --bin netclaim
@@ -51,6 +52,13 @@ test: setup
 
 bench:
 	$(CARGO) bench
+
+# The Dockerfile's runtime stage without Docker or a registry: the release binary with the
+# Dockerfile builder's cargo flags, the Debian packages it names cut down to what ldd lists,
+# written as target/image/netclaim-<version>.oci.tar (`ctr images import` takes it).
+image:
+	$(CARGO) build --release --locked --no-default-features --bin netclaim
+	python3 scripts/image/build.py --binary target/release/netclaim
 
 # VM tests (decision 0012, vmtests/README.md): install QEMU 10, virtme-ng and the Debian
 # kernels into /opt/netclaim-vm (idempotent), build the VM test binaries on the host, boot
