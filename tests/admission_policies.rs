@@ -1,0 +1,598 @@
+//! The ValidatingAdmissionPolicies in deploy/base, evaluated with the `cel` crate as the API
+//! server evaluates them: the match conditions, then the variables in order, then each
+//! validation (its message or messageExpression when it fails). Every expression must
+//! compile; every validation gets at least one request it accepts and one it rejects, and a
+//! rejection must come from the rule meant (not from an earlier one or an evaluation error).
+//!
+//! The Kubernetes CEL library functions the policies use (`isCIDR`, `isIP`) are registered
+//! here with Kubernetes' rules (Go's netip parsing: a prefix length, no zone, no IPv4-mapped
+//! IPv6 address, no leading zeros); the in-memory API server's CEL library had none when this
+//! test was written.
+
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock};
+
+use cel::{Context, Env, Program, Value};
+use serde::Deserialize as _;
+use serde_json::{Value as Json, json};
+
+static STDLIB: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+
+/// One validation of a policy.
+struct Rule {
+    expression: String,
+    program: Program,
+    message: Option<String>,
+    message_expression: Option<Program>,
+    /// The message, or the messageExpression's source.
+    described: String,
+}
+
+/// A policy, compiled.
+struct Policy {
+    conditions: Vec<Program>,
+    variables: Vec<(String, Program)>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A match condition was false: the policy does not apply.
+    NotMatched,
+    /// Every validation held.
+    Allowed,
+    /// Validation `rule` was false (or failed to evaluate: `error`).
+    Denied { rule: usize, message: String, error: bool },
+}
+
+fn compile(expression: &str) -> Program {
+    Program::compile(expression)
+        .unwrap_or_else(|e| panic!("CEL expression does not compile: {expression}\n{e}"))
+}
+
+fn text(value: &serde_yaml::Value, key: &str) -> Option<String> {
+    value.get(key).and_then(serde_yaml::Value::as_str).map(str::to_owned)
+}
+
+/// The policy named `name` from deploy/base/admission-*.yaml.
+fn policy(name: &str) -> Policy {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/base");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !file.starts_with("admission-") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        for document in serde_yaml::Deserializer::from_str(&source) {
+            let doc = serde_yaml::Value::deserialize(document).unwrap();
+            if text(&doc, "kind").as_deref() != Some("ValidatingAdmissionPolicy")
+                || text(&doc["metadata"], "name").as_deref() != Some(name)
+            {
+                continue;
+            }
+            let spec = &doc["spec"];
+            assert_eq!(text(spec, "failurePolicy").as_deref(), Some("Fail"), "{name}");
+            let list = |key: &str| spec.get(key).and_then(|v| v.as_sequence()).cloned();
+            let conditions = list("matchConditions")
+                .unwrap_or_default()
+                .iter()
+                .map(|c| compile(&text(c, "expression").unwrap()))
+                .collect();
+            let variables = list("variables")
+                .unwrap_or_default()
+                .iter()
+                .map(|v| (text(v, "name").unwrap(), compile(&text(v, "expression").unwrap())))
+                .collect();
+            let rules: Vec<Rule> = list("validations")
+                .unwrap()
+                .iter()
+                .map(|v| {
+                    let expression = text(v, "expression").unwrap();
+                    let message = text(v, "message");
+                    let source = text(v, "messageExpression");
+                    let described =
+                        message.clone().or_else(|| source.clone()).unwrap_or_else(|| {
+                            panic!("{name}: a validation without a message: {expression}")
+                        });
+                    let message_expression = source.as_deref().map(compile);
+                    Rule {
+                        program: compile(&expression),
+                        expression,
+                        message,
+                        message_expression,
+                        described,
+                    }
+                })
+                .collect();
+            assert!(!rules.is_empty(), "{name} has no validations");
+            return Policy { conditions, variables, rules };
+        }
+    }
+    panic!("no ValidatingAdmissionPolicy {name} in {}", dir.display());
+}
+
+/// JSON as CEL sees Kubernetes objects: integers are `int`.
+fn to_cel(value: &Json) -> Value {
+    match value {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => n.as_i64().map_or_else(|| Value::Float(n.as_f64().unwrap()), Value::Int),
+        Json::String(s) => Value::String(Arc::new(s.clone())),
+        Json::Array(items) => Value::List(Arc::new(items.iter().map(to_cel).collect())),
+        Json::Object(map) => map
+            .iter()
+            .map(|(k, v)| (k.clone(), to_cel(v)))
+            .collect::<HashMap<String, Value>>()
+            .into(),
+    }
+}
+
+/// Kubernetes' `isIP`: Go's `netip.ParseAddr`, without zones or IPv4-mapped IPv6.
+fn parse_ip(text: &str) -> Option<IpAddr> {
+    if text.contains('%') {
+        return None;
+    }
+    let ip: IpAddr = text.parse().ok()?;
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => None,
+        _ => Some(ip),
+    }
+}
+
+/// Kubernetes' `isCIDR`: `netip.ParsePrefix` (host bits allowed), the address as `isIP`.
+fn is_cidr(text: Arc<String>) -> bool {
+    let Some((address, bits)) = text.split_once('/') else { return false };
+    let Some(ip) = parse_ip(address) else { return false };
+    let valid_digits = !bits.is_empty()
+        && bits.bytes().all(|b| b.is_ascii_digit())
+        && !(bits.len() > 1 && bits.starts_with('0'));
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    valid_digits && bits.parse::<u32>().is_ok_and(|b| b <= max)
+}
+
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
+fn is_ip(text: Arc<String>) -> bool {
+    parse_ip(&text).is_some()
+}
+
+/// Evaluates `policy` for one admission request.
+fn evaluate(policy: &Policy, request: &Json, object: &Json, old_object: &Json) -> Verdict {
+    let mut context = Context::with_env(Arc::clone(&STDLIB));
+    context.add_function("isCIDR", is_cidr).unwrap();
+    context.add_function("isIP", is_ip).unwrap();
+    context.add_variable_from_value("request", to_cel(request));
+    context.add_variable_from_value("object", to_cel(object));
+    context.add_variable_from_value("oldObject", to_cel(old_object));
+    for condition in &policy.conditions {
+        match condition.execute(&context) {
+            Ok(Value::Bool(true)) => {}
+            Ok(Value::Bool(false)) => return Verdict::NotMatched,
+            other => panic!("a match condition gave {other:?}"),
+        }
+    }
+    let mut variables: HashMap<String, Value> = HashMap::new();
+    for (name, program) in &policy.variables {
+        context.add_variable_from_value("variables", variables.clone());
+        let value = program
+            .execute(&context)
+            .unwrap_or_else(|e| panic!("variable {name} failed on {object}: {e}"));
+        variables.insert(name.clone(), value);
+    }
+    context.add_variable_from_value("variables", variables);
+    for (index, rule) in policy.rules.iter().enumerate() {
+        let (held, error) = match rule.program.execute(&context) {
+            Ok(Value::Bool(held)) => (held, None),
+            Ok(other) => panic!("{} gave {other:?}, not a bool", rule.expression),
+            Err(e) => (false, Some(e.to_string())),
+        };
+        if held {
+            continue;
+        }
+        let message = match (&error, &rule.message_expression, &rule.message) {
+            (Some(e), _, _) => format!("evaluation error: {e}"),
+            (None, Some(program), _) => match program.execute(&context) {
+                Ok(Value::String(s)) => s.to_string(),
+                other => panic!("messageExpression of {} gave {other:?}", rule.expression),
+            },
+            (None, None, Some(message)) => message.clone(),
+            (None, None, None) => unreachable!("checked at load"),
+        };
+        return Verdict::Denied { rule: index, message, error: error.is_some() };
+    }
+    Verdict::Allowed
+}
+
+/// The index of the one rule whose message (or messageExpression's source) mentions `about`.
+fn rule_about(policy: &Policy, about: &str) -> usize {
+    let matching: Vec<usize> = policy
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.described.contains(about))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(matching.len(), 1, "rules about {about}: {matching:?}");
+    matching[0]
+}
+
+/// Asserts that `verdict` is a rejection by rule `rule` (not an evaluation error) and
+/// returns its message.
+fn assert_denied_by(verdict: Verdict, rule: usize, case: &str) -> String {
+    match verdict {
+        Verdict::Denied { rule: got, message, error: false } if got == rule => message,
+        other => panic!("{case}: expected a rejection by rule {rule}, got {other:?}"),
+    }
+}
+
+// --- netclaim-node-slices --------------------------------------------------------------
+
+const NODE_SA: &str = "system:serviceaccount:netclaim-system:netclaim-node";
+
+fn slice(node: &str, pool: &str, driver: &str) -> Json {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-{driver}-0")},
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": []}
+    })
+}
+
+fn slice_request(operation: &str, username: &str, node_claim: Option<&str>) -> Json {
+    let extra = node_claim.map_or_else(
+        || json!({"authentication.kubernetes.io/pod-name": ["x"]}),
+        |node| {
+            json!({
+                "authentication.kubernetes.io/node-name": [node],
+                "authentication.kubernetes.io/pod-name": ["netclaim-node-abcde"]
+            })
+        },
+    );
+    json!({
+        "operation": operation,
+        "userInfo": {"username": username, "groups": ["system:serviceaccounts"], "extra": extra},
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceslices"}
+    })
+}
+
+#[test]
+fn the_node_driver_writes_only_its_own_nodes_slices() {
+    let policy = policy("netclaim-node-slices");
+    let own = slice("node-a", "node-a", "netclaim.dev");
+    let as_node = |op: &str| slice_request(op, NODE_SA, Some("node-a"));
+    let mut rejected = BTreeSet::new();
+
+    // Accepted: its own slice, created, updated, deleted (object null: oldObject is read).
+    assert_eq!(evaluate(&policy, &as_node("CREATE"), &own, &Json::Null), Verdict::Allowed);
+    assert_eq!(evaluate(&policy, &as_node("UPDATE"), &own, &own), Verdict::Allowed);
+    assert_eq!(evaluate(&policy, &as_node("DELETE"), &Json::Null, &own), Verdict::Allowed);
+    // Not matched: kubelet and anyone else keep their rights (kubelet deletes slices).
+    let other = slice("node-b", "node-b", "netclaim.dev");
+    let kubelet = slice_request("DELETE", "system:node:node-a", None);
+    assert_eq!(evaluate(&policy, &kubelet, &Json::Null, &other), Verdict::NotMatched);
+    let admin = slice_request("CREATE", "kubernetes-admin", None);
+    assert_eq!(evaluate(&policy, &admin, &other, &Json::Null), Verdict::NotMatched);
+
+    // A token without the node claim.
+    let rule = rule_about(&policy, "names no node");
+    let request = slice_request("CREATE", NODE_SA, None);
+    assert_denied_by(evaluate(&policy, &request, &own, &Json::Null), rule, "no node claim");
+    rejected.insert(rule);
+
+    // Another node's slice: create, and delete (through oldObject).
+    let rule = rule_about(&policy, "of its own node");
+    let message = assert_denied_by(
+        evaluate(&policy, &as_node("CREATE"), &other, &Json::Null),
+        rule,
+        "other node",
+    );
+    assert!(message.contains("node-a") && message.contains("node-b"), "{message}");
+    assert_denied_by(
+        evaluate(&policy, &as_node("DELETE"), &Json::Null, &other),
+        rule,
+        "delete other",
+    );
+    let mut no_node = own.clone();
+    no_node["spec"].as_object_mut().unwrap().remove("nodeName");
+    no_node["spec"]["allNodes"] = json!(true);
+    let message = assert_denied_by(
+        evaluate(&policy, &as_node("CREATE"), &no_node, &Json::Null),
+        rule,
+        "allNodes",
+    );
+    assert!(message.contains("no spec.nodeName"), "{message}");
+    rejected.insert(rule);
+
+    // Its node, but another pool.
+    let rule = rule_about(&policy, "its own pool");
+    let foreign_pool = slice("node-a", "node-b", "netclaim.dev");
+    assert_denied_by(evaluate(&policy, &as_node("UPDATE"), &foreign_pool, &own), rule, "pool");
+    rejected.insert(rule);
+
+    // Its node, another driver's slice.
+    let rule = rule_about(&policy, "of driver netclaim.dev");
+    let foreign_driver = slice("node-a", "node-a", "gpu.example.com");
+    let message = assert_denied_by(
+        evaluate(&policy, &as_node("DELETE"), &Json::Null, &foreign_driver),
+        rule,
+        "driver",
+    );
+    assert!(message.contains("gpu.example.com"), "{message}");
+    rejected.insert(rule);
+
+    assert_eq!(rejected, (0..policy.rules.len()).collect(), "every rule rejects something");
+}
+
+// --- netclaim-network-config -----------------------------------------------------------
+
+fn good_pool_config() -> Json {
+    json!({
+        "apiVersion": "netclaim.dev/v1alpha1",
+        "kind": "NetworkConfig",
+        "mode": "macvlan",
+        "macvlan": {"mode": "bridge"},
+        "interface": {"name": "net1", "mtu": 1500, "hardwareAddress": "02:00:00:00:00:01"},
+        "vlan": 100,
+        "ipam": {"pool": {
+            "subnet": "10.10.1.0/24", "rangeStart": "10.10.1.10", "rangeEnd": "10.10.1.200",
+            "gateway": "10.10.1.1", "exclude": ["10.10.1.100/30"]
+        }},
+        "routes": [
+            {"destination": "10.20.0.0/16", "gateway": "10.10.1.1"},
+            {"destination": "0.0.0.0/0", "gateway": "10.10.1.1", "metric": 200}
+        ],
+        "stats": true
+    })
+}
+
+fn good_static_config() -> Json {
+    json!({
+        "apiVersion": "netclaim.dev/v1alpha1",
+        "kind": "NetworkConfig",
+        "mode": "ipvlan",
+        "ipvlan": {"mode": "l3s", "flag": "private"},
+        "interface": {"name": "data.0", "mtu": 9000},
+        "ipam": {"addresses": ["10.10.1.5/24", "fd00:10::5/64"]},
+        "routes": [{"destination": "fd00:20::/64"}]
+    })
+}
+
+fn opaque(driver: &str, parameters: Json) -> Json {
+    json!({"opaque": {"driver": driver, "parameters": parameters}})
+}
+
+/// `parameters` inside an object of `resource` (resourceclaims, resourceclaimtemplates,
+/// deviceclasses), next to another driver's config that must be ignored.
+fn object_with(resource: &str, parameters: Json) -> Json {
+    let config = json!([
+        opaque("gpu.example.com", json!({"mode": "whatever", "interface": 7})),
+        opaque("netclaim.dev", parameters),
+    ]);
+    let devices = json!({
+        "requests": [{"name": "net", "exactly": {"deviceClassName": "macvlan.netclaim.dev"}}],
+        "config": config
+    });
+    match resource {
+        "deviceclasses" => json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "c"}, "spec": {"config": config}}),
+        "resourceclaimtemplates" => json!({"apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate", "metadata": {"name": "t", "namespace": "default"},
+            "spec": {"spec": {"devices": devices}}}),
+        "resourceclaims" => json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": devices}}),
+        other => panic!("{other}"),
+    }
+}
+
+fn config_request(resource: &str) -> Json {
+    json!({
+        "operation": "CREATE",
+        "userInfo": {"username": "alice", "groups": ["system:authenticated"], "extra": {}},
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": resource}
+    })
+}
+
+const KINDS: [&str; 3] = ["resourceclaims", "resourceclaimtemplates", "deviceclasses"];
+
+fn check(policy: &Policy, parameters: &Json) -> Vec<Verdict> {
+    KINDS
+        .iter()
+        .map(|resource| {
+            evaluate(
+                policy,
+                &config_request(resource),
+                &object_with(resource, parameters.clone()),
+                &Json::Null,
+            )
+        })
+        .collect()
+}
+
+/// `edit` applied to a good config.
+fn bad(base: fn() -> Json, edit: impl FnOnce(&mut Json)) -> Json {
+    let mut config = base();
+    edit(&mut config);
+    config
+}
+
+#[test]
+fn well_formed_network_configs_are_accepted_in_claims_templates_and_classes() {
+    let policy = policy("netclaim-network-config");
+    for config in [
+        good_pool_config(),
+        good_static_config(),
+        json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"}),
+    ] {
+        for verdict in check(&policy, &config) {
+            assert_eq!(verdict, Verdict::Allowed, "{config}");
+        }
+    }
+    // Objects without any config, and with only another driver's, are not ours to judge.
+    for resource in KINDS {
+        let mut object = object_with(resource, json!({}));
+        let strip = |config: &mut Json| {
+            config.as_array_mut().unwrap().retain(|c| c["opaque"]["driver"] != "netclaim.dev");
+        };
+        match resource {
+            "deviceclasses" => strip(&mut object["spec"]["config"]),
+            "resourceclaimtemplates" => strip(&mut object["spec"]["spec"]["devices"]["config"]),
+            _ => strip(&mut object["spec"]["devices"]["config"]),
+        }
+        assert_eq!(
+            evaluate(&policy, &config_request(resource), &object, &Json::Null),
+            Verdict::Allowed
+        );
+        let bare = match resource {
+            "deviceclasses" => json!({"spec": {"selectors": []}}),
+            "resourceclaimtemplates" => json!({"spec": {"spec": {"devices": {"requests": []}}}}),
+            _ => json!({"spec": {"devices": {"requests": []}}}),
+        };
+        assert_eq!(
+            evaluate(&policy, &config_request(resource), &bare, &Json::Null),
+            Verdict::Allowed
+        );
+    }
+}
+
+#[test]
+fn each_malformed_network_config_field_is_rejected_by_its_rule() {
+    let policy = policy("netclaim-network-config");
+    let cases: Vec<(&str, &str, Json)> = vec![
+        (
+            "apiVersion",
+            "wrong apiVersion",
+            bad(good_pool_config, |c| c["apiVersion"] = json!("netclaim.dev/v1")),
+        ),
+        (
+            "apiVersion",
+            "no kind",
+            bad(good_pool_config, |c| {
+                c.as_object_mut().unwrap().remove("kind");
+            }),
+        ),
+        (
+            "apiVersion",
+            "wrong kind",
+            bad(good_static_config, |c| c["kind"] = json!("NetworkStatus")),
+        ),
+        ("mode must be", "unknown mode", bad(good_pool_config, |c| c["mode"] = json!("bridge"))),
+        (
+            "mode must be",
+            "unknown macvlan mode",
+            bad(good_pool_config, |c| c["macvlan"]["mode"] = json!("vpn")),
+        ),
+        (
+            "mode must be",
+            "unknown ipvlan flag",
+            bad(good_static_config, |c| c["ipvlan"]["flag"] = json!("l2")),
+        ),
+        (
+            "interface.name",
+            "eth0",
+            bad(good_pool_config, |c| c["interface"]["name"] = json!("eth0")),
+        ),
+        (
+            "interface.name",
+            "a slash",
+            bad(good_pool_config, |c| c["interface"]["name"] = json!("net/1")),
+        ),
+        (
+            "interface.name",
+            "whitespace",
+            bad(good_pool_config, |c| c["interface"]["name"] = json!("net 1")),
+        ),
+        (
+            "interface.name",
+            "16 bytes",
+            bad(good_pool_config, |c| c["interface"]["name"] = json!("net1234567890123")),
+        ),
+        ("interface.name", "empty", bad(good_pool_config, |c| c["interface"]["name"] = json!(""))),
+        ("interface.name", "..", bad(good_pool_config, |c| c["interface"]["name"] = json!(".."))),
+        ("interface.mtu", "below 68", bad(good_pool_config, |c| c["interface"]["mtu"] = json!(67))),
+        (
+            "interface.mtu",
+            "above 65535",
+            bad(good_pool_config, |c| c["interface"]["mtu"] = json!(65536)),
+        ),
+        (
+            "interface.mtu",
+            "not whole",
+            bad(good_pool_config, |c| c["interface"]["mtu"] = json!(1500.5)),
+        ),
+        (
+            "interface.mtu",
+            "IPv6 below 1280",
+            bad(good_static_config, |c| c["interface"]["mtu"] = json!(1200)),
+        ),
+        ("vlan must be", "vlan 4095", bad(good_pool_config, |c| c["vlan"] = json!(4095))),
+        ("vlan must be", "vlan 0", bad(good_pool_config, |c| c["vlan"] = json!(0))),
+        (
+            "routes[].destination",
+            "subnet without prefix",
+            bad(good_pool_config, |c| c["ipam"]["pool"]["subnet"] = json!("10.10.1.0")),
+        ),
+        (
+            "routes[].destination",
+            "address without prefix",
+            bad(good_static_config, |c| c["ipam"]["addresses"][1] = json!("fd00:10::5")),
+        ),
+        (
+            "routes[].destination",
+            "prefix too long",
+            bad(good_pool_config, |c| c["routes"][0]["destination"] = json!("10.20.0.0/33")),
+        ),
+        (
+            "routes[].destination",
+            "exclude not a CIDR",
+            bad(good_pool_config, |c| c["ipam"]["pool"]["exclude"][0] = json!("10.10.1.100-103")),
+        ),
+        (
+            "routes[].destination",
+            "IPv4-mapped",
+            bad(good_static_config, |c| {
+                c["routes"][0]["destination"] = json!("::ffff:10.0.0.0/104")
+            }),
+        ),
+        (
+            "routes[].gateway",
+            "bad gateway",
+            bad(good_pool_config, |c| c["ipam"]["pool"]["gateway"] = json!("10.10.1.256")),
+        ),
+        (
+            "routes[].gateway",
+            "range start with a prefix",
+            bad(good_pool_config, |c| c["ipam"]["pool"]["rangeStart"] = json!("10.10.1.10/24")),
+        ),
+        (
+            "routes[].gateway",
+            "route gateway with a zone",
+            bad(good_pool_config, |c| c["routes"][1]["gateway"] = json!("fe80::1%eth0")),
+        ),
+    ];
+    let mut rejected = BTreeSet::new();
+    for (about, case, config) in cases {
+        let rule = rule_about(&policy, about);
+        for (resource, verdict) in KINDS.iter().zip(check(&policy, &config)) {
+            assert_denied_by(verdict, rule, &format!("{case} in {resource}"));
+        }
+        rejected.insert(rule);
+    }
+    assert_eq!(rejected, (0..policy.rules.len()).collect(), "every rule rejects something");
+}
+
+#[test]
+fn the_cidr_and_ip_functions_follow_kubernetes_rules() {
+    let cidr = |s: &str| is_cidr(Arc::new(s.to_owned()));
+    assert!(cidr("10.10.1.5/24") && cidr("0.0.0.0/0") && cidr("fd00::5/64") && cidr("10.0.0.0/32"));
+    assert!(
+        !cidr("10.0.0.0") && !cidr("10.0.0.0/") && !cidr("10.0.0.0/024") && !cidr("10.0.0.0/+8")
+    );
+    assert!(!cidr("010.0.0.0/8") && !cidr("fe80::1%eth0/64") && !cidr("::ffff:1.2.3.4/128"));
+    let ip = |s: &str| parse_ip(s).is_some();
+    assert!(ip("10.10.1.1") && ip("fd00::1") && !ip("10.10.1.1/32") && !ip("fe80::1%eth0"));
+    assert!(!ip("::ffff:10.1.1.1") && !ip("1.2.3"));
+}
