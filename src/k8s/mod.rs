@@ -4,6 +4,7 @@ pub mod claim_status;
 pub mod claims;
 pub mod events;
 pub mod kinds;
+pub mod leader_election;
 pub mod node_networks;
 pub mod pod_networks;
 pub mod resource_slices;
