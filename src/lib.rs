@@ -22,6 +22,7 @@ pub mod attach;
 pub mod cdi;
 pub mod claims;
 pub mod cli;
+pub mod controller;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod failpoints;

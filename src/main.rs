@@ -43,6 +43,14 @@ fn main() -> ExitCode {
             let usage = result.as_ref().err().is_some_and(cli::node::NodeCommandError::is_usage);
             (result.map_err(anyhow::Error::from), usage)
         }
+        Command::Controller(args) => {
+            let result = cli::controller::run(args);
+            let usage = result
+                .as_ref()
+                .err()
+                .is_some_and(cli::controller::ControllerCommandError::is_usage);
+            (result.map_err(anyhow::Error::from), usage)
+        }
         #[cfg(feature = "dev")]
         Command::Dev(args) => {
             let result = cli::dev::run(args);

@@ -3,6 +3,7 @@
 //! Every flag of a subcommand also reads `NETCLAIM_<FLAG>` from the environment. Parse
 //! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2.
 
+pub mod controller;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod inventory;
@@ -33,6 +34,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the node daemon: publish this node's devices as ResourceSlices.
     Node(NodeArgs),
+    /// Run the cluster controller: PodNetwork conditions, DeviceClasses, IPBlock collection
+    /// (one acting replica per cluster, elected on a Lease).
+    Controller(ControllerArgs),
     /// Run Kubernetes in a box: API server, allocator, node daemon and dev kubelet (`--demo`
     /// shows it working; `--api-only` serves just the API).
     #[cfg(feature = "dev")]
@@ -181,6 +185,65 @@ pub struct NodeArgs {
     /// every other pod's attach meanwhile). `auto` is clsact.
     #[arg(long, env = "NETCLAIM_STATS_HOOK", value_enum, default_value_t = StatsHookArg::Auto)]
     pub stats_hook: StatsHookArg,
+}
+
+/// Flags of `netclaim controller`.
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG).
+    #[arg(long, env = "NETCLAIM_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// DRA driver name: PodNetworks with this `spec.provider`, the DeviceClasses' driver.
+    #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
+    pub driver_name: String,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "NETCLAIM_METRICS_ADDRESS", default_value = "0.0.0.0:9179")]
+    pub metrics_address: std::net::SocketAddr,
+
+    /// How long an empty IPBlock is kept (nodes), and how long a static reservation whose
+    /// claim is gone is kept before the controller collects it (`10m`, `600s`).
+    #[arg(long, env = "NETCLAIM_BLOCK_RELEASE_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub block_release_grace: std::time::Duration,
+
+    /// Hold the `coordination.k8s.io` Lease before acting (`--leader-election=false` for a
+    /// single replica).
+    #[arg(
+        long,
+        env = "NETCLAIM_LEADER_ELECTION",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub leader_election: bool,
+
+    /// Namespace of the Lease (default: $POD_NAMESPACE, the pod's own namespace from the
+    /// downward API, else kube-system).
+    #[arg(long, env = "NETCLAIM_LEADER_ELECTION_NAMESPACE", value_parser = parse_namespace)]
+    pub leader_election_namespace: Option<String>,
+
+    /// How often the IPBlock garbage collection runs.
+    #[arg(long, env = "NETCLAIM_GC_INTERVAL", default_value = "30s", value_parser = parse_positive_duration, hide = true)]
+    pub gc_interval: std::time::Duration,
+}
+
+/// A namespace name: a DNS label.
+fn parse_namespace(value: &str) -> Result<String, String> {
+    if naming::is_dns_label(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("must be a lowercase DNS label (RFC 1123)".to_owned())
+    }
+}
+
+/// A duration that is not zero.
+fn parse_positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() { Err(format!("{text:?} must be longer than zero")) } else { Ok(duration) }
 }
 
 /// `--stats-hook`.

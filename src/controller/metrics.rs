@@ -1,0 +1,217 @@
+//! Prometheus metrics of `netclaim controller` and the endpoint serving them with `/healthz`
+//! and `/readyz` (the node daemon's endpoint serves the node's own registry).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{Health, MetricsServerError};
+use crate::model::pod_network::reason;
+
+/// `{result}` of reconciles.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+/// `{reason}` of the PodNetworks gauge and of GC deletions.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// A `Ready` condition reason, or a GC reason (`node-gone`, `claim-gone`).
+    pub reason: &'static str,
+}
+
+/// `{pod_network,node}` of the IPBlocks gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BlockLabels {
+    /// `spec.podNetwork`.
+    pub pod_network: String,
+    /// `spec.nodeName`.
+    pub node: String,
+}
+
+/// The controller's metric families (prefix `netclaim_controller_`).
+#[derive(Debug)]
+pub struct ControllerMetrics {
+    registry: Registry,
+    /// `netclaim_controller_leader`: 1 while this replica acts.
+    pub leader: Gauge,
+    /// `netclaim_controller_reconciles_total{result}`.
+    pub reconciles: Family<ResultLabel, Counter>,
+    /// `netclaim_controller_pod_networks{reason}`: PodNetworks of this driver by `Ready`
+    /// reason (as the leader last wrote them).
+    pub pod_networks: Family<ReasonLabel, Gauge>,
+    /// `netclaim_controller_ip_blocks{pod_network,node}`: as of the last sweep.
+    pub ip_blocks: Family<BlockLabels, Gauge>,
+    /// `netclaim_controller_gc_deletions_total{reason}`: IPBlocks the controller deleted.
+    pub gc_deletions: Family<ReasonLabel, Counter>,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ControllerMetrics {
+    /// Creates and registers every family.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("netclaim_controller");
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the lease and acts",
+            leader.clone(),
+        );
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        registry.register("reconciles", "PodNetwork reconciles by outcome", reconciles.clone());
+        let pod_networks = Family::<ReasonLabel, Gauge>::default();
+        registry.register(
+            "pod_networks",
+            "PodNetworks of this driver by Ready reason",
+            pod_networks.clone(),
+        );
+        let ip_blocks = Family::<BlockLabels, Gauge>::default();
+        registry.register("ip_blocks", "IPBlocks per PodNetwork and node", ip_blocks.clone());
+        let gc_deletions = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "gc_deletions",
+            "IPBlocks deleted by the controller's garbage collection",
+            gc_deletions.clone(),
+        );
+        Self { registry, leader, reconciles, pod_networks, ip_blocks, gc_deletions }
+    }
+
+    /// Sets the PodNetworks gauge from the reasons of every network (each reason has a series,
+    /// zero when unused, so a dashboard sees a network leave a state).
+    pub fn set_pod_networks<'a>(&self, reasons: impl IntoIterator<Item = &'a str>) {
+        let mut counts = [
+            (reason::READY, 0_i64),
+            (reason::INVALID, 0),
+            (reason::DISABLED, 0),
+            (reason::OVERLAPS, 0),
+        ];
+        for seen in reasons {
+            if let Some((_, count)) = counts.iter_mut().find(|(name, _)| *name == seen) {
+                *count += 1;
+            }
+        }
+        for (name, count) in counts {
+            self.pod_networks.get_or_create(&ReasonLabel { reason: name }).set(count);
+        }
+    }
+
+    /// Replaces the IPBlocks gauge with `counts` (series of pairs without blocks go).
+    pub fn set_ip_blocks(&self, counts: impl IntoIterator<Item = ((String, String), usize)>) {
+        self.ip_blocks.clear();
+        for ((pod_network, node), count) in counts {
+            self.ip_blocks
+                .get_or_create(&BlockLabels { pod_network, node })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Clears what only the leader knows (a standby reports no networks or blocks).
+    pub fn clear_leader_state(&self) {
+        self.leader.set(0);
+        self.pod_networks.clear();
+        self.ip_blocks.clear();
+    }
+
+    /// The text exposition format.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _infallible = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+#[derive(Clone)]
+struct Endpoint {
+    metrics: Arc<ControllerMetrics>,
+    health: Arc<Health>,
+}
+
+/// Binds `address` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves;
+/// returns the bound address (port 0 picks a free one) and the serving task.
+pub async fn serve(
+    address: SocketAddr,
+    metrics: Arc<ControllerMetrics>,
+    health: Arc<Health>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsServerError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| MetricsServerError { address, source })?;
+    let bound = listener.local_addr().map_err(|source| MetricsServerError { address, source })?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz_handler))
+        .with_state(Endpoint { metrics, health });
+    let task = tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            tracing::error!(%err, "metrics endpoint stopped");
+        }
+    });
+    Ok((bound, task))
+}
+
+async fn metrics_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        endpoint.metrics.encode(),
+    )
+}
+
+async fn readyz_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
+    match endpoint.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_named_under_the_controller_prefix() {
+        let metrics = ControllerMetrics::new();
+        metrics.leader.set(1);
+        metrics.reconciles.get_or_create(&ResultLabel { result: "success" }).inc();
+        metrics.set_pod_networks(["Ready", "Ready", "Overlaps"]);
+        metrics.set_ip_blocks([(("net".to_owned(), "node-1".to_owned()), 3)]);
+        metrics.gc_deletions.get_or_create(&ReasonLabel { reason: "node-gone" }).inc();
+        let text = metrics.encode();
+        for line in [
+            "netclaim_controller_leader 1",
+            "netclaim_controller_reconciles_total{result=\"success\"} 1",
+            "netclaim_controller_pod_networks{reason=\"Ready\"} 2",
+            "netclaim_controller_pod_networks{reason=\"Overlaps\"} 1",
+            "netclaim_controller_pod_networks{reason=\"Invalid\"} 0",
+            "netclaim_controller_ip_blocks{pod_network=\"net\",node=\"node-1\"} 3",
+            "netclaim_controller_gc_deletions_total{reason=\"node-gone\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        metrics.clear_leader_state();
+        let text = metrics.encode();
+        assert!(text.contains("netclaim_controller_leader 0"), "{text}");
+        assert!(!text.contains("ip_blocks{"), "{text}");
+    }
+}
