@@ -243,7 +243,11 @@ fn parse_namespace(value: &str) -> Result<String, String> {
 /// A duration that is not zero.
 fn parse_positive_duration(text: &str) -> Result<std::time::Duration, String> {
     let duration = parse_duration(text)?;
-    if duration.is_zero() { Err(format!("{text:?} must be longer than zero")) } else { Ok(duration) }
+    if duration.is_zero() {
+        Err(format!("{text:?} must be longer than zero"))
+    } else {
+        Ok(duration)
+    }
 }
 
 /// `--stats-hook`.
