@@ -1,5 +1,5 @@
-//! `netclaim dev`: the API server alone (`--api-only`), the whole single-node cluster, or the
-//! demo (`--demo`), until SIGTERM/SIGINT.
+//! `netclaim dev`: the API server alone (`--api-only`), the whole single-node cluster, N nodes
+//! (`--nodes N`), or the demo (`--demo`, on one node or on N), until SIGTERM/SIGINT.
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use super::{DemoOutputArg, DevArgs, SharingModeArg};
 use crate::dev::api_only::{self, ApiOnlyError};
 use crate::dev::cluster::{Cluster, ClusterError, ClusterOptions, ContainerdSockets};
 use crate::dev::demo::{self, DemoOptions, DemoOutput};
+use crate::dev::nodes::{DaemonSelection, NodesCluster, NodesError, NodesOptions};
 use crate::inventory::publish::RequestedSharing;
 use crate::inventory::{InventoryError, Selection, SharingMode};
 use kube_inmemory::apiserver::ServerOptions;
@@ -33,6 +34,20 @@ pub enum DevCommandError {
     /// The cluster failed to start.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// The cluster of several nodes failed to start.
+    #[error(transparent)]
+    Nodes(#[from] NodesError),
+    /// This process's executable (the node daemons run it) could not be found.
+    #[error("finding this program's executable for the node daemons: {0}")]
+    Executable(#[source] std::io::Error),
+    /// A node daemon ended while the cluster ran (everything was stopped and removed).
+    #[error("node {node}: the node daemon ended ({status}); the cluster was stopped")]
+    DaemonExited {
+        /// The node.
+        node: String,
+        /// How it ended.
+        status: String,
+    },
     /// A signal handler could not be installed.
     #[error("installing a signal handler: {0}")]
     Signal(#[source] std::io::Error),
@@ -105,11 +120,57 @@ fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
     })
 }
 
+fn nodes_options(args: &DevArgs, count: u16) -> Result<NodesOptions, DevCommandError> {
+    let flags = &args.selection;
+    let given = !(flags.include_interfaces.is_empty()
+        && flags.exclude_interfaces.is_empty()
+        && flags.shared_parents.is_empty());
+    // Checked here, so a bad pattern is a usage error rather than N daemons failing.
+    Selection::new(
+        &flags.include_interfaces,
+        &flags.exclude_interfaces,
+        &flags.shared_parents,
+        SharingMode::Capacity,
+    )?;
+    let mut selection = DaemonSelection::default();
+    if given {
+        selection.include_interfaces.clone_from(&flags.include_interfaces);
+        selection.exclude_interfaces.clone_from(&flags.exclude_interfaces);
+        selection.shared_parents.clone_from(&flags.shared_parents);
+    }
+    let sharing_mode = match flags.sharing_mode {
+        SharingModeArg::Auto => "auto",
+        SharingModeArg::Capacity => "capacity",
+        SharingModeArg::Slots => "slots",
+    };
+    sharing_mode.clone_into(&mut selection.sharing_mode);
+    Ok(NodesOptions {
+        count: usize::from(count),
+        base_name: args.node_name.clone().unwrap_or_else(|| FALLBACK_NODE_NAME.to_owned()),
+        listen: args.listen,
+        server: ServerOptions {
+            drop_consumable_capacity: args.drop_consumable_capacity,
+            bearer_token: Some(new_token()),
+            same_user: true,
+            ..ServerOptions::default()
+        },
+        kubeconfig_out: args.kubeconfig_out.clone(),
+        driver_name: args.driver_name.clone(),
+        selection,
+        run_parent: args.run_dir.clone(),
+        stats_interval: Some(args.dev_stats_interval).filter(|interval| !interval.is_zero()),
+        daemon_program: std::env::current_exe().map_err(DevCommandError::Executable)?,
+        daemon_log_default: if args.demo { "warn" } else { "info" }.to_owned(),
+        fabric_address: None,
+    })
+}
+
 /// Runs the command.
 pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
     if !args.listen.ip().is_loopback() {
         return Err(DevCommandError::NotLoopback(args.listen));
     }
+    let nodes = args.nodes.map(|count| nodes_options(args, count)).transpose()?;
     let options = cluster_options(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -137,6 +198,29 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
             )
             .await?;
             Ok(())
+        } else if let Some(nodes) = nodes {
+            if args.demo {
+                let report = demo::run_nodes(
+                    demo::NodesDemoOptions {
+                        nodes,
+                        pods: usize::from(args.pods),
+                        ready_timeout: Duration::from_secs(args.ready_timeout),
+                        output: match args.output {
+                            DemoOutputArg::Human => DemoOutput::Human,
+                            DemoOutputArg::Json => DemoOutput::Json,
+                        },
+                    },
+                    shutdown,
+                )
+                .await;
+                if report.success {
+                    Ok(())
+                } else {
+                    Err(DevCommandError::DemoFailed(report.errors.join("; ")))
+                }
+            } else {
+                serve_nodes(nodes, shutdown).await
+            }
         } else if args.demo {
             let demo_options = DemoOptions {
                 cluster: options,
@@ -187,6 +271,52 @@ async fn serve_cluster(
     tracing::info!("shutting down: tearing pods down");
     cluster.stop().await;
     Ok(())
+}
+
+async fn serve_nodes(
+    options: NodesOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DevCommandError> {
+    let kubeconfig_out = options.kubeconfig_out.clone();
+    let cluster = NodesCluster::start(options).await?;
+    let kubeconfig: &Path = kubeconfig_out.as_deref().unwrap_or(&cluster.kubeconfig);
+    tracing::info!(
+        url = %cluster.url,
+        nodes = cluster.nodes.len(),
+        kubeconfig = %kubeconfig.display(),
+        run_dir = %cluster.run_dir.display(),
+        "dev cluster ready"
+    );
+    eprintln!(
+        "netclaim dev: API server {} with {} nodes; try: kubectl --kubeconfig {} get nodes,resourceslices,resourceclaims,pods -o wide",
+        cluster.url,
+        cluster.nodes.len(),
+        kubeconfig.display()
+    );
+    for node in &cluster.nodes {
+        eprintln!(
+            "  node {}: kubeconfig {} (inside the node's netns), netns {}, daemon pid {}",
+            node.name,
+            node.kubeconfig.display(),
+            node.netns.display(),
+            node.daemon_pid().map_or_else(|| "?".to_owned(), |pid| pid.to_string()),
+        );
+    }
+    let outcome = tokio::select! {
+        () = shutdown => None,
+        (node, status) = cluster.daemon_exited() => Some((node, status)),
+    };
+    if let Some((node, status)) = &outcome {
+        tracing::error!(%node, %status, "a node daemon ended; stopping the cluster");
+    }
+    tracing::info!("shutting down: tearing pods down");
+    cluster.stop().await;
+    match outcome {
+        None => Ok(()),
+        Some((node, status)) => {
+            Err(DevCommandError::DaemonExited { node, status: status.to_string() })
+        }
+    }
 }
 
 #[cfg(test)]

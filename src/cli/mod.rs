@@ -303,8 +303,21 @@ pub struct DevArgs {
 
     /// Run the demo: a shared parent, a DeviceClass, a ResourceClaimTemplate and 15 pods
     /// with a macvlan each; ping between them; clean up; exit 0 only if all of it worked.
+    /// With --nodes: pods on every node with static addresses, pinging across nodes.
     #[arg(long, env = "NETCLAIM_DEMO")]
     pub demo: bool,
+
+    /// Run N nodes on this machine: each a network namespace of its own (with its own sysfs)
+    /// running its own node daemon, with an uplink `uplink0` into one bridge; the allocator
+    /// places pods across them. Nodes are named `<node-name>-1..N` (default `dev-node-1..N`).
+    #[arg(
+        long,
+        env = "NETCLAIM_NODES",
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(1..=64),
+        conflicts_with_all = ["api_only", "containerd"]
+    )]
+    pub nodes: Option<u16>,
 
     /// How often the node daemon writes changed traffic counters to the claim status (`0`:
     /// never). Short by default so the dev cluster shows them soon after traffic; counters
@@ -341,7 +354,7 @@ pub struct DevArgs {
     pub containerd_nri_socket: PathBuf,
 
     /// Node name, also the pool name (default: the host name if it is a DNS subdomain, else
-    /// dev-node).
+    /// dev-node); with --nodes, the base of the node names.
     #[arg(long, env = "NETCLAIM_NODE_NAME", value_parser = parse_node_name)]
     pub node_name: Option<String>,
 
@@ -349,7 +362,8 @@ pub struct DevArgs {
     #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
     pub driver_name: String,
 
-    /// The node daemon's device selection (the demo publishes only its own veth).
+    /// The node daemon's device selection (the demo publishes only its own veth; with
+    /// --nodes every daemon publishes its uplink0, shared, unless these are given).
     #[command(flatten)]
     pub selection: DeviceSelectionArgs,
 

@@ -170,7 +170,7 @@ fn spawn_node_daemon(
 }
 
 /// A fresh private run dir: `<parent>/netclaim-dev-<pid>-<random>`, mode 0700.
-fn make_run_dir(parent: Option<&Path>) -> Result<PathBuf, ClusterError> {
+pub(crate) fn make_run_dir(parent: Option<&Path>) -> Result<PathBuf, ClusterError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let parent = parent.map_or_else(std::env::temp_dir, Path::to_owned);
     let random = uuid::Uuid::new_v4().simple().to_string();
@@ -361,7 +361,7 @@ impl Cluster {
 
 /// Counters pinned in a bpffs mounted at `<run_dir>/bpf`; `None` (with a warning) when it
 /// cannot be mounted, so the cluster runs without counters rather than not at all.
-fn private_stats(run_dir: &Path, interval: Duration) -> Option<StatsConfig> {
+pub(crate) fn private_stats(run_dir: &Path, interval: Duration) -> Option<StatsConfig> {
     let bpffs = run_dir.join("bpf");
     match crate::host::bpf::mount_private_bpffs(&bpffs) {
         Ok(()) => Some(StatsConfig {

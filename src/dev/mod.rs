@@ -1,10 +1,12 @@
-//! `netclaim dev`: a single-node cluster in a box (DESIGN §8): the in-memory API server and
-//! allocator of the `kube-inmemory` crate, the dev kubelet, a CRI client for running pods
-//! through containerd, the composition of all of them with the node daemon ([`cluster`]) and
-//! the demo ([`demo`]).
+//! `netclaim dev`: a cluster in a box (DESIGN §8): the in-memory API server and allocator of
+//! the `kube-inmemory` crate, the dev kubelet, a CRI client for running pods through
+//! containerd, the composition of all of them with the node daemon on one node ([`cluster`])
+//! or on N nodes, each in a network namespace of its own ([`nodes`]), and the demo
+//! ([`demo`]).
 
 pub mod api_only;
 pub mod cluster;
 pub mod cri;
 pub mod demo;
 pub mod kubelet;
+pub mod nodes;

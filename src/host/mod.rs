@@ -9,6 +9,8 @@
 pub mod bpf;
 #[cfg(feature = "dev")]
 pub mod demo_network;
+#[cfg(feature = "dev")]
+pub mod dev_nodes;
 pub mod device_lookup;
 pub mod discovery;
 pub mod kernel_probe;

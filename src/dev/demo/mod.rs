@@ -6,7 +6,10 @@
 //! Pings run the `ping` binary from a thread that entered the pod's netns (the child inherits
 //! the thread's namespace); the no-exec rule is for the attach path, not for the demo.
 
+pub mod nodes;
 pub mod report;
+
+pub use self::nodes::{NodesDemoOptions, run_nodes};
 
 use std::io::{IsTerminal as _, Write as _};
 use std::net::IpAddr;
@@ -24,7 +27,6 @@ use serde_json::json;
 
 use self::report::{Cleanup, DemoReport, PingResult, PodRow, TrafficRow};
 use super::cluster::{Cluster, ClusterOptions};
-use super::kubelet::Sandboxes;
 use super::kubelet::pod_claims;
 use crate::host::demo_network::{self as topology, Topology, TopologyNames};
 
@@ -231,7 +233,13 @@ async fn steps(
     ));
 
     let ready_started = Instant::now();
-    let rows = wait_for_pods(&client, &sandboxes, options, progress).await?;
+    let netns_of = |uid: &str| sandboxes.get(uid).and_then(|s| s.netns_path);
+    let expect = Expect {
+        pods: options.pods,
+        ready_timeout: options.ready_timeout,
+        driver: &options.cluster.driver_name,
+    };
+    let rows = wait_for_pods(&client, &netns_of, &expect, progress).await?;
     report.timings.pods_ready_seconds = ready_started.elapsed().as_secs_f64();
     progress.end_bar();
     progress.phase(&format!(
@@ -402,27 +410,39 @@ async fn demo_pods(client: &Client) -> Result<Vec<Pod>, String> {
         .map_err(|e| format!("listing pods: {e}"))
 }
 
+/// The pod's claim for its `net` entry: the one named in its spec, else the one generated
+/// from the template and recorded in its status.
+fn net_claim_name(pod: &Pod) -> Option<String> {
+    let named = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|e| e.name == "net")
+        .and_then(|e| e.resource_claim_name.clone());
+    named.or_else(|| pod_claims::recorded_claim_name(pod, "net"))
+}
+
+/// Where a pod's sandbox is (its netns), by Pod UID.
+type NetnsOf<'a> = &'a dyn Fn(&str) -> Option<PathBuf>;
+
 fn rows_of(
     pods: &[Pod],
     claims: &[ResourceClaim],
     driver: &str,
-    sandboxes: &Sandboxes,
+    netns_of: NetnsOf<'_>,
 ) -> Vec<PodRow> {
     let mut rows: Vec<PodRow> = pods
         .iter()
         .map(|pod| {
-            let claim_name = pod_claims::recorded_claim_name(pod, "net");
+            let claim_name = net_claim_name(pod);
             let claim = claim_name
                 .as_deref()
                 .and_then(|name| claims.iter().find(|c| c.metadata.name.as_deref() == Some(name)));
             let mut row = report::pod_row(pod, claim, driver);
-            row.netns = pod
-                .metadata
-                .uid
-                .as_deref()
-                .and_then(|uid| sandboxes.get(uid))
-                .and_then(|s| s.netns_path)
-                .map(|p| p.display().to_string());
+            row.netns =
+                pod.metadata.uid.as_deref().and_then(netns_of).map(|p| p.display().to_string());
             row
         })
         .collect();
@@ -430,20 +450,30 @@ fn rows_of(
     rows
 }
 
+/// What [`wait_for_pods`] waits for.
+struct Expect<'a> {
+    /// How many pods.
+    pods: usize,
+    /// For how long at most.
+    ready_timeout: Duration,
+    /// Whose device status counts.
+    driver: &'a str,
+}
+
 /// Waits until every demo pod is Running and Ready and its claim NetworkReady; fails early
 /// when a pod is Failed.
 async fn wait_for_pods(
     client: &Client,
-    sandboxes: &Sandboxes,
-    options: &DemoOptions,
+    netns_of: NetnsOf<'_>,
+    options: &Expect<'_>,
     progress: &Progress,
 ) -> Result<Vec<PodRow>, String> {
     let deadline = Instant::now() + options.ready_timeout;
-    let driver = &options.cluster.driver_name;
+    let driver = options.driver;
     loop {
         let pods = demo_pods(client).await?;
         let claims = claims_by_name(client).await?;
-        let rows = rows_of(&pods, &claims, driver, sandboxes);
+        let rows = rows_of(&pods, &claims, driver, netns_of);
         if let Some(failed) = pods
             .iter()
             .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
@@ -519,11 +549,13 @@ async fn first_claim_status(client: &Client, report: &DemoReport) -> Option<serd
     }))
 }
 
+/// A row's first address, without prefix.
+fn first_address(row: &PodRow) -> Option<IpAddr> {
+    row.addresses.first().and_then(|a| a.parse::<IpNetwork>().ok()).map(|n| n.ip())
+}
+
 /// First pod → second pod, second → first, first → the parent's peer.
 async fn pings(rows: &[PodRow], peer: IpAddr) -> Vec<PingResult> {
-    let first_address = |row: &PodRow| {
-        row.addresses.first().and_then(|a| a.parse::<IpNetwork>().ok()).map(|n| n.ip())
-    };
     let mut plan: Vec<(usize, String, Option<IpAddr>)> = Vec::new();
     if rows.len() >= 2 {
         plan.push((0, rows[1].name.clone(), first_address(&rows[1])));
@@ -532,6 +564,11 @@ async fn pings(rows: &[PodRow], peer: IpAddr) -> Vec<PingResult> {
     if !rows.is_empty() {
         plan.push((0, "peer".to_owned(), Some(peer)));
     }
+    run_pings(rows, plan).await
+}
+
+/// Runs each `(source row, target name, target address)` of `plan` at once.
+async fn run_pings(rows: &[PodRow], plan: Vec<(usize, String, Option<IpAddr>)>) -> Vec<PingResult> {
     // The pings are independent: run them at once (each takes ~0.4 s).
     let runs = plan.into_iter().map(|(from, to, address)| {
         let source = &rows[from];

@@ -35,6 +35,9 @@ pub struct PodRow {
     pub device: String,
     /// The pod's network namespace (bare mode: under the run dir; containerd: its own).
     pub netns: Option<String>,
+    /// The node it runs on (reported by the demo of several nodes only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One ping.
@@ -193,9 +196,25 @@ pub fn check(report: &DemoReport, expected_pods: usize, subnet: IpNetwork) -> Ve
     problems
 }
 
-/// The table of pods for people.
+/// The table of pods for people (with a NODE column when the rows name nodes).
 #[must_use]
 pub fn render_table(rows: &[PodRow]) -> String {
+    if rows.iter().any(|r| r.node.is_some()) {
+        let cells: Vec<[String; 6]> = rows
+            .iter()
+            .map(|r| {
+                [
+                    r.name.clone(),
+                    r.node.clone().unwrap_or_default(),
+                    r.interface.clone(),
+                    r.mac.clone(),
+                    r.addresses.join(","),
+                    if r.ready && r.network_ready { "yes".to_owned() } else { "no".to_owned() },
+                ]
+            })
+            .collect();
+        return render_columns(["POD", "NODE", "INTERFACE", "MAC", "ADDRESS", "READY"], &cells);
+    }
     let cells: Vec<[String; 5]> = rows
         .iter()
         .map(|r| {
@@ -427,6 +446,17 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("POD      INTERFACE  MAC"), "{table}");
         assert_eq!(lines[0].find("MAC"), lines[1].find("02:00"), "{table}");
+    }
+
+    #[test]
+    fn the_table_has_a_node_column_when_rows_name_nodes() {
+        let mut row =
+            pod_row(&pod("demo-01", true), Some(&claim("c", "10.10.1.10/24")), "netclaim.dev");
+        assert!(!render_table(std::slice::from_ref(&row)).contains("NODE"));
+        row.node = Some("dev-node-2".to_owned());
+        let table = render_table(&[row]);
+        assert!(table.starts_with("POD      NODE        INTERFACE"), "{table}");
+        assert!(table.contains("demo-01  dev-node-2  net1"), "{table}");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The dev kubelet of `netclaim dev` (DESIGN §8): turns the Pods of its node into claims,
 //! prepared resources and pod sandboxes, and reports Pod status.
 //!
-//! For each Pod (bound to the node, or unbound: the dev cluster has one node, so the kubelet
-//! binds it): claims from `resourceClaimTemplateName` entries are created like the
+//! For each Pod (bound to the node, or unbound when the cluster has one node: the kubelet then
+//! binds it; with several nodes the allocator binds pods): claims from
+//! `resourceClaimTemplateName` entries are created like the
 //! resourceclaim controller does ([`pod_claims`]) and recorded in
 //! `status.resourceClaimStatuses`; once the allocator has allocated every claim, the Pod is
 //! added to their `reservedFor`, `NodePrepareResources` is called over the driver's real DRA
@@ -74,10 +75,13 @@ pub struct DevKubeletConfig {
     pub max_parallel: usize,
     /// Failed attempts of a step before the pod is `Failed`.
     pub max_attempts: u32,
+    /// Bind pods without `spec.nodeName` to this node (the one node of a one-node cluster);
+    /// with several nodes the allocator places pods and each kubelet runs only its own.
+    pub bind_unbound_pods: bool,
 }
 
 impl DevKubeletConfig {
-    /// Defaults: 8 pods in parallel, 5 attempts.
+    /// Defaults: 8 pods in parallel, 5 attempts, unbound pods bound to this node.
     #[must_use]
     pub fn new(node_name: &str, dra_socket: PathBuf, backend: SandboxBackend) -> Self {
         Self {
@@ -86,6 +90,7 @@ impl DevKubeletConfig {
             backend,
             max_parallel: 8,
             max_attempts: 5,
+            bind_unbound_pods: true,
         }
     }
 }
@@ -311,8 +316,16 @@ impl DevKubelet {
                     if let Some(seen) = listed.as_mut() {
                         seen.push(uid.clone());
                     }
-                    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-                    if node.is_some_and(|n| !n.is_empty() && n != self.context.config.node_name) {
+                    let node = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .filter(|n| !n.is_empty());
+                    let ours = match node {
+                        Some(node) => node == self.context.config.node_name,
+                        None => self.context.config.bind_unbound_pods,
+                    };
+                    if !ours {
                         continue;
                     }
                     if let Some((sender, _)) = workers.get(&uid) {
