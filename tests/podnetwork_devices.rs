@@ -285,8 +285,9 @@ async fn allocated_claim(client: &kube::Client, name: &str, device: &str, share:
     ClaimRef { namespace: "default".into(), name: name.into(), uid: created.metadata.uid.unwrap() }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
+/// The API server with our CRDs, Node `node-a` in zone `a`, and PodNetwork `medianet` on
+/// `eth1` (VLAN 100, capacity 64, nodes of zone `a`), Ready.
+async fn cluster() -> (ApiServer, kube::Client) {
     let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
     let client = client_for(&server);
     apply_crds(&client).await;
@@ -301,7 +302,12 @@ async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
                "nodeSelector": {"matchLabels": {"zone": "a"}}}),
     )
     .await;
+    (server, client)
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
+    let (server, client) = cluster().await;
     let node_side = NodeSide::start(&client);
     wait_for("the network's device", &client, |d| named(d, "medianet-eth1").is_some()).await;
     let devices = published(&client).await;

@@ -826,20 +826,7 @@ fn reserve_claim<S: ClaimStore>(
         let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, c));
         add_planned_children(&mut facts, merged.vlan, in_use.chain(this_claim));
         let config = merged.validate(&facts, support).map_err(config_error)?;
-        let in_use =
-            state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config.mode));
-        let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, &c.mode));
-        parent_capacity::check(
-            &facts.if_name,
-            parent_limit,
-            &config.mode,
-            in_use.chain(this_claim),
-        )
-        .map_err(|source| ClaimError::ParentCapacity {
-            request: result.request.clone(),
-            device: result.device.clone(),
-            source,
-        })?;
+        parent_capacity::check_device(state, &devices, result, &facts, parent_limit, config.mode)?;
         devices.push((result, facts, attributes, config));
     }
     let mut prepared = PreparedClaim {

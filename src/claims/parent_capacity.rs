@@ -4,7 +4,17 @@
 //! scheduler checks each device's capacity alone, so two networks on one parent could
 //! otherwise place twice what the parent was declared to carry.
 
-use crate::model::network_config::ResolvedMode;
+use std::collections::BTreeMap;
+
+use super::allocation::AllocatedResult;
+use super::{ClaimError, State};
+use crate::ipam::LeaseStore;
+use crate::model::device::AttributeValue;
+use crate::model::network_config::{DeviceFacts, ResolvedMode, ResolvedNetworkConfig};
+
+/// A device of the claim being reserved, as the claim service plans it.
+type Planned<'a> =
+    (&'a AllocatedResult, DeviceFacts, BTreeMap<String, AttributeValue>, ResolvedNetworkConfig);
 
 /// The parent already carries as many sub-interfaces as it may.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,7 +36,7 @@ pub struct ParentFull {
 pub fn check<'a>(
     parent: &str,
     limit: Option<u32>,
-    mode: &ResolvedMode,
+    mode: ResolvedMode,
     planned: impl Iterator<Item = (&'a str, &'a ResolvedMode)>,
 ) -> Result<(), ParentFull> {
     let Some(limit) = limit else { return Ok(()) };
@@ -34,7 +44,7 @@ pub fn check<'a>(
         return Ok(());
     }
     // Every VLAN sub-interface of the parent counts: its children sit on the same NIC.
-    let children = planned.filter(|(if_name, mode)| *if_name == parent && is_child(mode)).count();
+    let children = planned.filter(|(if_name, mode)| *if_name == parent && is_child(**mode)).count();
     let children = u32::try_from(children).unwrap_or(u32::MAX);
     if children >= limit {
         return Err(ParentFull { parent: parent.to_owned(), limit, children });
@@ -42,7 +52,29 @@ pub fn check<'a>(
     Ok(())
 }
 
-fn is_child(mode: &ResolvedMode) -> bool {
+/// [`check`] for one more device (`result` on `facts.if_name`, `mode`) of a claim being
+/// reserved, beside the devices of every claim in use and the claim's own `planned` ones.
+pub(super) fn check_device<S: LeaseStore>(
+    state: &State<S>,
+    planned: &[Planned<'_>],
+    result: &AllocatedResult,
+    facts: &DeviceFacts,
+    limit: Option<u32>,
+    mode: ResolvedMode,
+) -> Result<(), ClaimError> {
+    let in_use =
+        state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config.mode));
+    let this_claim = planned.iter().map(|(_, f, _, c)| (&*f.if_name, &c.mode));
+    check(&facts.if_name, limit, mode, in_use.chain(this_claim)).map_err(|source| {
+        ClaimError::ParentCapacity {
+            request: result.request.clone(),
+            device: result.device.clone(),
+            source,
+        }
+    })
+}
+
+fn is_child(mode: ResolvedMode) -> bool {
     matches!(mode, ResolvedMode::Macvlan { .. } | ResolvedMode::Ipvlan { .. })
 }
 
@@ -64,14 +96,14 @@ mod tests {
             ("eth2", MACVLAN),
         ];
         let on = || planned.iter().map(|(parent, mode)| (*parent, mode));
-        assert_eq!(check("eth1", Some(3), &MACVLAN, on()), Ok(()));
-        let err = check("eth1", Some(2), &IPVLAN, on()).unwrap_err();
+        assert_eq!(check("eth1", Some(3), MACVLAN, on()), Ok(()));
+        let err = check("eth1", Some(2), IPVLAN, on()).unwrap_err();
         assert_eq!(err, ParentFull { parent: "eth1".into(), limit: 2, children: 2 });
         let text = err.to_string();
         assert!(text.contains("parent eth1") && text.contains("limit of 2"), "{text}");
-        assert_eq!(check("eth1", None, &MACVLAN, on()), Ok(()), "no known limit");
+        assert_eq!(check("eth1", None, MACVLAN, on()), Ok(()), "no known limit");
         assert_eq!(
-            check("eth1", Some(2), &ResolvedMode::HostDevice, on()),
+            check("eth1", Some(2), ResolvedMode::HostDevice, on()),
             Ok(()),
             "a device taken whole is no child"
         );

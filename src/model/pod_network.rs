@@ -318,7 +318,12 @@ pub fn shared_device_name(pod_network: &str, parent_device: &str) -> String {
         })
         .collect();
     let digest = Sha256::digest(format!("{pod_network}/{parent_device}").as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hex: String = digest
+        .iter()
+        .take(8)
+        .flat_map(|byte| [byte >> 4, byte & 0xf])
+        .filter_map(|nibble| char::from_digit(u32::from(nibble), 16))
+        .collect();
     let prefix: String = mapped.chars().take(MAX_DERIVED_NAME - 17).collect();
     let prefix = prefix.trim_matches('-');
     if prefix.is_empty() { format!("pn-{hex}") } else { format!("{prefix}-{hex}") }

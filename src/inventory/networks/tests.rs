@@ -15,8 +15,9 @@ const DRIVER: &str = "netclaim.dev";
 
 /// A Ready network of generation 1 created `age` seconds after the epoch, with `spec`.
 fn network(name: &str, age: i64, spec: serde_json::Value) -> PodNetwork {
-    let mut network: PodNetwork =
-        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+    let mut object = json!({"metadata": {"name": name}});
+    object["spec"] = spec;
+    let mut network: PodNetwork = serde_json::from_value(object).unwrap();
     network.metadata = ObjectMeta {
         name: Some(name.to_owned()),
         generation: Some(1),
@@ -121,6 +122,9 @@ fn invalid_selectors_select_nothing_and_name_the_field() {
     assert!(err.to_string().contains("takes no values"), "{err}");
 }
 
+/// What a network is, and whether (and why not) the node serves it; `None`: not ours.
+type Row = (&'static str, PodNetwork, Option<Result<(), NotServed>>);
+
 /// One row per rule of "served on this node".
 #[test]
 fn served_or_not_and_why() {
@@ -149,7 +153,7 @@ fn served_or_not_and_why() {
     let mut disabled_elsewhere = not_selected.clone();
     disabled_elsewhere.spec.enabled = false;
 
-    let rows: Vec<(&str, PodNetwork, Option<Result<(), NotServed>>)> = vec![
+    let rows: Vec<Row> = vec![
         ("ready, no selector", base(), Some(Ok(()))),
         ("another provider", other_provider, None),
         ("being deleted", deleting, Some(Err(NotServed::Deleting))),
