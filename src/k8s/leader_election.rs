@@ -69,14 +69,16 @@ impl LeaseConfig {
     }
 }
 
-/// A holder identity for this process: the host name (the pod name in a cluster) and a
-/// random suffix, so two processes on one host, or a restarted one, never share it.
+/// A holder identity for this process: the pod's name (`POD_NAME`, from the downward API),
+/// else the host name (a pod's host name is its name too), and a random suffix, so two
+/// processes on one host, or a restarted one, never share it.
 #[must_use]
 pub fn default_identity() -> String {
     use std::hash::{BuildHasher as _, Hasher as _};
 
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    let name = std::env::var("POD_NAME")
         .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
@@ -84,7 +86,7 @@ pub fn default_identity() -> String {
     // std's RandomState is seeded from the OS's random source per process.
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());
-    format!("{host}_{:016x}", hasher.finish())
+    format!("{name}_{:016x}", hasher.finish())
 }
 
 /// The holder fields of a Lease, as the decision reads them.
