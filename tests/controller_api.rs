@@ -420,6 +420,14 @@ async fn blocks_of_deleted_nodes_are_collected_only_when_no_claim_uses_them() {
     // On the live node: an ordinary block (the node's business), and a static reservation
     // whose claim is gone (collected after the grace).
     cluster.create_block("gcnet", "10.50.0.64/26", "live", None).await;
+    // Another driver's network on the gone node: its controller's business, never ours.
+    cluster
+        .create_network(
+            "othernet",
+            json!({"provider": "other.example.com", "parents": ["eth9"], "ipam": {"subnets": ["10.60.0.0/16"]}}),
+        )
+        .await;
+    cluster.create_block("othernet", "10.60.0.0/26", "gone", None).await;
     let vanished = IpBlockClaim {
         namespace: "default".into(),
         name: "vanished".into(),
@@ -453,12 +461,16 @@ async fn blocks_of_deleted_nodes_are_collected_only_when_no_claim_uses_them() {
     }
     // Many sweeps later the gone node's blocks are still there: claims are allocated on it.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(names(client.clone()).await, ["10.50.0.0/26", "10.50.0.64/26", "10.50.255.5/32"]);
+    assert_eq!(
+        names(client.clone()).await,
+        ["10.50.0.0/26", "10.50.0.64/26", "10.50.255.5/32", "10.60.0.0/26"]
+    );
     let text = metrics.encode();
     assert!(
         text.contains("netclaim_controller_ip_blocks{pod_network=\"gcnet\",node=\"gone\"} 2"),
         "{text}"
     );
+    assert!(!text.contains("pod_network=\"othernet\""), "{text}");
 
     // The pod on the gone node is gone: its claim goes. The reservation's claim still exists,
     // so only the ordinary block goes.
@@ -481,7 +493,7 @@ async fn blocks_of_deleted_nodes_are_collected_only_when_no_claim_uses_them() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(names(client.clone()).await, ["10.50.0.64/26", "10.50.255.5/32"]);
+    assert_eq!(names(client.clone()).await, ["10.50.0.64/26", "10.50.255.5/32", "10.60.0.0/26"]);
     // The reservation's claim goes: so does the reservation.
     claims.delete("reserved", &DeleteParams::default()).await.unwrap();
     let started = Instant::now();
@@ -489,7 +501,7 @@ async fn blocks_of_deleted_nodes_are_collected_only_when_no_claim_uses_them() {
         assert!(started.elapsed() < PATIENCE, "the gone node's reservation was never collected");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(names(client.clone()).await, ["10.50.0.64/26"]);
+    assert_eq!(names(client.clone()).await, ["10.50.0.64/26", "10.60.0.0/26"]);
     let deletions =
         |reason: &'static str| metrics.gc_deletions.get_or_create(&ReasonLabel { reason }).get();
     assert_eq!((deletions("node-gone"), deletions("claim-gone")), (2, 1));

@@ -1,5 +1,5 @@
-//! The periodic IPBlock sweep (API calls): reads blocks, then nodes and claims, lets
-//! [`super::gc::Collector`] decide, deletes what it chose (with UID and resourceVersion
+//! The periodic IPBlock sweep (API calls): reads this driver's blocks, then nodes and
+//! claims, lets [`super::gc::Collector`] decide, deletes what it chose (with UID and resourceVersion
 //! preconditions, so a block re-created or changed meanwhile is left alone), and refreshes
 //! the IPBlocks gauge.
 
@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt as _};
 
 use super::gc::{BlockFacts, ClusterFacts, Collector};
 use super::metrics::{ControllerMetrics, ReasonLabel};
-use crate::model::pod_network::IpBlock;
+use crate::model::pod_network::{IpBlock, PodNetwork};
 
 /// Page size of the cluster-wide claim list.
 const CLAIM_PAGE: u32 = 500;
@@ -62,11 +62,28 @@ pub(super) async fn sweep(
     // Blocks first: a node listed afterwards existed when its blocks were read, so a block
     // of a node that registered meanwhile is never mistaken for one of a deleted node.
     let blocks_api: Api<IpBlock> = Api::all(client.clone());
-    let blocks = blocks_api
+    let all_blocks = blocks_api
         .list(&ListParams::default())
         .await
         .map_err(sweep_error("listing IPBlocks"))?
         .items;
+    // Only blocks of this driver's networks: another driver's controller judges its own by
+    // its own claims. A block whose network is gone (its finalizer forced away) has no
+    // owner left to judge it, so it is ours too.
+    let providers: BTreeMap<String, String> = Api::<PodNetwork>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(sweep_error("listing PodNetworks"))?
+        .items
+        .into_iter()
+        .map(|network| (network.name_any(), network.spec.provider))
+        .collect();
+    let blocks: Vec<IpBlock> = all_blocks
+        .into_iter()
+        .filter(|block| {
+            providers.get(&block.spec.pod_network).is_none_or(|provider| provider == driver)
+        })
+        .collect();
     let mut counts: BTreeMap<(String, String), usize> = BTreeMap::new();
     for block in &blocks {
         *counts
