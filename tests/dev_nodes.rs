@@ -432,3 +432,57 @@ fn a_node_daemon_killed_with_sigkill_stops_the_cluster_and_leaves_nothing() {
     );
     cluster.assert_clean(&links_before);
 }
+
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn the_demo_on_two_nodes_pings_across_nodes_and_leaves_nothing() {
+    if !support::require_root("dev_nodes demo") {
+        return;
+    }
+    let links_before = host_links();
+    let run_parent = tempfile::Builder::new().prefix("ncnodes").tempdir_in("/tmp").unwrap();
+    let output = Command::new(NETCLAIM)
+        .args(["dev", "--nodes", "2", "--demo", "--pods", "6", "--output", "json"])
+        .args(["--listen", "127.0.0.1:0", "--run-dir"])
+        .arg(run_parent.path())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|err| panic!("no JSON report ({err}); stderr:\n{stderr}"));
+    assert!(output.status.success() && report["success"] == true, "{report:#}\n{stderr}");
+    assert_eq!(report["node"], "dev-node-1,dev-node-2");
+    let pods = report["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 6);
+    let nodes: BTreeSet<&str> = pods.iter().filter_map(|p| p["node"].as_str()).collect();
+    assert_eq!(nodes, BTreeSet::from(["dev-node-1", "dev-node-2"]), "{report:#}");
+    let addresses: BTreeSet<&str> =
+        pods.iter().filter_map(|p| p["addresses"][0].as_str()).collect();
+    assert_eq!(addresses.len(), 6, "addresses are not unique in the cluster: {addresses:?}");
+    let node_of = |pod: &str| {
+        pods.iter().find(|p| p["name"] == pod).and_then(|p| p["node"].as_str()).unwrap()
+    };
+    let pings = report["pings"].as_array().unwrap();
+    let across = pings
+        .iter()
+        .filter(|p| p["to"] != "peer")
+        .filter(|p| node_of(p["from"].as_str().unwrap()) != node_of(p["to"].as_str().unwrap()))
+        .count();
+    assert_eq!(across, 2, "one ping each way between the nodes: {pings:?}");
+    assert!(pings.iter().all(|p| p["ok"] == true), "{pings:?}");
+    assert_eq!(report["cleanup"]["ok"], true, "{report:#}");
+    let leftovers = mounts_under(run_parent.path());
+    assert!(leftovers.is_empty(), "mounts left: {leftovers:?}");
+    let entries: Vec<_> =
+        std::fs::read_dir(run_parent.path()).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(entries.is_empty(), "files left: {entries:?}");
+    let processes = processes_mentioning(&run_parent.path().display().to_string());
+    assert!(processes.is_empty(), "processes left: {processes:?}");
+    let new_links: Vec<String> = host_links()
+        .into_iter()
+        .filter(|l| CLUSTER_LINK_NAMES.contains(&l.as_str()) && !links_before.contains(l))
+        .collect();
+    assert!(new_links.is_empty(), "links in the host netns: {new_links:?}");
+}

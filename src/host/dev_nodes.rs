@@ -409,8 +409,9 @@ pub fn spawn_in_node(
             // namespace besides the child, so the namespace (and its sysfs) is freed.
             let status = child.wait();
             exited_tx.send_replace(Some(status.unwrap_or_else(|_| {
-                // wait(2) fails only for a child that is not ours; report it as ended.
-                std::os::unix::process::ExitStatusExt::from_raw(0)
+                // wait(2) fails only for a child that is not ours: report it as ended with
+                // exit code 1 (the wait status encodes the code in bits 8-15).
+                std::os::unix::process::ExitStatusExt::from_raw(1 << 8)
             })));
         })
         .map_err(|source| spawn_error("spawning the namespace thread", source))?;
