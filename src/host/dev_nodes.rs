@@ -61,6 +61,17 @@ pub enum DevNodesError {
         #[source]
         source: nix::errno::Errno,
     },
+    /// A listener inside a node's netns could not be bound.
+    #[error("listening on 127.0.0.1:{port} in {netns}: {source}")]
+    Listen {
+        /// The node's netns pin.
+        netns: PathBuf,
+        /// The port.
+        port: u16,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// Entering the node's namespaces or spawning the process failed.
     #[error("starting {program} in {netns}: {step}: {source}")]
     Spawn {
@@ -145,12 +156,7 @@ pub fn bind_loopback_in(
         listener.set_nonblocking(true)?;
         Ok::<_, std::io::Error>(listener)
     })?;
-    bound.map_err(|source| DevNodesError::Spawn {
-        program: format!("a listener on 127.0.0.1:{port}"),
-        netns: path,
-        step: "bind",
-        source,
-    })
+    bound.map_err(|source| DevNodesError::Listen { netns: path, port, source })
 }
 
 /// The bridge's netns, removed by [`Fabric::remove`] (which takes the bridge, every port and,
@@ -226,11 +232,12 @@ impl Fabric {
     /// both ends up.
     pub async fn attach(&self, index: usize, node_netns: &Path) -> Result<(), DevNodesError> {
         let port = format!("port{index}");
-        let node_file = File::open(node_netns).map_err(|source| DevNodesError::Spawn {
-            program: format!("the uplink of {}", node_netns.display()),
-            netns: node_netns.to_owned(),
-            step: "opening the netns",
-            source,
+        let node_file = File::open(node_netns).map_err(|source| {
+            DevNodesError::Netns(NetnsError::Io {
+                action: "opening",
+                path: node_netns.to_owned(),
+                source,
+            })
         })?;
         // The peer is made in the node's netns at once (IFLA_NET_NS_FD in the peer's
         // attributes, as `ip link add ... type veth peer name uplink0 netns <ns>`), so the
@@ -294,25 +301,6 @@ async fn link_index(handle: &Handle, name: &str) -> Result<u32, DevNodesError> {
         op: format!("RTM_GETLINK {name}"),
         message: "no such link".to_owned(),
     })
-}
-
-/// Names of the links in the netns at `path` (what a test or a check sees there). Blocking.
-pub async fn links_in(path: &Path) -> Result<Vec<String>, DevNodesError> {
-    let (handle, _file) =
-        super::netlink::open_in_netns(path).await.map_err(|e| DevNodesError::Netlink {
-            op: format!("netlink socket in {}", path.display()),
-            message: e.to_string(),
-        })?;
-    let mut names = Vec::new();
-    let mut links = handle.link().get().execute();
-    while let Some(link) = links.try_next().await.map_err(netlink("RTM_GETLINK dump"))? {
-        for attribute in link.attributes {
-            if let netlink_packet_route::link::LinkAttribute::IfName(name) = attribute {
-                names.push(name);
-            }
-        }
-    }
-    Ok(names)
 }
 
 /// A node daemon process started by [`spawn_in_node`].

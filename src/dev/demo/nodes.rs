@@ -9,10 +9,10 @@
 //!
 //! Cluster-unique addresses come from per-pod static addresses for now: a
 //! ResourceClaimTemplate cannot differ per node, and node-local pools hand the same addresses
-//! out on every node. With PodNetworks ([`create_network`] is the one place to change), the
-//! demo creates a PodNetwork on `uplink0` instead, its controller makes the DeviceClass, and
-//! the pods use one ResourceClaimTemplate naming that class, addresses coming from the
-//! PodNetwork's IPBlocks.
+//! out on every node. With PodNetworks (`create_network` and `create_pods` are where it
+//! changes), the demo creates a PodNetwork on `uplink0` instead, its controller makes the
+//! DeviceClass, and the pods use one ResourceClaimTemplate naming that class, addresses coming
+//! from the PodNetwork's IPBlocks.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
