@@ -91,6 +91,9 @@ pub enum ControllerError {
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Metrics(#[from] MetricsServerError),
+    /// The election task ended without being asked to (it panicked).
+    #[error("the leader election stopped unexpectedly")]
+    ElectionEnded,
 }
 
 /// Runs the controller until `shutdown` resolves; see the module doc.
@@ -147,11 +150,15 @@ pub async fn run_with_metrics(
     health.set_ready(true);
 
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut election_ended = false;
     loop {
         tokio::select! {
             biased;
             () = &mut shutdown => break,
-            result = leading.wait_for(|leading| *leading) => if result.is_err() { break },
+            result = leading.wait_for(|leading| *leading) => if result.is_err() {
+                election_ended = true;
+                break;
+            },
         }
         metrics.leader.set(1);
         tracing::info!(driver = %config.driver_name, "acting as the controller");
@@ -195,7 +202,7 @@ pub async fn run_with_metrics(
     if let Some(task) = metrics_task {
         let _ignored = tokio::time::timeout(Duration::from_secs(1), task).await;
     }
-    Ok(())
+    if election_ended { Err(ControllerError::ElectionEnded) } else { Ok(()) }
 }
 
 /// What the leader does: the reconciler and the sweep, until aborted.
