@@ -111,6 +111,11 @@ pub struct InventoryArgs {
     /// Root of the sysfs tree to read (for tests and for inspecting another mount).
     #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
     pub sysfs_root: PathBuf,
+
+    /// Kubeconfig file: also read the PodNetworks and this node's labels, and show the
+    /// network devices the daemon would publish (without it, no cluster is contacted).
+    #[arg(long, env = "NETCLAIM_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// Flags of `netclaim node`.
