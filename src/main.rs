@@ -58,6 +58,7 @@ fn main() -> ExitCode {
             (result.map_err(anyhow::Error::from), usage)
         }
         Command::Inventory(args) => (print_with(|out| Ok(cli::inventory::run(args, out)?)), false),
+        Command::Status(args) => (print_with(|out| Ok(cli::status::run(args, out)?)), false),
         Command::Version => (print_with(version), false),
     };
     match result {

@@ -270,6 +270,12 @@ impl InterfaceTraffic {
     pub fn replace(&self, samples: Vec<(InterfaceLabels, InterfaceStats)>) {
         *self.samples.write().unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
     }
+
+    /// The snapshot as last replaced (`netclaim status` shows it per interface).
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<(InterfaceLabels, InterfaceStats)> {
+        self.samples.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 impl prometheus_client::collector::Collector for InterfaceTraffic {

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod dev;
 pub mod inventory;
 pub mod node;
+pub mod status;
 
 use std::path::PathBuf;
 
@@ -43,6 +44,9 @@ pub enum Command {
     Dev(DevArgs),
     /// Print the ResourceSlices this node would publish, without any cluster.
     Inventory(InventoryArgs),
+    /// Show what the node daemon on this node is doing (devices, claims, pods), read from
+    /// its status socket `<state-dir>/netclaim.sock`.
+    Status(StatusArgs),
     /// Print version and supported API versions.
     Version,
 }
@@ -411,6 +415,27 @@ pub enum OutputFormat {
     Json,
     /// A table for people, with the reason for every interface left out.
     Table,
+}
+
+/// Flags of `netclaim status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The node daemon's `--state-dir`: its status socket is `<state-dir>/netclaim.sock`.
+    #[arg(long, env = "NETCLAIM_STATE_DIR", default_value = "/var/lib/netclaim")]
+    pub state_dir: PathBuf,
+
+    /// Output format.
+    #[arg(short, long, env = "NETCLAIM_OUTPUT", value_enum, default_value_t = StatusOutput::Table)]
+    pub output: StatusOutput,
+}
+
+/// Output format of `netclaim status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// A summary, then devices, claims and pods as tables.
+    Table,
+    /// The daemon's `NodeStatus` document.
+    Json,
 }
 
 /// A Kubernetes node name: a DNS subdomain.

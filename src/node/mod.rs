@@ -2,7 +2,9 @@
 //! ResourceSlice publisher with its triggers (netlink events, slice watch), loads the
 //! prepared claims and pod attachments, serves kubelet's DRA calls and the device health
 //! streams (fed by the health monitor), runs the NRI plugin that attaches pod interfaces,
-//! serves metrics, and shuts down on SIGTERM/SIGINT.
+//! serves metrics and the status API (`netclaim status`), and shuts down on SIGTERM/SIGINT.
+
+pub mod status_api;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -232,6 +234,9 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let publisher = Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
     let interfaces = HostInterfaces::new(Sysfs::new(&config.sysfs_root));
     let reports = start_device_health(&config, &interfaces, &publisher, &attach_service, &stop)?;
+    // What `netclaim status` shows (DESIGN §5 item 9).
+    let parts = status_api::DaemonParts::new(&claims, &attach_service, &metrics, &health);
+    status_api::start(&config, publisher.devices(), reports.clone(), parts, &stop);
     let publishing = publish::run(publisher, &interfaces, &events, triggers, &metrics, &health);
     tokio::pin!(publishing);
     let serving = async {
