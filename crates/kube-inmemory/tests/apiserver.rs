@@ -689,7 +689,7 @@ async fn consumable_capacity_can_be_dropped_like_an_old_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_kinds_and_discovery() {
+async fn built_in_kinds_and_discovery() {
     let (srv, client) = server(ServerOptions::default()).await;
     let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
     let mut kinds = Vec::new();
@@ -713,23 +713,89 @@ async fn our_kinds_and_discovery() {
         "resource.k8s.io/deviceclasses cluster",
         "resource.k8s.io/resourceclaims ns",
         "resource.k8s.io/resourceclaimtemplates ns",
-        "netclaim.dev/podnetworks cluster",
-        "netclaim.dev/ipblocks cluster",
+        "apiextensions.k8s.io/customresourcedefinitions cluster",
     ] {
         assert!(kinds.iter().any(|k| k == want), "{want} missing from {kinds:?}");
     }
-    let ar = kube::discovery::ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("netclaim.dev", "v1alpha1", "PodNetwork"),
-        "podnetworks",
+    srv.shutdown().await.unwrap();
+}
+
+/// What a leader-election client does with a `coordination.k8s.io/v1` Lease: create it
+/// (a second candidate gets 409 AlreadyExists), renew it with the read resourceVersion
+/// (a stale one gets 409 Conflict, so two leaders cannot both win), watch it, release it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_for_leader_election() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (srv, client) = server(ServerOptions::default()).await;
+    let leases: Api<Lease> = Api::namespaced(client, "kube-system");
+    let lease = |holder: &str, renew: &str| -> Lease {
+        serde_json::from_value(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "controller"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "acquireTime": "2026-01-01T00:00:00.000000Z", "renewTime": renew, "leaseTransitions": 0}}))
+        .unwrap()
+    };
+    let a = leases
+        .create(&PostParams::default(), &lease("a", "2026-01-01T00:00:00.000000Z"))
+        .await
+        .unwrap();
+    let taken = api_status(
+        leases
+            .create(&PostParams::default(), &lease("b", "2026-01-01T00:00:01.000000Z"))
+            .await
+            .unwrap_err(),
     );
-    let pns: Api<DynamicObject> = Api::all_with(client, &ar);
-    let pn: DynamicObject = serde_json::from_value(json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "PodNetwork", "metadata": {"name": "medianet"},
-        "spec": {"mode": "macvlan", "parents": ["eth1"]}, "status": {"observedGeneration": 9}})).unwrap();
-    let created = pns.create(&PostParams::default(), &pn).await.unwrap();
-    assert!(created.data.get("status").is_none(), "status is reset on create");
-    let s = pns.patch_status("medianet", &PatchParams::apply("controller"), &Patch::Apply(json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "PodNetwork", "status": {"observedGeneration": 1}}))).await.unwrap();
-    assert_eq!(s.data["status"]["observedGeneration"], 1);
-    assert_eq!(s.data["spec"]["mode"], "macvlan");
+    assert_eq!((taken.code, taken.reason.as_str()), (409, "AlreadyExists"));
+    let mut watch = leases
+        .watch(&WatchParams::default().timeout(10), &a.metadata.resource_version.clone().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    // Both candidates read the same version; the first renewal wins, the second is stale.
+    let read = leases.get("controller").await.unwrap();
+    let mut renew_a = read.clone();
+    renew_a.spec.as_mut().unwrap().renew_time =
+        Some(serde_json::from_value(json!("2026-01-01T00:00:05.123456Z")).unwrap());
+    let mut steal_b = read.clone();
+    let spec = steal_b.spec.as_mut().unwrap();
+    spec.holder_identity = Some("b".into());
+    spec.lease_transitions = Some(1);
+    let renewed = leases.replace("controller", &PostParams::default(), &renew_a).await.unwrap();
+    let stale = api_status(
+        leases.replace("controller", &PostParams::default(), &steal_b).await.unwrap_err(),
+    );
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+    let got = leases.get("controller").await.unwrap();
+    let spec = got.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    assert_eq!(
+        serde_json::to_value(spec.renew_time).unwrap(),
+        json!("2026-01-01T00:00:05.123456Z")
+    );
+    match watch.try_next().await.unwrap().unwrap() {
+        WatchEvent::Modified(l) => {
+            assert_eq!(l.metadata.resource_version, renewed.metadata.resource_version);
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    // Release: a delete with a stale precondition fails, with the current one succeeds.
+    let dp = |rv: &str| DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            resource_version: Some(rv.into()),
+            uid: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let stale = api_status(
+        leases
+            .delete("controller", &dp(&read.metadata.resource_version.unwrap()))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(stale.code, 409);
+    leases.delete("controller", &dp(&renewed.metadata.resource_version.unwrap())).await.unwrap();
+    assert!(matches!(watch.try_next().await.unwrap().unwrap(), WatchEvent::Deleted(_)));
+    drop(watch);
     srv.shutdown().await.unwrap();
 }
 

@@ -1,6 +1,7 @@
 //! The dev API server against kubectl (the machine's v1.32, or `$KUBECTL`): get, create -f, apply
-//! --server-side, client-side apply, delete, get -w with a timeout, and the kubeconfig
-//! written by `kube_inmemory::kubeconfig`. `#[ignore]`d (they need kubectl, which `make test`
+//! --server-side, client-side apply, delete, get -w with a timeout, a custom resource
+//! definition and its objects (wait for Established, columns, short names, categories,
+//! validation errors), and the kubeconfig written by `kube_inmemory::kubeconfig`. `#[ignore]`d (they need kubectl, which `make test`
 //! installs); run without kubectl they fail.
 #![allow(clippy::unwrap_used, reason = "test helpers: a failed setup step should panic")]
 
@@ -117,16 +118,6 @@ spec:
   - {name: d, image: nginx}
 ";
 
-const PODNET: &str = r"
-apiVersion: netclaim.dev/v1alpha1
-kind: PodNetwork
-metadata:
-  name: medianet
-spec:
-  mode: macvlan
-  parents: [eth1]
-";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs kubectl (scripts/setup/kubectl.sh): run `make test`"]
 #[allow(clippy::too_many_lines, reason = "one kubectl session, step by step")]
@@ -209,12 +200,6 @@ async fn kubectl_create_get_apply_delete() {
         let err = k.fails(&["create", "-f", "-"], Some(&unknown));
         assert!(err.contains("unknown field") && err.contains("spec.bogus"), "{err}");
 
-        // Our own kinds, by short name too, and client-side apply (merge patch).
-        k.ok(&["create", "-f", "-"], Some(PODNET));
-        k.ok(&["apply", "-f", "-"], Some(&PODNET.replace("[eth1]", "[eth1, eth2]")));
-        let out = k.ok(&["get", "pn", "medianet", "-o", "jsonpath={.spec.parents}"], None);
-        assert_eq!(out, r#"["eth1","eth2"]"#);
-
         // Client-side apply of a built-in kind sends a strategic merge patch with
         // `$setElementOrder` directives: containers merge by name.
         k.ok(&["apply", "-f", "-"], Some(POD));
@@ -236,6 +221,122 @@ async fn kubectl_create_get_apply_delete() {
         assert!(out.contains("deleted"), "{out}");
         let err = k.fails(&["get", "resourceclaim", "net"], None);
         assert!(err.contains("NotFound") || err.contains("not found"), "{err}");
+    })
+    .await;
+    srv.shutdown().await.unwrap();
+}
+
+const CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {kind: Widget, plural: widgets, singular: widget, shortNames: [wd], categories: [things]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    additionalPrinterColumns:
+    - {name: Owner, type: string, jsonPath: .spec.owner}
+    - {name: Parts, type: string, jsonPath: .spec.parts, priority: 1}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            required: [owner]
+            x-kubernetes-validations:
+            - {rule: "self.owner == oldSelf.owner", message: "owner is immutable", fieldPath: .owner}
+            properties:
+              owner: {type: string}
+              size: {type: integer, default: 1}
+              parts: {type: array, x-kubernetes-list-type: set, items: {type: string}}
+"#;
+
+const WIDGET: &str = r"
+apiVersion: example.com/v1
+kind: Widget
+metadata:
+  name: w1
+spec:
+  owner: ann
+  parts: [a]
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubectl (scripts/setup/kubectl.sh): run `make test`"]
+async fn kubectl_with_a_custom_resource_definition() {
+    let (srv, k) = setup().await;
+    let k = std::sync::Arc::new(k);
+    let k2 = k.clone();
+    blocking(move || {
+        let k = k2;
+        let out = k.ok(&["apply", "-f", "-"], Some(CRD));
+        assert!(
+            out.contains(
+                "customresourcedefinition.apiextensions.k8s.io/widgets.example.com created"
+            ),
+            "{out}"
+        );
+        k.ok(
+            &["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=10s"],
+            None,
+        );
+        let out = k.ok(&["get", "crds"], None);
+        assert!(out.contains("widgets.example.com"), "{out}");
+
+        // Create (client-side apply), then change through a JSON merge patch.
+        let out = k.ok(&["apply", "-f", "-"], Some(WIDGET));
+        assert!(out.contains("widget.example.com/w1 created"), "{out}");
+        k.ok(&["apply", "-f", "-"], Some(&WIDGET.replace("[a]", "[a, b]")));
+        let out = k.ok(&["get", "wd", "w1", "-o", "jsonpath={.spec.parts} {.spec.size}"], None);
+        assert_eq!(out, r#"["a","b"] 1"#);
+        // Server-side apply with another manager.
+        let ssa = WIDGET.replace("name: w1", "name: w2");
+        let out = k.ok(&["apply", "--server-side", "-f", "-"], Some(&ssa));
+        assert!(out.contains("serverside-applied"), "{out}");
+        // Columns, by name, by short name, by category, wide.
+        let out = k.ok(&["get", "widgets"], None);
+        assert!(out.contains("OWNER") && out.contains("ann") && !out.contains("PARTS"), "{out}");
+        let out = k.ok(&["get", "things", "-o", "wide"], None);
+        assert!(out.contains("PARTS") && out.contains(r#"["a","b"]"#), "{out}");
+        // A CEL rule's refusal names the field.
+        let err = k.fails(&["apply", "-f", "-"], Some(&WIDGET.replace("owner: ann", "owner: bob")));
+        assert!(err.contains("spec.owner") && err.contains("owner is immutable"), "{err}");
+        // A schema refusal: a required field.
+        let err = k.fails(
+            &["create", "-f", "-"],
+            Some(&WIDGET.replace("name: w1", "name: w3").replace(
+                "  owner: ann
+",
+                "",
+            )),
+        );
+        assert!(err.contains("spec.owner") && err.contains("Required value"), "{err}");
+        // Unknown fields: kubectl asks for strict validation.
+        let err = k.fails(
+            &["create", "-f", "-"],
+            Some(&WIDGET.replace("name: w1", "name: w4").replace(
+                "parts: [a]",
+                "parts: [a]
+  bogus: 1",
+            )),
+        );
+        assert!(err.contains("unknown field") && err.contains("spec.bogus"), "{err}");
+
+        k.ok(&["delete", "widget", "w2"], None);
+        let out = k.ok(&["delete", "-f", "-"], Some(CRD));
+        assert!(out.contains("deleted"), "{out}");
+        let err = k.fails(&["get", "widgets"], None);
+        assert!(
+            err.contains("the server doesn't have a resource type") || err.contains("NotFound"),
+            "{err}"
+        );
     })
     .await;
     srv.shutdown().await.unwrap();

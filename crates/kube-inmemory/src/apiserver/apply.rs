@@ -276,8 +276,9 @@ pub(crate) fn apply(
 mod tests {
     use super::*;
 
-    fn claims() -> &'static ResourceInfo {
-        super::super::resources::lookup("resource.k8s.io", "v1", "resourceclaims").unwrap()
+    fn claims() -> std::sync::Arc<ResourceInfo> {
+        super::super::resources::built_in_resource("resource.k8s.io", "v1", "resourceclaims")
+            .unwrap()
     }
 
     fn w(manager: &str, op: Operation) -> Writer<'_> {
@@ -301,13 +302,13 @@ mod tests {
         let a1 = applied(
             &json!([{"driver": "a", "pool": "p", "device": "x", "data": {"v": 1}}, {"driver": "a", "pool": "p", "device": "y"}]),
         );
-        let o1 = unwrap(apply(claims(), Some(&live), &a1, &w("a", Operation::Apply), false));
+        let o1 = unwrap(apply(&claims(), Some(&live), &a1, &w("a", Operation::Apply), false));
         let b1 = applied(&json!([{"driver": "b", "pool": "p", "device": "z"}]));
-        let o2 = unwrap(apply(claims(), Some(&o1), &b1, &w("b", Operation::Apply), false));
+        let o2 = unwrap(apply(&claims(), Some(&o1), &b1, &w("b", Operation::Apply), false));
         assert_eq!(o2["status"]["devices"].as_array().unwrap().len(), 3);
         // Manager a stops applying y: only y goes; b's z stays.
         let a2 = applied(&json!([{"driver": "a", "pool": "p", "device": "x", "data": {"v": 2}}]));
-        let o3 = unwrap(apply(claims(), Some(&o2), &a2, &w("a", Operation::Apply), false));
+        let o3 = unwrap(apply(&claims(), Some(&o2), &a2, &w("a", Operation::Apply), false));
         let names: Vec<&str> = o3["status"]["devices"]
             .as_array()
             .unwrap()
@@ -323,12 +324,12 @@ mod tests {
     fn conflict_unless_forced_or_same_value() {
         let live = json!({"metadata": {"name": "c"}});
         let a = applied(&json!([{"driver": "a", "pool": "p", "device": "x", "data": {"v": 1}}]));
-        let o1 = unwrap(apply(claims(), Some(&live), &a, &w("a", Operation::Apply), false));
+        let o1 = unwrap(apply(&claims(), Some(&live), &a, &w("a", Operation::Apply), false));
         // Same value from another manager: shared ownership, no conflict.
-        let o2 = unwrap(apply(claims(), Some(&o1), &a, &w("b", Operation::Apply), false));
+        let o2 = unwrap(apply(&claims(), Some(&o1), &a, &w("b", Operation::Apply), false));
         let changed =
             applied(&json!([{"driver": "a", "pool": "p", "device": "x", "data": {"v": 9}}]));
-        match apply(claims(), Some(&o2), &changed, &w("c", Operation::Apply), false) {
+        match apply(&claims(), Some(&o2), &changed, &w("c", Operation::Apply), false) {
             ApplyOutcome::Conflicts(c) => {
                 let managers: Vec<&str> = c.iter().map(|(m, _)| m.as_str()).collect();
                 assert_eq!(managers, vec!["a", "b"]);
@@ -336,7 +337,7 @@ mod tests {
             }
             ApplyOutcome::Applied(_) => panic!("expected a conflict"),
         }
-        let forced = unwrap(apply(claims(), Some(&o2), &changed, &w("c", Operation::Apply), true));
+        let forced = unwrap(apply(&claims(), Some(&o2), &changed, &w("c", Operation::Apply), true));
         assert_eq!(forced["status"]["devices"][0]["data"], json!({"v": 9}));
     }
 
@@ -346,15 +347,15 @@ mod tests {
         let a = json!({"metadata": {"labels": {}}});
         let main =
             |m| Writer { manager: m, operation: Operation::Apply, subresource: "", now: "t" };
-        let o1 = unwrap(apply(claims(), Some(&live), &a, &main("a"), false));
+        let o1 = unwrap(apply(&claims(), Some(&live), &a, &main("a"), false));
         let o2 = unwrap(apply(
-            claims(),
+            &claims(),
             Some(&o1),
             &json!({"metadata": {"labels": {"x": "1"}}}),
             &main("b"),
             false,
         ));
-        let o3 = unwrap(apply(claims(), Some(&o2), &json!({}), &main("a"), false));
+        let o3 = unwrap(apply(&claims(), Some(&o2), &json!({}), &main("a"), false));
         assert_eq!(o3["metadata"]["labels"], json!({"x": "1"}));
     }
 
@@ -363,7 +364,7 @@ mod tests {
         let old = json!({"metadata": {"name": "c", "labels": {"a": "1"}}});
         let mut created = old.clone();
         record_update(
-            claims(),
+            &claims(),
             None,
             &mut created,
             &Writer { manager: "m1", operation: Operation::Update, subresource: "", now: "t" },
@@ -372,7 +373,7 @@ mod tests {
         new["metadata"]["labels"]["a"] = json!("2");
         new["metadata"]["labels"]["b"] = json!("3");
         record_update(
-            claims(),
+            &claims(),
             Some(&created),
             &mut new,
             &Writer { manager: "m2", operation: Operation::Update, subresource: "", now: "t2" },

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::resources::{RESOURCES, ResourceInfo, group_versions};
+use super::resources::{Registry, ResourceInfo};
 
 /// Kubernetes version this server presents (resource.k8s.io/v1 with device status and
 /// consumable capacity, like a 1.35 server with `DRAConsumableCapacity` on).
@@ -36,10 +36,11 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
     })
 }
 
-fn group_doc(group: &str) -> Value {
-    let versions: Vec<Value> = group_versions()
+fn group_doc(registry: &Registry, group: &str) -> Value {
+    let versions: Vec<Value> = registry
+        .group_versions()
         .into_iter()
-        .filter(|(g, _)| *g == group)
+        .filter(|(g, _)| g == group)
         .map(|(g, v)| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
         .collect();
     let preferred = versions.first().cloned().unwrap_or(Value::Null);
@@ -47,9 +48,9 @@ fn group_doc(group: &str) -> Value {
 }
 
 /// `/apis`.
-pub(crate) fn group_list() -> Value {
-    let mut groups: Vec<&str> = Vec::new();
-    for (g, _) in group_versions() {
+pub(crate) fn group_list(registry: &Registry) -> Value {
+    let mut groups: Vec<String> = Vec::new();
+    for (g, _) in registry.group_versions() {
         if !g.is_empty() && !groups.contains(&g) {
             groups.push(g);
         }
@@ -57,14 +58,14 @@ pub(crate) fn group_list() -> Value {
     json!({
         "kind": "APIGroupList",
         "apiVersion": "v1",
-        "groups": groups.into_iter().map(group_doc).collect::<Vec<_>>(),
+        "groups": groups.iter().map(|g| group_doc(registry, g)).collect::<Vec<_>>(),
     })
 }
 
 /// `/apis/<group>`, if served.
-pub(crate) fn group(group: &str) -> Option<Value> {
-    group_versions().iter().any(|(g, _)| *g == group).then(|| {
-        let mut doc = group_doc(group);
+pub(crate) fn group(registry: &Registry, group: &str) -> Option<Value> {
+    registry.group_versions().iter().any(|(g, _)| g == group).then(|| {
+        let mut doc = group_doc(registry, group);
         doc["kind"] = json!("APIGroup");
         doc["apiVersion"] = json!("v1");
         doc
@@ -75,22 +76,37 @@ const VERBS: [&str; 8] =
     ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 
 /// `/api/v1` or `/apis/<group>/<version>`, if served.
-pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let rs: Vec<&ResourceInfo> =
-        RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let rs: Vec<&ResourceInfo> = registry
+        .all()
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
     if rs.is_empty() {
         return None;
     }
     let mut resources = Vec::new();
     for r in rs {
-        resources.push(json!({
+        let mut doc = json!({
             "name": r.plural,
             "singularName": r.singular,
             "namespaced": r.namespaced,
             "kind": r.kind,
             "verbs": VERBS,
-            "shortNames": r.short_names,
-        }));
+        });
+        if !r.short_names.is_empty() {
+            doc["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            doc["categories"] = json!(r.categories);
+        }
+        if let Some(custom) = &r.custom {
+            // As the real server announces custom resources: the storage version hash
+            // lets clients notice a changed definition.
+            doc["storageVersionHash"] = json!(custom.storage_version_hash);
+        }
+        resources.push(doc);
         if r.has_status {
             resources.push(json!({
                 "name": format!("{}/status", r.plural),
@@ -118,10 +134,10 @@ fn openapi_hash() -> String {
 }
 
 /// `/openapi/v3`.
-pub(crate) fn openapi_index() -> Value {
+pub(crate) fn openapi_index(registry: &Registry) -> Value {
     let mut paths = serde_json::Map::new();
-    for (g, v) in group_versions() {
-        let p = openapi_gv_path(g, v);
+    for (g, v) in registry.group_versions() {
+        let p = openapi_gv_path(&g, &v);
         paths.insert(
             p.clone(),
             json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", openapi_hash())}),
@@ -159,7 +175,7 @@ fn operation(r: &ResourceInfo, verb: &str, with_body: Option<&[&str]>) -> Value 
 }
 
 fn schema_name(r: &ResourceInfo) -> String {
-    let group = if r.group.is_empty() { "core" } else { r.group };
+    let group = if r.group.is_empty() { "core" } else { r.group.as_str() };
     format!("{group}.{}.{}", r.version, r.kind)
 }
 
@@ -168,14 +184,18 @@ fn schema_name(r: &ResourceInfo) -> String {
 /// strategic merge patch (the documents carry no patch-merge-key schemas), so kubectl's
 /// client-side `apply` falls back to its compiled-in types (strategic merge, which this
 /// server handles) or, for kinds it does not know, to a JSON merge patch.
-pub(crate) fn openapi_group_version(gv_path: &str) -> Option<Value> {
+pub(crate) fn openapi_group_version(registry: &Registry, gv_path: &str) -> Option<Value> {
     let (group, version) = match gv_path.split('/').collect::<Vec<_>>().as_slice() {
         ["api", v] => ("", (*v).to_owned()),
         ["apis", g, v] => (*g, (*v).to_owned()),
         _ => return None,
     };
-    let rs: Vec<&ResourceInfo> =
-        RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+    let rs: Vec<&ResourceInfo> = registry
+        .all()
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
     if rs.is_empty() {
         return None;
     }
@@ -201,11 +221,15 @@ pub(crate) fn openapi_group_version(gv_path: &str) -> Option<Value> {
         if r.has_status {
             paths.insert(format!("{base}/{{name}}/status"), item);
         }
-        schemas.insert(schema_name(r), json!({
-            "type": "object",
-            "x-kubernetes-group-version-kind": [{"group": r.group, "version": r.version, "kind": r.kind}],
-            "x-kubernetes-preserve-unknown-fields": true,
-        }));
+        // A custom resource's own schema (what `kubectl explain` shows); built-in kinds
+        // get an open object (kubectl knows them itself).
+        let mut schema = match &r.custom {
+            Some(custom) => custom.schema.openapi(),
+            None => json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+        };
+        schema["x-kubernetes-group-version-kind"] =
+            json!([{"group": r.group, "version": r.version, "kind": r.kind}]);
+        schemas.insert(schema_name(r), schema);
     }
     Some(json!({
         "openapi": "3.0.0",

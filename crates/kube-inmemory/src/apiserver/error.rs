@@ -169,13 +169,17 @@ impl ApiError {
             .iter()
             .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
             .collect();
+        // As apimachinery's NewInvalid: one error bare, several in brackets.
+        let list = match summary.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
         let mut err = Self::with(
             422,
             "Invalid",
             format!(
-                "{} \"{name}\" is invalid: [{}]",
+                "{} \"{name}\" is invalid: {list}",
                 if group.is_empty() { kind.to_owned() } else { format!("{kind}.{group}") },
-                summary.join(", ")
             ),
         );
         err.details = Some(json!({"name": name, "group": group, "kind": kind, "causes": causes}));

@@ -147,9 +147,9 @@ impl FieldSet {
 }
 
 /// The path element of a list-map item: `k:` and the key fields as compact JSON, sorted.
-fn key_element(item: &Value, keys: &[&str]) -> String {
+fn key_element(item: &Value, keys: &[String]) -> String {
     let mut key = Map::new();
-    let mut names: Vec<&str> = keys.to_vec();
+    let mut names: Vec<&str> = keys.iter().map(String::as_str).collect();
     names.sort_unstable();
     for k in names {
         if let Some(v) = item.get(k) {
@@ -232,7 +232,7 @@ fn node_set(resource: &ResourceInfo, v: &Value, schema: &str) -> FieldSet {
                 for item in items {
                     let mut item_set = node_set(resource, item, &item_schema);
                     item_set.member = true;
-                    set.children.insert(key_element(item, keys), item_set);
+                    set.children.insert(key_element(item, &keys), item_set);
                 }
                 set
             }
@@ -338,7 +338,7 @@ pub(crate) fn key_fields_for(resource: &ResourceInfo, path: &[String]) -> Vec<St
         }
     }
     match resource.list_type(&list_schema) {
-        ListType::Map(keys) => keys.iter().map(|k| (*k).to_owned()).collect(),
+        ListType::Map(keys) => keys,
         _ => Vec::new(),
     }
 }
@@ -373,8 +373,8 @@ pub(crate) fn merge(resource: &ResourceInfo, live: &Value, applied: &Value, sche
                 let item_schema = format!("{schema}[]");
                 let mut out = l.clone();
                 for item in a {
-                    let key = key_element(item, keys);
-                    match out.iter_mut().find(|i| key_element(i, keys) == key) {
+                    let key = key_element(item, &keys);
+                    match out.iter_mut().find(|i| key_element(i, &keys) == key) {
                         Some(existing) => *existing = merge(resource, existing, item, &item_schema),
                         None => out.push(item.clone()),
                     }
@@ -426,8 +426,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn claims() -> &'static ResourceInfo {
-        super::super::resources::lookup("resource.k8s.io", "v1", "resourceclaims").unwrap()
+    fn claims() -> std::sync::Arc<ResourceInfo> {
+        super::super::resources::built_in_resource("resource.k8s.io", "v1", "resourceclaims")
+            .unwrap()
     }
 
     #[test]
@@ -437,7 +438,7 @@ mod tests {
             "metadata": {"name": "c", "labels": {"a": "b"}},
             "status": {"devices": [{"driver": "d", "pool": "p", "device": "x", "data": {"k": 1}, "networkData": {"ips": ["10.0.0.1/24"]}}]}
         });
-        let set = set_from_value(claims(), &obj);
+        let set = set_from_value(&claims(), &obj);
         let v1 = set.to_fields_v1();
         assert_eq!(
             v1,
@@ -455,10 +456,10 @@ mod tests {
             "k:{\"device\":\"x\",\"driver\":\"d\",\"pool\":\"p\"}".to_owned(),
         ];
         assert!(set.contains(&item));
-        assert_eq!(value_at(claims(), &obj, &item).unwrap()["device"], "x");
+        assert_eq!(value_at(&claims(), &obj, &item).unwrap()["device"], "x");
         let mut ip = item.clone();
         ip.extend(["f:networkData".to_owned(), "f:ips".to_owned()]);
-        assert_eq!(value_at(claims(), &obj, &ip), Some(&json!(["10.0.0.1/24"])));
+        assert_eq!(value_at(&claims(), &obj, &ip), Some(&json!(["10.0.0.1/24"])));
     }
 
     #[test]
@@ -471,7 +472,7 @@ mod tests {
             {"driver": "d", "pool": "p", "device": "x", "shareID": "u1", "data": {"b": 3}},
             {"driver": "d", "pool": "p", "device": "y"},
         ]});
-        let merged = merge(claims(), &json!({"status": live}), &json!({"status": applied}), "");
+        let merged = merge(&claims(), &json!({"status": live}), &json!({"status": applied}), "");
         let devs = merged["status"]["devices"].as_array().unwrap();
         assert_eq!(devs.len(), 3);
         assert_eq!(devs[0]["data"], json!({"a": 1}));
@@ -491,7 +492,7 @@ mod tests {
             "f:devices".to_owned(),
             "k:{\"device\":\"x\",\"driver\":\"d\",\"pool\":\"p\"}".to_owned(),
         ];
-        remove_at(&mut obj, &path, &|p| key_fields_for(claims(), p));
+        remove_at(&mut obj, &path, &|p| key_fields_for(&claims(), p));
         assert_eq!(
             obj["status"]["devices"],
             json!([{"driver": "d", "pool": "p", "device": "x", "shareID": "u1"}])

@@ -18,6 +18,7 @@
 //! no `/openapi/v2` (kubectl falls back to its compiled-in types or JSON merge patch).
 
 mod apply;
+mod crd;
 mod discovery;
 pub mod error;
 mod fieldset;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::apply::{self, ApplyOutcome, Operation, Writer};
+use super::crd;
 use super::error::ApiError;
 use super::resources::ResourceInfo;
 use super::store::{ObjectKey, Txn};
@@ -82,7 +83,7 @@ pub(crate) fn check_type_meta(resource: &ResourceInfo, obj: &mut Value) -> Resul
         )));
     }
     if let Some(kind) = obj.get("kind").and_then(Value::as_str).filter(|s| !s.is_empty())
-        && kind != resource.kind
+        && kind != resource.kind.as_str()
     {
         return Err(ApiError::bad_request(format!(
             "the kind in the data ({kind}) does not match the expected kind ({})",
@@ -131,7 +132,7 @@ fn spec_part(obj: &Value) -> Value {
 }
 
 fn drop_consumable_capacity(resource: &ResourceInfo, obj: &mut Value) {
-    if resource.kind != "ResourceSlice" {
+    if resource.custom.is_some() || resource.kind != "ResourceSlice" {
         return;
     }
     if let Some(devices) = obj.pointer_mut("/spec/devices").and_then(Value::as_array_mut) {
@@ -152,7 +153,43 @@ fn drop_consumable_capacity(resource: &ResourceInfo, obj: &mut Value) {
 
 fn invalid(resource: &ResourceInfo, obj: &Value, errs: &[super::error::FieldError]) -> ApiError {
     let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-    ApiError::invalid(resource.kind, resource.group, name, errs)
+    ApiError::invalid(&resource.kind, &resource.group, name, errs)
+}
+
+/// Validates the object a write is about to store (`old`: the stored one on update):
+/// the kind's rules, a custom resource's schema and rules, a definition's own rules
+/// (its server-owned status set first). Returns the definition to install, if `obj` is
+/// one.
+fn validate_write(
+    txn: &Txn<'_>,
+    resource: &ResourceInfo,
+    obj: &mut Value,
+    old: Option<&Value>,
+    subresource: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Option<crd::Definition>, ApiError> {
+    let is_definition = crd::is_definition(resource);
+    if is_definition {
+        crd::prepare(obj);
+    }
+    let mut errs = validation::validate(resource, obj, old);
+    if let Some(custom) = &resource.custom {
+        let (e, w) = crd::validate_object(custom, obj, old, subresource == "status");
+        errs.extend(e);
+        warnings.extend(w);
+    }
+    let definition = if is_definition {
+        match crd::check(txn, obj, old) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                errs.extend(e);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if errs.is_empty() { Ok(definition) } else { Err(invalid(resource, obj, &errs)) }
 }
 
 /// Creates `obj` (type meta and namespace already checked). Handles `generateName`.
@@ -163,7 +200,8 @@ pub(crate) fn create(
     ctx: &WriteContext<'_>,
     applied_managed_fields: Option<Value>,
 ) -> Result<Written, ApiError> {
-    let warnings = typed::check(resource, &mut obj, ctx.field_validation)?;
+    crd::check_create(txn, resource)?;
+    let mut warnings = typed::check(resource, &mut obj, ctx.field_validation, true)?;
     if ctx.drop_consumable_capacity {
         drop_consumable_capacity(resource, &mut obj);
     }
@@ -208,20 +246,21 @@ pub(crate) fn create(
         if let Some(m) = obj.as_object_mut() {
             m.remove("status");
         }
-        if resource.kind == "Pod" {
+        if resource.custom.is_none() && resource.kind == "Pod" {
             obj["status"] = json!({"phase": "Pending"});
         }
     }
-    if resource.kind == "Namespace" && obj.pointer("/status/phase").is_none() {
+    if resource.custom.is_none()
+        && resource.kind == "Namespace"
+        && obj.pointer("/status/phase").is_none()
+    {
         obj["status"] = json!({"phase": "Active"});
     }
-    let errs = validation::validate(resource, &obj, None);
-    if !errs.is_empty() {
-        return Err(invalid(resource, &obj, &errs));
-    }
+    obj["apiVersion"] = json!(resource.storage_api_version());
+    let definition = validate_write(txn, resource, &mut obj, None, "", &mut warnings)?;
     let key = key_of(&obj);
     if txn.get(resource, &key).is_some() {
-        return Err(ApiError::already_exists(resource.group, resource.plural, &key.1));
+        return Err(ApiError::already_exists(&resource.group, &resource.plural, &key.1));
     }
     match applied_managed_fields {
         Some(mf) => obj["metadata"]["managedFields"] = mf,
@@ -238,6 +277,9 @@ pub(crate) fn create(
         ),
     }
     let object = txn.put(resource, key, obj);
+    if let Some(d) = definition {
+        crd::install(txn, d);
+    }
     Ok(Written { object, created: true, warnings })
 }
 
@@ -305,8 +347,8 @@ fn merge_for_subresource(
                 .unwrap_or_default();
             if new_fin.iter().any(|f| !old_fin.contains(f)) {
                 return Err(ApiError::invalid(
-                    resource.kind,
-                    resource.group,
+                    &resource.kind,
+                    &resource.group,
                     &key_of(old).1,
                     &[super::error::FieldError::forbidden(
                         "metadata.finalizers",
@@ -332,7 +374,10 @@ pub(crate) fn update(
     ctx: &WriteContext<'_>,
     applied: bool,
 ) -> Result<Written, ApiError> {
-    let mut warnings = typed::check(resource, &mut candidate, ctx.field_validation)?;
+    if resource.custom.is_some() && !txn.registry().has_storage(resource.storage) {
+        return Err(ApiError::no_route(&format!("{}/{}", resource.path_prefix(), resource.plural)));
+    }
+    let mut warnings = typed::check(resource, &mut candidate, ctx.field_validation, true)?;
     if ctx.drop_consumable_capacity {
         drop_consumable_capacity(resource, &mut candidate);
     }
@@ -343,12 +388,11 @@ pub(crate) fn update(
         m.remove("resourceVersion");
         m.remove("selfLink");
     }
-    new["apiVersion"] = json!(resource.api_version());
+    new["apiVersion"] = json!(resource.storage_api_version());
     new["kind"] = json!(resource.kind);
-    let errs = validation::validate(resource, &new, Some(old));
-    if !errs.is_empty() {
-        return Err(invalid(resource, &new, &errs));
-    }
+    let is_definition = crd::is_definition(resource);
+    let definition =
+        validate_write(txn, resource, &mut new, Some(old), ctx.subresource, &mut warnings)?;
     if spec_part(&new) != spec_part(old) {
         let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
         new["metadata"]["generation"] = json!(generation + 1);
@@ -390,9 +434,20 @@ pub(crate) fn update(
         new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0)
             == 0;
     let object = if deleting && no_finalizers && grace_done {
-        txn.remove(resource, &key, new)
+        let removed = txn.remove(resource, &key, new);
+        if is_definition {
+            crd::uninstall(txn, &key.1);
+        }
+        crd::after_removal(txn, resource);
+        removed
     } else {
-        txn.put(resource, key, new)
+        let stored = txn.put(resource, key, new);
+        if let Some(d) = definition
+            && stored.pointer("/metadata/deletionTimestamp").is_none()
+        {
+            crd::install(txn, d);
+        }
+        stored
     };
     Ok(Written { object, created: false, warnings })
 }
@@ -423,7 +478,7 @@ pub(crate) fn server_side_apply(
     }
     // Unknown fields are pruned (or rejected) before ownership is computed, so no
     // manager owns a field the type does not have.
-    let warnings = typed::check(resource, &mut applied, ctx.field_validation)?;
+    let warnings = typed::check(resource, &mut applied, ctx.field_validation, false)?;
     let ts = now();
     let writer = Writer {
         manager: ctx.manager,
@@ -435,14 +490,14 @@ pub(crate) fn server_side_apply(
     match live {
         None => {
             if ctx.subresource == "status" {
-                return Err(ApiError::not_found(resource.group, resource.plural, &key_name));
+                return Err(ApiError::not_found(&resource.group, &resource.plural, &key_name));
             }
             let merged = match apply::apply(resource, None, &applied, &writer, force) {
                 ApplyOutcome::Applied(v) => v,
                 ApplyOutcome::Conflicts(c) => {
                     return Err(ApiError::apply_conflict(
-                        resource.group,
-                        resource.plural,
+                        &resource.group,
+                        &resource.plural,
                         &key_name,
                         &c,
                     ));
@@ -457,7 +512,7 @@ pub(crate) fn server_side_apply(
                 update(txn, resource, live, merged, ctx, true).map(|w| w.with_warnings(warnings))
             }
             ApplyOutcome::Conflicts(c) => {
-                Err(ApiError::apply_conflict(resource.group, resource.plural, &key_name, &c))
+                Err(ApiError::apply_conflict(&resource.group, &resource.plural, &key_name, &c))
             }
         },
     }
@@ -465,8 +520,11 @@ pub(crate) fn server_side_apply(
 
 /// Creates the namespaces every cluster starts with.
 pub(crate) fn create_initial_namespaces(txn: &mut Txn<'_>) -> Result<(), ApiError> {
-    let resource = super::resources::lookup("", "v1", "namespaces")
+    let resource = txn
+        .registry()
+        .lookup("", "v1", "namespaces")
         .ok_or_else(|| ApiError::internal("namespaces are not in the resource table"))?;
+    let resource = &*resource;
     let ctx = WriteContext {
         manager: "netclaim-dev-apiserver",
         subresource: "",
@@ -492,20 +550,34 @@ pub(crate) struct DeleteOptions {
 }
 
 /// Deletes one object: graceful for pods bound to a node, behind finalizers for anything
-/// that has them (deletionTimestamp set, object kept), otherwise removed at once.
+/// that has them (deletionTimestamp set, object kept), otherwise removed at once; a
+/// CustomResourceDefinition takes its objects with it.
 pub(crate) fn delete(
     txn: &mut Txn<'_>,
     resource: &ResourceInfo,
     old: &Arc<Value>,
     opts: &DeleteOptions,
 ) -> Result<Arc<Value>, ApiError> {
+    delete_object(txn, resource, old, opts, true)
+}
+
+/// [`delete`]; `finish_definitions`: whether removing the last object of a custom
+/// resource whose definition is being deleted finishes that deletion (not while the
+/// definition's own deletion is deleting its objects).
+pub(crate) fn delete_object(
+    txn: &mut Txn<'_>,
+    resource: &ResourceInfo,
+    old: &Arc<Value>,
+    opts: &DeleteOptions,
+    finish_definitions: bool,
+) -> Result<Arc<Value>, ApiError> {
     let (_, name) = key_of(old);
     if let Some(uid) = &opts.uid
         && old.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid)
     {
         return Err(ApiError::conflict(
-            resource.group,
-            resource.plural,
+            &resource.group,
+            &resource.plural,
             &name,
             &format!(
                 "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
@@ -517,16 +589,19 @@ pub(crate) fn delete(
         && old.pointer("/metadata/resourceVersion").and_then(Value::as_str) != Some(rv)
     {
         return Err(ApiError::conflict(
-            resource.group,
-            resource.plural,
+            &resource.group,
+            &resource.plural,
             &name,
             "the object has been modified; please apply your changes to the latest version and try again",
         ));
     }
+    if crd::is_definition(resource) {
+        return crd::delete(txn, resource, old);
+    }
     let key = key_of(old);
     let mut obj = (**old).clone();
     let generation = obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
-    if resource.kind == "Pod" {
+    if resource.custom.is_none() && resource.kind == "Pod" {
         let bound =
             obj.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
         let terminal = matches!(
@@ -568,5 +643,9 @@ pub(crate) fn delete(
         }
         return Ok(old.clone());
     }
-    Ok(txn.remove(resource, &key, obj))
+    let removed = txn.remove(resource, &key, obj);
+    if finish_definitions {
+        crd::after_removal(txn, resource);
+    }
+    Ok(removed)
 }

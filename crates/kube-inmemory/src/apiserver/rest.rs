@@ -2,6 +2,7 @@
 //! (get, list, watch, create, update, patch, apply, delete, deletecollection).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -10,7 +11,7 @@ use super::Shared;
 use super::discovery;
 use super::error::ApiError;
 use super::objects::{self, DeleteOptions, WriteContext, Written};
-use super::resources::{self, ResourceInfo};
+use super::resources::ResourceInfo;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::strategic;
 use super::table;
@@ -52,24 +53,28 @@ fn ok(body: Value) -> ApiResponse {
 
 /// The resource addressed by a path.
 struct Target {
-    resource: &'static ResourceInfo,
+    resource: Arc<ResourceInfo>,
     namespace: Option<String>,
     name: Option<String>,
     subresource: Option<String>,
 }
 
-fn parse_target(group: &str, version: &str, rest: &[&str], path: &str) -> Result<Target, ApiError> {
+fn parse_target(
+    shared: &Shared,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    path: &str,
+) -> Result<Target, ApiError> {
+    let lookup = |plural: &str| shared.store.with_registry(|r| r.lookup(group, version, plural));
     let (namespace, plural, tail) = match rest {
-        ["namespaces", ns, plural, tail @ ..]
-            if resources::lookup(group, version, plural).is_some_and(|r| r.namespaced) =>
-        {
+        ["namespaces", ns, plural, tail @ ..] if lookup(plural).is_some_and(|r| r.namespaced) => {
             (Some((*ns).to_owned()), *plural, tail)
         }
         [plural, tail @ ..] => (None, *plural, tail),
         [] => return Err(ApiError::no_route(path)),
     };
-    let resource =
-        resources::lookup(group, version, plural).ok_or_else(|| ApiError::no_route(path))?;
+    let resource = lookup(plural).ok_or_else(|| ApiError::no_route(path))?;
     let (name, subresource) = match tail {
         [] => (None, None),
         [name] => (Some((*name).to_owned()), None),
@@ -92,25 +97,33 @@ pub(crate) fn handle(shared: &Shared, req: &ApiRequest<'_>) -> Result<ApiRespons
         ["version"] if get => Ok(ok(discovery::version())),
         ["healthz" | "readyz" | "livez"] if get => Ok(ok(json!("ok"))),
         ["api"] if get => Ok(ok(discovery::core_versions(&shared.address))),
-        ["apis"] if get => Ok(ok(discovery::group_list())),
-        ["apis", group] if get => {
-            discovery::group(group).map(ok).ok_or_else(|| ApiError::no_route(req.path))
-        }
-        ["api", version] if get => discovery::resource_list("", version)
+        ["apis"] if get => Ok(ok(shared.store.with_registry(discovery::group_list))),
+        ["apis", group] if get => shared
+            .store
+            .with_registry(|r| discovery::group(r, group))
             .map(ok)
             .ok_or_else(|| ApiError::no_route(req.path)),
-        ["apis", group, version] if get => discovery::resource_list(group, version)
+        ["api", version] if get => shared
+            .store
+            .with_registry(|r| discovery::resource_list(r, "", version))
             .map(ok)
             .ok_or_else(|| ApiError::no_route(req.path)),
-        ["openapi", "v3"] if get => Ok(ok(discovery::openapi_index())),
-        ["openapi", "v3", rest @ ..] if get => discovery::openapi_group_version(&rest.join("/"))
+        ["apis", group, version] if get => shared
+            .store
+            .with_registry(|r| discovery::resource_list(r, group, version))
+            .map(ok)
+            .ok_or_else(|| ApiError::no_route(req.path)),
+        ["openapi", "v3"] if get => Ok(ok(shared.store.with_registry(discovery::openapi_index))),
+        ["openapi", "v3", rest @ ..] if get => shared
+            .store
+            .with_registry(|r| discovery::openapi_group_version(r, &rest.join("/")))
             .map(ok)
             .ok_or_else(|| ApiError::no_route(req.path)),
         ["api", version, rest @ ..] => {
-            resource_request(shared, req, &parse_target("", version, rest, req.path)?)
+            resource_request(shared, req, &parse_target(shared, "", version, rest, req.path)?)
         }
         ["apis", group, version, rest @ ..] => {
-            resource_request(shared, req, &parse_target(group, version, rest, req.path)?)
+            resource_request(shared, req, &parse_target(shared, group, version, rest, req.path)?)
         }
         _ => Err(ApiError::no_route(req.path)),
     }
@@ -159,10 +172,10 @@ fn parse_body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
     }
 }
 
-fn written(w: Written) -> ApiResponse {
+fn written(r: &ResourceInfo, w: Written) -> ApiResponse {
     ApiResponse::Json {
         code: if w.created { 201 } else { 200 },
-        body: (*w.object).clone(),
+        body: r.present(&w.object).into_owned(),
         warnings: w.warnings,
     }
 }
@@ -172,7 +185,7 @@ fn resource_request(
     req: &ApiRequest<'_>,
     target: &Target,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     if !r.namespaced && target.namespace.is_some() {
         return Err(ApiError::no_route(req.path));
     }
@@ -202,25 +215,20 @@ fn get(
     target: &Target,
     name: &str,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let obj = shared
         .store
         .transact(false, |t| t.get(r, &key(target, name)))
-        .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+        .ok_or_else(|| ApiError::not_found(&r.group, &r.plural, name))?;
     if table::wants_table(req.accept) {
         let rv = obj
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        return Ok(ok(table::table(
-            r.kind,
-            &[&obj],
-            &rv,
-            q(req, "includeObject") == Some("Object"),
-        )));
+        return Ok(ok(table::table(r, &[&obj], &rv, q(req, "includeObject") == Some("Object"))));
     }
-    Ok(ok((*obj).clone()))
+    Ok(ok(r.present(&obj).into_owned()))
 }
 
 fn selectors(
@@ -251,7 +259,7 @@ fn unhex(s: &str) -> Option<String> {
 }
 
 fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let (labels, fields) = selectors(req, r)?;
     let limit = match q(req, "limit") {
         None | Some("" | "0") => None,
@@ -273,10 +281,11 @@ fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRes
     // recorded through the newer API.
     if r.group.is_empty()
         && r.plural == "events"
-        && let Some(newer) = super::resources::lookup("events.k8s.io", "v1", "events")
+        && let Some(newer) =
+            shared.store.with_registry(|reg| reg.lookup("events.k8s.io", "v1", "events"))
     {
         let converted =
-            shared.store.transact(false, |t| t.list(newer, target.namespace.as_deref()));
+            shared.store.transact(false, |t| t.list(&newer, target.namespace.as_deref()));
         objects.extend(converted.iter().map(|e| std::sync::Arc::new(core_event(e))));
         objects.sort_by_key(|o| {
             let (ns, name) = objects::key_of(o);
@@ -305,17 +314,14 @@ fn list(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRes
         }
     }
     if table::wants_table(req.accept) {
-        let mut t = table::table(
-            r.kind,
-            &items,
-            &rv.to_string(),
-            q(req, "includeObject") == Some("Object"),
-        );
+        let mut t =
+            table::table(r, &items, &rv.to_string(), q(req, "includeObject") == Some("Object"));
         t["metadata"] = meta;
         return Ok(ok(t));
     }
-    let head =
-        json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta});
+    let head = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": meta});
+    let presented: Vec<std::borrow::Cow<'_, Value>> = items.iter().map(|o| r.present(o)).collect();
+    let items: Vec<&Value> = presented.iter().map(AsRef::as_ref).collect();
     Ok(ApiResponse::Bytes { code: 200, body: list_body(&head, &items) })
 }
 
@@ -337,7 +343,7 @@ fn list_body(head: &Value, items: &[&Value]) -> Vec<u8> {
 }
 
 fn watch(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let (labels, fields) = selectors(req, r)?;
     let since = match q(req, "resourceVersion") {
         None | Some("" | "0") => None,
@@ -354,7 +360,7 @@ fn watch(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRe
         _ => shared.options.default_watch_timeout,
     };
     Ok(ApiResponse::Watch(WatchRequest {
-        resource: r,
+        resource: target.resource.clone(),
         namespace: target.namespace.clone(),
         labels,
         fields,
@@ -382,14 +388,14 @@ fn context<'a>(
 }
 
 fn create(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let mut obj = parse_body(req)?;
     objects::check_type_meta(r, &mut obj)?;
     objects::set_namespace(r, &mut obj, target.namespace.as_deref())?;
     let manager = update_manager(req);
     let ctx = context(shared, req, manager, target)?;
     let w = shared.store.transact(dry_run(req)?, |t| objects::create(t, r, obj, &ctx, None))?;
-    Ok(written(w))
+    Ok(written(r, w))
 }
 
 fn update(
@@ -398,7 +404,7 @@ fn update(
     target: &Target,
     name: &str,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let mut obj = parse_body(req)?;
     objects::check_type_meta(r, &mut obj)?;
     objects::set_namespace(r, &mut obj, target.namespace.as_deref())?;
@@ -413,11 +419,11 @@ fn update(
     let w = shared.store.transact(dry_run(req)?, |t| {
         let old = t
             .get(r, &key(target, name))
-            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+            .ok_or_else(|| ApiError::not_found(&r.group, &r.plural, name))?;
         check_rv_precondition(r, &obj, &old, name)?;
         objects::update(t, r, &old, obj, &ctx, false)
     })?;
-    Ok(written(w))
+    Ok(written(r, w))
 }
 
 fn check_rv_precondition(
@@ -431,8 +437,8 @@ fn check_rv_precondition(
         && Some(rv) != old.pointer("/metadata/resourceVersion").and_then(Value::as_str)
     {
         return Err(ApiError::conflict(
-            r.group,
-            r.plural,
+            &r.group,
+            &r.plural,
             name,
             "the object has been modified; please apply your changes to the latest version and try again",
         ));
@@ -448,7 +454,7 @@ fn server_side_apply_patch(
     name: &str,
     dry: bool,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let manager = q(req, "fieldManager").filter(|m| !m.is_empty()).ok_or_else(|| {
         ApiError::invalid(
             "PatchOptions",
@@ -484,7 +490,7 @@ fn server_side_apply_patch(
         let live = t.get(r, &key(target, name));
         objects::server_side_apply(t, r, live.as_ref(), config, &ctx, force)
     })?;
-    Ok(written(w))
+    Ok(written(r, w))
 }
 
 fn patch(
@@ -493,7 +499,7 @@ fn patch(
     target: &Target,
     name: &str,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let ct = req.content_type.split(';').next().unwrap_or_default().trim().to_owned();
     let dry = dry_run(req)?;
     if ct == "application/apply-patch+yaml" || ct == "application/apply-patch+json" {
@@ -514,7 +520,7 @@ fn patch(
     let w = shared.store.transact(dry, |t| {
         let old = t
             .get(r, &key(target, name))
-            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+            .ok_or_else(|| ApiError::not_found(&r.group, &r.plural, name))?;
         let mut doc = (*old).clone();
         match ct.as_str() {
             "application/json-patch+json" => {
@@ -533,6 +539,14 @@ fn patch(
                 }
                 json_patch::merge(&mut doc, &patch_doc);
             }
+            // The real server has no merge keys for custom resources: 415, as there.
+            "application/strategic-merge-patch+json" if r.custom.is_some() => {
+                return Err(ApiError::with(
+                    415,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                ));
+            }
             "application/strategic-merge-patch+json" => {
                 if !patch_doc.is_object() {
                     return Err(ApiError::bad_request(
@@ -549,7 +563,7 @@ fn patch(
         }
         objects::update(t, r, &old, doc, &ctx, false)
     })?;
-    Ok(written(w))
+    Ok(written(r, w))
 }
 
 fn delete_options(req: &ApiRequest<'_>) -> Result<DeleteOptions, ApiError> {
@@ -579,15 +593,15 @@ fn delete(
     target: &Target,
     name: &str,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let opts = delete_options(req)?;
     let obj = shared.store.transact(dry_run(req)?, |t| {
         let old = t
             .get(r, &key(target, name))
-            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+            .ok_or_else(|| ApiError::not_found(&r.group, &r.plural, name))?;
         objects::delete(t, r, &old, &opts)
     })?;
-    Ok(ok((*obj).clone()))
+    Ok(ok(r.present(&obj).into_owned()))
 }
 
 fn delete_collection(
@@ -595,7 +609,7 @@ fn delete_collection(
     req: &ApiRequest<'_>,
     target: &Target,
 ) -> Result<ApiResponse, ApiError> {
-    let r = target.resource;
+    let r = &*target.resource;
     let (labels, fields) = selectors(req, r)?;
     let opts = delete_options(req)?;
     let deleted: Vec<Value> =
@@ -603,13 +617,14 @@ fn delete_collection(
             let all = t.list(r, target.namespace.as_deref());
             let mut out = Vec::new();
             for o in all.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
-                out.push((*objects::delete(t, r, o, &opts)?).clone());
+                let gone = objects::delete(t, r, o, &opts)?;
+                out.push(r.present(&gone).into_owned());
             }
             Ok(out)
         })?;
     let rv = shared.store.current_rv();
     Ok(ok(
-        json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
+        json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
     ))
 }
 

@@ -203,8 +203,8 @@ mod tests {
 
     #[test]
     fn field_selectors_checked_per_resource() {
-        let pods = super::super::resources::lookup("", "v1", "pods").unwrap();
-        let nodes = super::super::resources::lookup("", "v1", "nodes").unwrap();
+        let pods = &*super::super::resources::built_in_resource("", "v1", "pods").unwrap();
+        let nodes = &*super::super::resources::built_in_resource("", "v1", "nodes").unwrap();
         let o = obj(&json!({}));
         assert!(FieldSelector::parse("spec.nodeName=n1", pods).unwrap().matches(&o));
         assert!(!FieldSelector::parse("spec.nodeName!=n1", pods).unwrap().matches(&o));

@@ -1,13 +1,14 @@
-//! The object store: every object of every resource in memory, one global resourceVersion
-//! counter, and a bounded history of change events that watches resume from.
+//! The object store: every object of every resource in memory, the registry of served
+//! resources, one global resourceVersion counter, and a bounded history of change events
+//! that watches resume from.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::resources::{RESOURCES, ResourceInfo};
+use super::resources::{Registry, ResourceInfo, StorageId};
 
 /// The type of a watch event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +26,8 @@ pub(crate) enum EventType {
 pub(crate) struct ChangeEvent {
     /// The resourceVersion the change produced.
     pub(crate) rv: u64,
-    /// Index of the resource in [`RESOURCES`].
-    pub(crate) resource: usize,
+    /// The store of the resource.
+    pub(crate) resource: StorageId,
     /// What happened.
     pub(crate) kind: EventType,
     /// The object after the change (for deletes: the final state).
@@ -52,7 +53,8 @@ pub(crate) type ObjectKey = (String, String);
 
 struct Inner {
     rv: u64,
-    objects: Vec<BTreeMap<ObjectKey, Arc<Value>>>,
+    registry: Registry,
+    objects: HashMap<StorageId, BTreeMap<ObjectKey, Arc<Value>>>,
     history: VecDeque<ChangeEvent>,
     history_bytes: usize,
     /// Highest resourceVersion whose event left the history; watches from an older
@@ -85,14 +87,6 @@ fn json_size(v: &Value) -> usize {
     c.0
 }
 
-/// The index of a resource in [`RESOURCES`].
-pub(crate) fn resource_index(resource: &ResourceInfo) -> usize {
-    RESOURCES
-        .iter()
-        .position(|r| std::ptr::eq(r, resource))
-        .expect("every ResourceInfo handed around comes from the RESOURCES table")
-}
-
 /// A read-write transaction under the store lock. Changes are visible to readers and
 /// watchers when it ends.
 pub(crate) struct Txn<'a> {
@@ -108,14 +102,44 @@ impl Txn<'_> {
         self.inner.rv
     }
 
+    /// The registry of served resources.
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// The registry, to install or remove custom resources. In a dry run the changes
+    /// are not made.
+    pub(crate) fn registry_mut(&mut self) -> Option<&mut Registry> {
+        if self.dry_run {
+            return None;
+        }
+        self.changed = true;
+        Some(&mut self.inner.registry)
+    }
+
     /// The stored object, if any.
     pub(crate) fn get(&self, resource: &ResourceInfo, key: &ObjectKey) -> Option<Arc<Value>> {
-        self.inner.objects[resource_index(resource)].get(key).cloned()
+        self.inner.objects.get(&resource.storage)?.get(key).cloned()
+    }
+
+    /// Number of objects of a resource.
+    pub(crate) fn count(&self, resource: &ResourceInfo) -> usize {
+        self.inner.objects.get(&resource.storage).map_or(0, BTreeMap::len)
+    }
+
+    /// Drops the objects of a store that is no longer served (their DELETED events were
+    /// recorded already).
+    pub(crate) fn drop_storage(&mut self, storage: StorageId) {
+        if !self.dry_run {
+            self.inner.objects.remove(&storage);
+        }
     }
 
     /// All objects of a resource, optionally in one namespace, in key order.
     pub(crate) fn list(&self, resource: &ResourceInfo, namespace: Option<&str>) -> Vec<Arc<Value>> {
-        let map = &self.inner.objects[resource_index(resource)];
+        let Some(map) = self.inner.objects.get(&resource.storage) else {
+            return Vec::new();
+        };
         match namespace {
             Some(ns) => map
                 .range((ns.to_owned(), String::new())..)
@@ -155,8 +179,8 @@ impl Txn<'_> {
         }
         self.inner.rv = rv;
         self.changed = true;
-        let idx = resource_index(resource);
-        let previous = self.inner.objects[idx].insert(key, object.clone());
+        let idx = resource.storage;
+        let previous = self.inner.objects.entry(idx).or_default().insert(key, object.clone());
         let size = json_size(&object);
         let kind = if previous.is_some() { EventType::Modified } else { EventType::Added };
         self.record(ChangeEvent {
@@ -186,8 +210,8 @@ impl Txn<'_> {
         }
         self.inner.rv = rv;
         self.changed = true;
-        let idx = resource_index(resource);
-        let previous = self.inner.objects[idx].remove(key);
+        let idx = resource.storage;
+        let previous = self.inner.objects.get_mut(&idx).and_then(|m| m.remove(key));
         let size = json_size(&object);
         self.record(ChangeEvent {
             rv,
@@ -208,6 +232,15 @@ pub(crate) struct Expired {
     pub(crate) oldest: u64,
 }
 
+/// Why a watch stops.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum WatchEnd {
+    /// The history no longer reaches back to the watcher's version.
+    Expired(Expired),
+    /// The resource is no longer served (its definition was deleted).
+    Removed,
+}
+
 impl Store {
     /// An empty store whose change history stays within `limits`.
     pub(crate) fn new(limits: HistoryLimits) -> Self {
@@ -215,7 +248,8 @@ impl Store {
         Self {
             inner: Mutex::new(Inner {
                 rv: 1,
-                objects: RESOURCES.iter().map(|_| BTreeMap::new()).collect(),
+                registry: Registry::new(),
+                objects: HashMap::new(),
                 history: VecDeque::new(),
                 history_bytes: 0,
                 dropped_through: 0,
@@ -250,19 +284,29 @@ impl Store {
     }
 
     /// Events of `resource` after `since`, and the version they bring the caller to.
+    /// A store that is no longer served ends the watch once its last events (the
+    /// deletions of its objects) were handed out.
     pub(crate) fn events_since(
         &self,
-        resource: usize,
+        resource: StorageId,
         since: u64,
-    ) -> Result<(Vec<ChangeEvent>, u64), Expired> {
+    ) -> Result<(Vec<ChangeEvent>, u64), WatchEnd> {
         let inner = self.lock();
         if since < inner.dropped_through {
-            return Err(Expired { oldest: inner.dropped_through });
+            return Err(WatchEnd::Expired(Expired { oldest: inner.dropped_through }));
         }
         let start = inner.history.partition_point(|e| e.rv <= since);
-        let events =
+        let events: Vec<ChangeEvent> =
             inner.history.range(start..).filter(|e| e.resource == resource).cloned().collect();
+        if events.is_empty() && !inner.registry.has_storage(resource) {
+            return Err(WatchEnd::Removed);
+        }
         Ok((events, inner.rv.max(since)))
+    }
+
+    /// Runs `f` on the registry of served resources.
+    pub(crate) fn with_registry<T>(&self, f: impl FnOnce(&Registry) -> T) -> T {
+        f(&self.lock().registry)
     }
 
     /// Whether a watch could start at `since`.
@@ -292,8 +336,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pods() -> &'static ResourceInfo {
-        super::super::resources::lookup("", "v1", "pods").unwrap()
+    fn pods() -> Arc<ResourceInfo> {
+        super::super::resources::built_in_resource("", "v1", "pods").unwrap()
     }
 
     #[test]
@@ -302,7 +346,7 @@ mod tests {
         for i in 0..5 {
             store.transact(false, |t| {
                 t.put(
-                    pods(),
+                    &pods(),
                     ("ns".into(), format!("p{i}")),
                     json!({"metadata": {"name": format!("p{i}")}}),
                 );
@@ -311,8 +355,8 @@ mod tests {
         assert_eq!(store.history_len(), 3);
         assert_eq!(store.current_rv(), 6);
         // Events with rv 2 and 3 were dropped: resuming from 2 would miss rv 3.
-        assert!(store.events_since(resource_index(pods()), 2).is_err());
-        let (events, rv) = store.events_since(resource_index(pods()), 3).unwrap();
+        assert!(store.events_since(pods().storage, 2).is_err());
+        let (events, rv) = store.events_since(pods().storage, 3).unwrap();
         assert_eq!(events.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![4, 5, 6]);
         assert_eq!(rv, 6);
     }
@@ -323,22 +367,22 @@ mod tests {
         let big = "x".repeat(900);
         for i in 0..5 {
             store.transact(false, |t| {
-                t.put(pods(), ("ns".into(), format!("p{i}")), json!({"metadata": {"name": big}}));
+                t.put(&pods(), ("ns".into(), format!("p{i}")), json!({"metadata": {"name": big}}));
             });
         }
         assert_eq!(store.history_len(), 2);
-        assert!(store.events_since(resource_index(pods()), 3).is_err());
-        assert!(store.events_since(resource_index(pods()), 4).is_ok());
+        assert!(store.events_since(pods().storage, 3).is_err());
+        assert!(store.events_since(pods().storage, 4).is_ok());
     }
 
     #[test]
     fn dry_run_changes_nothing() {
         let store = Store::new(HistoryLimits { events: 10, bytes: usize::MAX });
         let obj = store
-            .transact(true, |t| t.put(pods(), ("ns".into(), "a".into()), json!({"metadata": {}})));
+            .transact(true, |t| t.put(&pods(), ("ns".into(), "a".into()), json!({"metadata": {}})));
         assert_eq!(obj["metadata"]["resourceVersion"], "2");
         assert_eq!(store.current_rv(), 1);
-        assert!(store.transact(false, |t| t.list(pods(), None)).is_empty());
+        assert!(store.transact(false, |t| t.list(&pods(), None)).is_empty());
     }
 
     #[test]
@@ -346,11 +390,11 @@ mod tests {
         let store = Store::new(HistoryLimits { events: 10, bytes: usize::MAX });
         store.transact(false, |t| {
             for (ns, n) in [("a", "x"), ("ab", "y"), ("a", "z"), ("b", "w")] {
-                t.put(pods(), (ns.into(), n.into()), json!({"metadata": {"name": n}}));
+                t.put(&pods(), (ns.into(), n.into()), json!({"metadata": {"name": n}}));
             }
         });
         let names: Vec<_> = store
-            .transact(false, |t| t.list(pods(), Some("a")))
+            .transact(false, |t| t.list(&pods(), Some("a")))
             .iter()
             .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned())
             .collect();

@@ -93,16 +93,16 @@ fn merge_object(resource: &ResourceInfo, target: &mut Value, patch: &Value, sche
             obj.get_mut(&list).and_then(Value::as_array_mut),
         ) {
             let position = |item: &Value| {
-                order.iter().position(|o| same_key(o, item, keys)).unwrap_or(usize::MAX)
+                order.iter().position(|o| same_key(o, item, &keys)).unwrap_or(usize::MAX)
             };
             items.sort_by_key(position);
         }
     }
 }
 
-fn same_key(a: &Value, b: &Value, keys: &[&str]) -> bool {
-    let present: Vec<&&str> = keys.iter().filter(|k| a.get(**k).is_some()).collect();
-    !present.is_empty() && present.iter().all(|k| a.get(**k) == b.get(**k))
+fn same_key(a: &Value, b: &Value, keys: &[String]) -> bool {
+    let present: Vec<&String> = keys.iter().filter(|k| a.get(k.as_str()).is_some()).collect();
+    !present.is_empty() && present.iter().all(|k| a.get(k.as_str()) == b.get(k.as_str()))
 }
 
 fn merge_list(resource: &ResourceInfo, existing: &mut Vec<Value>, items: &[Value], path: &str) {
@@ -114,7 +114,7 @@ fn merge_list(resource: &ResourceInfo, existing: &mut Vec<Value>, items: &[Value
             }
             let item_schema = format!("{path}[]");
             for item in items {
-                let pos = existing.iter().position(|e| same_key(item, e, keys));
+                let pos = existing.iter().position(|e| same_key(item, e, &keys));
                 if item.get("$patch").and_then(Value::as_str) == Some("delete") {
                     if let Some(p) = pos {
                         existing.remove(p);
@@ -159,8 +159,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pods() -> &'static ResourceInfo {
-        super::super::resources::lookup("", "v1", "pods").unwrap()
+    fn pods() -> std::sync::Arc<ResourceInfo> {
+        super::super::resources::built_in_resource("", "v1", "pods").unwrap()
     }
 
     #[test]
@@ -170,7 +170,7 @@ mod tests {
         let patch = json!({"metadata": {"labels": {"b": null}},
             "spec": {"$setElementOrder/containers": [{"name": "d"}, {"name": "c"}],
                      "containers": [{"name": "d", "image": "nginx:2"}]}});
-        apply(pods(), &mut pod, &patch);
+        apply(&pods(), &mut pod, &patch);
         assert_eq!(pod["metadata"]["labels"], json!({"a": "1"}));
         assert_eq!(
             pod["spec"]["containers"],
@@ -186,7 +186,7 @@ mod tests {
         let mut pod = json!({"metadata": {"finalizers": ["a"]}, "spec": {"containers": [{"name": "c"}, {"name": "d"}], "nodeSelector": {"x": "1"}}});
         let patch = json!({"metadata": {"finalizers": ["b"], "$deleteFromPrimitiveList/finalizers": ["a"]},
             "spec": {"containers": [{"name": "c", "$patch": "delete"}], "nodeSelector": {"$patch": "replace", "y": "2"}}});
-        apply(pods(), &mut pod, &patch);
+        apply(&pods(), &mut pod, &patch);
         assert_eq!(pod["metadata"]["finalizers"], json!(["b"]));
         assert_eq!(pod["spec"]["containers"], json!([{"name": "d"}]));
         assert_eq!(pod["spec"]["nodeSelector"], json!({"y": "2"}));

@@ -2,6 +2,9 @@
 
 use serde_json::{Value, json};
 
+use super::crd::Column as CustomColumn;
+use super::resources::ResourceInfo;
+
 /// Whether the `Accept` header asks for a Table.
 pub(crate) fn wants_table(accept: &str) -> bool {
     accept.split(',').next().is_some_and(|first| first.contains("as=Table"))
@@ -168,25 +171,58 @@ fn columns(kind: &str) -> Vec<Column> {
     }
 }
 
-/// A Table of `objects` of `kind` with kubectl's columns for it. `include_object` selects
-/// whether rows carry the full object or only its metadata (`includeObject=Object|Metadata`).
+fn row_object(o: &Value, include_object: bool) -> Value {
+    if include_object {
+        o.clone()
+    } else {
+        json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]})
+    }
+}
+
+fn table_doc(resource_version: &str, definitions: &[Value], rows: &[Value]) -> Value {
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": definitions,
+        "rows": rows,
+    })
+}
+
+/// A Table of `objects` of `resource` with kubectl's columns for it (a custom resource's
+/// `additionalPrinterColumns`). `include_object` selects whether rows carry the full
+/// object or only its metadata (`includeObject=Object|Metadata`).
 pub(crate) fn table(
-    kind: &str,
+    resource: &ResourceInfo,
     objects: &[&Value],
     resource_version: &str,
     include_object: bool,
 ) -> Value {
+    if let Some(custom) = &resource.custom {
+        return custom_table(&custom.columns, objects, resource_version, include_object);
+    }
+    if resource.kind == "CustomResourceDefinition" {
+        let rows: Vec<Value> = objects
+            .iter()
+            .map(|o| {
+                let cells =
+                    json!([text(o, "/metadata/name"), text(o, "/metadata/creationTimestamp")]);
+                json!({"cells": cells, "object": row_object(o, include_object)})
+            })
+            .collect();
+        let definitions = vec![
+            json!({"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}),
+            json!({"name": "Created At", "type": "date", "format": "", "description": "", "priority": 0}),
+        ];
+        return table_doc(resource_version, &definitions, &rows);
+    }
+    let kind = resource.kind.as_str();
     let columns = columns(kind);
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| {
-            let object = if include_object {
-                (*o).clone()
-            } else {
-                json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]})
-            };
             let cells: Vec<Value> = columns.iter().map(|c| (c.cell)(o)).collect();
-            json!({"cells": cells, "object": object})
+            json!({"cells": cells, "object": row_object(o, include_object)})
         })
         .collect();
     let definitions: Vec<Value> = columns
@@ -197,13 +233,69 @@ pub(crate) fn table(
             json!({"name": c.name, "type": kind, "format": format, "description": "", "priority": i32::from(c.wide)})
         })
         .collect();
-    json!({
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": definitions,
-        "rows": rows,
-    })
+    table_doc(resource_version, &definitions, &rows)
+}
+
+/// One cell of a custom column, as the real server's table convertor renders it:
+/// strings through JSONPath printing (lists and maps as JSON), dates as ages, numbers
+/// and booleans as they are; missing values as null.
+fn custom_cell(column: &CustomColumn, obj: &Value) -> Value {
+    let Some(value) = column.path.find(obj).into_iter().next() else {
+        return Value::Null;
+    };
+    match (column.ty.as_str(), value) {
+        ("string", Value::String(s)) => json!(s),
+        ("string", Value::Null) => Value::Null,
+        ("string", other) => json!(other.to_string()),
+        ("integer", Value::Number(n)) => {
+            // As Go's int64(float64): truncated.
+            #[allow(clippy::cast_possible_truncation, reason = "upstream truncates too")]
+            let truncated = n.as_f64().map(|f| f as i64);
+            n.as_i64().map_or_else(|| json!(truncated), |i| json!(i))
+        }
+        ("number", Value::Number(n)) => json!(n.as_f64()),
+        ("boolean", Value::Bool(b)) => json!(b),
+        ("date", Value::String(s)) => match s.parse::<k8s_openapi::jiff::Timestamp>() {
+            Ok(t) => json!(human_age(super::objects::unix_now() - t.as_second())),
+            Err(_) => json!("<invalid>"),
+        },
+        _ => Value::Null,
+    }
+}
+
+fn custom_table(
+    columns: &[CustomColumn],
+    objects: &[&Value],
+    resource_version: &str,
+    include_object: bool,
+) -> Value {
+    let name = json!({"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0});
+    // Without printer columns a custom resource shows its age, as upstream.
+    if columns.is_empty() {
+        let rows: Vec<Value> = objects
+            .iter()
+            .map(|o| {
+                let cells = json!([text(o, "/metadata/name"), age_of(o)]);
+                json!({"cells": cells, "object": row_object(o, include_object)})
+            })
+            .collect();
+        let age =
+            json!({"name": "Age", "type": "date", "format": "", "description": "", "priority": 0});
+        return table_doc(resource_version, &[name, age], &rows);
+    }
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|o| {
+            let mut cells = vec![text(o, "/metadata/name")];
+            cells.extend(columns.iter().map(|c| custom_cell(c, o)));
+            json!({"cells": cells, "object": row_object(o, include_object)})
+        })
+        .collect();
+    let mut definitions = vec![name];
+    definitions.extend(columns.iter().map(|c| {
+        json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority})
+    }));
+    table_doc(resource_version, &definitions, &rows)
 }
 
 #[cfg(test)]
@@ -227,7 +319,11 @@ mod tests {
             "spec": {"nodeName": "n1", "containers": [{"name": "a"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
         });
-        let t = table("Pod", &[&pod], "5", false);
+        let pods = super::super::resources::built_in_resource("", "v1", "pods").unwrap();
+        let claims =
+            super::super::resources::built_in_resource("resource.k8s.io", "v1", "resourceclaims")
+                .unwrap();
+        let t = table(&pods, &[&pod], "5", false);
         let names: Vec<&str> = t["columnDefinitions"]
             .as_array()
             .unwrap()
@@ -250,11 +346,14 @@ mod tests {
                 "devices": [{"networkData": {"interfaceName": "net1", "ips": ["10.0.0.2/24"]}}],
             },
         });
-        let cells = &table("ResourceClaim", &[&claim], "5", false)["rows"][0]["cells"];
+        let cells = &table(&claims, &[&claim], "5", false)["rows"][0]["cells"];
         assert_eq!(cells[1], "allocated,reserved");
         assert_eq!(cells[3], "eth1");
         assert_eq!(cells[4], "net1=10.0.0.2/24");
-        let cells = &table("ConfigMap", &[&claim], "5", false)["rows"][0]["cells"];
+        let leases =
+            super::super::resources::built_in_resource("coordination.k8s.io", "v1", "leases")
+                .unwrap();
+        let cells = &table(&leases, &[&claim], "5", false)["rows"][0]["cells"];
         assert_eq!(cells.as_array().unwrap().len(), 2);
     }
 

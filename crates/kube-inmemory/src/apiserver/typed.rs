@@ -12,6 +12,7 @@ use k8s_openapi::api::events::v1::Event as EventsEvent;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 use super::error::ApiError;
 use super::resources::ResourceInfo;
@@ -47,7 +48,10 @@ fn roundtrip<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, String
 }
 
 fn typed_form(resource: &ResourceInfo, v: &Value) -> Option<Result<Value, String>> {
-    Some(match (resource.group, resource.kind) {
+    if resource.custom.is_some() {
+        return None;
+    }
+    Some(match (resource.group.as_str(), resource.kind.as_str()) {
         ("", "Namespace") => roundtrip::<Namespace>(v),
         ("", "Node") => roundtrip::<Node>(v),
         ("", "Pod") => roundtrip::<Pod>(v),
@@ -58,7 +62,9 @@ fn typed_form(resource: &ResourceInfo, v: &Value) -> Option<Result<Value, String
         ("resource.k8s.io", "DeviceClass") => roundtrip::<DeviceClass>(v),
         ("resource.k8s.io", "ResourceClaim") => roundtrip::<ResourceClaim>(v),
         ("resource.k8s.io", "ResourceClaimTemplate") => roundtrip::<ResourceClaimTemplate>(v),
-        // Our own kinds carry no compiled schema: everything is preserved.
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            roundtrip::<CustomResourceDefinition>(v)
+        }
         _ => return None,
     })
 }
@@ -113,13 +119,18 @@ fn remove_path(v: &mut Value, path: &str) {
     }
 }
 
-/// Checks that `obj` decodes as its type and handles unknown fields per `mode`. Returns
-/// warnings for the `Warning` header.
+/// Checks that `obj` decodes as its type and handles unknown fields per `mode`; a
+/// custom resource is pruned against its schema and, with `defaults`, defaulted.
+/// Returns warnings for the `Warning` header.
 pub(crate) fn check(
     resource: &ResourceInfo,
     obj: &mut Value,
     mode: FieldValidation,
+    defaults: bool,
 ) -> Result<Vec<String>, ApiError> {
+    if let Some(custom) = &resource.custom {
+        return super::crd::decode(custom, obj, mode, defaults);
+    }
     let Some(typed) = typed_form(resource, obj) else {
         return Ok(Vec::new());
     };
@@ -155,8 +166,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn slices() -> &'static ResourceInfo {
-        super::super::resources::lookup("resource.k8s.io", "v1", "resourceslices").unwrap()
+    fn slices() -> std::sync::Arc<ResourceInfo> {
+        super::super::resources::built_in_resource("resource.k8s.io", "v1", "resourceslices")
+            .unwrap()
     }
 
     fn slice() -> Value {
@@ -168,11 +180,11 @@ mod tests {
     #[test]
     fn unknown_fields_pruned_warned_or_rejected() {
         let mut obj = slice();
-        let warnings = check(slices(), &mut obj, FieldValidation::Warn).unwrap();
+        let warnings = check(&slices(), &mut obj, FieldValidation::Warn, true).unwrap();
         assert_eq!(warnings, vec!["unknown field \"spec.devices[0].bogus\""]);
         assert_eq!(obj["spec"]["devices"][0], json!({"name": "a"}));
         let mut obj = slice();
-        let err = check(slices(), &mut obj, FieldValidation::Strict).unwrap_err();
+        let err = check(&slices(), &mut obj, FieldValidation::Strict, true).unwrap_err();
         assert_eq!(err.code, 400);
         assert!(err.message.contains("spec.devices[0].bogus"));
     }
@@ -181,6 +193,9 @@ mod tests {
     fn wrong_types_are_bad_requests() {
         let mut obj = slice();
         obj["spec"]["pool"]["generation"] = json!("one");
-        assert_eq!(check(slices(), &mut obj, FieldValidation::Ignore).unwrap_err().code, 400);
+        assert_eq!(
+            check(&slices(), &mut obj, FieldValidation::Ignore, true).unwrap_err().code,
+            400
+        );
     }
 }

@@ -16,7 +16,10 @@ type Errors = Vec<FieldError>;
 pub(crate) fn validate(resource: &ResourceInfo, obj: &Value, old: Option<&Value>) -> Errors {
     let mut errs = Vec::new();
     validate_metadata(resource, obj, &mut errs);
-    match (resource.group, resource.kind) {
+    if resource.custom.is_some() {
+        return errs;
+    }
+    match (resource.group.as_str(), resource.kind.as_str()) {
         ("resource.k8s.io", "ResourceSlice") => validate_slice(obj, old, &mut errs),
         ("resource.k8s.io", "ResourceClaim") => validate_claim(obj, old, &mut errs),
         ("resource.k8s.io", "ResourceClaimTemplate") => {

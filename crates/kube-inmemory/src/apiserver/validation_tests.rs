@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::resources::lookup;
+use super::resources::built_in_resource as lookup;
 use super::validation::validate;
 
 type Mutate = fn(&mut Value);
@@ -110,7 +110,7 @@ fn run(base: fn() -> Value, kind: (&str, &str), cases: &[Case<'_>]) {
     for (name, mutate, expect) in cases {
         let mut obj = base();
         mutate(&mut obj);
-        let errs = validate(resource, &obj, None);
+        let errs = validate(&resource, &obj, None);
         match expect {
             None if !errs.is_empty() => {
                 failures.push(format!("{name}: expected valid, got {errs:?}"));
@@ -635,12 +635,12 @@ fn resource_slice_immutable_fields() {
     for (field, mutate) in mutations {
         let mut new = old.clone();
         mutate(&mut new);
-        let errs = validate(r, &new, Some(&old));
+        let errs = validate(&r, &new, Some(&old));
         assert!(errs.iter().any(|e| e.field == field), "{field}: {errs:?}");
     }
     let mut bumped = old.clone();
     bumped["spec"]["pool"]["generation"] = json!(2);
-    assert!(validate(r, &bumped, Some(&old)).is_empty());
+    assert!(validate(&r, &bumped, Some(&old)).is_empty());
 }
 
 #[test]
@@ -953,7 +953,7 @@ fn resource_claim_spec_rules() {
     let old = claim();
     let mut new = old.clone();
     new["spec"]["devices"]["requests"][0]["name"] = json!("other");
-    assert!(validate(r, &new, Some(&old)).iter().any(|e| e.field == "spec"));
+    assert!(validate(&r, &new, Some(&old)).iter().any(|e| e.field == "spec"));
 }
 
 #[test]
@@ -964,10 +964,10 @@ fn device_class_rules() {
                "spec": {"selectors": (0..selectors).map(|_| json!({"cel": {"expression": "true"}})).collect::<Vec<_>>(),
                         "config": [{"opaque": {"driver": "netclaim.dev", "parameters": params}}]}})
     };
-    assert!(validate(r, &class(32, data_of_len(10240)), None).is_empty());
-    assert!(validate(r, &class(33, json!({})), None).iter().any(|e| e.field == "spec.selectors"));
+    assert!(validate(&r, &class(32, data_of_len(10240)), None).is_empty());
+    assert!(validate(&r, &class(33, json!({})), None).iter().any(|e| e.field == "spec.selectors"));
     assert!(
-        validate(r, &class(1, data_of_len(10241)), None)
+        validate(&r, &class(1, data_of_len(10241)), None)
             .iter()
             .any(|e| e.field == "spec.config[0].opaque.parameters")
     );

@@ -11,13 +11,13 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::resources::ResourceInfo;
 use super::selectors::{FieldSelector, LabelSelector};
-use super::store::{EventType, Store, resource_index};
+use super::store::{EventType, Store, WatchEnd};
 use super::table;
 
 /// What a watch filters and how it starts.
 pub(crate) struct WatchRequest {
     /// The resource watched.
-    pub(crate) resource: &'static ResourceInfo,
+    pub(crate) resource: Arc<ResourceInfo>,
     /// Only this namespace, if set.
     pub(crate) namespace: Option<String>,
     /// Label filter.
@@ -47,14 +47,15 @@ impl WatchRequest {
     }
 
     fn event(&self, kind: &str, obj: &Value) -> String {
+        let obj = self.resource.present(obj);
         let object = if self.as_table {
             let rv = obj
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            table::table(self.resource.kind, &[obj], rv, false)
+            table::table(&self.resource, &[&obj], rv, false)
         } else {
-            obj.clone()
+            obj.into_owned()
         };
         let mut line = json!({"type": kind, "object": object}).to_string();
         line.push('\n');
@@ -100,8 +101,8 @@ pub(crate) async fn run(
             rv
         }
         _ => {
-            let (objects, rv) =
-                store.transact(false, |t| (t.list(req.resource, req.namespace.as_deref()), t.rv()));
+            let (objects, rv) = store
+                .transact(false, |t| (t.list(&req.resource, req.namespace.as_deref()), t.rv()));
             for o in objects.iter().filter(|o| req.matches(o)) {
                 if tx.send(req.event("ADDED", o)).await.is_err() {
                     return;
@@ -113,17 +114,20 @@ pub(crate) async fn run(
             rv
         }
     };
-    let idx = resource_index(req.resource);
+    let idx = req.resource.storage;
     let mut bookmark_tick = tokio::time::interval_at(
         tokio::time::Instant::now() + req.bookmark_interval,
         req.bookmark_interval,
     );
     loop {
         match store.events_since(idx, cursor) {
-            Err(e) => {
+            Err(WatchEnd::Expired(e)) => {
                 let _ = tx.send(expired_line(cursor, e.oldest)).await;
                 return;
             }
+            // The definition of a custom resource was deleted: its watches end, as the
+            // real server's do when it tears the resource's storage down.
+            Err(WatchEnd::Removed) => return,
             Ok((events, rv)) => {
                 for ev in events {
                     let now_matches = req.matches(&ev.object);
@@ -143,6 +147,10 @@ pub(crate) async fn run(
                     }
                 }
                 cursor = rv;
+                // The last events of a resource whose definition was deleted are out.
+                if !store.with_registry(|r| r.has_storage(idx)) {
+                    return;
+                }
             }
         }
         tokio::select! {
