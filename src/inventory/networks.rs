@@ -9,7 +9,7 @@
 //! on a device another network already holds; the older network (creationTimestamp, then
 //! name) keeps it and the conflict is reported.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -507,17 +507,6 @@ impl NetworkPlan {
                 self.exclusive.insert(if_name.to_owned(), network.name.clone());
             }
         }
-    }
-
-    /// Names of every network this plan publishes somewhere.
-    #[must_use]
-    pub fn published_networks(&self) -> BTreeSet<&str> {
-        self.shared
-            .values()
-            .flatten()
-            .map(|s| s.network.as_str())
-            .chain(self.exclusive.values().map(String::as_str))
-            .collect()
     }
 }
 
