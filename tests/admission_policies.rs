@@ -145,6 +145,7 @@ fn parse_ip(text: &str) -> Option<IpAddr> {
 }
 
 /// Kubernetes' `isCIDR`: `netip.ParsePrefix` (host bits allowed), the address as `isIP`.
+#[allow(clippy::needless_pass_by_value, reason = "cel's extractors hand arguments over by value")]
 fn is_cidr(text: Arc<String>) -> bool {
     let Some((address, bits)) = text.split_once('/') else { return false };
     let Some(ip) = parse_ip(address) else { return false };
@@ -361,15 +362,15 @@ fn good_static_config() -> Json {
     })
 }
 
-fn opaque(driver: &str, parameters: Json) -> Json {
+fn opaque(driver: &str, parameters: &Json) -> Json {
     json!({"opaque": {"driver": driver, "parameters": parameters}})
 }
 
 /// `parameters` inside an object of `resource` (resourceclaims, resourceclaimtemplates,
 /// deviceclasses), next to another driver's config that must be ignored.
-fn object_with(resource: &str, parameters: Json) -> Json {
+fn object_with(resource: &str, parameters: &Json) -> Json {
     let config = json!([
-        opaque("gpu.example.com", json!({"mode": "whatever", "interface": 7})),
+        opaque("gpu.example.com", &json!({"mode": "whatever", "interface": 7})),
         opaque("netclaim.dev", parameters),
     ]);
     let devices = json!({
@@ -405,7 +406,7 @@ fn check(policy: &Policy, parameters: &Json) -> Vec<Verdict> {
             evaluate(
                 policy,
                 &config_request(resource),
-                &object_with(resource, parameters.clone()),
+                &object_with(resource, parameters),
                 &Json::Null,
             )
         })
@@ -433,7 +434,7 @@ fn well_formed_network_configs_are_accepted_in_claims_templates_and_classes() {
     }
     // Objects without any config, and with only another driver's, are not ours to judge.
     for resource in KINDS {
-        let mut object = object_with(resource, json!({}));
+        let mut object = object_with(resource, &json!({}));
         let strip = |config: &mut Json| {
             config.as_array_mut().unwrap().retain(|c| c["opaque"]["driver"] != "netclaim.dev");
         };
@@ -459,6 +460,7 @@ fn well_formed_network_configs_are_accepted_in_claims_templates_and_classes() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one table of cases, one per line")]
 fn each_malformed_network_config_field_is_rejected_by_its_rule() {
     let policy = policy("netclaim-network-config");
     let cases: Vec<(&str, &str, Json)> = vec![
@@ -554,7 +556,7 @@ fn each_malformed_network_config_field_is_rejected_by_its_rule() {
             "routes[].destination",
             "IPv4-mapped",
             bad(good_static_config, |c| {
-                c["routes"][0]["destination"] = json!("::ffff:10.0.0.0/104")
+                c["routes"][0]["destination"] = json!("::ffff:10.0.0.0/104");
             }),
         ),
         (

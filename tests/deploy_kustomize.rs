@@ -119,7 +119,9 @@ fn the_base_holds_together() {
     let crd_files = std::fs::read_dir(deploy().join("crds"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|f| f.ends_with(".yaml") && f != "kustomization.yaml")
+        .filter(|f| {
+            Path::new(f).extension().is_some_and(|e| e == "yaml") && f != "kustomization.yaml"
+        })
         .count();
     let crds = objects.iter().filter(|o| o["kind"] == "CustomResourceDefinition").count();
     assert_eq!(crds, crd_files, "a CRD file of deploy/crds is missing from its kustomization");
@@ -128,15 +130,21 @@ fn the_base_holds_together() {
     for (kind, name) in [("DaemonSet", "netclaim-node"), ("Deployment", "netclaim-controller")] {
         let workload = find(&objects, kind, name).unwrap_or_else(|| panic!("no {kind} {name}"));
         let container = &workload["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(container["image"], image.as_str(), "{kind} {name} runs the image make image names");
-        let service_account = workload["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap();
+        assert_eq!(
+            container["image"],
+            image.as_str(),
+            "{kind} {name} runs the image make image names"
+        );
+        let service_account =
+            workload["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap();
         assert!(find(&objects, "ServiceAccount", service_account).is_some(), "{service_account}");
     }
 
     let daemonset = find(&objects, "DaemonSet", "netclaim-node").unwrap();
     let pod = &daemonset["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let args: Vec<&str> =
+        container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     assert_eq!(args[0], "node");
     let flag = |name: &str| {
         args.iter()
@@ -152,7 +160,14 @@ fn the_base_holds_together() {
     let volumes = pod["volumes"].as_array().unwrap();
     // The daemon hands these paths to kubelet and the runtime (sockets, CDI specs, metadata
     // files), so each must be mounted from the same host path.
-    for name in ["state-dir", "kubelet-registry-dir", "kubelet-plugin-dir", "nri-socket", "cdi-spec-dir", "bpffs"] {
+    for name in [
+        "state-dir",
+        "kubelet-registry-dir",
+        "kubelet-plugin-dir",
+        "nri-socket",
+        "cdi-spec-dir",
+        "bpffs",
+    ] {
         let path = Path::new(flag(name));
         let (volume, mount) = mounts
             .iter()
@@ -217,7 +232,8 @@ fn has_granular_status_grant(objects: &[Value]) -> bool {
 }
 
 fn daemonset_args(objects: &[Value]) -> Vec<String> {
-    find(objects, "DaemonSet", "netclaim-node").unwrap()["spec"]["template"]["spec"]["containers"][0]["args"]
+    find(objects, "DaemonSet", "netclaim-node").unwrap()["spec"]["template"]["spec"]["containers"]
+        [0]["args"]
         .as_array()
         .unwrap()
         .iter()

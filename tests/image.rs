@@ -122,8 +122,9 @@ fn ldd(binary: &Path) -> Vec<String> {
         .filter_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
-                [_, "=>", path, ..] if path.starts_with('/') => Some((*path).to_owned()),
-                [path, ..] if path.starts_with('/') => Some((*path).to_owned()),
+                [_, "=>", path, ..] | [path, ..] if path.starts_with('/') => {
+                    Some((*path).to_owned())
+                }
                 _ => None,
             }
         })

@@ -42,7 +42,7 @@ fn document() -> NodeStatus {
                              "device": "eth1", "mode": "macvlan", "hostInterface": "eth1",
                              "mac": "02:00:00:00:00:05", "mtu": 1500,
                              "addresses": ["10.10.1.5/24"],
-                             "counters": {"rxBytes": 3145728, "rxPackets": 3000,
+                             "counters": {"rxBytes": 3_145_728, "rxPackets": 3000,
                                           "rxDropped": 0, "txBytes": 512, "txPackets": 4,
                                           "txDropped": 1}}]}
         ]
