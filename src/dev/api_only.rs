@@ -1,5 +1,5 @@
-//! `netclaim dev --api-only`: serve the in-memory API server, write its kubeconfig, run
-//! until shutdown.
+//! `netclaim dev --api-only`: serve the in-memory API server with the project's
+//! CustomResourceDefinitions installed, write its kubeconfig, run until shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use kube_inmemory::apiserver::{self, ApiServerError, ServerOptions};
 use kube_inmemory::kubeconfig::{self, KubeconfigError};
+
+use super::crds::{self, CrdError};
 
 /// Errors of `netclaim dev --api-only`.
 #[derive(Debug, thiserror::Error)]
@@ -17,12 +19,15 @@ pub enum ApiOnlyError {
     /// The kubeconfig could not be written.
     #[error(transparent)]
     Kubeconfig(#[from] KubeconfigError),
+    /// The CustomResourceDefinitions could not be installed.
+    #[error(transparent)]
+    Crds(#[from] CrdError),
 }
 
-/// Serves on `listen` (e.g. `127.0.0.1:0`), writes a kubeconfig to `kubeconfig_out` once
-/// the port is bound, calls `on_ready` with the server URL (print it, signal readiness),
-/// and serves until `shutdown` completes. The kubeconfig is removed on the way out, so a
-/// stale file never points at a dead server.
+/// Serves on `listen` (e.g. `127.0.0.1:0`), installs the project's definitions, writes a
+/// kubeconfig to `kubeconfig_out`, calls `on_ready` with the server URL (print it, signal
+/// readiness), and serves until `shutdown` completes. The kubeconfig is removed on the way
+/// out, so a stale file never points at a dead server.
 pub async fn run(
     listen: SocketAddr,
     options: ServerOptions,
@@ -33,6 +38,11 @@ pub async fn run(
     let token = options.bearer_token.clone();
     let (addr, task) = apiserver::serve(listen, options, shutdown).await?;
     let url = format!("http://{addr}");
+    // Before anyone is told the server is ready: clients find PodNetworks served.
+    if let Err(err) = install_definitions(addr, token.as_deref()).await {
+        task.abort();
+        return Err(err);
+    }
     let written: Option<PathBuf> = match kubeconfig_out {
         Some(path) => {
             kubeconfig::write(path, &url, token.as_deref())?;
@@ -50,6 +60,12 @@ pub async fn run(
         let _ = std::fs::remove_file(path);
     }
     result
+}
+
+async fn install_definitions(addr: SocketAddr, token: Option<&str>) -> Result<(), ApiOnlyError> {
+    let client = crds::client_for(addr, token)?;
+    crds::install(&client).await?;
+    Ok(())
 }
 
 #[cfg(test)]

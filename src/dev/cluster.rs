@@ -2,8 +2,9 @@
 //! allocator, the real node daemon and the dev kubelet, wired together under a private run
 //! dir (kubeconfig, state dir, kubelet plugin sockets, NRI socket, pod netns mounts).
 //!
-//! Start order: API server → Node object → NRI runtime endpoint (bare mode) → node daemon
-//! (publishes slices, serves `dra.sock`, connects its NRI plugin) → allocator → dev kubelet.
+//! Start order: API server → the project's CustomResourceDefinitions (Established) → Node
+//! object → NRI runtime endpoint (bare mode) → node daemon (publishes slices, serves
+//! `dra.sock`, connects its NRI plugin) → allocator → dev kubelet.
 //! Stop order is the reverse where it matters: the dev kubelet tears every pod down while the
 //! node daemon still runs (NRI `StopPodSandbox` detaches, `NodeUnprepareResources` frees the
 //! addresses), then the daemon, the allocator and the API server stop and the run dir goes.
@@ -18,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::kubelet::sandbox::SandboxBackend;
 use super::kubelet::{self, DevKubelet, DevKubeletConfig, DevKubeletError, Sandboxes};
+use crate::dev::crds::{self, CrdError};
 use crate::dev::cri::{CriClient, CriError};
 use crate::inventory::Selection;
 use crate::inventory::publish::RequestedSharing;
@@ -92,6 +94,9 @@ pub enum ClusterError {
     /// No API client.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The CustomResourceDefinitions could not be installed.
+    #[error(transparent)]
+    Crds(#[from] CrdError),
     /// The dev kubelet failed.
     #[error(transparent)]
     Kubelet(#[from] DevKubeletError),
@@ -209,6 +214,8 @@ impl Cluster {
             kubeconfig::write(out, &url, token)?;
         }
         let client = k8s::client(Some(&kubeconfig)).await?;
+        // Before the node daemon starts: it watches PodNetworks.
+        crds::install(&client).await?;
         kubelet::register_node(&client, &options.node_name).await?;
 
         let kubelet_dir = run_dir.join("kubelet");

@@ -281,9 +281,14 @@ impl NodesCluster {
             if let Some(out) = &options.kubeconfig_out {
                 kubeconfig::write(out, &url, token.as_deref())?;
             }
-            k8s::client(Some(&kubeconfig))
+            let client = k8s::client(Some(&kubeconfig))
                 .await
-                .map_err(|e| NodesError::from(ClusterError::from(e)))
+                .map_err(|e| NodesError::from(ClusterError::from(e)))?;
+            // Before the node daemons start: they watch PodNetworks and IPBlocks.
+            crate::dev::crds::install(&client)
+                .await
+                .map_err(|e| NodesError::from(ClusterError::from(e)))?;
+            Ok::<_, NodesError>(client)
         }
         .await;
         let client = match client {
