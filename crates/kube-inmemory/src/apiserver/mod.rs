@@ -36,6 +36,10 @@ mod validation;
 mod validation_tests;
 mod watch;
 
+/// The Kubernetes CEL IP, CIDR and list libraries (`isIP`, `isCIDR`, `cidr()`, …) the CRD
+/// rules use, to declare on a `cel::Env` (`env.add_extension(cel_network_library)`).
+pub use crd::netlib::extension as cel_network_library;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -23,7 +23,7 @@ mod definition;
 pub(crate) mod field;
 mod formats;
 pub(crate) mod jsonpath;
-mod netlib;
+pub(crate) mod netlib;
 pub(crate) mod rules;
 pub(crate) mod schema;
 pub(crate) mod values;

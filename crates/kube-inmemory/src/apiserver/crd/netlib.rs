@@ -395,8 +395,9 @@ pub(crate) const FUNCTIONS: &[&str] = &[
     "lastIndexOf",
 ];
 
-/// Declares the library on `env`.
-pub(crate) fn extension(env: &mut Env) -> Result<(), DeclarationError> {
+/// Declares the library on `env` (public as `apiserver::cel_network_library` for code that
+/// evaluates Kubernetes CEL outside the server, such as admission policy tests).
+pub fn extension(env: &mut Env) -> Result<(), DeclarationError> {
     let ip_t = || Type::new_opaque_type("net.IP");
     let cidr_t = || Type::new_opaque_type("net.CIDR");
     env.add_overload("ip", "string_to_ip", vec![STRING_TYPE], ov_ip)?;
