@@ -4,7 +4,8 @@
 //! - [`apiserver`]: the REST protocol over HTTP on loopback (get/list/watch, create, update,
 //!   merge/JSON/strategic patches, server-side apply, the status subresource, finalizers,
 //!   Table output for kubectl) for the core, coordination, events and resource.k8s.io/v1
-//!   kinds, with the resource.k8s.io/v1 validation rules.
+//!   kinds, with the resource.k8s.io/v1 validation rules, and for the custom resources of
+//!   any CustomResourceDefinition created on it (structural schemas, defaults, CEL rules).
 //! - [`allocator`]: a stand-in for the scheduler's DRA plugin that writes
 //!   `status.allocation` of pending ResourceClaims (device classes, CEL selectors,
 //!   consumable capacity).

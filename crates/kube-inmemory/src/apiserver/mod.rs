@@ -1,21 +1,30 @@
 //! The in-memory Kubernetes API server of `netclaim dev`: the real REST protocol over HTTP
-//! on loopback for the resources netclaim uses, with watches, server-side apply, the status
-//! subresource, finalizers and the resource.k8s.io/v1 validation rules.
+//! on loopback for the built-in resources netclaim uses and for the custom resources of
+//! any `apiextensions.k8s.io/v1` CustomResourceDefinition created on it, with watches,
+//! server-side apply, the status subresource, finalizers and validation.
 //!
-//! Faithful where the driver depends on behaviour: one global resourceVersion, watches
+//! Faithful where clients depend on behaviour: one global resourceVersion, watches
 //! that resume from it (410 Gone past the bounded history), selectors, bookmarks, 409 on
 //! stale versions and on apply conflicts, list-map merges keyed as upstream
 //! (`ResourceClaim.status.devices` by driver/pool/device/shareID; `ResourceSlice.spec.devices`
-//! is `listType=atomic` upstream and so here), unknown fields of built-in kinds pruned
-//! (or 400 with `fieldValidation=Strict`), and 422 causes with field paths.
+//! is `listType=atomic` upstream and so here), unknown fields pruned (or 400 with
+//! `fieldValidation=Strict`), and 422 causes with field paths.
+//!
+//! Custom resources (`crd`): a definition is validated as upstream validates it (structural
+//! schema, CEL rules that must compile) and installs one resource per served version
+//! (endpoints, discovery, OpenAPI v3, printer columns, selectable fields, status
+//! subresource); objects are pruned, defaulted and validated against the version's
+//! `openAPIV3Schema` and `x-kubernetes-validations` with the real server's causes; deleting
+//! a definition deletes its objects. See the `crd` module for what differs from upstream.
 //!
 //! Known gaps: no authentication or authorisation; no admission (namespaces need not
 //! exist); no garbage collection of owned objects and no cascading namespace deletion;
 //! strategic-merge-patch merge keys come from the server-side apply list table (a subset
 //! of the built-in schemas); list pages and `resourceVersionMatch=Exact` are served from
-//! the current state; core and events.k8s.io Events are separate stores; no defaulting
-//! beyond pod `status.phase`, namespace `status.phase` and the metadata the server owns;
-//! no `/openapi/v2` (kubectl falls back to its compiled-in types or JSON merge patch).
+//! the current state; core and events.k8s.io Events are separate stores; no defaulting of
+//! built-in kinds beyond pod `status.phase`, namespace `status.phase` and the metadata the
+//! server owns; no `/openapi/v2` (kubectl falls back to its compiled-in types or JSON merge
+//! patch); no aggregated discovery (kubectl falls back to the per-group documents).
 
 mod apply;
 mod crd;

@@ -922,6 +922,48 @@ mod tests {
         assert_eq!(got, ["warning spec.c: Invalid value: \"10.0.0.0/8\": too big"]);
     }
 
+    fn eval(source: &str) -> Result<cel::Value, String> {
+        let program = ENV.compile(source).map_err(|e| e.to_string())?;
+        let context = Context::with_env(Arc::clone(&ENV));
+        program.execute(&context).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn kubernetes_library_functions() {
+        for expr in [
+            "ip.isCanonical('2001:db8::abcd')",
+            "!ip.isCanonical('2001:DB8::ABCD')",
+            "!ip.isCanonical('2001:db8::0:0:0:abcd')",
+            "ip('127.0.0.1').family() == 4 && ip('::1').family() == 6",
+            "ip('0.0.0.0').isUnspecified() && ip('::1').isLoopback()",
+            "ip('224.0.0.1').isLinkLocalMulticast() && ip('ff02::1').isLinkLocalMulticast()",
+            "ip('169.254.169.254').isLinkLocalUnicast() && ip('fe80::1').isLinkLocalUnicast()",
+            "ip('192.168.0.1').isGlobalUnicast() && !ip('255.255.255.255').isGlobalUnicast()",
+            "isIP('10.0.0.1') && !isIP('10.0.0.256') && !isIP('::ffff:1.2.3.4')",
+            "isCIDR('10.0.0.0/8') && !isCIDR('10.0.0.0/33') && !isCIDR('10.0.0.0')",
+            "cidr('192.168.0.1/24').masked() == cidr('192.168.0.0/24')",
+            "cidr('192.168.0.1/24') != cidr('192.168.0.1/24').masked()",
+            "cidr('192.168.0.0/24').prefixLength() == 24",
+            "cidr('192.168.0.1/24').ip() == ip('192.168.0.1')",
+            "cidr('192.168.0.0/16').containsCIDR('192.168.10.0/24')",
+            "!cidr('192.168.1.0/24').containsCIDR(cidr('192.168.2.0/24'))",
+            "cidr('2001:db8::/32').containsIP('2001:db8::1') && !cidr('2001:db8::/32').containsIP(ip('2001:dc8::1'))",
+            "string(cidr('10.0.0.0/8')) == '10.0.0.0/8' && string(ip('::1')) == '::1'",
+            "[1, 2, 2, 3].isSorted() && ![2, 1].isSorted()",
+            "[1, 2, 3].sum() == 6 && [1.5, 2.5].sum() == 4.0 && [].sum() == 0",
+            "[3, 1, 2].min() == 1 && ['a', 'c', 'b'].max() == 'c'",
+            "[1, 2, 1].indexOf(1) == 0 && [1, 2, 1].lastIndexOf(1) == 2 && [1].indexOf(5) == -1",
+            "'abc'.indexOf('c') == 2 && 'a,b'.split(',').size() == 2",
+        ] {
+            assert_eq!(eval(expr), Ok(cel::Value::Bool(true)), "{expr}");
+        }
+        for expr in
+            ["ip('10.0.0.256')", "cidr('10.0.0.0/33')", "ip.isCanonical('nope')", "[].min()"]
+        {
+            assert!(eval(expr).is_err(), "{expr} should fail");
+        }
+    }
+
     #[test]
     fn optional_old_self() {
         let node = compiled(&spec_with(&json!([
