@@ -321,7 +321,9 @@ async fn prunes_unknown_fields_and_applies_defaults() {
     );
     let mut with_root_extra = w.clone();
     with_root_extra.data["other"] = json!(1);
+    with_root_extra.data["metadata"] = json!({"name": "w", "bogus": true, "labels": {"a": "b"}});
     let c = api.create(&PostParams::default(), &with_root_extra).await.unwrap();
+    assert_eq!(c.metadata.labels.as_ref().unwrap()["a"], "b");
     assert_eq!(
         c.data["spec"],
         json!({"owner": "ann", "size": 1, "color": "red", "tags": [], "subnets": [],

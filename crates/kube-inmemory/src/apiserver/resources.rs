@@ -539,6 +539,6 @@ mod tests {
         assert_eq!(gv[0], (String::new(), "v1".to_owned()));
         assert!(gv.contains(&("apiextensions.k8s.io".to_owned(), "v1".to_owned())));
         assert!(r.lookup("resource.k8s.io", "v1", "resourceclaims").is_some());
-        assert!(r.lookup("netclaim.dev", "v1alpha1", "podnetworks").is_none());
+        assert!(r.lookup("example.com", "v1", "widgets").is_none());
     }
 }

@@ -119,6 +119,21 @@ fn remove_path(v: &mut Value, path: &str) {
     }
 }
 
+/// The unknown fields of a custom object's `metadata` (its `ObjectMeta`), removed; their
+/// paths are returned (`metadata.bogus`). A `metadata` that does not decode is left to
+/// validation.
+pub(crate) fn prune_object_meta(obj: &mut Value) -> Vec<String> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let Some(meta) = obj.get("metadata") else { return Vec::new() };
+    let Ok(typed) = roundtrip::<ObjectMeta>(meta) else { return Vec::new() };
+    let mut unknown = Vec::new();
+    unknown_paths(meta, &typed, "metadata", &mut unknown);
+    for p in unknown.iter().rev() {
+        remove_path(obj, p);
+    }
+    unknown
+}
+
 /// Checks that `obj` decodes as its type and handles unknown fields per `mode`; a
 /// custom resource is pruned against its schema and, with `defaults`, defaulted.
 /// Returns warnings for the `Warning` header.

@@ -48,7 +48,7 @@ pub(crate) const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.
 /// One version of a custom resource, as its definition declares it.
 #[derive(Debug)]
 pub(crate) struct CustomVersion {
-    /// The definition's name (`podnetworks.example.com`).
+    /// The definition's name (`widgets.example.com`).
     pub(crate) crd_name: String,
     /// The version objects are stored in.
     pub(crate) storage_version: String,
@@ -207,7 +207,8 @@ pub(crate) fn decode(
     if let Some(meta) = obj.get_mut("metadata") {
         super::fieldset::strip_nulls(meta);
     }
-    let unknown = values::prune(obj, root);
+    let mut unknown = super::typed::prune_object_meta(obj);
+    unknown.extend(values::prune(obj, root));
     if mode == FieldValidation::Strict && !unknown.is_empty() {
         let list: Vec<String> = unknown.iter().map(|p| format!("unknown field \"{p}\"")).collect();
         return Err(ApiError::bad_request(format!("strict decoding error: {}", list.join(", "))));
