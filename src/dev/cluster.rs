@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::kubelet::sandbox::SandboxBackend;
 use super::kubelet::{self, DevKubelet, DevKubeletConfig, DevKubeletError, Sandboxes};
+use crate::dev::controller::InProcessController;
 use crate::dev::crds::{self, CrdError};
 use crate::dev::cri::{CriClient, CriError};
 use crate::inventory::Selection;
@@ -135,6 +136,7 @@ pub struct Cluster {
     kubelet: JoinHandle<()>,
     stop_node: watch::Sender<bool>,
     node: std::thread::JoinHandle<Result<(), NodeError>>,
+    controller: InProcessController,
     stop_allocator: watch::Sender<bool>,
     allocator: JoinHandle<Result<(), kube_inmemory::allocator::ControllerError>>,
     nri: Option<Arc<NriRuntime>>,
@@ -216,6 +218,7 @@ impl Cluster {
         let client = k8s::client(Some(&kubeconfig)).await?;
         // Before the node daemon starts: it watches PodNetworks.
         crds::install(&client).await?;
+        let controller = InProcessController::start(&client, &options.driver_name);
         kubelet::register_node(&client, &options.node_name).await?;
 
         let kubelet_dir = run_dir.join("kubelet");
@@ -284,6 +287,7 @@ impl Cluster {
             kubelet,
             stop_node,
             node,
+            controller,
             stop_allocator,
             allocator,
             nri,
@@ -348,6 +352,7 @@ impl Cluster {
             Ok(Err(err)) => tracing::warn!(%err, "the allocator stopped with an error"),
             Err(err) => tracing::warn!(%err, "the allocator task failed"),
         }
+        self.controller.stop().await;
         if let Some(runtime) = self.nri
             && let Ok(runtime) = Arc::try_unwrap(runtime)
         {

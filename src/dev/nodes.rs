@@ -34,6 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::cluster::{ClusterError, make_run_dir, private_stats};
+use super::controller::InProcessController;
 use super::kubelet::sandbox::SandboxBackend;
 use super::kubelet::{self, DevKubelet, DevKubeletConfig, RunningSandbox, Sandboxes};
 use crate::host::dev_nodes::{self, DevNodesError, Fabric, NodeProcess};
@@ -215,6 +216,7 @@ pub struct NodesCluster {
     kubeconfig_out: Option<PathBuf>,
     fabric: Option<Fabric>,
     allocator: Option<(watch::Sender<bool>, AllocatorTask)>,
+    controller: Option<InProcessController>,
     server: (watch::Sender<bool>, apiserver::ServeTask),
 }
 
@@ -312,6 +314,7 @@ impl NodesCluster {
             kubeconfig_out: options.kubeconfig_out.clone(),
             fabric: None,
             allocator: None,
+            controller: None,
             server: (stop_server, server_task),
         };
         if let Err(err) = cluster.start_nodes(&options, addr).await {
@@ -327,6 +330,7 @@ impl NodesCluster {
         api: SocketAddr,
     ) -> Result<(), NodesError> {
         self.fabric = Some(Fabric::create(&self.run_dir, "fabric", options.fabric_address).await?);
+        self.controller = Some(InProcessController::start(&self.client, &options.driver_name));
         let stats =
             options.stats_interval.and_then(|interval| private_stats(&self.run_dir, interval));
         let names = options.node_names();
@@ -511,6 +515,9 @@ impl NodesCluster {
                 Ok(Err(err)) => tracing::warn!(%err, "the allocator stopped with an error"),
                 Err(err) => tracing::warn!(%err, "the allocator task failed"),
             }
+        }
+        if let Some(controller) = self.controller.take() {
+            controller.stop().await;
         }
         stop_nodes(&mut self.nodes).await;
         let (stop_server, server) = self.server;
