@@ -213,6 +213,30 @@ async fn installs_a_definition_and_serves_its_resource() {
         (json!("Ready"), json!(1))
     );
     assert_eq!(status_written.metadata.generation, Some(1), "status writes keep the generation");
+    // A status write is validated against the status schema (and its list types).
+    let bad_status = json!({"status": {"conditions": [{"type": "Ready", "status": "Maybe"}]}});
+    let err = api_status(
+        api.patch_status("w1", &PatchParams::default(), &Patch::Merge(bad_status))
+            .await
+            .unwrap_err(),
+    );
+    // (Then the cause upstream adds when a blocking error keeps the CEL rules from running.)
+    let got = causes(&err);
+    assert_eq!(
+        got[0],
+        (
+            "FieldValueNotSupported".to_owned(),
+            "status.conditions[0].status".to_owned(),
+            "Unsupported value: \"Maybe\": supported values: \"True\", \"False\", \"Unknown\""
+                .to_owned()
+        )
+    );
+    assert_eq!(got[1].1, "<nil>");
+    let twice = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "Ready", "status": "False"}]}});
+    let err = api_status(
+        api.patch_status("w1", &PatchParams::default(), &Patch::Merge(twice)).await.unwrap_err(),
+    );
+    assert_eq!(causes(&err)[0].1, "status.conditions[1]");
     let spec_written = api
         .patch(
             "w1",
