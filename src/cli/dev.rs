@@ -200,7 +200,8 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
             Ok(())
         } else if let Some(nodes) = nodes {
             if args.demo {
-                let report = demo::run_nodes(
+                // Boxed: the demo's state machine is large (clippy::large_futures).
+                let report = Box::pin(demo::run_nodes(
                     demo::NodesDemoOptions {
                         nodes,
                         pods: usize::from(args.pods),
@@ -211,7 +212,7 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
                         },
                     },
                     shutdown,
-                )
+                ))
                 .await;
                 if report.success {
                     Ok(())

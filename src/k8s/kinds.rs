@@ -13,19 +13,19 @@ impl kube::Resource for PodNetwork {
     type DynamicType = ();
     type Scope = ClusterResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
+    fn kind((): &()) -> Cow<'_, str> {
         Cow::Borrowed("PodNetwork")
     }
 
-    fn group(_: &()) -> Cow<'_, str> {
+    fn group((): &()) -> Cow<'_, str> {
         Cow::Borrowed(GROUP)
     }
 
-    fn version(_: &()) -> Cow<'_, str> {
+    fn version((): &()) -> Cow<'_, str> {
         Cow::Borrowed(VERSION)
     }
 
-    fn plural(_: &()) -> Cow<'_, str> {
+    fn plural((): &()) -> Cow<'_, str> {
         Cow::Borrowed("podnetworks")
     }
 
@@ -42,19 +42,19 @@ impl kube::Resource for IpBlock {
     type DynamicType = ();
     type Scope = ClusterResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
+    fn kind((): &()) -> Cow<'_, str> {
         Cow::Borrowed("IPBlock")
     }
 
-    fn group(_: &()) -> Cow<'_, str> {
+    fn group((): &()) -> Cow<'_, str> {
         Cow::Borrowed(GROUP)
     }
 
-    fn version(_: &()) -> Cow<'_, str> {
+    fn version((): &()) -> Cow<'_, str> {
         Cow::Borrowed(VERSION)
     }
 
-    fn plural(_: &()) -> Cow<'_, str> {
+    fn plural((): &()) -> Cow<'_, str> {
         Cow::Borrowed("ipblocks")
     }
 

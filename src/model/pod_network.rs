@@ -279,12 +279,22 @@ pub fn ip_block_name(pod_network: &str, cidr: &str) -> String {
     if name.len() <= MAX_DERIVED_NAME {
         return name;
     }
-    let digest = Sha256::digest(format!("{pod_network}/{cidr}").as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hex = short_hash(&format!("{pod_network}/{cidr}"));
     // 63 - 1 (dash) - 16 (hash) = 46 characters of the network name at most; a name that
     // ends in '-' after the cut would be an invalid DNS label, so trailing dashes go.
     let prefix: String = pod_network.chars().take(MAX_DERIVED_NAME - 17).collect();
     format!("{}-{hex}", prefix.trim_end_matches('-'))
+}
+
+/// The first 16 hex digits of the SHA-256 of `input`: the suffix that keeps cut names
+/// distinct.
+fn short_hash(input: &str) -> String {
+    Sha256::digest(input.as_bytes())
+        .iter()
+        .take(8)
+        .flat_map(|byte| [byte >> 4, byte & 0xf])
+        .filter_map(|nibble| char::from_digit(u32::from(nibble), 16))
+        .collect()
 }
 
 /// The `DeviceClass` the controller manages for a `PodNetwork`.
@@ -317,13 +327,7 @@ pub fn shared_device_name(pod_network: &str, parent_device: &str) -> String {
             _ => '-',
         })
         .collect();
-    let digest = Sha256::digest(format!("{pod_network}/{parent_device}").as_bytes());
-    let hex: String = digest
-        .iter()
-        .take(8)
-        .flat_map(|byte| [byte >> 4, byte & 0xf])
-        .filter_map(|nibble| char::from_digit(u32::from(nibble), 16))
-        .collect();
+    let hex = short_hash(&format!("{pod_network}/{parent_device}"));
     let prefix: String = mapped.chars().take(MAX_DERIVED_NAME - 17).collect();
     let prefix = prefix.trim_matches('-');
     if prefix.is_empty() { format!("pn-{hex}") } else { format!("{prefix}-{hex}") }
