@@ -3,8 +3,8 @@
 pub mod cause;
 pub mod device;
 pub mod names;
-pub mod pod_network;
 pub mod network_config;
+pub mod pod_network;
 pub mod refs;
 pub mod stats;
 pub mod support;
