@@ -80,7 +80,8 @@ async fn prepare_is_idempotent_names_bad_fields_and_unprepare_releases_the_addre
     let response = prepare(&mut client, vec![stale.clone()]).await;
     assert!(response.claims[&stale.uid].error.contains("claim default/shared: uid mismatch"));
 
-    // Unprepare releases the address: the next claim gets it; unknown claims succeed.
+    // Unprepare releases the address, which is quarantined for 30 s (DESIGN §4): the next
+    // claim gets the one after it; unknown claims succeed.
     let unprepared = client
         .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
             claims: vec![claim_ref(&shared), stale.clone()],
@@ -98,8 +99,8 @@ async fn prepare_is_idempotent_names_bad_fields_and_unprepare_releases_the_addre
     let next_uid = next.metadata.uid.clone().unwrap();
     assert_eq!(
         plugin.service.prepared(&next_uid).unwrap().devices[0].addresses,
-        vec!["10.42.0.2/24".parse().unwrap()],
-        "the released address is handed out again"
+        vec!["10.42.0.3/24".parse().unwrap()],
+        "the released address is not handed out again at once"
     );
     plugin.stop().await;
 }

@@ -83,7 +83,7 @@ pub(super) async fn plan_new<O: LinkOps>(
     {
         let host = host_device(ops, slot).await?;
         let pool_addresses: &[ipnetwork::IpNetwork] = match slot.device.config.addressing {
-            Addressing::Pool(_) => &slot.device.addresses,
+            Addressing::Pool(_) | Addressing::Network(_) => &slot.device.addresses,
             Addressing::None | Addressing::Static(_) => &[],
         };
         let plan = plan_attach(&AttachRequest {

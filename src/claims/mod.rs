@@ -18,6 +18,7 @@
 
 pub mod allocation;
 pub mod metadata;
+pub mod networks;
 pub mod parent_capacity;
 pub mod preparer;
 
@@ -38,19 +39,23 @@ use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::{self, Ipam, IpamError, Lease, LeaseOwner, LeaseStore};
+use crate::ipam::{
+    self, Clock, Ipam, IpamCommit, IpamError, Lease, LeaseOwner, LeaseStore, SystemClock,
+};
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;
 use crate::model::network_config::{
-    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, NodeSupport, PoolSpec,
-    ResolvedMode, ResolvedNetworkConfig, Sharing,
+    self, Addressing, ConfigError, DeviceFacts, DeviceKind, MacvlanMode, NetworkAddressing,
+    NetworkConfig, NodeSupport, PoolSpec, ResolvedMode, ResolvedNetworkConfig, Sharing,
 };
+use crate::model::pod_network::PodNetwork;
 use crate::model::support::KernelSupport;
 use crate::podnet::plan::node_support;
 
 use allocation::{AllocatedResult, ClaimAllocation};
 use metadata::{DeviceMetadata, MetadataError};
+use networks::{BlockApiError, NetworkPorts, NetworkReadError, StaticReservation};
 
 /// Claims of one request prepared at the same time; kubelet sends one pod's claims, and a
 /// bound keeps a pathological request from opening unbounded API calls.
@@ -117,17 +122,20 @@ pub trait DeviceLookup: Send + Sync + 'static {
     }
 }
 
-/// Durable state of prepared claims; the same store keeps the IPAM's leases. Calls block on
-/// disk I/O (the service runs them on the blocking pool, without its state lock).
+/// Durable state of prepared claims; the same store keeps the IPAM's leases, release
+/// records and owned blocks. Calls block on disk I/O (the service runs them on the blocking
+/// pool, without its state lock).
 pub trait ClaimStore: LeaseStore + Clone + Send + Sync + 'static {
     /// Every prepared claim.
     fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
-    /// Persists a prepared claim and its leases in one durable commit: after a crash both
-    /// or neither are there.
-    fn save_prepared(&self, claim: &PreparedClaim, leases: &[Lease]) -> Result<(), Self::Error>;
-    /// Forgets a prepared claim and removes its leases in one durable commit; a missing
-    /// claim succeeds.
-    fn remove_prepared(&self, uid: &str, leases: &[Lease]) -> Result<(), Self::Error>;
+    /// Persists a prepared claim and IPAM changes (its leases, the blocks they come from,
+    /// pruned release records) in one durable commit: after a crash all or none are there.
+    fn save_prepared(&self, claim: &PreparedClaim, ipam: &IpamCommit) -> Result<(), Self::Error>;
+    /// Forgets a prepared claim with IPAM changes (its leases removed, their release records
+    /// written) in one durable commit; a missing claim succeeds.
+    fn remove_prepared(&self, uid: &str, ipam: &IpamCommit) -> Result<(), Self::Error>;
+    /// Commits IPAM changes alone (blocks adopted or released, records pruned).
+    fn commit_ipam(&self, ipam: &IpamCommit) -> Result<(), Self::Error>;
 }
 
 /// A claim as prepared: what kubelet got back and what the attach step needs.
@@ -378,6 +386,40 @@ pub enum ClaimError {
         /// The group's UID.
         uid: String,
     },
+    /// The `PodNetwork` a config names could not be read.
+    #[error("podNetwork {pod_network}: {source}")]
+    NetworkRead {
+        /// The network.
+        pod_network: String,
+        /// Why.
+        #[source]
+        source: NetworkReadError,
+    },
+    /// An `IPBlock` call failed.
+    #[error("podNetwork {pod_network}: {source}")]
+    BlockApi {
+        /// The network.
+        pod_network: String,
+        /// The API error.
+        #[source]
+        source: BlockApiError,
+    },
+    /// A static address is reserved cluster-wide by another claim.
+    #[error("request {request}: {field}: {held}")]
+    AddressReserved {
+        /// Request name.
+        request: String,
+        /// `ipam.addresses[i]`.
+        field: String,
+        /// The reservation in the way.
+        held: Box<networks::HeldReservation>,
+    },
+    /// A `PodNetwork` claim on a service without the network ports.
+    #[error("podNetwork {pod_network}: this node does not serve PodNetworks")]
+    NoNetworkPorts {
+        /// The network.
+        pod_network: String,
+    },
     /// A blocking task died.
     #[error("internal error: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -434,6 +476,11 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     /// One async lock per claim UID in flight, so the same claim is never worked on twice
     /// at once (kubelet may repeat a call that timed out while the first still runs).
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// `PodNetwork`s and their `IPBlock`s; `None`: claims naming a network are refused.
+    networks: Option<NetworkPorts>,
+    /// One async lock per (network, IPv4?) serialising this node's block claims, so
+    /// concurrent prepares that find the blocks full claim one block, not one each.
+    block_gates: networks::BlockGates,
 }
 
 impl<R, D, S: LeaseStore> std::fmt::Debug for ClaimService<R, D, S> {
@@ -457,8 +504,19 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         devices: D,
         store: S,
     ) -> Result<Self, LoadError> {
+        Self::load_with_clock(identity, reader, devices, store, Arc::new(SystemClock))
+    }
+
+    /// [`ClaimService::load`] with the IPAM on `clock` (tests move time by hand).
+    pub fn load_with_clock(
+        identity: ServiceIdentity,
+        reader: R,
+        devices: D,
+        store: S,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LoadError> {
         let claims = store.load_claims().map_err(|e| LoadError::Claims(Box::new(e)))?;
-        let mut ipam = Ipam::load(store)?;
+        let mut ipam = Ipam::load_with_clock(store, clock)?;
         let prepared: HashMap<String, PreparedClaim> =
             claims.into_iter().map(|c| (c.uid.clone(), c)).collect();
         let orphans: BTreeSet<String> = ipam
@@ -505,6 +563,8 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             // refused.
             support: Arc::new(node_support(&KernelSupport::unprobed())),
             in_flight: Mutex::new(HashMap::new()),
+            networks: None,
+            block_gates: Mutex::new(HashMap::new()),
         })
     }
 
@@ -633,25 +693,88 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 };
                 facts.push((found, attributes, parent_limit));
             }
+            let merged = merged_configs(&allocation)?;
+            // The PodNetworks the configs name, from the node's watch (no API call).
+            let networks = self.pod_networks(&network_names(&allocation, &merged)).await?;
+            let inputs = PrepareInputs {
+                claim,
+                allocation: &allocation,
+                facts,
+                merged,
+                networks,
+                pod_claim_index,
+            };
+            let reserved = match self.reserve_claiming_blocks(&inputs).await? {
+                Ok(reserved) => reserved,
+                Err(answer) => return Ok(answer),
+            };
+            // Static PodNetwork addresses: reserved cluster-wide (API, without the lock).
+            let reservations = match self.reserve_statics(claim, &reserved.statics).await {
+                Ok(reservations) => reservations,
+                Err((err, created)) => {
+                    {
+                        let mut state = lock(&self.state);
+                        state.pending.remove(&claim.uid);
+                        state.ipam.forget_in_memory(&reserved.new_leases);
+                    }
+                    self.drop_reservations(&created).await;
+                    return Err(err);
+                }
+            };
             let state = Arc::clone(&self.state);
             let metadata = self.metadata.clone();
-            let support = Arc::clone(&self.support);
-            let claim = claim.clone();
-            tokio::task::spawn_blocking(move || {
-                commit_prepare(
-                    &state,
-                    metadata.as_deref(),
-                    &support,
-                    &claim,
-                    &allocation,
-                    facts,
-                    pod_claim_index,
-                )
+            let owned_claim = claim.clone();
+            let created = reservations.clone();
+            let answer = tokio::task::spawn_blocking(move || {
+                commit_prepare(&state, metadata.as_deref(), &owned_claim, reserved, &created)
             })
             .await
-            .map_err(ClaimError::Task)?
+            .map_err(ClaimError::Task)?;
+            if answer.is_err() {
+                self.drop_reservations(&reservations).await;
+            }
+            answer
         })
         .await
+    }
+
+    /// Validates the claim and holds its addresses in memory under the state lock; when the
+    /// node's blocks of a network are full, claims a block (API, without the lock) and tries
+    /// again. `Err(answer)`: the claim was prepared meanwhile.
+    async fn reserve_claiming_blocks(
+        &self,
+        inputs: &PrepareInputs<'_>,
+    ) -> Result<Result<Reserved, Vec<PreparedDevice>>, ClaimError> {
+        let mut block_claims = 0;
+        loop {
+            let attempt = {
+                let mut state = lock(&self.state);
+                reserve_claim(&mut state, self.metadata.as_deref(), &self.support, inputs)?
+            };
+            match attempt {
+                Attempt::Done(answer) => return Ok(Err(answer)),
+                Attempt::Reserved(reserved) => return Ok(Ok(reserved)),
+                Attempt::NeedBlock { plan, ipv4, request } => {
+                    block_claims += 1;
+                    if block_claims > networks::MAX_BLOCK_CLAIMS {
+                        return Err(ClaimError::Ipam {
+                            request,
+                            field: "podNetwork".to_owned(),
+                            source: IpamError::NoFreeBlock {
+                                family: if ipv4 { 4 } else { 6 },
+                                block_prefix: plan.block_prefix(ipv4),
+                                subnets: format!(
+                                    "{} (filled by other prepares {} times in a row)",
+                                    plan.pod_network,
+                                    networks::MAX_BLOCK_CLAIMS
+                                ),
+                            },
+                        });
+                    }
+                    self.claim_block(&plan, ipv4, &inputs.claim.uid, &request).await?;
+                }
+            }
+        }
     }
 
     /// Unprepares one claim (holding its UID lock): releases its addresses and forgets it.
@@ -659,12 +782,15 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         self.serialised(&claim.uid, async {
             let state = Arc::clone(&self.state);
             let metadata = self.metadata.clone();
-            let claim = claim.clone();
+            let owned_claim = claim.clone();
             tokio::task::spawn_blocking(move || {
-                commit_unprepare(&state, metadata.as_deref(), &claim)
+                commit_unprepare(&state, metadata.as_deref(), &owned_claim)
             })
             .await
-            .map_err(ClaimError::Task)?
+            .map_err(ClaimError::Task)??;
+            // Static PodNetwork reservations go once the claim is released.
+            self.drop_orphan_reservations().await;
+            Ok(())
         })
         .await
     }
@@ -747,31 +873,98 @@ fn check_pool_settings<'a>(
     Ok(())
 }
 
-/// Prepares one claim in three steps, so no lock is held across I/O: under the state lock it
-/// validates and holds the addresses in memory (concurrent claims on one parent see each
-/// other's children and addresses); without it, it writes the metadata files and commits the
-/// claim with its leases in one durable batch (concurrent prepares share `fdatasync`s: group
-/// commit); under the lock again, the claim becomes prepared, or its addresses are given
-/// back.
+/// What a prepare reads before it reserves: the claim, its allocation, the devices' facts
+/// (with their published attributes and parent limits), the merged config of each result,
+/// and the `PodNetwork`s they name.
+struct PrepareInputs<'a> {
+    claim: &'a ClaimRef,
+    allocation: &'a ClaimAllocation,
+    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>, Option<u32>)>,
+    merged: Vec<NetworkConfig>,
+    networks: BTreeMap<String, PodNetwork>,
+    pod_claim_index: Option<u32>,
+}
+
+/// The addresses of one claim held in memory, and the claim they make.
+struct Reserved {
+    prepared: PreparedClaim,
+    /// Every lease of the claim.
+    leases: Vec<Lease>,
+    /// The leases new in this attempt (given back if it fails).
+    new_leases: Vec<Lease>,
+    /// Static addresses to reserve cluster-wide.
+    statics: Vec<StaticReservation>,
+}
+
+/// How one in-memory reservation attempt ended.
+enum Attempt {
+    /// Prepared meanwhile (a repeated call): its answer.
+    Done(Vec<PreparedDevice>),
+    /// Held, and the claim is pending.
+    Reserved(Reserved),
+    /// The node's blocks of a network's family are full: nothing is held.
+    NeedBlock { plan: NetworkAddressing, ipv4: bool, request: String },
+}
+
+/// The merged config of each allocation result (class entries, then claim entries).
+fn merged_configs(allocation: &ClaimAllocation) -> Result<Vec<NetworkConfig>, ClaimError> {
+    allocation
+        .results
+        .iter()
+        .map(|result| {
+            network_config::merge_for_request(&allocation.config, &result.request).map_err(
+                |source| ClaimError::Config {
+                    request: result.request.clone(),
+                    device: result.device.clone(),
+                    source: Box::new(source),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The `PodNetwork`s the merged configs name, each with the first request and device that
+/// names it (for the error).
+fn network_names(
+    allocation: &ClaimAllocation,
+    merged: &[NetworkConfig],
+) -> BTreeMap<String, (String, String)> {
+    let mut names = BTreeMap::new();
+    for (result, config) in allocation.results.iter().zip(merged) {
+        if let Some(name) = &config.pod_network {
+            names
+                .entry(name.clone())
+                .or_insert_with(|| (result.request.clone(), result.device.clone()));
+        }
+    }
+    names
+}
+
+/// Commits a claim whose addresses are held in memory, without the state lock: writes its
+/// metadata files and commits the claim with its leases, the blocks they come from that are
+/// not recorded yet, its new static reservations and the pruned release records in one
+/// durable batch (concurrent prepares share `fdatasync`s: group commit); then, under the lock
+/// again, the claim becomes prepared, or its addresses are given back (the caller deletes
+/// `reservations` in the API).
 fn commit_prepare<S: ClaimStore>(
     state: &Mutex<State<S>>,
     metadata: Option<&DeviceMetadata>,
-    support: &NodeSupport,
     claim: &ClaimRef,
-    allocation: &ClaimAllocation,
-    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>, Option<u32>)>,
-    pod_claim_index: Option<u32>,
+    reserved: Reserved,
+    reservations: &[ipam::OwnedBlock],
 ) -> Result<Vec<PreparedDevice>, ClaimError> {
-    let (prepared, leases, new_leases, store) = {
-        let mut state = lock(state);
-        let state = &mut *state;
-        if let Some(done) = state.prepared.get(&claim.uid) {
-            return Ok(done.kubelet_devices());
-        }
-        let (prepared, leases, new_leases) =
-            reserve_claim(state, metadata, support, claim, allocation, facts, pod_claim_index)?;
-        state.pending.insert(prepared.uid.clone(), prepared.clone());
-        (prepared, leases, new_leases, state.ipam.store().clone())
+    let Reserved { prepared, leases, new_leases, .. } = reserved;
+    let (commit, store) = {
+        let state = lock(state);
+        let mut put_blocks = state.ipam.blocks_to_record(&leases);
+        put_blocks.extend(reservations.iter().cloned());
+        let commit = IpamCommit {
+            put_leases: leases,
+            put_blocks,
+            remove_released: state.ipam.expired_releases(),
+            ..IpamCommit::default()
+        };
+        (commit, state.ipam.store().clone())
     };
     let outcome = (|| {
         if let Some(metadata) = metadata {
@@ -780,7 +973,7 @@ fn commit_prepare<S: ClaimStore>(
             metadata.publish(&prepared)?;
         }
         crate::failpoint!("claims.prepare.before_commit");
-        store.save_prepared(&prepared, &leases).map_err(|e| ClaimError::Persist(Box::new(e)))
+        store.save_prepared(&prepared, &commit).map_err(|e| ClaimError::Persist(Box::new(e)))
     })();
     let mut state = lock(state);
     state.pending.remove(&claim.uid);
@@ -790,42 +983,49 @@ fn commit_prepare<S: ClaimStore>(
         {
             tracing::warn!(claim = %claim, error = %cleanup, "removing device metadata after a failed prepare");
         }
-        // Nothing of this attempt reached the store: give its addresses back.
+        // Nothing of this attempt reached the store: give its addresses back. Blocks it
+        // claimed stay owned (in the API they are this node's), recorded by a later commit
+        // or adopted at the next start.
         state.ipam.forget_in_memory(&new_leases);
         return Err(err);
     }
+    state.ipam.mark_recorded(&commit.put_blocks);
+    state.ipam.forget_released(&commit.remove_released);
     let answer = prepared.kubelet_devices();
     state.prepared.insert(prepared.uid.clone(), prepared);
     Ok(answer)
 }
 
-/// Validates a claim's devices and holds its addresses in memory (under the state lock):
-/// `(claim, its leases, the leases new in this attempt)`. On an error nothing stays held.
+/// Validates a claim's devices and holds its addresses in memory (under the state lock);
+/// the claim is then pending. On an error, or when a block must be claimed first, nothing
+/// stays held.
 fn reserve_claim<S: ClaimStore>(
     state: &mut State<S>,
     metadata: Option<&DeviceMetadata>,
     support: &NodeSupport,
-    claim: &ClaimRef,
-    allocation: &ClaimAllocation,
-    facts: Vec<(DeviceFacts, BTreeMap<String, AttributeValue>, Option<u32>)>,
-    pod_claim_index: Option<u32>,
-) -> Result<(PreparedClaim, Vec<Lease>, Vec<Lease>), ClaimError> {
+    inputs: &PrepareInputs<'_>,
+) -> Result<Attempt, ClaimError> {
+    let PrepareInputs { claim, allocation, pod_claim_index, .. } = *inputs;
+    if let Some(done) = state.prepared.get(&claim.uid) {
+        return Ok(Attempt::Done(done.kubelet_devices()));
+    }
     let mut devices: Vec<(_, DeviceFacts, _, ResolvedNetworkConfig)> =
         Vec::with_capacity(allocation.results.len());
-    for (result, (mut facts, attributes, parent_limit)) in allocation.results.iter().zip(facts) {
+    let per_result =
+        allocation.results.iter().zip(inputs.facts.iter().cloned()).zip(&inputs.merged);
+    for ((result, (mut facts, attributes, parent_limit)), merged) in per_result {
         let config_error = |source| ClaimError::Config {
             request: result.request.clone(),
             device: result.device.clone(),
             source: Box::new(source),
         };
-        let merged = network_config::merge_for_request(&allocation.config, &result.request)
-            .map_err(config_error)?;
+        let network = merged.pod_network.as_ref().and_then(|name| inputs.networks.get(name));
         // Children of other claims and of this claim's earlier results.
         let in_use =
             state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config));
         let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, c));
         add_planned_children(&mut facts, merged.vlan, in_use.chain(this_claim));
-        let config = merged.validate(&facts, support).map_err(config_error)?;
+        let config = merged.validate_in(network, &facts, support).map_err(config_error)?;
         parent_capacity::check_device(state, &devices, result, &facts, parent_limit, config.mode)?;
         devices.push((result, facts, attributes, config));
     }
@@ -839,44 +1039,15 @@ fn reserve_claim<S: ClaimStore>(
         pod_claim_index,
         pod_claim_name: allocation.pod_claim_name.clone(),
     };
-    let (mut leases, mut new_leases) = (Vec::new(), Vec::new());
+    let mut held = Held::default();
+    let mut need_block = None;
     let outcome = (|| {
         for (result, facts, attributes, config) in devices {
-            let addresses = match &config.addressing {
-                Addressing::None => Vec::new(),
-                Addressing::Static(addresses) => {
-                    for (i, address) in addresses.iter().enumerate() {
-                        let (lease, new) = state
-                            .ipam
-                            .reserve_static_in_memory(&owner(claim, result), *address)
-                            .map_err(|source| ClaimError::Ipam {
-                                request: result.request.clone(),
-                                field: format!("ipam.addresses[{i}]"),
-                                source,
-                            })?;
-                        if new {
-                            new_leases.push(lease.clone());
-                        }
-                        leases.push(lease);
-                    }
-                    addresses.clone()
-                }
-                Addressing::Pool(pool) => {
-                    check_pool_settings(state.claims_in_use(), &claim.uid, &result.request, pool)?;
-                    let (lease, new) = state
-                        .ipam
-                        .reserve_in_memory(&owner(claim, result), pool)
-                        .map_err(|source| ClaimError::Ipam {
-                            request: result.request.clone(),
-                            field: "ipam.pool".to_owned(),
-                            source,
-                        })?;
-                    let address = lease.interface_address();
-                    if new {
-                        new_leases.push(lease.clone());
-                    }
-                    leases.push(lease);
-                    vec![address]
+            let addresses = match hold_addresses(state, claim, result, &config, &mut held)? {
+                Ok(addresses) => addresses,
+                Err((plan, ipv4)) => {
+                    need_block = Some((plan, ipv4, result.request.clone()));
+                    return Ok(());
                 }
             };
             prepared.devices.push(PreparedClaimDevice {
@@ -897,8 +1068,12 @@ fn reserve_claim<S: ClaimStore>(
         Ok(())
     })();
     if let Err(err) = outcome {
-        state.ipam.forget_in_memory(&new_leases);
+        state.ipam.forget_in_memory(&held.new_leases);
         return Err(err);
+    }
+    if let Some((plan, ipv4, request)) = need_block {
+        state.ipam.forget_in_memory(&held.new_leases);
+        return Ok(Attempt::NeedBlock { plan, ipv4, request });
     }
     if let Some(metadata) = metadata {
         // The CDI id of a request goes with its first device: kubelet injects every id of
@@ -911,7 +1086,93 @@ fn reserve_claim<S: ClaimStore>(
             }
         }
     }
-    Ok((prepared, leases, new_leases))
+    state.pending.insert(prepared.uid.clone(), prepared.clone());
+    let Held { leases, new_leases, statics } = held;
+    Ok(Attempt::Reserved(Reserved { prepared, leases, new_leases, statics }))
+}
+
+/// The leases one reservation attempt holds.
+#[derive(Default)]
+struct Held {
+    leases: Vec<Lease>,
+    new_leases: Vec<Lease>,
+    statics: Vec<StaticReservation>,
+}
+
+impl Held {
+    fn take(&mut self, lease: Lease, new: bool) {
+        if new {
+            self.new_leases.push(lease.clone());
+        }
+        self.leases.push(lease);
+    }
+}
+
+/// Holds the addresses of one allocated device in memory (under the state lock): the
+/// interface addresses, or `Err((plan, ipv4))` when the node's blocks of that family of a
+/// network are full (what this call held stays in `held`, for the caller to give back).
+fn hold_addresses<S: LeaseStore>(
+    state: &mut State<S>,
+    claim: &ClaimRef,
+    result: &AllocatedResult,
+    config: &ResolvedNetworkConfig,
+    held: &mut Held,
+) -> Result<Result<Vec<IpNetwork>, (NetworkAddressing, bool)>, ClaimError> {
+    let ipam_error = |field: String| {
+        move |source| ClaimError::Ipam { request: result.request.clone(), field, source }
+    };
+    let owner = owner(claim, result);
+    let addresses = match &config.addressing {
+        Addressing::None => Vec::new(),
+        Addressing::Static(addresses) => {
+            for (i, address) in addresses.iter().enumerate() {
+                let (lease, new) = state
+                    .ipam
+                    .reserve_static_in_memory(&owner, *address, None)
+                    .map_err(ipam_error(format!("ipam.addresses[{i}]")))?;
+                held.take(lease, new);
+            }
+            addresses.clone()
+        }
+        Addressing::Pool(pool) => {
+            check_pool_settings(state.claims_in_use(), &claim.uid, &result.request, pool)?;
+            let (lease, new) = state
+                .ipam
+                .reserve_in_memory(&owner, pool)
+                .map_err(ipam_error("ipam.pool".to_owned()))?;
+            let address = lease.interface_address();
+            held.take(lease, new);
+            vec![address]
+        }
+        Addressing::Network(plan) if !plan.addresses.is_empty() => {
+            for (i, address) in plan.addresses.iter().enumerate() {
+                let field = format!("ipam.addresses[{i}]");
+                let (lease, new) = state
+                    .ipam
+                    .reserve_static_in_memory(&owner, *address, Some(&plan.pod_network))
+                    .map_err(ipam_error(field.clone()))?;
+                held.statics.push(StaticReservation {
+                    request: result.request.clone(),
+                    field,
+                    lease: lease.clone(),
+                });
+                held.take(lease, new);
+            }
+            plan.addresses.clone()
+        }
+        Addressing::Network(plan) => {
+            let mut addresses = Vec::with_capacity(2);
+            for ipv4 in plan.families() {
+                let Some((lease, new)) = state.ipam.reserve_in_blocks(&owner, plan, ipv4) else {
+                    return Ok(Err((plan.clone(), ipv4)));
+                };
+                addresses.push(lease.interface_address());
+                held.take(lease, new);
+            }
+            addresses
+        }
+    };
+    Ok(Ok(addresses))
 }
 
 fn commit_unprepare<S: ClaimStore>(
@@ -932,16 +1193,29 @@ fn commit_unprepare<S: ClaimStore>(
 /// Forgets a claim and releases its leases in one durable commit, made without the state
 /// lock; the addresses stay held in memory until it is done, so none is handed out while
 /// the claim could still come back after a crash.
+///
+/// The batch also records each address's release (quarantine, DESIGN §4). The claim's
+/// static `PodNetwork` reservations stay recorded: the caller deletes them in the API next
+/// (and the block upkeep does when that fails), so none is ever forgotten while it exists.
 fn release_claim<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<(), ClaimError> {
-    let (leases, store) = {
+    let (commit, store) = {
         let state = lock(state);
-        (state.ipam.leases_of_claim(uid), state.ipam.store().clone())
+        let leases = state.ipam.leases_of_claim(uid);
+        let released = state.ipam.release_records(&leases);
+        let commit = IpamCommit {
+            remove_leases: leases,
+            put_released: released,
+            remove_released: state.ipam.expired_releases(),
+            ..IpamCommit::default()
+        };
+        (commit, state.ipam.store().clone())
     };
-    store.remove_prepared(uid, &leases).map_err(|e| ClaimError::Persist(Box::new(e)))?;
+    store.remove_prepared(uid, &commit).map_err(|e| ClaimError::Persist(Box::new(e)))?;
     crate::failpoint!("claims.unprepare.after_commit");
     let mut state = lock(state);
     state.prepared.remove(uid);
-    state.ipam.forget_in_memory(&leases);
+    state.ipam.apply_release(&commit.remove_leases, &commit.put_released);
+    state.ipam.forget_released(&commit.remove_released);
     Ok(())
 }
 

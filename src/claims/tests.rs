@@ -21,6 +21,7 @@ use crate::model::network_config::{DeviceKind, Sharing};
 use crate::store::{Record, Store};
 
 mod metadata;
+mod networks;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";
@@ -117,6 +118,23 @@ fn service(api: &Arc<FakeApi>, dir: &std::path::Path) -> Service {
         Arc::clone(api),
         FixedDevices,
         store,
+    )
+    .unwrap()
+}
+
+/// [`service`] on `clock` (quarantines end when a test moves it).
+fn clocked_service(
+    api: &Arc<FakeApi>,
+    dir: &std::path::Path,
+    clock: &Arc<crate::ipam::ManualClock>,
+) -> Service {
+    let store = Arc::new(Store::open(dir).unwrap());
+    ClaimService::load_with_clock(
+        ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
+        Arc::clone(api),
+        FixedDevices,
+        store,
+        Arc::clone(clock) as Arc<dyn crate::ipam::Clock>,
     )
     .unwrap()
 }
@@ -572,14 +590,17 @@ async fn unprepare_releases_addresses_and_unknown_claims_succeed() {
         vec![config("FromClaim", DRIVER, &[], pool_config())],
     ));
     let dir = tempfile::tempdir().unwrap();
-    let service = service(&api, dir.path());
+    let clock = Arc::new(crate::ipam::ManualClock::at(1_700_000_000_000));
+    let service = clocked_service(&api, dir.path(), &clock);
     prepare_one(&service, &reference("ip", "u1")).await.unwrap();
     let results = service.unprepare(vec![reference("ip", "u1"), reference("never", "u9")]).await;
     assert_eq!(results.len(), 2);
     assert!(results.values().all(Result::is_ok), "{results:?}");
     assert!(service.prepared("u1").is_none());
     assert_eq!(lock(&service.state).ipam.leases().count(), 0);
-    // The released address goes to the next claim; a second unprepare still succeeds.
+    // The released address goes to the next claim once its 30 s quarantine is over; a
+    // second unprepare still succeeds.
+    clock.advance(Duration::from_secs(30));
     prepare_one(&service, &reference("ip2", "u2")).await.unwrap();
     assert_eq!(
         service.prepared("u2").unwrap().devices[0].addresses,
@@ -722,7 +743,8 @@ async fn a_static_address_is_a_lease_no_pool_and_no_other_claim_gets() {
     api.put(on_eth2("fixed", "u-static", static_config(&["10.9.0.1/24", "10.9.0.2/24"])));
     api.put(on_eth2("twin", "u-twin", static_config(&["10.9.0.7/24", "10.9.0.2/24"])));
     api.put(on_eth2("pooled", "u-pool", pool_config()));
-    let service = service(&api, dir.path());
+    let clock = Arc::new(crate::ipam::ManualClock::at(1_700_000_000_000));
+    let service = clocked_service(&api, dir.path(), &clock);
     prepare_one(&service, &reference("fixed", "u-static")).await.unwrap();
     // Idempotent for its owner.
     prepare_one(&service, &reference("fixed", "u-static")).await.unwrap();
@@ -743,11 +765,15 @@ async fn a_static_address_is_a_lease_no_pool_and_no_other_claim_gets() {
         .map(|l| l.address.to_string());
     assert_eq!(pool_address.as_deref(), Some("10.9.0.3"), "the pool skips static addresses");
 
-    // After a restart the static leases still hold, and unprepare frees them.
+    // After a restart the static leases still hold, and unprepare frees them after their
+    // 30 s quarantine.
     drop(service);
-    let service = self::service(&api, dir.path());
+    let service = clocked_service(&api, dir.path(), &clock);
     assert!(prepare_one(&service, &reference("twin", "u-twin")).await.is_err());
     service.unprepare_claim(&reference("fixed", "u-static")).await.unwrap();
+    let err = prepare_one(&service, &reference("twin", "u-twin")).await.unwrap_err();
+    assert!(err.contains("ipam.addresses[1]") && err.contains("30 s"), "{err}");
+    clock.advance(Duration::from_secs(30));
     prepare_one(&service, &reference("twin", "u-twin")).await.unwrap();
 }
 

@@ -194,6 +194,11 @@ pub struct NodeArgs {
     /// every other pod's attach meanwhile). `auto` is clsact.
     #[arg(long, env = "NETCLAIM_STATS_HOOK", value_enum, default_value_t = StatsHookArg::Auto)]
     pub stats_hook: StatsHookArg,
+
+    /// How long an empty IPBlock of this node is kept before it is given back (`10m`,
+    /// `600s`); a block of a PodNetwork being deleted goes at once.
+    #[arg(long, env = "NETCLAIM_BLOCK_RELEASE_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub block_release_grace: std::time::Duration,
 }
 
 /// Flags of `netclaim controller`.

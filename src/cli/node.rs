@@ -82,6 +82,7 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
                 status_interval: args.stats_interval,
             }
         }),
+        block_release_grace: args.block_release_grace,
     })
 }
 

@@ -255,6 +255,7 @@ impl Cluster {
             // Inside the run dir: a dev cluster never writes into the host's CDI dirs.
             cdi_spec_dir: Some(run_dir.join("cdi")),
             stats: options.stats_interval.and_then(|interval| private_stats(&run_dir, interval)),
+            block_release_grace: crate::node::DEFAULT_BLOCK_RELEASE_GRACE,
         };
         let (stop_node, node_stopped) = watch::channel(false);
         let node = spawn_node_daemon(node_config, node_stopped)?;

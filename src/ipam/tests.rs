@@ -3,6 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 
@@ -12,6 +13,7 @@ use super::*;
 #[derive(Debug, Default)]
 struct FakeLeaseStore {
     leases: RefCell<BTreeMap<IpAddr, Lease>>,
+    released: RefCell<Vec<ReleasedAddress>>,
     saves: Cell<usize>,
     fail: Cell<bool>,
 }
@@ -27,6 +29,14 @@ impl LeaseStore for FakeLeaseStore {
         Ok(self.leases.borrow().values().cloned().collect())
     }
 
+    fn load_released(&self) -> Result<Vec<ReleasedAddress>, InjectedFailure> {
+        Ok(self.released.borrow().clone())
+    }
+
+    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, InjectedFailure> {
+        Ok(Vec::new())
+    }
+
     fn save_lease(&self, lease: &Lease) -> Result<(), InjectedFailure> {
         if self.fail.get() {
             return Err(InjectedFailure);
@@ -36,11 +46,16 @@ impl LeaseStore for FakeLeaseStore {
         Ok(())
     }
 
-    fn remove_lease(&self, lease: &Lease) -> Result<(), InjectedFailure> {
+    fn remove_lease(
+        &self,
+        lease: &Lease,
+        released: &ReleasedAddress,
+    ) -> Result<(), InjectedFailure> {
         if self.fail.get() {
             return Err(InjectedFailure);
         }
         self.leases.borrow_mut().remove(&lease.address);
+        self.released.borrow_mut().push(released.clone());
         Ok(())
     }
 }
@@ -68,8 +83,17 @@ fn spec(subnet: &str, start: &str, end: &str, gateway: Option<&str>, exclude: &[
     }
 }
 
+/// An empty IPAM on a clock that moves only when a test says so.
 fn empty_ipam() -> Ipam<FakeLeaseStore> {
-    Ipam::load(FakeLeaseStore::default()).unwrap()
+    clocked_ipam().0
+}
+
+fn clocked_ipam() -> (Ipam<FakeLeaseStore>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::at(1_000_000));
+    let ipam =
+        Ipam::load_with_clock(FakeLeaseStore::default(), Arc::clone(&clock) as Arc<dyn Clock>)
+            .unwrap();
+    (ipam, clock)
 }
 
 #[test]
@@ -180,17 +204,19 @@ fn load_rebuilds_state_and_refuses_a_double_lease() {
     impl LeaseStore for Doubled {
         type Error = InjectedFailure;
         fn load_leases(&self) -> Result<Vec<Lease>, InjectedFailure> {
-            let a = Lease {
-                subnet: "10.0.0.0/24".parse().unwrap(),
-                address: ip("10.0.0.5"),
-                owner: owner(0),
-            };
+            let a = Lease::new("10.0.0.0/24".parse().unwrap(), ip("10.0.0.5"), owner(0));
             Ok(vec![a.clone(), Lease { owner: owner(1), ..a }])
+        }
+        fn load_released(&self) -> Result<Vec<ReleasedAddress>, InjectedFailure> {
+            Ok(Vec::new())
+        }
+        fn load_blocks(&self) -> Result<Vec<OwnedBlock>, InjectedFailure> {
+            Ok(Vec::new())
         }
         fn save_lease(&self, _: &Lease) -> Result<(), InjectedFailure> {
             Ok(())
         }
-        fn remove_lease(&self, _: &Lease) -> Result<(), InjectedFailure> {
+        fn remove_lease(&self, _: &Lease, _: &ReleasedAddress) -> Result<(), InjectedFailure> {
             Ok(())
         }
     }
@@ -304,10 +330,16 @@ fn pool_strategy() -> impl Strategy<Value = PoolSpec> {
 enum Op {
     Reserve(usize),
     Release(usize),
+    /// Seconds pass.
+    Tick(u64),
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
-    prop_oneof![3 => (0usize..80).prop_map(Op::Reserve), 1 => (0usize..80).prop_map(Op::Release)]
+    prop_oneof![
+        3 => (0usize..80).prop_map(Op::Reserve),
+        1 => (0usize..80).prop_map(Op::Release),
+        1 => (0u64..40).prop_map(Op::Tick),
+    ]
 }
 
 proptest! {
@@ -319,29 +351,43 @@ proptest! {
         ops in prop::collection::vec(op_strategy(), 1..200),
     ) {
         let allowed = oracle_allowed(&pool);
-        let mut ipam = empty_ipam();
+        let (mut ipam, clock) = clocked_ipam();
         let mut held: BTreeMap<usize, IpAddr> = BTreeMap::new();
+        // The oracle's quarantine: address -> (released at, by owner).
+        let mut released_at: BTreeMap<IpAddr, (u64, usize)> = BTreeMap::new();
         for op in ops {
+            let now = clock.now_ms();
+            let quarantined_for = |i: usize, a: &IpAddr| {
+                released_at.get(a).is_some_and(|(t, by)| *by != i && now - t < 30_000)
+            };
             match op {
                 Op::Reserve(i) => match ipam.reserve(&owner(i), &pool) {
                     Ok(lease) => {
                         prop_assert!(allowed.contains(&lease.address), "{} not allowed in {pool:?}", lease.address);
                         if let Some(before) = held.get(&i) {
                             prop_assert_eq!(*before, lease.address, "idempotent reserve moved");
+                        } else {
+                            prop_assert!(!quarantined_for(i, &lease.address), "{} handed out inside its quarantine", lease.address);
                         }
                         prop_assert!(held.iter().all(|(j, a)| *j == i || *a != lease.address), "duplicate {}", lease.address);
                         held.insert(i, lease.address);
                     }
                     Err(IpamError::PoolExhausted { .. }) => {
                         prop_assert!(!held.contains_key(&i));
-                        prop_assert_eq!(held.len(), allowed.len(), "exhausted with free addresses left");
+                        let free = allowed.iter().filter(|a| !held.values().any(|h| h == *a) && !quarantined_for(i, a)).count();
+                        prop_assert_eq!(free, 0, "exhausted with free addresses left");
                     }
                     Err(e) => prop_assert!(false, "unexpected {e}"),
                 },
                 Op::Release(i) => {
                     let released = ipam.release(&owner(i)).unwrap();
-                    prop_assert_eq!(released.first().map(|l| l.address), held.remove(&i));
+                    let address = held.remove(&i);
+                    prop_assert_eq!(released.first().map(|l| l.address), address);
+                    if let Some(address) = address {
+                        released_at.insert(address, (now, i));
+                    }
                 }
+                Op::Tick(seconds) => clock.advance(std::time::Duration::from_secs(seconds)),
             }
             // Memory and store agree after every step: nothing is handed out unpersisted.
             let stored: BTreeMap<IpAddr, LeaseOwner> =
@@ -349,11 +395,19 @@ proptest! {
             let expected: BTreeMap<IpAddr, LeaseOwner> = held.iter().map(|(i, a)| (*a, owner(*i))).collect();
             prop_assert_eq!(stored, expected);
         }
-        // A restart sees the same leases.
+        // A restart sees the same leases and the same quarantine.
         let store = FakeLeaseStore::default();
         *store.leases.borrow_mut() = ipam.store().leases.borrow().clone();
-        let reloaded = Ipam::load(store).unwrap();
+        *store.released.borrow_mut() = ipam.store().released.borrow().clone();
+        let mut reloaded = Ipam::load_with_clock(store, Arc::clone(&clock) as Arc<dyn Clock>).unwrap();
         prop_assert_eq!(reloaded.leases().cloned().collect::<Vec<_>>(), ipam.leases().cloned().collect::<Vec<_>>());
+        let now = clock.now_ms();
+        if let Ok(lease) = reloaded.reserve(&owner(999), &pool) {
+            prop_assert!(
+                released_at.get(&lease.address).is_none_or(|(t, _)| now - t >= 30_000),
+                "{} handed out inside its quarantine after a restart", lease.address
+            );
+        }
     }
 
     #[test]
@@ -362,7 +416,7 @@ proptest! {
         victim in any::<prop::sample::Index>(),
     ) {
         let allowed = oracle_allowed(&pool);
-        let mut ipam = empty_ipam();
+        let (mut ipam, clock) = clocked_ipam();
         let mut got = BTreeSet::new();
         for i in 0..=allowed.len() {
             match ipam.reserve(&owner(i), &pool) {
@@ -376,6 +430,12 @@ proptest! {
             let k = victim.index(allowed.len());
             let freed = ipam.release(&owner(k)).unwrap();
             prop_assert_eq!(freed.len(), 1);
+            // Quarantined for 30 s: another claim gets nothing until then, the same claim
+            // gets its address back at once.
+            clock.advance(std::time::Duration::from_millis(29_999));
+            let early = ipam.reserve(&owner(1000), &pool);
+            prop_assert!(matches!(early, Err(IpamError::PoolExhausted { .. })), "{early:?}");
+            clock.advance(std::time::Duration::from_millis(1));
             let again = ipam.reserve(&owner(1000), &pool).unwrap();
             prop_assert_eq!(again.address, freed[0].address, "the only free address is reused");
         }

@@ -3,6 +3,7 @@
 pub mod claim_status;
 pub mod claims;
 pub mod events;
+pub mod ip_blocks;
 pub mod kinds;
 pub mod leader_election;
 pub mod node_networks;

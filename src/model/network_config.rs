@@ -7,6 +7,7 @@
 //! Every error names the field path (`interface.name`, `routes[1].gateway`) and the
 //! offending value, because the message ends up in the claim status and in a Pod Event.
 
+mod inherit;
 mod validate;
 
 #[cfg(test)]
@@ -20,6 +21,7 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use inherit::check_network_serves;
 pub use validate::{MAX_ADDRESSES, MAX_ROUTES, check_interface_name};
 // The device vocabulary is the model's one (`model::device`); validation speaks it too.
 pub use crate::model::device::{DeviceKind, Sharing};
@@ -41,7 +43,9 @@ pub struct NetworkConfig {
     /// Must be [`KIND`]; checked before decoding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    /// A `PodNetwork` this config inherits from (resolved by the caller).
+    /// A `PodNetwork` this config inherits from: its mode, macvlan/ipvlan settings, VLAN,
+    /// MTU, addressing and routes, each overridden by this config's own field
+    /// ([`NetworkConfig::validate_in`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_network: Option<String>,
     /// How the pod interface is made.
@@ -484,6 +488,9 @@ pub enum Addressing {
     Static(Vec<IpNetwork>),
     /// One address from a node-local pool.
     Pool(PoolSpec),
+    /// Addresses from a `PodNetwork`'s cluster-wide plan: one per family from the node's
+    /// blocks, or the claim's static addresses reserved cluster-wide.
+    Network(NetworkAddressing),
 }
 
 impl Addressing {
@@ -494,7 +501,55 @@ impl Addressing {
             Addressing::None => false,
             Addressing::Static(addrs) => addrs.iter().any(IpNetwork::is_ipv6),
             Addressing::Pool(pool) => pool.subnet.is_ipv6(),
+            Addressing::Network(network) if network.addresses.is_empty() => {
+                network.subnets.iter().any(IpNetwork::is_ipv6)
+            }
+            Addressing::Network(network) => network.addresses.iter().any(IpNetwork::is_ipv6),
         }
+    }
+}
+
+/// A `PodNetwork`'s address plan as a claim resolved it (DESIGN §4): what the node's block
+/// IPAM needs, kept in the prepared claim so the claim keeps the plan it was prepared with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkAddressing {
+    /// The `PodNetwork`.
+    pub pod_network: String,
+    /// `spec.ipam.subnets` in network form, in order: a pod gets one address per family,
+    /// from the first subnet of the family with a free block.
+    pub subnets: Vec<IpNetwork>,
+    /// `spec.ipam.gateways`: never handed out.
+    pub gateways: Vec<IpAddr>,
+    /// `spec.ipam.exclude`: never carved into blocks; static addresses live here.
+    pub exclude: Vec<IpNetwork>,
+    /// Prefix length of IPv4 blocks.
+    pub block_v4: u8,
+    /// Prefix length of IPv6 blocks.
+    pub block_v6: u8,
+    /// The claim's static addresses (`ipam.addresses`, inside `exclude`), each reserved
+    /// cluster-wide by a /32 or /128 `IPBlock`; empty: one address per family from the
+    /// node's blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpNetwork>,
+}
+
+impl NetworkAddressing {
+    /// The subnets of one family, in order.
+    pub fn subnets_of(&self, ipv4: bool) -> impl Iterator<Item = IpNetwork> + '_ {
+        self.subnets.iter().copied().filter(move |s| s.is_ipv4() == ipv4)
+    }
+
+    /// The block prefix length of a family.
+    #[must_use]
+    pub fn block_prefix(&self, ipv4: bool) -> u8 {
+        if ipv4 { self.block_v4 } else { self.block_v6 }
+    }
+
+    /// The families this network gives addresses in (IPv4 first).
+    #[must_use]
+    pub fn families(&self) -> Vec<bool> {
+        [true, false].into_iter().filter(|v4| self.subnets_of(*v4).next().is_some()).collect()
     }
 }
 
@@ -715,6 +770,37 @@ pub enum Rule {
     /// Not a DNS label (a Kubernetes object name).
     #[error("not a DNS label (lowercase alphanumerics and '-', at most 63)")]
     DnsLabel,
+    /// A node-local pool in a config whose `PodNetwork` assigns the addresses.
+    #[error(
+        "not allowed with podNetwork {pod_network}, which assigns addresses from its subnets \
+         (static addresses inside its ipam.exclude go in ipam.addresses)"
+    )]
+    PoolWithPodNetwork {
+        /// The network.
+        pod_network: String,
+    },
+    /// A static address of a `PodNetwork` claim outside the network's `exclude` (the only
+    /// part of the network never carved into blocks, so no node hands it out).
+    #[error("not inside podNetwork {pod_network}'s ipam.exclude ({exclude})")]
+    NotInNetworkExclude {
+        /// The network.
+        pod_network: String,
+        /// Its excludes, comma separated (or "none").
+        exclude: String,
+    },
+    /// The named `PodNetwork` cannot serve claims (missing, being deleted, invalid, ...).
+    #[error("{0}")]
+    PodNetworkUnusable(String),
+    /// The `PodNetwork`'s own spec is invalid where the claim inherits from it.
+    #[error("PodNetwork {pod_network}: {field}: {why}")]
+    PodNetworkInvalid {
+        /// The network.
+        pod_network: String,
+        /// The field of the network (`spec.ipam.subnets[0]`).
+        field: String,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// Why a config was rejected; every variant names the field and the offending value.
@@ -928,13 +1014,36 @@ impl NetworkConfig {
     }
 
     /// Checks this (merged) config against the allocated device and what the node can
-    /// attach (`support`), and applies defaults.
+    /// attach (`support`), and applies defaults. A `podNetwork` is checked as a name only;
+    /// [`NetworkConfig::validate_in`] inherits from it.
     pub fn validate(
         &self,
         device: &DeviceFacts,
         support: &NodeSupport,
     ) -> Result<ResolvedNetworkConfig, ConfigError> {
-        validate::validate(self, device, support)
+        validate::validate(self, device, support, None)
+    }
+
+    /// [`NetworkConfig::validate`] after inheriting from `network`, the `PodNetwork` this
+    /// config names (the caller looked it up and checked that it serves claims,
+    /// [`check_network_serves`]): the network's mode, macvlan/ipvlan settings, VLAN, MTU,
+    /// addressing and routes, each overridden field by field by this config (DESIGN §3).
+    /// Addressing: a network with `ipam` assigns one address per family from its blocks;
+    /// `ipam.addresses` here are static addresses inside its `exclude` instead; `ipam.pool`
+    /// is refused. `None`, or a config naming no network, is [`NetworkConfig::validate`].
+    pub fn validate_in(
+        &self,
+        network: Option<&crate::model::pod_network::PodNetwork>,
+        device: &DeviceFacts,
+        support: &NodeSupport,
+    ) -> Result<ResolvedNetworkConfig, ConfigError> {
+        match (network, &self.pod_network) {
+            (Some(network), Some(_)) => {
+                let (merged, addressing) = inherit::inherit(self, network)?;
+                validate::validate(&merged, device, support, addressing)
+            }
+            _ => self.validate(device, support),
+        }
     }
 }
 

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::attach::{AttachService, DetachingPreparer, WithDeviceMetadata, plugin_events};
 use crate::cdi::LocalFiles;
 use crate::claims::metadata::{DeviceMetadata, MetadataLayout};
+use crate::claims::networks::NetworkPorts;
 use crate::claims::{ClaimService, ServiceIdentity};
 use crate::health::{self as device_health, HealthReport, MonitorInputs, MonitorSettings};
 use crate::host::bpf::{CounterPins, HookKind};
@@ -36,6 +37,8 @@ use crate::inventory::{InventoryError, Selection};
 use crate::k8s::claim_status::{Backoff, StatusWriter};
 use crate::k8s::claims::KubeClaims;
 use crate::k8s::events::NodeEvents;
+use crate::k8s::ip_blocks::{KubeIpBlocks, WatchedPodNetworks};
+use crate::k8s::pod_networks::PodNetworkReceiver;
 use crate::k8s::resource_slices::KubeSlices;
 use crate::k8s::status_sink::KubeStatus;
 use crate::k8s::{self, ClientError};
@@ -90,7 +93,14 @@ pub struct NodeConfig {
     pub cdi_spec_dir: Option<PathBuf>,
     /// Traffic counters; `None` (an empty `--bpffs`) turns them off.
     pub stats: Option<StatsConfig>,
+    /// `--block-release-grace`: how long an empty `IPBlock` of this node is kept.
+    pub block_release_grace: Duration,
 }
+
+/// The default `--block-release-grace` (DESIGN §1).
+pub const DEFAULT_BLOCK_RELEASE_GRACE: Duration = Duration::from_mins(10);
+/// How long a prepare naming a `PodNetwork` waits for the daemon's first list of them.
+const POD_NETWORK_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Settings of the traffic counters.
 #[derive(Debug, Clone)]
@@ -206,7 +216,8 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // users are counted); publish; then register with kubelet and the runtime. Running pods
     // are verified at Synchronize, off this path.
     let (attach_service, claims, store) =
-        load_state(&config, &client, &metrics, &network_inputs).await?;
+        load_state(&config, &client, &metrics, &network_inputs, &pod_networks).await?;
+    start_block_upkeep(&config, &claims, &stop);
     // fsyncgate: after a failed fdatasync the store refuses writes until a restart reloads
     // it from disk; the DaemonSet pod shows not ready, with the reason, until then.
     health.add_check("state", move || {
@@ -287,6 +298,16 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     Ok(())
 }
 
+/// Starts the IPBlock upkeep, which ends when `stop` turns true: adopt blocks created before
+/// a restart, then release empty ones (no lock held across its API calls; a pass every
+/// `grace/10`, 1 to 30 s, and on every network change).
+fn start_block_upkeep(config: &NodeConfig, claims: &Arc<NodeClaims>, stop: &watch::Receiver<bool>) {
+    let (claims, stop) = (Arc::clone(claims), stop.clone());
+    let period =
+        (config.block_release_grace / 10).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    tokio::spawn(async move { claims.maintain_blocks(period, stop).await });
+}
+
 /// Starts the stats service when counters are on and a bpffs is mounted where they go.
 fn start_stats(
     config: &NodeConfig,
@@ -328,6 +349,7 @@ async fn load_state(
     client: &kube::Client,
     metrics: &Arc<Metrics>,
     network_inputs: &watch::Receiver<NetworkInputs>,
+    pod_networks: &PodNetworkReceiver,
 ) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>, Arc<Store>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
@@ -340,6 +362,12 @@ async fn load_state(
         Arc::new(DeviceMetadata::new(layout, LocalFiles))
     });
     let claim_metadata = metadata.clone();
+    // PodNetwork claims: the daemon's watch, and blocks claimed per block (DESIGN §4).
+    let network_ports = NetworkPorts {
+        networks: Arc::new(WatchedPodNetworks::new(pod_networks.clone(), POD_NETWORK_PATIENCE)),
+        blocks: Arc::new(KubeIpBlocks::new(client.clone())),
+        release_grace: config.block_release_grace,
+    };
     let (service, store) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
         // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
@@ -347,7 +375,8 @@ async fn load_state(
         let kernel = crate::host::kernel_probe::probe();
         let mut service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
             .map_err(NodeError::Claims)?
-            .with_kernel_support(&kernel);
+            .with_kernel_support(&kernel)
+            .with_pod_networks(network_ports);
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }

@@ -90,7 +90,8 @@ pub struct AttachRequest<'a> {
     /// assigned at sandbox time (DESIGN §3).
     pub interface_name: &'a str,
     /// The addresses leased from the node-local pool (IPAM, with the pool's prefix), for
-    /// [`Addressing::Pool`]; must be empty otherwise.
+    /// [`Addressing::Pool`], or from a `PodNetwork` for [`Addressing::Network`]; must be empty
+    /// otherwise.
     pub pool_addresses: &'a [IpNetwork],
 }
 
@@ -658,6 +659,32 @@ fn addresses_of(
                 return Err(PlanError::PoolAddressOutsidePool { address, subnet: pool.subnet });
             }
             Ok(vec![address])
+        }
+        // The addresses prepare got from the network's plan: one per family from the node's
+        // blocks (with the subnet's prefix), or the claim's static addresses.
+        Addressing::Network(network) => {
+            let expected = if network.addresses.is_empty() {
+                network.families().len()
+            } else {
+                network.addresses.len()
+            };
+            if pool_addresses.len() != expected {
+                return Err(PlanError::PoolAddresses {
+                    expected: "with one address per family of the PodNetwork (or its static addresses)",
+                    given: pool_addresses.len(),
+                });
+            }
+            for address in pool_addresses {
+                let inside = network.addresses.contains(address)
+                    || network.subnets.iter().any(|subnet| same_network(*subnet, *address));
+                if !inside {
+                    return Err(PlanError::PoolAddressOutsidePool {
+                        address: *address,
+                        subnet: network.subnets.first().copied().unwrap_or(*address),
+                    });
+                }
+            }
+            Ok(pool_addresses.to_vec())
         }
     }
 }

@@ -4,22 +4,23 @@
 
 use std::sync::Arc;
 
-use super::leases::lease_key;
+use super::leases::add_ipam;
 use super::{Batch, Record, Store, StoreError};
 use crate::claims::{ClaimStore, PreparedClaim};
-use crate::ipam::Lease;
+use crate::ipam::IpamCommit;
 
 impl Record for PreparedClaim {
     const KIND: &'static str = "prepared-claims";
     /// 2: `podClaimIndex` (optional; absent in version 1, which reads as unknown order).
     /// 3: `podClaimName`, and per device `attributes` and `cdiDeviceIds` (device metadata;
     /// all optional: an older record is a claim prepared without metadata).
-    const VERSION: u32 = 3;
+    /// 4: addressing `network` (a `PodNetwork`'s plan; older records never have it).
+    const VERSION: u32 = 4;
 
     fn migrate(from: u32, data: serde_json::Value) -> Result<serde_json::Value, String> {
         match from {
             // Every field added since is optional: an older record is a valid current one.
-            1 | 2 => Ok(data),
+            1..=3 => Ok(data),
             _ => Err(format!("no migration from version {from}")),
         }
     }
@@ -39,22 +40,22 @@ impl ClaimStore for Arc<Store> {
             .collect()
     }
 
-    fn save_prepared(&self, claim: &PreparedClaim, leases: &[Lease]) -> Result<(), StoreError> {
+    fn save_prepared(&self, claim: &PreparedClaim, ipam: &IpamCommit) -> Result<(), StoreError> {
         let mut batch = Batch::new();
-        for lease in leases {
-            batch.put(&lease_key(lease), lease)?;
-        }
+        add_ipam(&mut batch, ipam)?;
         batch.put(&claim.uid, claim)?;
         self.commit(batch)
     }
 
-    fn remove_prepared(&self, uid: &str, leases: &[Lease]) -> Result<(), StoreError> {
+    fn remove_prepared(&self, uid: &str, ipam: &IpamCommit) -> Result<(), StoreError> {
         let mut batch = Batch::new();
         batch.remove::<PreparedClaim>(uid)?;
-        for lease in leases {
-            batch.remove::<Lease>(&lease_key(lease))?;
-        }
+        add_ipam(&mut batch, ipam)?;
         self.commit(batch)
+    }
+
+    fn commit_ipam(&self, ipam: &IpamCommit) -> Result<(), StoreError> {
+        self.as_ref().commit_ipam(ipam)
     }
 }
 

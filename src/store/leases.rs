@@ -1,13 +1,33 @@
-//! IPAM leases in the store: one record per leased address, so one address can never be
-//! persisted for two claims.
+//! IPAM state in the store: one record per leased address (so one address can never be
+//! persisted for two claims), one per released address in quarantine, one per owned block.
 
 use std::sync::Arc;
 
-use super::{Record, Store, StoreError};
-use crate::ipam::{Lease, LeaseStore};
+use super::{Batch, Record, Store, StoreError};
+use crate::ipam::{IpamCommit, Lease, LeaseStore, OwnedBlock, ReleasedAddress};
 
 impl Record for Lease {
     const KIND: &'static str = "ipam-leases";
+    /// 2: `podNetwork` and `block` (optional; absent in version 1: a node-local pool or
+    /// static lease).
+    const VERSION: u32 = 2;
+
+    fn migrate(from: u32, data: serde_json::Value) -> Result<serde_json::Value, String> {
+        match from {
+            // The fields added since are optional: an older record is a valid current one.
+            1 => Ok(data),
+            _ => Err(format!("no migration from version {from}")),
+        }
+    }
+}
+
+impl Record for ReleasedAddress {
+    const KIND: &'static str = "ipam-released";
+    const VERSION: u32 = 1;
+}
+
+impl Record for OwnedBlock {
+    const KIND: &'static str = "ipam-blocks";
     const VERSION: u32 = 1;
 }
 
@@ -16,28 +36,81 @@ pub(super) fn lease_key(lease: &Lease) -> String {
     lease.address.to_string()
 }
 
+/// Adds `changes` to `batch`.
+pub(super) fn add_ipam(batch: &mut Batch, changes: &IpamCommit) -> Result<(), StoreError> {
+    for lease in &changes.remove_leases {
+        batch.remove::<Lease>(&lease_key(lease))?;
+    }
+    for lease in &changes.put_leases {
+        batch.put(&lease_key(lease), lease)?;
+    }
+    for released in &changes.remove_released {
+        batch.remove::<ReleasedAddress>(&released.key())?;
+    }
+    for released in &changes.put_released {
+        batch.put(&released.key(), released)?;
+    }
+    for name in &changes.remove_blocks {
+        batch.remove::<OwnedBlock>(name)?;
+    }
+    for block in &changes.put_blocks {
+        batch.put(&block.name, block)?;
+    }
+    Ok(())
+}
+
+/// Every record of a kind whose key is derived from its content, checked.
+fn load_keyed<R: Record>(
+    store: &Store,
+    key_of: impl Fn(&R) -> String,
+) -> Result<Vec<R>, StoreError> {
+    store
+        .load_all::<R>()?
+        .into_iter()
+        .map(|(key, record)| {
+            if key == key_of(&record) {
+                Ok(record)
+            } else {
+                Err(StoreError::KeyMismatch { kind: R::KIND, key })
+            }
+        })
+        .collect()
+}
+
+impl Store {
+    /// Commits IPAM changes alone, durably.
+    pub fn commit_ipam(&self, changes: &IpamCommit) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        add_ipam(&mut batch, changes)?;
+        self.commit(batch)
+    }
+}
+
 impl LeaseStore for Store {
     type Error = StoreError;
 
     fn load_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        self.load_all::<Lease>()?
-            .into_iter()
-            .map(|(key, lease)| {
-                if key == lease_key(&lease) {
-                    Ok(lease)
-                } else {
-                    Err(StoreError::KeyMismatch { kind: Lease::KIND, key })
-                }
-            })
-            .collect()
+        load_keyed(self, lease_key)
+    }
+
+    fn load_released(&self) -> Result<Vec<ReleasedAddress>, StoreError> {
+        load_keyed(self, ReleasedAddress::key)
+    }
+
+    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, StoreError> {
+        load_keyed(self, |b: &OwnedBlock| b.name.clone())
     }
 
     fn save_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         self.put(&lease_key(lease), lease)
     }
 
-    fn remove_lease(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.remove::<Lease>(&lease_key(lease)).map(|_| ())
+    fn remove_lease(&self, lease: &Lease, released: &ReleasedAddress) -> Result<(), StoreError> {
+        self.commit_ipam(&IpamCommit {
+            remove_leases: vec![lease.clone()],
+            put_released: vec![released.clone()],
+            ..IpamCommit::default()
+        })
     }
 }
 
@@ -49,12 +122,20 @@ impl LeaseStore for Arc<Store> {
         self.as_ref().load_leases()
     }
 
+    fn load_released(&self) -> Result<Vec<ReleasedAddress>, StoreError> {
+        self.as_ref().load_released()
+    }
+
+    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, StoreError> {
+        self.as_ref().load_blocks()
+    }
+
     fn save_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         self.as_ref().save_lease(lease)
     }
 
-    fn remove_lease(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.as_ref().remove_lease(lease)
+    fn remove_lease(&self, lease: &Lease, released: &ReleasedAddress) -> Result<(), StoreError> {
+        self.as_ref().remove_lease(lease, released)
     }
 }
 
@@ -102,10 +183,10 @@ mod tests {
         let mut ipam = Ipam::load(Arc::clone(&store)).unwrap();
         assert_eq!(ipam.leases().cloned().collect::<Vec<_>>(), vec![b.clone()]);
         assert_eq!(ipam.reserve(&owner("b"), &pool()).unwrap(), b);
-        assert_eq!(
+        assert_ne!(
             ipam.reserve(&owner("c"), &pool()).unwrap().address,
             a.address,
-            "a's address is free again"
+            "a's address is quarantined for 30 s, across the restart too"
         );
         // The journal is readable JSON: the lease is keyed by its address.
         let text = std::fs::read_to_string(dir.path().join("journal")).unwrap();
@@ -117,11 +198,7 @@ mod tests {
     fn a_lease_stored_under_another_address_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let lease = Lease {
-            subnet: pool().subnet,
-            address: "10.77.0.5".parse().unwrap(),
-            owner: owner("x"),
-        };
+        let lease = Lease::new(pool().subnet, "10.77.0.5".parse().unwrap(), owner("x"));
         store.put("10.77.0.6", &lease).unwrap();
         let err = Ipam::load(store).expect_err("key mismatch");
         assert!(matches!(err, IpamError::Load { .. }), "{err}");

@@ -3,7 +3,7 @@
 //! migration path.
 //!
 //! Layout: `<state-dir>/journal` (and `<state-dir>/LOCK`). The first line is a header
-//! `{"format":"netclaim-state","version":1}`; every further line is one committed batch,
+//! `{"format":"netclaim-state","version":2}`; every further line is one committed batch,
 //! `<16 hex digits of SHA-256> <json>\n`, the JSON being `{"ops":[...]}` with `put`
 //! (`kind`, `key`, record `version`, `data`) and `remove` (`kind`, `key`) operations.
 //!
@@ -56,8 +56,12 @@ const JOURNAL_FILE: &str = "journal";
 const JOURNAL_TEMP: &str = "journal.tmp";
 /// The `format` of the header line.
 const FORMAT_NAME: &str = "netclaim-state";
-/// The journal format written by this build.
-pub const FORMAT_VERSION: u32 = 1;
+/// The journal format written by this build. 2: the IPAM kinds `ipam-released` (quarantine)
+/// and `ipam-blocks` (owned `IPBlock`s), whose absence a release before them would not
+/// notice: it would hand out quarantined addresses and forget its blocks, so it must refuse
+/// the journal (`NewerFormat`) rather than read it. A version-1 journal is rewritten as
+/// version 2 when opened.
+pub const FORMAT_VERSION: u32 = 2;
 /// Compact only past this size, so a small state is never rewritten on every commit.
 const COMPACT_MIN_BYTES: u64 = 256 * 1024;
 /// Hex digits of the SHA-256 prefix that guards each line.
@@ -366,7 +370,13 @@ impl Store {
             }
             Err(source) => return Err(StoreError::Io { op: "read", path, source }),
         };
-        let journal = load_journal(disk, root.clone(), path, &bytes)?;
+        let (mut journal, version) = load_journal(disk, root.clone(), path, &bytes)?;
+        if version < FORMAT_VERSION {
+            // Format upgrades: 1 → 2 only adds record kinds, so the records are read as they
+            // are; the rewrite puts the new header in place (synced, renamed, directory
+            // synced) before anything of the new kinds is appended.
+            journal.compact()?;
+        }
         let durable_seq = Arc::clone(&journal.durable_seq);
         Ok(Store {
             root,
@@ -700,13 +710,13 @@ fn replace_journal(disk: &dyn Disk, root: &Path, text: &str) -> Result<(), Store
 }
 
 /// Reads the journal: header, then committed lines; a last line without its newline is a
-/// torn append and is cut off.
+/// torn append and is cut off. Returns the journal and its header's format version.
 fn load_journal(
     disk: Arc<dyn Disk>,
     root: PathBuf,
     path: PathBuf,
     bytes: &[u8],
-) -> Result<Journal, StoreError> {
+) -> Result<(Journal, u32), StoreError> {
     let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
         path: path.clone(),
         offset: offset as u64,
@@ -724,7 +734,7 @@ fn load_journal(
     if header.version > FORMAT_VERSION {
         return Err(StoreError::NewerFormat { path, version: header.version });
     }
-    // Format version 1 is the first; a later format adds its upgrade step here.
+    // Versions 1 and 2 share the line format; the caller rewrites an older journal.
     let mut file = disk.open_append(&path).map_err(io_err("open", &path))?;
     let mut records = BTreeMap::new();
     let mut live_bytes = 0;
@@ -750,7 +760,7 @@ fn load_journal(
             .and_then(|()| file.sync_data())
             .map_err(io_err("truncate", &path))?;
     }
-    Ok(Journal {
+    let journal = Journal {
         disk,
         root,
         path,
@@ -763,7 +773,8 @@ fn load_journal(
         seq: 0,
         generation: 0,
         durable_seq: Arc::new(AtomicU64::new(0)),
-    })
+    };
+    Ok((journal, header.version))
 }
 
 /// Decodes a stored record: `(record, whether it was migrated)`.

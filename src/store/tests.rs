@@ -161,6 +161,29 @@ fn v0_fixture_migrates_to_the_current_version_and_is_written_back() {
 }
 
 #[test]
+fn a_format_1_journal_is_rewritten_as_format_2_with_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    write_journal(
+        dir.path(),
+        HEADER_V1,
+        &[
+            r#"{"ops":[{"op":"put","kind":"test-leases","key":"k","version":2,"data":{"claim":"c","request":"r","ip":"10.0.0.1"}}]}"#,
+        ],
+    );
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.load_all::<Lease>().unwrap().len(), 1);
+    }
+    let text = fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    assert!(
+        text.starts_with(r#"{"format":"netclaim-state","version":2}"#),
+        "a release before format 2 refuses this journal now: {text}"
+    );
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.load_all::<Lease>().unwrap()[0].1.ip, "10.0.0.1");
+}
+
+#[test]
 fn newer_versions_broken_migrations_and_corruption_are_named_errors() {
     let put = |version: u32, data: &str| {
         format!(
@@ -173,7 +196,7 @@ fn newer_versions_broken_migrations_and_corruption_are_named_errors() {
         (HEADER_V1, vec![put(3, "{}")], String::new(), "newer than 2"),
         (HEADER_V1, vec![put(0, r#"{"ip":"x"}"#)], String::new(), "v0 record without owner"),
         (HEADER_V1, vec![put(2, r#"{"claim":"c"}"#)], String::new(), "missing field"),
-        (r#"{"format":"netclaim-state","version":2}"#, vec![], String::new(), "format version 2"),
+        (r#"{"format":"netclaim-state","version":3}"#, vec![], String::new(), "format version 3"),
         (r#"{"format":"other","version":1}"#, vec![], String::new(), "header format"),
         // A complete line with a bad checksum is corruption, even when it is the last.
         (HEADER_V1, vec![good.clone()], format!("0000000000000000 {good}\n"), "checksum mismatch"),

@@ -28,22 +28,29 @@ const MAX_IP_MTU: u32 = 65535;
 /// `IFNAMSIZ` (16) minus the terminating NUL.
 const MAX_IFNAME_LEN: usize = 15;
 
-fn invalid(path: impl Into<String>, value: impl Into<String>, rule: Rule) -> ConfigError {
+pub(super) fn invalid(
+    path: impl Into<String>,
+    value: impl Into<String>,
+    rule: Rule,
+) -> ConfigError {
     ConfigError::Invalid { path: path.into(), value: value.into(), rule }
 }
 
-fn quoted(s: &str) -> String {
+pub(super) fn quoted(s: &str) -> String {
     format!("{s:?}")
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> String {
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|e| format!("<unprintable: {e}>"))
 }
 
+/// `inherited`: the addressing a `PodNetwork` with `ipam` gives the config (it replaces
+/// `cfg.ipam`, which [`super::inherit`] has checked against the network).
 pub(super) fn validate(
     cfg: &NetworkConfig,
     device: &DeviceFacts,
     support: &NodeSupport,
+    inherited: Option<Addressing>,
 ) -> Result<ResolvedNetworkConfig, ConfigError> {
     if let Some(name) = &cfg.pod_network {
         check_dns_label(name).map_err(|rule| invalid("podNetwork", quoted(name), rule))?;
@@ -56,7 +63,10 @@ pub(super) fn validate(
             .map_err(|why| invalid("interface.name", quoted(name), Rule::InterfaceName(why)))?;
     }
     let hardware_address = resolve_mac(&interface_cfg, mode.mode())?;
-    let addressing = resolve_addressing(cfg.ipam.as_ref())?;
+    let addressing = match inherited {
+        Some(addressing) => addressing,
+        None => resolve_addressing(cfg.ipam.as_ref())?,
+    };
     let mtu = resolve_mtu(interface_cfg.mtu, mode.mode(), device, &addressing)?;
     check_children(mode, device)?;
     let vlan = match cfg.vlan {
@@ -230,7 +240,7 @@ fn resolve_mac(interface: &InterfaceConfig, mode: Mode) -> Result<Option<MacAddr
 
 /// Parses `addr/prefix`; an address without a prefix is refused (it would silently become
 /// a /32 or /128).
-fn parse_cidr(text: &str) -> Result<IpNetwork, Rule> {
+pub(super) fn parse_cidr(text: &str) -> Result<IpNetwork, Rule> {
     let (addr, prefix) =
         text.split_once('/').ok_or_else(|| Rule::Cidr("missing '/<prefix length>'".to_owned()))?;
     let addr: IpAddr = addr.parse().map_err(|e| Rule::Cidr(format!("{e}")))?;
@@ -240,7 +250,7 @@ fn parse_cidr(text: &str) -> Result<IpNetwork, Rule> {
 
 /// Parses a network in CIDR form with no host bits set (the kernel refuses such a route
 /// destination).
-fn parse_network(text: &str) -> Result<IpNetwork, Rule> {
+pub(super) fn parse_network(text: &str) -> Result<IpNetwork, Rule> {
     let net = parse_cidr(text)?;
     let canonical = canonical_network(net);
     if canonical.ip() == net.ip() { Ok(net) } else { Err(Rule::NotANetwork { network: canonical }) }
@@ -251,7 +261,7 @@ pub(crate) fn canonical_network(net: IpNetwork) -> IpNetwork {
     IpNetwork::new(net.network(), net.prefix()).unwrap_or(net)
 }
 
-fn parse_ip(text: &str) -> Result<IpAddr, Rule> {
+pub(super) fn parse_ip(text: &str) -> Result<IpAddr, Rule> {
     text.parse().map_err(|e: std::net::AddrParseError| Rule::IpAddress(e.to_string()))
 }
 
@@ -311,7 +321,7 @@ fn resolve_addressing(ipam: Option<&IpamConfig>) -> Result<Addressing, ConfigErr
     }
 }
 
-fn resolve_static(addresses: &[String]) -> Result<Vec<IpNetwork>, ConfigError> {
+pub(super) fn resolve_static(addresses: &[String]) -> Result<Vec<IpNetwork>, ConfigError> {
     if addresses.len() > MAX_ADDRESSES {
         return Err(invalid(
             "ipam.addresses",
@@ -493,6 +503,14 @@ fn resolve_routes(
         Addressing::None => Vec::new(),
         Addressing::Static(addrs) => addrs.iter().copied().map(canonical_network).collect(),
         Addressing::Pool(pool) => vec![pool.subnet],
+        // Every subnet of the network: which one a block address comes from is decided at
+        // allocation, after this check.
+        Addressing::Network(network) => network
+            .subnets
+            .iter()
+            .copied()
+            .chain(network.addresses.iter().copied().map(canonical_network))
+            .collect(),
     };
     if routes.len() > MAX_ROUTES {
         return Err(invalid(
