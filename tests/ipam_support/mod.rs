@@ -1,0 +1,277 @@
+//! Shared by `tests/podnetwork_ipam.rs` and `benches/ipam_blocks.rs`: the in-process API
+//! server with the CRDs and one PodNetwork, claim services as "nodes" on it (the real
+//! `IPBlock` adapter, counted, and the real PodNetwork watch), claims made up from their
+//! names, and a shared parent.
+
+#![allow(dead_code, reason = "the test and the bench use different subsets")]
+#![allow(clippy::unwrap_used, reason = "a failed step of a test or bench should stop it")]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
+use netclaim::claims::networks::{
+    BlockApiError, Created, Deleted, IpBlockApi, NetworkPorts, PodNetworkSource,
+};
+use netclaim::claims::{
+    ClaimPreparer, ClaimReader, ClaimService, DeviceLookup, LookupError, ReadError, ServiceIdentity,
+};
+use netclaim::ipam::{Clock, ManualClock};
+use netclaim::k8s::ip_blocks::{KubeIpBlocks, WatchedPodNetworks};
+use netclaim::model::ClaimRef;
+use netclaim::model::device::AttributeValue;
+use netclaim::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+use netclaim::model::pod_network::{IpBlock, PodNetwork};
+use netclaim::store::Store;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) const DRIVER: &str = "netclaim.dev";
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Claims made up from their names: `<node>--<claim>` allocated `medianet-eth2` (a share of
+/// `eth2`) on `<node>`, its class naming `medianet`, its own config from `configs` by claim
+/// name (none: `{}`).
+#[derive(Default, Clone)]
+pub(crate) struct Claims {
+    pub(crate) configs: Arc<std::sync::Mutex<HashMap<String, Value>>>,
+}
+
+impl ClaimReader for Claims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
+        let (node, claim) = name.split_once("--").ok_or(ReadError::NotFound)?;
+        let own = self.configs.lock().unwrap().get(claim).cloned().unwrap_or_else(|| json!({}));
+        let params = |body: Value| {
+            let mut v = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+            v.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+            v
+        };
+        Ok(serde_json::from_value(json!({
+            "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}")},
+            "spec": {},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "net", "driver": DRIVER, "pool": node, "device": "medianet-eth2",
+                             "shareID": "3f1c0c3e-0000-4000-8000-000000000001"}],
+                "config": [
+                    {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params(json!({"podNetwork": "medianet"}))}},
+                    {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params(own)}}
+                ]
+            }}}
+        }))
+        .unwrap())
+    }
+
+    async fn pod_claim_names(&self, _: &str, _: &str) -> Result<Option<Vec<String>>, ReadError> {
+        Ok(None)
+    }
+}
+
+/// `medianet-eth2`: a shared parent.
+pub(crate) struct Parent;
+
+impl DeviceLookup for Parent {
+    async fn facts(&self, _: &str) -> Result<DeviceFacts, LookupError> {
+        Ok(DeviceFacts {
+            sharing: Sharing::Shared,
+            kind: DeviceKind::Physical,
+            if_name: "eth2".into(),
+            mtu: 1500,
+            min_mtu: 68,
+            max_mtu: 9000,
+            pf_mtu: None,
+            passthru_children: 0,
+            other_children: 0,
+            ipvlan_children: 0,
+        })
+    }
+
+    async fn attributes(&self, _: &str) -> Result<BTreeMap<String, AttributeValue>, LookupError> {
+        Ok(BTreeMap::new())
+    }
+}
+
+/// The real adapter, counting its calls.
+pub(crate) struct Counted {
+    inner: KubeIpBlocks,
+    pub(crate) creates: AtomicUsize,
+    pub(crate) lost_races: AtomicUsize,
+    pub(crate) lists: AtomicUsize,
+    pub(crate) deletes: AtomicUsize,
+}
+
+impl Counted {
+    /// Every request this node made to the API for its blocks (a lost race is a create and a
+    /// get).
+    pub(crate) fn requests(&self) -> usize {
+        [&self.creates, &self.lost_races, &self.lists, &self.deletes]
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum()
+    }
+}
+
+impl IpBlockApi for Counted {
+    fn list_node(&self, node: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list_node(node)
+    }
+
+    fn list_network(&self, network: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list_network(network)
+    }
+
+    fn create(&self, block: IpBlock) -> BoxFuture<'_, Result<Created, BlockApiError>> {
+        self.creates.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let answer = self.inner.create(block).await?;
+            if matches!(answer, Created::Exists(_)) {
+                self.lost_races.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(answer)
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        name: &'a str,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Deleted, BlockApiError>> {
+        self.deletes.fetch_add(1, Ordering::SeqCst);
+        self.inner.delete(name, uid)
+    }
+}
+
+pub(crate) type Service = ClaimService<Claims, Parent, Arc<Store>>;
+
+pub(crate) struct Cluster {
+    pub(crate) server: ApiServer,
+    pub(crate) client: kube::Client,
+    pub(crate) networks: Arc<WatchedPodNetworks>,
+    pub(crate) claims: Claims,
+    pub(crate) clock: Arc<ManualClock>,
+    pub(crate) stop: CancellationToken,
+}
+
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) service: Arc<Service>,
+    pub(crate) blocks: Arc<Counted>,
+}
+
+impl Cluster {
+    pub(crate) async fn start(network: Value) -> Cluster {
+        let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
+        let client =
+            kube::Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap();
+        install_crds(&client).await;
+        let networks: Api<PodNetwork> = Api::all(client.clone());
+        let object: PodNetwork = serde_json::from_value(
+            json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "PodNetwork",
+                "metadata": {"name": "medianet"}, "spec": network}),
+        )
+        .unwrap();
+        networks.create(&PostParams::default(), &object).await.unwrap();
+        let stop = CancellationToken::new();
+        let receiver = netclaim::k8s::pod_networks::spawn_watch(client.clone(), stop.clone());
+        Cluster {
+            server,
+            client,
+            networks: Arc::new(WatchedPodNetworks::new(receiver, PATIENCE)),
+            claims: Claims::default(),
+            clock: Arc::new(ManualClock::at(1_700_000_000_000)),
+            stop,
+        }
+    }
+
+    pub(crate) fn node(&self, name: &str, state_dir: &Path) -> Node {
+        let blocks = Arc::new(Counted {
+            inner: KubeIpBlocks::new(self.client.clone()),
+            creates: AtomicUsize::new(0),
+            lost_races: AtomicUsize::new(0),
+            lists: AtomicUsize::new(0),
+            deletes: AtomicUsize::new(0),
+        });
+        let service = ClaimService::load_with_clock(
+            ServiceIdentity { driver: DRIVER.into(), node: name.into() },
+            self.claims.clone(),
+            Parent,
+            Arc::new(Store::open(state_dir).unwrap()),
+            Arc::clone(&self.clock) as Arc<dyn Clock>,
+        )
+        .unwrap()
+        .with_pod_networks(NetworkPorts {
+            networks: Arc::clone(&self.networks) as Arc<dyn PodNetworkSource>,
+            blocks: Arc::clone(&blocks) as Arc<dyn IpBlockApi>,
+            release_grace: Duration::from_mins(10),
+        });
+        Node { name: name.into(), service: Arc::new(service), blocks }
+    }
+
+    pub(crate) async fn blocks(&self) -> Vec<IpBlock> {
+        let api: Api<IpBlock> = Api::all(self.client.clone());
+        api.list(&ListParams::default()).await.unwrap().items
+    }
+
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        self.server.shutdown().await.unwrap();
+    }
+}
+
+/// Applies `deploy/crds` when the server installs CRDs; a server that serves PodNetworks
+/// and IPBlocks from a fixed table answers 404 and is used as it is.
+pub(crate) async fn install_crds(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for file in ["podnetworks.yaml", "ipblocks.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 || status.is_already_exists() => {}
+            Err(err) => panic!("applying {}: {err}", path.display()),
+        }
+    }
+    let started = Instant::now();
+    let networks: Api<PodNetwork> = Api::all(client.clone());
+    let blocks: Api<IpBlock> = Api::all(client.clone());
+    while networks.list(&ListParams::default()).await.is_err()
+        || blocks.list(&ListParams::default()).await.is_err()
+    {
+        assert!(started.elapsed() < PATIENCE, "PodNetworks and IPBlocks are never served");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub(crate) fn claim_ref(node: &str, claim: &str) -> ClaimRef {
+    let name = format!("{node}--{claim}");
+    ClaimRef { namespace: "default".into(), uid: format!("uid-{name}"), name }
+}
+
+/// Prepares `claims` on `node` in batches of 8 (as kubelet sends a pod's claims); the
+/// addresses each got.
+pub(crate) async fn prepare_all(node: &Node, claims: &[String]) -> Vec<(String, Vec<IpNetwork>)> {
+    let mut out = Vec::new();
+    for batch in claims.chunks(8) {
+        let refs: Vec<ClaimRef> = batch.iter().map(|c| claim_ref(&node.name, c)).collect();
+        let results = node.service.prepare(refs.clone()).await;
+        for claim in refs {
+            if let Err(failure) = &results[&claim.uid] {
+                panic!("{}: {}", claim.name, failure.message);
+            }
+            let prepared = node.service.prepared(&claim.uid).unwrap();
+            out.push((claim.name, prepared.devices[0].addresses.clone()));
+        }
+    }
+    out
+}
