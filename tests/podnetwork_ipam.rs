@@ -254,6 +254,7 @@ async fn crash_child(url: String, dir: String, round: String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "one crash scenario: the rounds and their checks")]
 async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
     if let (Ok(url), Ok(dir), Ok(round)) =
         (std::env::var(CHILD_SERVER), std::env::var(CHILD_DIR), std::env::var(CHILD_ROUND))
@@ -337,16 +338,20 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
                 assert_eq!(&got, addresses, "round {round}: {claim} moved");
             }
         }
-        let mut seen = BTreeSet::new();
-        let mut leased = Vec::new();
+        let mut distinct = BTreeSet::new();
+        let mut leased_addresses = Vec::new();
         for claim in service.all_prepared() {
             for address in &claim.devices[0].addresses {
-                assert!(seen.insert(address.ip()), "round {round}: {} held twice", address.ip());
-                leased.push(address.ip());
+                assert!(
+                    distinct.insert(address.ip()),
+                    "round {round}: {} held twice",
+                    address.ip()
+                );
+                leased_addresses.push(address.ip());
             }
         }
         let mine = owned_cidrs(&cluster, "node-a").await;
-        for address in &leased {
+        for address in &leased_addresses {
             assert!(
                 mine.iter().any(|b| b.contains(*address)),
                 "round {round}: {address} outside this node's blocks {mine:?}"

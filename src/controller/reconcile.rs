@@ -200,10 +200,14 @@ async fn set_finalizers(
         "metadata": {"resourceVersion": network.resource_version(), "finalizers": finalizers}
     });
     let params = PatchParams { field_manager: Some(driver.to_owned()), ..PatchParams::default() };
-    api.patch(&name, &params, &Patch::Merge(patch))
-        .await
-        .map_err(api_error("writing the finalizers of", format!("PodNetwork {name}")))?;
-    Ok(())
+    match api.patch(&name, &params, &Patch::Merge(patch)).await {
+        // Gone already: a reconcile queued before our last finalizer write let the deleted
+        // network go runs on the stale copy; there is nothing left to hold.
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        result => result
+            .map(|_| ())
+            .map_err(api_error("writing the finalizers of", format!("PodNetwork {name}"))),
+    }
 }
 
 /// A network being deleted: its DeviceClass goes now; our finalizer goes once no IPBlock of

@@ -1,18 +1,14 @@
-//! `netclaim dev --nodes N --demo`: the demo on a cluster of several nodes. Each node's
-//! uplink is published as a shared device; a DeviceClass picks the uplinks; every pod gets a
-//! ResourceClaim of its own (macvlan bridge on its node's uplink, `net1`, a static address
-//! from 10.10.1.0/24 unique in the cluster); the pods are created without `spec.nodeName`, so
-//! the allocator spreads them over the nodes. The demo waits until every pod is Running and
-//! Ready with a NetworkReady claim, pings from the first pod of each node to the first pod
-//! of the next node (across the bridge) and to the bridge's own address, reports, and removes
-//! everything.
-//!
-//! Cluster-unique addresses come from per-pod static addresses for now: a
-//! ResourceClaimTemplate cannot differ per node, and node-local pools hand the same addresses
-//! out on every node. With PodNetworks (`create_network` and `create_pods` are where it
-//! changes), the demo creates a PodNetwork on `uplink0` instead, its controller makes the
-//! DeviceClass, and the pods use one ResourceClaimTemplate naming that class, addresses coming
-//! from the PodNetwork's IPBlocks.
+//! `netclaim dev --nodes N --demo`: the demo on a cluster of several nodes, on a PodNetwork.
+//! It creates PodNetwork [`NETWORK`] on every node's uplink (macvlan bridge, subnet
+//! 10.10.1.0/24 cut into /28 blocks, the bridge's own address excluded); the in-process
+//! controller marks it Ready and makes its DeviceClass, each node publishes its
+//! `<network>-uplink0` device, and the pods use one ResourceClaimTemplate naming that class.
+//! The pods are created without `spec.nodeName`, so the allocator spreads them over the
+//! nodes; each node claims IPBlocks of the network and hands out addresses inside them, so
+//! addresses are unique in the cluster without a per-address API call. The demo waits until
+//! every pod is Running and Ready with a NetworkReady claim, pings from the first pod of each
+//! node to the first pod of the next node (across the bridge) and to the bridge's own
+//! address, reports (with the IPBlocks each node owns), and removes everything.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -20,22 +16,27 @@ use std::time::{Duration, Instant};
 
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 use super::report::{Cleanup, DemoReport, PodRow};
 use super::{
-    APP_LABEL, CLASS, DemoOutput, Expect, NAMESPACE, PEER_ADDRESS, Progress, SUBNET,
+    APP_LABEL, DemoOutput, Expect, NAMESPACE, PEER_ADDRESS, Progress, SUBNET, TEMPLATE,
     claims_by_name, demo_pods, first_address, first_claim_status, pod_name, print, run_pings,
     traffic, wait_for_pods,
 };
 use crate::dev::nodes::{NodesCluster, NodesError, NodesOptions};
 use crate::host::dev_nodes::UPLINK;
+use crate::model::pod_network::{CONDITION_READY, IpBlock, LABEL_POD_NETWORK, PodNetwork, reason};
 
-/// The first host number of the pods' static addresses in [`SUBNET`].
-const FIRST_HOST: usize = 10;
+/// The demo's PodNetwork.
+const NETWORK: &str = "demo-net";
+/// Prefix length of its per-node blocks (16 addresses: two nodes visibly own different ones).
+const BLOCK_PREFIX: u8 = 28;
+/// The bridge's own address, never handed to a pod.
+const BRIDGE_EXCLUDE: &str = "10.10.1.254/32";
 
 /// Settings of the demo on several nodes.
 #[derive(Debug, Clone)]
@@ -164,13 +165,17 @@ async fn steps(
     let driver = &options.nodes.driver_name;
 
     let demo = async {
-        wait_for_uplinks(&client, &names).await?;
-        progress.phase(&format!("every node published its {UPLINK} as a shared device"));
-        create_network(&client, driver).await?;
-        create_pods(&client, driver, options.pods).await?;
+        let class = create_network(&client).await?;
         progress.phase(&format!(
-            "created DeviceClass {CLASS} (every node's {UPLINK}) and {} pods, each with a \
-             ResourceClaim (macvlan bridge, static address in {SUBNET}), without a node",
+            "PodNetwork {NETWORK} is Ready (subnet {SUBNET} in /{BLOCK_PREFIX} blocks on every \
+             node's {UPLINK}); its controller made DeviceClass {class}"
+        ));
+        wait_for_network_devices(&client, &names).await?;
+        progress.phase(&format!("every node published its {NETWORK}-{UPLINK} device"));
+        create_pods(&client, &class, options.pods).await?;
+        progress.phase(&format!(
+            "created ResourceClaimTemplate {TEMPLATE} (class {class}, net1) and {} pods using \
+             it, without a node",
             options.pods
         ));
         let ready_started = Instant::now();
@@ -206,6 +211,7 @@ async fn steps(
             ));
         }
         report.claim_status = first_claim_status(&client, report).await;
+        progress.phase(&format!("IPBlocks: {}", ip_blocks(&client).await?.join(", ")));
         Ok::<(), String>(())
     };
     tokio::select! {
@@ -246,9 +252,10 @@ fn ping_plan(
     plan
 }
 
-/// Waits until every node has published its uplink.
-async fn wait_for_uplinks(client: &Client, nodes: &[String]) -> Result<(), String> {
+/// Waits until every node has published the network's device on its uplink.
+async fn wait_for_network_devices(client: &Client, nodes: &[String]) -> Result<(), String> {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let device = crate::model::pod_network::shared_device_name(NETWORK, UPLINK);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let list = slices
@@ -260,7 +267,7 @@ async fn wait_for_uplinks(client: &Client, nodes: &[String]) -> Result<(), Strin
             .filter(|node| {
                 !list.items.iter().any(|slice| {
                     slice.spec.node_name.as_deref() == Some(node.as_str())
-                        && slice.spec.devices.iter().flatten().any(|d| d.name == UPLINK)
+                        && slice.spec.devices.iter().flatten().any(|d| d.name == device)
                 })
             })
             .collect();
@@ -268,77 +275,90 @@ async fn wait_for_uplinks(client: &Client, nodes: &[String]) -> Result<(), Strin
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("no {UPLINK} published within 30s by {missing:?}"));
+            return Err(format!("no {device} published within 30s by {missing:?}"));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// The network the pods attach to: today a DeviceClass selecting every node's uplink.
-/// (With PodNetworks: create the PodNetwork on [`UPLINK`] here, wait for its Ready condition
-/// and the DeviceClass its controller makes, and return that class's name.)
-async fn create_network(client: &Client, driver: &str) -> Result<(), String> {
-    let class: DeviceClass = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": format!(
-            "device.driver == \"{driver}\" && device.attributes[\"{driver}\"].ifName == \"{UPLINK}\""
-        )}}]},
+/// Creates PodNetwork [`NETWORK`] on every node's uplink and waits until the controller
+/// marks it Ready and names its DeviceClass; returns the class.
+async fn create_network(client: &Client) -> Result<String, String> {
+    let network: PodNetwork = serde_json::from_value(json!({
+        "apiVersion": "netclaim.dev/v1alpha1",
+        "kind": "PodNetwork",
+        "metadata": {"name": NETWORK},
+        "spec": {
+            "mode": "macvlan",
+            "macvlan": {"mode": "bridge"},
+            "parents": [UPLINK],
+            "ipam": {
+                "subnets": [SUBNET],
+                "exclude": [BRIDGE_EXCLUDE],
+                "blockSize": {"ipv4": BLOCK_PREFIX},
+            },
+        },
     }))
-    .map_err(|e| format!("building the DeviceClass: {e}"))?;
-    Api::<DeviceClass>::all(client.clone())
-        .create(&PostParams::default(), &class)
+    .map_err(|e| format!("building the PodNetwork: {e}"))?;
+    let api: Api<PodNetwork> = Api::all(client.clone());
+    api.create(&PostParams::default(), &network)
         .await
-        .map_err(|e| format!("creating DeviceClass {CLASS}: {e}"))?;
-    Ok(())
+        .map_err(|e| format!("creating PodNetwork {NETWORK}: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current =
+            api.get(NETWORK).await.map_err(|e| format!("reading PodNetwork {NETWORK}: {e}"))?;
+        let status = current.status.unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == CONDITION_READY);
+        if let (Some(ready), Some(class)) = (ready, status.device_class_name) {
+            if ready.status == "True" {
+                return Ok(class);
+            }
+            if ready.reason != reason::READY {
+                return Err(format!(
+                    "PodNetwork {NETWORK} is not Ready: {}: {}",
+                    ready.reason, ready.message
+                ));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("PodNetwork {NETWORK} did not become Ready within 30s"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
-fn claim_name(index: usize) -> String {
-    format!("{}-net", pod_name(index))
-}
-
-/// Pod `index`'s static address: host [`FIRST_HOST`] + `index` in [`SUBNET`].
-fn pod_address(index: usize) -> String {
-    format!("10.10.1.{}/24", FIRST_HOST + index)
-}
-
-/// One ResourceClaim per pod (its own static address), then the pods, without a node.
-/// (With PodNetworks: one ResourceClaimTemplate naming the PodNetwork's class, and pods that
-/// use it, as the one-node demo does.)
-async fn create_pods(client: &Client, driver: &str, count: usize) -> Result<(), String> {
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    for index in 0..count {
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": claim_name(index), "namespace": NAMESPACE,
-                         "labels": {"app": APP_LABEL}},
-            "spec": {"devices": {
-                "requests": [{"name": "net", "exactly": {"deviceClassName": CLASS}}],
-                "config": [{"opaque": {"driver": driver, "parameters": {
+/// The template every pod uses (the class of the network, `net1`; mode, addresses and
+/// routes come from the PodNetwork), then the pods, without a node.
+async fn create_pods(client: &Client, class: &str, count: usize) -> Result<(), String> {
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": TEMPLATE, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "net", "exactly": {"deviceClassName": class}}],
+            "config": [{"opaque": {"driver": crate::model::names::DEFAULT_DRIVER_NAME,
+                "parameters": {
                     "apiVersion": "netclaim.dev/v1alpha1",
                     "kind": "NetworkConfig",
-                    "mode": "macvlan",
-                    "macvlan": {"mode": "bridge"},
                     "interface": {"name": "net1"},
-                    "ipam": {"addresses": [pod_address(index)]},
                 }}}],
-            }},
-        }))
-        .map_err(|e| format!("building a claim: {e}"))?;
-        claims
-            .create(&PostParams::default(), &claim)
-            .await
-            .map_err(|e| format!("creating claim {}: {e}", claim_name(index)))?;
+        }}},
+    }))
+    .map_err(|e| format!("building the claim template: {e}"))?;
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &template)
+        .await
+        .map_err(|e| format!("creating ResourceClaimTemplate {TEMPLATE}: {e}"))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for index in 0..count {
         let pod: Pod = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": pod_name(index), "namespace": NAMESPACE, "labels": {"app": APP_LABEL}},
             "spec": {
                 "containers": [{"name": "app", "image": "localhost/netclaim/pause:1.0"}],
-                "resourceClaims": [{"name": "net", "resourceClaimName": claim_name(index)}],
+                "resourceClaims": [{"name": "net", "resourceClaimTemplateName": TEMPLATE}],
             },
         }))
         .map_err(|e| format!("building a pod: {e}"))?;
@@ -347,6 +367,18 @@ async fn create_pods(client: &Client, driver: &str, count: usize) -> Result<(), 
             .map_err(|e| format!("creating pod {}: {e}", pod_name(index)))?;
     }
     Ok(())
+}
+
+/// The network's IPBlocks as `<cidr> (<node>)`, by CIDR.
+async fn ip_blocks(client: &Client) -> Result<Vec<String>, String> {
+    let list = Api::<IpBlock>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{LABEL_POD_NETWORK}={NETWORK}")))
+        .await
+        .map_err(|e| format!("listing IPBlocks: {e}"))?;
+    let mut blocks: Vec<String> =
+        list.items.into_iter().map(|b| format!("{} ({})", b.spec.cidr, b.spec.node_name)).collect();
+    blocks.sort();
+    Ok(blocks)
 }
 
 /// Deletes the demo's objects (pods first, waiting until their kubelets tore them down),
@@ -412,7 +444,12 @@ async fn delete_objects(client: &Client) {
                 claims.delete(claim.metadata.name.as_deref().unwrap_or_default(), &params).await;
         }
     }
-    let _ignored = Api::<DeviceClass>::all(client.clone()).delete(CLASS, &params).await;
+    let _ignored = Api::<ResourceClaimTemplate>::namespaced(client.clone(), NAMESPACE)
+        .delete(TEMPLATE, &params)
+        .await;
+    // The controller deletes the DeviceClass and lets the network go once the nodes have
+    // released its (now empty) IPBlocks.
+    let _ignored = Api::<PodNetwork>::all(client.clone()).delete(NETWORK, &params).await;
 }
 
 #[cfg(test)]
@@ -467,15 +504,11 @@ mod tests {
     }
 
     #[test]
-    fn static_addresses_are_distinct_and_inside_the_subnet() {
-        let subnet: IpNetwork = SUBNET.parse().unwrap();
+    fn the_bridge_address_is_excluded_from_the_network() {
         let peer: IpNetwork = PEER_ADDRESS.parse().unwrap();
-        let addresses: std::collections::BTreeSet<String> = (0..200).map(pod_address).collect();
-        assert_eq!(addresses.len(), 200);
-        for address in &addresses {
-            let network: IpNetwork = address.parse().unwrap();
-            assert!(subnet.contains(network.ip()), "{address}");
-            assert_ne!(network.ip(), peer.ip());
-        }
+        let excluded: IpNetwork = BRIDGE_EXCLUDE.parse().unwrap();
+        assert!(excluded.contains(peer.ip()));
+        let subnet: IpNetwork = SUBNET.parse().unwrap();
+        assert!(u32::from(BLOCK_PREFIX) >= u32::from(subnet.prefix()));
     }
 }
