@@ -1,5 +1,5 @@
 //! `netclaim dev --nodes N --demo`: the demo on a cluster of several nodes, on a PodNetwork.
-//! It creates PodNetwork [`NETWORK`] on every node's uplink (macvlan bridge, subnet
+//! It creates PodNetwork `demo-net` on every node's uplink (macvlan bridge, subnet
 //! 10.10.1.0/24 cut into /28 blocks, the bridge's own address excluded); the in-process
 //! controller marks it Ready and makes its DeviceClass, each node publishes its
 //! `<network>-uplink0` device, and the pods use one ResourceClaimTemplate naming that class.
