@@ -110,15 +110,15 @@ impl Node {
         }
     }
 
-    /// Untimed: a claim for one macvlan on `eth2` (MTU 1400, the addresses and routes the
-    /// baselines set) allocated and reserved for a new pod, and prepared.
+    /// Untimed: a claim for one macvlan on `eth2` (MTU 1400, the routes the baselines set,
+    /// addresses of its own: see [`config`]) allocated and reserved for a new pod, and prepared.
     pub(crate) async fn prepared_pod(&self, dual_stack: bool, netns: &Path) -> Running {
         let n = self.pods.fetch_add(1, Ordering::Relaxed);
         let name = format!("wp{n}");
         let share = format!("3f1c0c3e-0000-4000-8000-{n:012}");
         let claim = self
             .api
-            .allocated_claim(&name, &[("nic", "eth2", Some(&share))], Some(config(dual_stack)))
+            .allocated_claim(&name, &[("nic", "eth2", Some(&share))], Some(config(dual_stack, n)))
             .await;
         let claim = ClaimRef {
             namespace: "default".to_owned(),
@@ -238,12 +238,15 @@ impl RuntimeSide {
 }
 
 /// The claim's NetworkConfig: the interface, addresses and routes the baselines create.
-fn config(dual_stack: bool) -> Value {
-    let mut addresses = vec!["10.77.0.2/24"];
+/// Pod `n`'s claim. Each pod gets addresses of its own: a released address is quarantined
+/// for 30 s (DESIGN §4), and the bench prepares a new claim per iteration.
+fn config(dual_stack: bool, n: u64) -> Value {
+    let host = 2 + n % 65_000;
+    let mut addresses = vec![format!("10.77.{}.{}/16", host / 256, host % 256)];
     let mut routes =
         vec![json!({"destination": "10.88.0.0/16", "gateway": "10.77.0.1", "metric": 50})];
     if dual_stack {
-        addresses.push("fd00:77::2/64");
+        addresses.push(format!("fd00:77::{host:x}/64"));
         routes.push(json!({"destination": "fd00:88::/64", "gateway": "fd00:77::1"}));
     }
     network_config(json!({
