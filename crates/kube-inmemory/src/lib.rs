@@ -11,7 +11,8 @@
 //!   consumable capacity).
 //! - [`kubeconfig`]: a kubeconfig that points clients (kubectl, kube-rs) at the server.
 //!
-//! Loopback only: the server has no authentication or authorisation.
+//! Loopback only: the server authenticates bearer tokens (optionally one per user, recorded
+//! in an opt-in request log) but authorises nothing.
 
 // Dependencies that nothing imports are caught here (the lint misfires in test crates).
 #![cfg_attr(not(test), warn(unused_crate_dependencies))]

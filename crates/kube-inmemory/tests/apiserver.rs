@@ -1012,3 +1012,51 @@ async fn only_local_api_clients_with_the_token_are_served() {
     assert_eq!(raw_status(addr, &get(&local, "")).await, 200);
     srv.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_request_log_records_each_callers_user_and_attributes() {
+    use kube_inmemory::apiserver::ADMIN_USER;
+    use kube_inmemory::apiserver::request_log::{ANONYMOUS_USER, RequestLog};
+    let log = RequestLog::in_memory();
+    let (srv, _) = server(ServerOptions {
+        bearer_token: Some("admin-token".into()),
+        user_tokens: [("node-token".to_owned(), "system:serviceaccount:ns:node".to_owned())].into(),
+        request_log: Some(log.clone()),
+        ..ServerOptions::default()
+    })
+    .await;
+    let addr = srv.addr();
+    let local = format!("127.0.0.1:{}", addr.port());
+    let request = |method: &str, path: &str, token: &str| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: {local}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let nodes = "/api/v1/nodes?fieldSelector=metadata.name%3Dn1";
+    assert_eq!(raw_status(addr, &request("GET", nodes, "node-token")).await, 200);
+    assert_eq!(raw_status(addr, &request("GET", "/api/v1/nodes/n1", "admin-token")).await, 404);
+    assert_eq!(raw_status(addr, &request("DELETE", "/api/v1/nodes/n1", "guess")).await, 401);
+    assert_eq!(raw_status(addr, &request("GET", "/version", "node-token")).await, 200);
+    let seen: Vec<(String, String, String, String, bool, u16)> = log
+        .records()
+        .into_iter()
+        .map(|r| {
+            let a = r.attributes;
+            (r.user, a.verb, a.resource, a.name, a.resource_request, r.code)
+        })
+        .collect();
+    let node = "system:serviceaccount:ns:node".to_owned();
+    let row = |user: &str, verb: &str, resource: &str, name: &str, res: bool, code: u16| {
+        (user.to_owned(), verb.to_owned(), resource.to_owned(), name.to_owned(), res, code)
+    };
+    assert_eq!(
+        seen,
+        vec![
+            row(&node, "list", "nodes", "n1", true, 200),
+            row(ADMIN_USER, "get", "nodes", "n1", true, 404),
+            row(ANONYMOUS_USER, "delete", "nodes", "n1", true, 401),
+            row(&node, "get", "", "", false, 200),
+        ]
+    );
+    srv.shutdown().await.unwrap();
+}

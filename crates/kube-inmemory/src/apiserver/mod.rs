@@ -17,7 +17,11 @@
 //! `openAPIV3Schema` and `x-kubernetes-validations` with the real server's causes; deleting
 //! a definition deletes its objects. See the `crd` module for what differs from upstream.
 //!
-//! Known gaps: no authentication or authorisation; no admission (namespaces need not
+//! Callers and who they are: an optional bearer token, tokens per user name, and
+//! [`request_log`], which records each request's user and authorization attributes (for a
+//! test that checks RBAC rules against what clients really ask for).
+//!
+//! Known gaps: no authorisation (an authenticated caller may do everything); no admission (namespaces need not
 //! exist); no garbage collection of owned objects and no cascading namespace deletion;
 //! strategic-merge-patch merge keys come from the server-side apply list table (a subset
 //! of the built-in schemas); list pages and `resourceVersionMatch=Exact` are served from
@@ -33,6 +37,7 @@ pub mod error;
 mod fieldset;
 mod objects;
 pub mod peer;
+pub mod request_log;
 mod resources;
 mod rest;
 mod selectors;
@@ -64,6 +69,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use self::error::ApiError;
+use self::request_log::{ANONYMOUS_USER, RequestLog, RequestRecord};
 use self::rest::{ApiRequest, ApiResponse};
 use self::store::Store;
 
@@ -114,7 +120,20 @@ pub struct ServerOptions {
     /// Serve connections whose client socket belongs to this server's own user (Linux,
     /// loopback). kubectl sends no bearer token over plain HTTP, so this is how it gets in.
     pub same_user: bool,
+    /// More bearer tokens, each naming the user it authenticates (token → user name, like
+    /// the real server's static token file), so several clients can be told apart in the
+    /// [`request_log`](Self::request_log). They are served whatever the other options say;
+    /// the caller of [`bearer_token`](Self::bearer_token) or of [`same_user`](Self::same_user)
+    /// is [`ADMIN_USER`]. Nothing is authorised per user: every authenticated caller may do
+    /// everything.
+    pub user_tokens: HashMap<String, String>,
+    /// When set, every request is recorded there with its user and authorization
+    /// attributes (see [`request_log`]).
+    pub request_log: Option<RequestLog>,
 }
+
+/// The user of [`ServerOptions::bearer_token`] and of [`ServerOptions::same_user`] callers.
+pub const ADMIN_USER: &str = "admin";
 
 impl Default for ServerOptions {
     fn default() -> Self {
@@ -127,6 +146,8 @@ impl Default for ServerOptions {
             max_body_bytes: 3 * 1024 * 1024,
             bearer_token: None,
             same_user: false,
+            user_tokens: HashMap::new(),
+            request_log: None,
         }
     }
 }
@@ -259,13 +280,14 @@ fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Re
 /// Refuses requests that do not come from a local API client: a wrong or missing bearer
 /// token (when one is configured); a `Host` that is not a loopback name (a web page that
 /// rebinds its DNS name to 127.0.0.1 sends its own name); any `Origin` (browsers send it on
-/// cross-site requests, kubectl and client libraries never do).
+/// cross-site requests, kubectl and client libraries never do). Returns the caller's user
+/// name.
 fn check_caller(
     options: &ServerOptions,
     headers: &axum::http::HeaderMap,
     client: SocketAddr,
     server: SocketAddr,
-) -> Result<(), ApiError> {
+) -> Result<String, ApiError> {
     if let Some(origin) = headers.get(header::ORIGIN) {
         return Err(ApiError::with(
             403,
@@ -283,13 +305,16 @@ fn check_caller(
             ),
         ));
     }
-    if options.bearer_token.is_none() && !options.same_user {
-        return Ok(());
-    }
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    if let Some(user) = presented.and_then(|token| options.user_tokens.get(token)) {
+        return Ok(user.clone());
+    }
+    if options.bearer_token.is_none() && !options.same_user && options.user_tokens.is_empty() {
+        return Ok(ANONYMOUS_USER.to_owned());
+    }
     let token_ok = options.bearer_token.as_deref().is_some_and(|t| presented == Some(t));
     // Only without the token: reading `/proc/net/tcp` walks the kernel's whole TCP hash
     // table, milliseconds on a large machine, for every request.
@@ -298,7 +323,7 @@ fn check_caller(
             && peer::own_uid().is_some_and(|own| peer::owner_uid(client, server) == Some(own))
     };
     if token_ok || user_ok() {
-        Ok(())
+        Ok(ADMIN_USER.to_owned())
     } else {
         Err(ApiError::with(401, "Unauthorized", "Unauthorized"))
     }
@@ -332,14 +357,29 @@ async fn handle(
         };
         (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
     };
-    if let Err(refused) = check_caller(&shared.options, req.headers(), client, shared.addr) {
-        return error_response(&refused);
-    }
+    let caller = check_caller(&shared.options, req.headers(), client, shared.addr);
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
+    let log = |user: &str, code: u16| {
+        if let Some(log) = &shared.options.request_log {
+            log.record(RequestRecord {
+                user: user.to_owned(),
+                attributes: request_log::attributes(&method, &path, &query),
+                code,
+            });
+        }
+    };
+    let user = match caller {
+        Ok(user) => user,
+        Err(refused) => {
+            log(ANONYMOUS_USER, refused.code);
+            return error_response(&refused);
+        }
+    };
     let body = match axum::body::to_bytes(req.into_body(), shared.options.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
+            log(&user, 413);
             return error_response(&ApiError {
                 code: 413,
                 reason: "RequestEntityTooLarge",
@@ -359,6 +399,14 @@ async fn handle(
     };
     let result = rest::handle(&shared, &api_req);
     tracing::debug!(method = %method, path = %path, ok = result.is_ok(), "api request");
+    log(
+        &user,
+        match &result {
+            Ok(ApiResponse::Json { code, .. } | ApiResponse::Bytes { code, .. }) => *code,
+            Ok(ApiResponse::Watch(_)) => 200,
+            Err(e) => e.code,
+        },
+    );
     match result {
         Ok(ApiResponse::Json { code, body, warnings }) => json_response(code, &body, &warnings),
         Ok(ApiResponse::Bytes { code, body }) => {
