@@ -131,18 +131,20 @@ pub(crate) fn cni_config(parent: &str, data_dir: &Path, dual_stack: bool) -> Str
     .to_string()
 }
 
-/// Runs the macvlan plugin as a runtime would (`CNI_*` environment, config on stdin), from a
-/// thread that entered the host netns: the child inherits that netns, like a runtime's plugin
-/// runs in the node's. Returns how long `command` took.
+/// Runs the CNI plugin `plugin` (here `macvlan`; the VM bench's `ipvlan`, `host-device`) as a
+/// runtime would (`CNI_*` environment, config on stdin), from a thread that entered the host
+/// netns: the child inherits that netns, like a runtime's plugin runs in the node's. Returns
+/// how long `command` took.
 pub(crate) fn run_cni(
     host_ns: &Path,
     cni_dir: &Path,
+    plugin: &str,
     command: &str,
     pod_ns: &Path,
     config: &str,
 ) -> Duration {
     let (host_ns, cni_dir, pod_ns) = (host_ns.to_owned(), cni_dir.to_owned(), pod_ns.to_owned());
-    let (command, config) = (command.to_owned(), config.to_owned());
+    let (plugin, command, config) = (plugin.to_owned(), command.to_owned(), config.to_owned());
     std::thread::spawn(move || {
         let netns = std::fs::File::open(&host_ns).expect("host netns");
         #[allow(
@@ -152,7 +154,7 @@ pub(crate) fn run_cni(
         nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
             .expect("entering host netns");
         let start = Instant::now();
-        let mut child = Command::new(cni_dir.join("macvlan"))
+        let mut child = Command::new(cni_dir.join(&plugin))
             .env("CNI_COMMAND", &command)
             .env("CNI_CONTAINERID", "bench")
             .env("CNI_NETNS", &pod_ns)
@@ -169,7 +171,7 @@ pub(crate) fn run_cni(
         let elapsed = start.elapsed();
         assert!(
             output.status.success(),
-            "CNI {command} failed: {}{}",
+            "CNI {plugin} {command} failed: {}{}",
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );

@@ -255,9 +255,9 @@ impl Bench {
     fn cni(&self, cni_dir: &Path, dual_stack: bool) -> Duration {
         let config = cni_config(PARENT, &self.data_dir, dual_stack);
         let host_path = path(&self.host_ns);
-        let added = run_cni(&host_path, cni_dir, "ADD", &self.pod_path, &config);
+        let added = run_cni(&host_path, cni_dir, "macvlan", "ADD", &self.pod_path, &config);
         self.runtime.block_on(self.expect_pod_interface(true));
-        run_cni(&host_path, cni_dir, "DEL", &self.pod_path, &config);
+        run_cni(&host_path, cni_dir, "macvlan", "DEL", &self.pod_path, &config);
         self.runtime.block_on(self.expect_pod_interface(false));
         added
     }
