@@ -27,7 +27,7 @@ use super::{
 use crate::model::network_config::Sharing;
 use crate::podnet::apply::completed_attach;
 use crate::podnet::ops::LinkState;
-use crate::podnet::plan::{Step, VLAN_ALIAS, parse_device_alias};
+use crate::podnet::plan::{Step, VlanOwner, parse_device_alias, vlan_owner};
 use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
 
 /// Pods reconciled at the same time (each holds a netns thread and socket).
@@ -125,15 +125,39 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 self.adopt_vlans(device, &links).await;
             }
         }
+        self.remove_unused_vlans(&links).await;
         self.restore_returned(&links).await;
+    }
+
+    /// Deletes our VLAN sub-interfaces that no stored pod uses (a crash between a pod's last
+    /// detach and the deletion left them). Runs before any NRI event, so no attach can be
+    /// counting a new user meanwhile.
+    async fn remove_unused_vlans(&self, links: &[LinkState]) {
+        let ops = match self.netns.host().await {
+            Ok(ops) => ops,
+            Err(err) => {
+                tracing::warn!(%err, "opening the host netns to remove unused VLAN sub-interfaces");
+                return;
+            }
+        };
+        for (name, outcome) in self.vlans.remove_unused(&ops, links).await {
+            match outcome {
+                Ok(_) => {
+                    tracing::info!(vlan = %name, "removed a VLAN sub-interface of ours that no pod uses")
+                }
+                Err(err) => {
+                    tracing::warn!(vlan = %name, %err, "removing an unused VLAN sub-interface of ours")
+                }
+            }
+        }
     }
 
     async fn adopt_vlans(&self, device: &AttachedDevice, links: &[LinkState]) {
         for step in &device.plan.steps {
             if let Step::EnsureVlan { vlan } = step {
-                let owned = links
-                    .iter()
-                    .any(|l| l.name == vlan.name && l.alias.as_deref() == Some(VLAN_ALIAS));
+                let owned = links.iter().any(|l| {
+                    l.name == vlan.name && vlan_owner(vlan, l.alias.as_deref()) == VlanOwner::Us
+                });
                 self.vlans.adopt(vlan, &device.claim_uid, owned).await;
             }
         }

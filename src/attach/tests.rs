@@ -974,6 +974,53 @@ async fn attached_interfaces_carry_their_stats_setting_and_counters_reach_status
     );
 
     service.stop_pod_sandbox(world.pod("p1")).await.unwrap();
-    service.settled().await;
+    // The next event of the pod waits for the background link removal.
+    service.remove_pod_sandbox(world.pod("p1")).await.unwrap();
     assert!(service.snapshot().is_empty(), "a stopped pod's interfaces leave the snapshot");
+}
+
+/// Two claims on one VLAN sub-interface, a daemon restart in between (a new service from the
+/// store, `start`, `Synchronize`): the users are counted again from the stored plans, so the
+/// first release keeps it and the last removes it. At start, a sub-interface of ours that no
+/// stored pod uses is removed; an administrator's is left alone.
+#[tokio::test]
+async fn vlan_users_survive_a_restart_and_the_last_release_removes_it() {
+    let world = World::new();
+    let on_vlan = |address: &str, name: &str| {
+        json!({"mode": "macvlan", "vlan": 100, "interface": {"name": name},
+               "ipam": {"addresses": [address]}})
+    };
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", on_vlan("10.0.1.5/24", "net1"))]));
+    world.add_claim(claim("b", "p2", &[("nic", "eth1", on_vlan("10.0.1.6/24", "net2"))]));
+    {
+        let service = world.service();
+        run(&service, world.pod("p1")).await.unwrap();
+        run(&service, world.pod("p2")).await.unwrap();
+        world.results_stored("p1").await;
+        world.results_stored("p2").await;
+    }
+    assert_eq!(world.kernel.log().iter().filter(|l| l.starts_with("create vlan")).count(), 1);
+    let ours = world.kernel.get(Side::Host, "eth1.100").unwrap();
+    assert_eq!(ours.alias.as_deref(), Some("netclaim.dev/vlan parent=eth1 id=100"));
+    world.kernel.add_host_link("eth1.7", 1500, Some("netclaim.dev/vlan parent=eth1 id=7"));
+    world.kernel.add_host_link("eth1.8", 1500, None);
+
+    let service = world.service();
+    service.start().await;
+    assert!(world.kernel.get(Side::Host, "eth1.7").is_none(), "ours, unused: removed");
+    assert!(world.kernel.get(Side::Host, "eth1.8").is_some(), "not ours: kept");
+    synchronize(&service, vec![world.pod("p1"), world.pod("p2")]).await;
+    assert_eq!(service.vlans.users("eth1.100").await, ["uid-a", "uid-b"]);
+
+    service.stop_pod_sandbox(world.pod("p1")).await.unwrap();
+    // The next event of the pod waits for the background link removal.
+    service.remove_pod_sandbox(world.pod("p1")).await.unwrap();
+    assert_eq!(world.kernel.get(Side::Host, "eth1.100").map(|l| l.index), Some(ours.index));
+    assert_eq!(service.vlans.users("eth1.100").await, ["uid-b"]);
+    service.stop_pod_sandbox(world.pod("p2")).await.unwrap();
+    // The next event of the pod waits for the background link removal.
+    service.remove_pod_sandbox(world.pod("p2")).await.unwrap();
+    assert!(world.kernel.get(Side::Host, "eth1.100").is_none(), "{:?}", world.kernel.log());
+    assert_eq!(world.kernel.links(Side::Host), ["eth1", "eth1.8", "eth2"]);
+    assert_eq!(world.kernel.log().iter().filter(|l| l.starts_with("create vlan")).count(), 1);
 }

@@ -13,7 +13,8 @@ use super::ops::{
     PodLinkConfig, Side,
 };
 use super::plan::{
-    AttachPlan, RouteDisplay, Step, UndoStep, VLAN_ALIAS, VlanLink, parse_device_alias,
+    AttachPlan, RouteDisplay, Step, UndoStep, VlanLink, VlanOwner, parse_device_alias,
+    parse_vlan_alias, vlan_alias, vlan_owner,
 };
 
 #[cfg(test)]
@@ -81,6 +82,22 @@ pub enum StepError {
         #[source]
         source: LinkOpError,
     },
+    /// A host link has the VLAN sub-interface's name and our alias for another parent or id
+    /// (two long parents whose names hash alike, or a renamed link): a child on it would
+    /// land on the wrong network, so the attach stops.
+    #[error(
+        "host link {name} is this driver's VLAN sub-interface of another parent or id ({alias:?}), not {parent} VLAN {id}"
+    )]
+    VlanOfAnother {
+        /// The sub-interface's name.
+        name: String,
+        /// The parent the plan wants.
+        parent: String,
+        /// The VLAN id the plan wants.
+        id: u16,
+        /// The alias found on the link.
+        alias: String,
+    },
     /// Any other failure.
     #[error(transparent)]
     Op(#[from] LinkOpError),
@@ -96,6 +113,7 @@ impl StepError {
             | StepError::NameTaken { source, .. }
             | StepError::DuplicateAddress { source, .. }
             | StepError::Op(source) => source.errno(),
+            StepError::VlanOfAnother { .. } => None,
         }
     }
 }
@@ -164,9 +182,11 @@ impl DetachReport {
 }
 
 /// Users of the VLAN sub-interfaces on shared parents, shared by every attach of the node.
-/// A sub-interface is created on first use and deleted after its last user, and only when
-/// this driver created it (marked with [`VLAN_ALIAS`]). After a restart, reconcile re-adds
-/// the users of running pods with [`VlanUsers::adopt`].
+/// A sub-interface is created on first use (with [`vlan_alias`]) and deleted after its last
+/// user, and only when this driver created it. One that exists without our alias (an
+/// administrator's `<parent>.<id>`) is used as it is and never deleted. After a restart,
+/// reconcile re-adds the users of running pods from their stored plans with
+/// [`VlanUsers::adopt`].
 #[derive(Debug, Default)]
 pub struct VlanUsers {
     entries: tokio::sync::Mutex<BTreeMap<String, VlanEntry>>,
@@ -188,7 +208,7 @@ impl VlanUsers {
     }
 
     /// Records `claim_uid` as a user of `vlan` without touching the kernel (reconcile after
-    /// a restart); `owned` is whether the link carries [`VLAN_ALIAS`].
+    /// a restart); `owned` is whether the link carries our alias for it ([`vlan_owner`]).
     pub async fn adopt(&self, vlan: &VlanLink, claim_uid: &str, owned: bool) {
         let mut entries = self.entries.lock().await;
         entries
@@ -204,6 +224,30 @@ impl VlanUsers {
         entries.get(name).map(|e| e.users.iter().cloned().collect()).unwrap_or_default()
     }
 
+    /// Deletes every sub-interface of ours in `links` (host links, listed once) that has no
+    /// user here: at start, after reconcile adopted the users of every stored pod, these are
+    /// left over by a crash between a pod's last detach and the deletion. Links without our
+    /// alias are never touched. Returns each deleted name with its outcome.
+    pub async fn remove_unused<O: LinkOps>(
+        &self,
+        ops: &O,
+        links: &[LinkState],
+    ) -> Vec<(String, Result<UndoOutcome, LinkOpError>)> {
+        let entries = self.entries.lock().await;
+        let mut removed = Vec::new();
+        for link in links {
+            let Some(vlan) = link.alias.as_deref().and_then(|a| parse_vlan_alias(&link.name, a))
+            else {
+                continue;
+            };
+            if entries.contains_key(&vlan.name) {
+                continue;
+            }
+            removed.push((vlan.name, delete_tolerant(ops, Side::Host, link.index).await));
+        }
+        removed
+    }
+
     async fn ensure<O: LinkOps>(
         &self,
         ops: &O,
@@ -212,21 +256,36 @@ impl VlanUsers {
     ) -> Result<(), StepError> {
         // Held across the kernel calls: two first users racing would both try to create it.
         let mut entries = self.entries.lock().await;
-        if let Some(entry) = entries.get_mut(&vlan.name) {
-            entry.users.insert(claim_uid.to_owned());
-            return Ok(());
-        }
+        // The kernel is asked even when the sub-interface has users here: an administrator
+        // may have deleted it, or it was missing when reconcile adopted its users after a
+        // restart; it is then created again (and ours).
         let owned = if let Some(existing) = ops.link(Side::Host, &vlan.name).await? {
-            existing.alias.as_deref() == Some(VLAN_ALIAS)
+            match vlan_owner(vlan, existing.alias.as_deref()) {
+                VlanOwner::Us => true,
+                VlanOwner::Foreign => {
+                    tracing::info!(vlan = %vlan.name,
+                        "using a VLAN sub-interface this driver did not create; it is never deleted");
+                    false
+                }
+                VlanOwner::UsForAnother { alias } => {
+                    return Err(StepError::VlanOfAnother {
+                        name: vlan.name.clone(),
+                        parent: vlan.parent.clone(),
+                        id: vlan.id,
+                        alias,
+                    });
+                }
+            }
         } else {
             let parent = require_link(ops, Side::Host, &vlan.parent).await?;
-            ops.create_vlan(parent.index, &vlan.name, vlan.id, VLAN_ALIAS).await?;
+            ops.create_vlan(parent.index, &vlan.name, vlan.id, &vlan_alias(vlan)).await?;
             true
         };
-        entries.insert(
-            vlan.name.clone(),
-            VlanEntry { owned, users: BTreeSet::from([claim_uid.to_owned()]) },
-        );
+        let entry = entries
+            .entry(vlan.name.clone())
+            .or_insert_with(|| VlanEntry { owned, users: BTreeSet::new() });
+        entry.owned = owned;
+        entry.users.insert(claim_uid.to_owned());
         Ok(())
     }
 
@@ -252,7 +311,7 @@ impl VlanUsers {
             return Ok(UndoOutcome::Kept);
         }
         match ops.link(Side::Host, &vlan.name).await? {
-            Some(link) if link.alias.as_deref() == Some(VLAN_ALIAS) => {
+            Some(link) if vlan_owner(vlan, link.alias.as_deref()) == VlanOwner::Us => {
                 delete_tolerant(ops, Side::Host, link.index).await
             }
             Some(_) => Ok(UndoOutcome::Kept),

@@ -224,8 +224,11 @@ impl LinkOps for FakeKernel {
         id: u16,
         alias: &str,
     ) -> Result<(), LinkOpError> {
-        let mut k =
-            self.call(Side::Host, format!("create vlan {name} parent={parent_index} id={id}"))?;
+        let line = format!("create vlan {name} parent={parent_index} id={id}");
+        let mut k = self.call(Side::Host, line.clone())?;
+        if k.links.contains_key(&(SideKey::Host, name.to_owned())) {
+            return Err(refuse(&mut k, &line, Side::Host, EEXIST));
+        }
         let index = k.next_index;
         k.next_index += 1;
         k.links.insert(

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
 use crate::model::network_config::{
     Addressing, DeviceKind, IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Mode, ResolvedMode,
@@ -23,9 +24,89 @@ pub(crate) mod tests;
 /// `IFNAMSIZ` (16) minus the terminating NUL.
 const MAX_IFNAME_LEN: usize = 15;
 
-/// `IFLA_IFALIAS` of a VLAN sub-interface this driver created: the mark that lets a restarted
-/// daemon tell its own sub-interfaces from an administrator's (which it never deletes).
+/// Prefix of the `IFLA_IFALIAS` of a VLAN sub-interface this driver created: the mark that
+/// lets a restarted daemon tell its own sub-interfaces from an administrator's (which it never
+/// deletes). The full alias ([`vlan_alias`]) also names the parent and the VLAN id, which a
+/// hashed name `nc<hash6>.<id>` does not show.
 pub const VLAN_ALIAS: &str = "netclaim.dev/vlan";
+
+/// Prefix of the name of a VLAN sub-interface whose `<parent>.<id>` does not fit in
+/// `IFNAMSIZ`: `nc<hash6>.<id>` ([`vlan_name`]).
+pub const HASHED_VLAN_PREFIX: &str = "nc";
+
+/// The name of VLAN sub-interface `id` on `parent`: `<parent>.<id>` (what `ip link add link
+/// eth1 name eth1.100 type vlan id 100` users expect) when it fits in 15 bytes, else
+/// `nc<hash6>.<id>`, where `hash6` is the first 6 lowercase hex digits of the SHA-256 of the
+/// parent's name. A pure function of the parent's name and the id, so every claim, release
+/// and restart of the daemon derives the same name (the plan in the store also records it).
+/// At most 2 + 6 + 1 + 4 = 13 bytes.
+#[must_use]
+pub fn vlan_name(parent: &str, id: u16) -> String {
+    let plain = format!("{parent}.{id}");
+    if plain.len() <= MAX_IFNAME_LEN {
+        return plain;
+    }
+    let hash6: String = Sha256::digest(parent.as_bytes())
+        .iter()
+        .take(3)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("{HASHED_VLAN_PREFIX}{hash6}.{id}")
+}
+
+/// The `IFLA_IFALIAS` this driver puts on the VLAN sub-interface it creates:
+/// `netclaim.dev/vlan parent=<parent> id=<id>` (at most 45 bytes; the kernel allows 255).
+#[must_use]
+pub fn vlan_alias(vlan: &VlanLink) -> String {
+    format!("{VLAN_ALIAS} parent={} id={}", vlan.parent, vlan.id)
+}
+
+/// The VLAN sub-interface a host link named `name` with alias `alias` is, when the alias says
+/// this driver created it and the name is the one [`vlan_name`] gives for the parent and id
+/// it names (a bare [`VLAN_ALIAS`] from older releases: the name `<parent>.<id>` says them).
+/// Start-up uses it to find sub-interfaces of ours that no stored pod uses any more.
+#[must_use]
+pub fn parse_vlan_alias(name: &str, alias: &str) -> Option<VlanLink> {
+    let (parent, id) = if alias == VLAN_ALIAS {
+        let (parent, id) = name.rsplit_once('.')?;
+        (parent, id.parse().ok()?)
+    } else {
+        let rest = alias.strip_prefix(VLAN_ALIAS)?.strip_prefix(" parent=")?;
+        let (parent, id) = rest.split_once(" id=")?;
+        (parent, id.parse().ok()?)
+    };
+    let vlan = VlanLink { parent: parent.to_owned(), id, name: vlan_name(parent, id) };
+    (!parent.is_empty() && vlan.name == name).then_some(vlan)
+}
+
+/// Who made the host link named like `vlan`, read from its alias.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VlanOwner {
+    /// This driver, for this parent and id: [`vlan_alias`], or the bare [`VLAN_ALIAS`] of
+    /// releases that named every sub-interface `<parent>.<id>` (the name then says both).
+    Us,
+    /// This driver, for another parent or id: a `nc<hash6>.<id>` collision (or a renamed
+    /// link). Never used, never deleted.
+    UsForAnother {
+        /// The alias found.
+        alias: String,
+    },
+    /// Someone else (no alias, or another): used as it is, never deleted.
+    Foreign,
+}
+
+/// Whose VLAN sub-interface a host link with `vlan`'s name and alias `alias` is.
+#[must_use]
+pub fn vlan_owner(vlan: &VlanLink, alias: Option<&str>) -> VlanOwner {
+    match alias {
+        Some(alias) if alias == vlan_alias(vlan) => VlanOwner::Us,
+        Some(VLAN_ALIAS) if vlan.name == format!("{}.{}", vlan.parent, vlan.id) => VlanOwner::Us,
+        Some(alias) if alias == VLAN_ALIAS || alias.starts_with(&format!("{VLAN_ALIAS} ")) => {
+            VlanOwner::UsForAnother { alias: alias.to_owned() }
+        }
+        _ => VlanOwner::Foreign,
+    }
+}
 
 /// Prefix of the `IFLA_IFALIAS` put on a device moved into a pod. If the pod's netns is
 /// destroyed while the daemon is down, the kernel returns a physical NIC to the host under its
@@ -152,7 +233,7 @@ fn macvlan_mode_name(mode: MacvlanMode) -> &'static str {
     }
 }
 
-/// A VLAN sub-interface `<parent>.<id>` in the host netns, shared by every claim on it.
+/// A VLAN sub-interface in the host netns, shared by every claim on it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VlanLink {
@@ -160,7 +241,8 @@ pub struct VlanLink {
     pub parent: String,
     /// 802.1Q VLAN id.
     pub id: u16,
-    /// `<parent>.<id>`.
+    /// [`vlan_name`]: `<parent>.<id>`, or `nc<hash6>.<id>` when that is longer than 15
+    /// bytes. Kept in the plan (and so in the store) as it was when the claim attached.
     pub name: String,
 }
 
@@ -444,12 +526,6 @@ pub enum PlanError {
         /// The rule.
         why: &'static str,
     },
-    /// `<parent>.<id>` would not fit in `IFNAMSIZ`.
-    #[error("VLAN sub-interface name {name:?} is longer than 15 bytes")]
-    VlanNameTooLong {
-        /// The name.
-        name: String,
-    },
     /// A pool config without its leased address, or leases without a pool.
     #[error("addressing {expected}, but {given} pool addresses were given")]
     PoolAddresses {
@@ -501,11 +577,10 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
         ResolvedMode::Ipvlan { mode: ipvlan_mode, flag } => {
             push_child(&mut steps, request, ChildKind::Ipvlan { mode: ipvlan_mode, flag }, None)?;
         }
-        ResolvedMode::SriovVf => {
-            let why = not_implemented(mode).unwrap_or("no plan for this mode");
-            return Err(PlanError::ModeNotSupported { mode, why });
-        }
-        ResolvedMode::HostDevice => {
+        // A VF moves like any exclusive device: its VF settings were applied on the PF at
+        // prepare (`claims::vf`), and the MAC set here on the VF netdev is the one the PF
+        // gave it, so the driver's view and the netdev agree from the start.
+        ResolvedMode::HostDevice | ResolvedMode::SriovVf => {
             if device.sharing != Sharing::Exclusive {
                 return Err(PlanError::ModeDoesNotFitDevice {
                     mode,
@@ -570,7 +645,11 @@ fn push_child(
     }
     let parent = match config.vlan {
         Some(id) => {
-            let vlan = vlan_link(&device.if_name, id)?;
+            let vlan = VlanLink {
+                parent: device.if_name.clone(),
+                id,
+                name: vlan_name(&device.if_name, id),
+            };
             let name = vlan.name.clone();
             steps.push(Step::EnsureVlan { vlan });
             name
@@ -593,11 +672,7 @@ fn push_child(
 #[must_use]
 pub fn not_implemented(mode: Mode) -> Option<&'static str> {
     match mode {
-        Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice => None,
-        Mode::SriovVf => Some(
-            "this build does not implement VF settings on the PF yet \
-             (use mode host-device to move the VF without them)",
-        ),
+        Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice | Mode::SriovVf => None,
     }
 }
 
@@ -624,14 +699,6 @@ pub fn node_support(kernel: &KernelSupport) -> NodeSupport {
         }
     }
     support
-}
-
-fn vlan_link(parent: &str, id: u16) -> Result<VlanLink, PlanError> {
-    let name = format!("{parent}.{id}");
-    if name.len() > MAX_IFNAME_LEN {
-        return Err(PlanError::VlanNameTooLong { name });
-    }
-    Ok(VlanLink { parent: parent.to_owned(), id, name })
 }
 
 fn addresses_of(

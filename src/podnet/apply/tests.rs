@@ -66,7 +66,10 @@ async fn macvlan_on_a_new_vlan_attaches_and_reports_the_interface() {
         ["10.10.1.5/24", "fd00:10::5/64"]
     );
     assert_eq!(attached.routes, plan.routes());
-    assert_eq!(kernel.get(Side::Host, "eth1.100").unwrap().alias.as_deref(), Some(VLAN_ALIAS));
+    assert_eq!(
+        kernel.get(Side::Host, "eth1.100").unwrap().alias.as_deref(),
+        Some("netclaim.dev/vlan parent=eth1 id=100")
+    );
     assert_eq!(vlans.users("eth1.100").await, ["uid-1"]);
 }
 
@@ -280,6 +283,101 @@ async fn a_vlan_we_did_not_create_is_used_but_never_deleted() {
     let report = detach(&kernel, &vlans, &plan).await;
     assert!(matches!(report.steps[1].1, UndoOutcome::Kept), "{report:?}");
     assert!(kernel.links(Side::Host).contains(&"eth1.100".to_owned()));
+}
+
+/// A parent whose `<parent>.<id>` exceeds 15 bytes gets `nc<hash6>.<id>`, created with the
+/// alias naming parent and id, shared and removed after its last user like any other.
+#[tokio::test]
+async fn a_long_parent_gets_a_hashed_vlan_name_with_an_alias_naming_it() {
+    let kernel = FakeKernel::new();
+    kernel.add_host_link("enp129s0f1np1", 1500, None); // index 10
+    let vlans = VlanUsers::new();
+    let cfg = macvlan_config(Some(4094), vec![]);
+    let dev = device("enp129s0f1np1", Sharing::Shared);
+    let first = make_plan(&cfg, &dev, "uid-1", "net1");
+    let second = make_plan(&cfg, &dev, "uid-2", "net2");
+    attach(&kernel, &vlans, &first).await.unwrap();
+    attach(&kernel, &vlans, &second).await.unwrap();
+    assert_eq!(kernel.log()[0], "create vlan nc303449.4094 parent=10 id=4094");
+    assert_eq!(kernel.log().iter().filter(|l| l.starts_with("create vlan")).count(), 1);
+    assert_eq!(
+        kernel.get(Side::Host, "nc303449.4094").unwrap().alias.as_deref(),
+        Some("netclaim.dev/vlan parent=enp129s0f1np1 id=4094")
+    );
+    assert_eq!(vlans.users("nc303449.4094").await, ["uid-1", "uid-2"]);
+    assert!(detach(&kernel, &vlans, &first).await.is_clean());
+    assert!(kernel.links(Side::Host).contains(&"nc303449.4094".to_owned()));
+    assert!(detach(&kernel, &vlans, &second).await.is_clean());
+    assert_eq!(kernel.links(Side::Host), ["enp129s0f1np1"]);
+}
+
+/// A link with the name and our alias for another parent (two long names hashing alike) is
+/// neither used nor deleted: the attach fails naming both.
+#[tokio::test]
+async fn our_vlan_of_another_parent_under_the_same_name_is_refused_and_kept() {
+    let kernel = FakeKernel::new();
+    kernel.add_host_link("enp129s0f1np1", 1500, None);
+    kernel.add_host_link(
+        "nc303449.50",
+        1500,
+        Some("netclaim.dev/vlan parent=other0123456789 id=50"),
+    );
+    let vlans = VlanUsers::new();
+    let plan = make_plan(
+        &macvlan_config(Some(50), vec![]),
+        &device("enp129s0f1np1", Sharing::Shared),
+        "uid-1",
+        "net1",
+    );
+    let err = attach(&kernel, &vlans, &plan).await.unwrap_err();
+    assert!(matches!(err.cause, StepError::VlanOfAnother { id: 50, .. }), "{err}");
+    assert!(err.to_string().contains("parent=other0123456789"), "{err}");
+    assert!(kernel.log().is_empty(), "{:?}", kernel.log());
+    assert!(vlans.users("nc303449.50").await.is_empty());
+    assert!(kernel.links(Side::Host).contains(&"nc303449.50".to_owned()));
+}
+
+/// Users counted here but the link gone (deleted by hand, or missing when reconcile adopted
+/// the users): the next user creates it again, and the last one deletes it.
+#[tokio::test]
+async fn a_vlan_deleted_under_its_users_is_created_again_by_the_next_one() {
+    let kernel = kernel_with_parent();
+    let vlans = VlanUsers::new();
+    let cfg = macvlan_config(Some(100), vec![]);
+    let dev = device("eth1", Sharing::Shared);
+    let vlan = VlanLink { parent: "eth1".to_owned(), id: 100, name: "eth1.100".to_owned() };
+    vlans.adopt(&vlan, "uid-1", false).await;
+    let second = make_plan(&cfg, &dev, "uid-2", "net2");
+    attach(&kernel, &vlans, &second).await.unwrap();
+    assert_eq!(kernel.log()[0], "create vlan eth1.100 parent=10 id=100");
+    assert_eq!(vlans.users("eth1.100").await, ["uid-1", "uid-2"]);
+    let first = make_plan(&cfg, &dev, "uid-1", "net1");
+    let report = detach(&kernel, &vlans, &first).await;
+    assert!(matches!(report.steps.last().unwrap().1, UndoOutcome::Kept), "{report:?}");
+    assert!(detach(&kernel, &vlans, &second).await.is_clean());
+    assert_eq!(kernel.links(Side::Host), ["eth1"]);
+}
+
+/// At start, our sub-interfaces without a user are deleted; used ones, foreign ones and ones
+/// whose name does not match their alias stay.
+#[tokio::test]
+async fn remove_unused_deletes_only_our_vlans_without_users() {
+    let kernel = kernel_with_parent();
+    kernel.add_host_link("eth1.7", 1500, Some("netclaim.dev/vlan parent=eth1 id=7"));
+    kernel.add_host_link("eth1.8", 1500, Some("netclaim.dev/vlan"));
+    kernel.add_host_link("eth1.9", 1500, Some("netclaim.dev/vlan parent=eth1 id=9"));
+    kernel.add_host_link("eth1.10", 1500, None);
+    kernel.add_host_link("renamed", 1500, Some("netclaim.dev/vlan parent=eth1 id=11"));
+    let vlans = VlanUsers::new();
+    let used = VlanLink { parent: "eth1".to_owned(), id: 9, name: "eth1.9".to_owned() };
+    vlans.adopt(&used, "uid-1", true).await;
+    let links: Vec<LinkState> =
+        kernel.links(Side::Host).iter().filter_map(|n| kernel.get(Side::Host, n)).collect();
+    let removed = vlans.remove_unused(&kernel, &links).await;
+    let names: Vec<&str> = removed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["eth1.7", "eth1.8"]);
+    assert!(removed.iter().all(|(_, r)| matches!(r, Ok(UndoOutcome::Done))));
+    assert_eq!(kernel.links(Side::Host), ["eth1", "eth1.10", "eth1.9", "renamed"]);
 }
 
 #[tokio::test]

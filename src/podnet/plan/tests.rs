@@ -215,11 +215,31 @@ fn ipvlan_on_a_vlan_ensures_the_sub_interface_first() {
 }
 
 #[test]
-fn only_sriov_vf_is_left_unimplemented() {
+fn every_mode_is_implemented() {
     assert_eq!(not_implemented(Mode::Ipvlan), None);
     assert_eq!(not_implemented(Mode::Macvlan), None);
     assert_eq!(not_implemented(Mode::HostDevice), None);
-    assert!(not_implemented(Mode::SriovVf).is_some());
+    assert_eq!(not_implemented(Mode::SriovVf), None);
+}
+
+#[test]
+fn a_vf_moves_like_a_host_device_with_its_mac_and_comes_back_with_the_original() {
+    let mut vf = device("enp1s0v1", Sharing::Exclusive);
+    vf.kind = DeviceKind::SriovVf;
+    vf.mac = Some("02:aa:00:00:00:01".parse().unwrap());
+    let mut cfg = config(ResolvedMode::SriovVf, Addressing::None, vec![]);
+    cfg.interface.hardware_address = Some("02:00:00:00:00:07".parse().unwrap());
+    let plan = plan_attach(&request(&cfg, &vf, &pod(), &[])).unwrap();
+    assert_eq!(plan.mode, Mode::SriovVf);
+    assert!(matches!(
+        &plan.steps[0],
+        Step::MoveIntoPod { host_name, hardware_address: Some(mac), .. }
+            if host_name == "enp1s0v1" && mac.to_string() == "02:00:00:00:00:07"
+    ));
+    assert_eq!(plan.host_mac_to_restore, vf.mac);
+    assert!(
+        matches!(&plan.teardown()[..], [UndoStep::MoveToHost { host_name, .. }] if host_name == "enp1s0v1")
+    );
 }
 
 #[test]
@@ -322,8 +342,8 @@ fn unsupported_and_mismatched_modes_are_refused_with_the_reason() {
     ));
     let vf = config(ResolvedMode::SriovVf, Addressing::None, vec![]);
     assert!(matches!(
-        plan_attach(&request(&vf, &exclusive, &pod, &[])).unwrap_err(),
-        PlanError::ModeNotSupported { mode: Mode::SriovVf, .. }
+        plan_attach(&request(&vf, &shared, &pod, &[])).unwrap_err(),
+        PlanError::ModeDoesNotFitDevice { mode: Mode::SriovVf, .. }
     ));
     let macvlan =
         config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, Addressing::None, vec![]);
@@ -353,13 +373,63 @@ fn bad_names_are_refused() {
         req.interface_name = bad;
         assert!(matches!(plan_attach(&req).unwrap_err(), PlanError::InterfaceName { .. }), "{bad}");
     }
-    let mut vlan_cfg = cfg.clone();
-    vlan_cfg.vlan = Some(4094);
-    let long_parent = device("enp129s0f1np1", Sharing::Shared);
-    assert_eq!(
-        plan_attach(&request(&vlan_cfg, &long_parent, &pod, &[])).unwrap_err(),
-        PlanError::VlanNameTooLong { name: "enp129s0f1np1.4094".to_owned() }
+}
+
+/// `<parent>.<id>` when it fits in 15 bytes; else `nc` + the first 6 hex digits of the
+/// SHA-256 of the parent's name (`printf enp129s0f1np1 | sha256sum` starts with 303449).
+#[test]
+fn a_vlan_name_too_long_for_ifnamsiz_becomes_nc_hash6_dot_id() {
+    assert_eq!(vlan_name("eth1", 100), "eth1.100");
+    assert_eq!(vlan_name("enp129s0f1", 4094), "enp129s0f1.4094");
+    assert_eq!(vlan_name("enp129s0f1np1", 4094), "nc303449.4094");
+    assert_eq!(vlan_name("enp129s0f1np1", 10), "nc303449.10");
+    assert_eq!(vlan_name("enp129s0f1np1", 9), "enp129s0f1np1.9");
+    assert_ne!(vlan_name("enp129s0f1np0", 10), vlan_name("enp129s0f1np1", 10));
+    for parent in ["enp129s0f1np1", "a-fifteen-bytes", "x"] {
+        for id in [1, 4094] {
+            assert!(vlan_name(parent, id).len() <= MAX_IFNAME_LEN, "{parent} {id}");
+        }
+    }
+
+    let mut cfg =
+        config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, Addressing::None, vec![]);
+    cfg.vlan = Some(4094);
+    let (long_parent, pod) = (device("enp129s0f1np1", Sharing::Shared), pod());
+    let plan = plan_attach(&request(&cfg, &long_parent, &pod, &[])).unwrap();
+    let vlan =
+        VlanLink { parent: "enp129s0f1np1".to_owned(), id: 4094, name: "nc303449.4094".to_owned() };
+    assert_eq!(plan.steps[0], Step::EnsureVlan { vlan: vlan.clone() });
+    assert!(
+        matches!(&plan.steps[1], Step::CreateChild { parent, .. } if parent == "nc303449.4094")
     );
+    assert_eq!(vlan_alias(&vlan), "netclaim.dev/vlan parent=enp129s0f1np1 id=4094");
+}
+
+#[test]
+fn the_vlan_alias_tells_ours_from_another_parents_and_foreign_links() {
+    let long =
+        VlanLink { parent: "enp129s0f1np1".to_owned(), id: 10, name: "nc303449.10".to_owned() };
+    let plain = VlanLink { parent: "eth1".to_owned(), id: 10, name: "eth1.10".to_owned() };
+    assert_eq!(vlan_owner(&long, Some(&vlan_alias(&long))), VlanOwner::Us);
+    assert_eq!(vlan_owner(&plain, Some(&vlan_alias(&plain))), VlanOwner::Us);
+    // The bare alias of older releases: the plain name says parent and id.
+    assert_eq!(vlan_owner(&plain, Some(VLAN_ALIAS)), VlanOwner::Us);
+    assert!(matches!(vlan_owner(&long, Some(VLAN_ALIAS)), VlanOwner::UsForAnother { .. }));
+    let other = "netclaim.dev/vlan parent=enp129s0f1np0 id=10";
+    assert_eq!(vlan_owner(&long, Some(other)), VlanOwner::UsForAnother { alias: other.to_owned() });
+    assert_eq!(vlan_owner(&plain, None), VlanOwner::Foreign);
+    assert_eq!(vlan_owner(&plain, Some("uplink trunk")), VlanOwner::Foreign);
+    assert_eq!(vlan_owner(&plain, Some("netclaim.dev/vlanx")), VlanOwner::Foreign);
+
+    assert_eq!(parse_vlan_alias("nc303449.10", &vlan_alias(&long)), Some(long.clone()));
+    assert_eq!(parse_vlan_alias("eth1.10", VLAN_ALIAS), Some(plain.clone()));
+    assert_eq!(parse_vlan_alias("eth1.10", &vlan_alias(&plain)), Some(plain));
+    // Renamed, or an alias whose parent and id give another name: not ours to collect.
+    assert_eq!(parse_vlan_alias("renamed", &vlan_alias(&long)), None);
+    assert_eq!(parse_vlan_alias("eth1.11", "netclaim.dev/vlan parent=eth1 id=10"), None);
+    assert_eq!(parse_vlan_alias("eth1.10", "netclaim.dev/vlan parent=eth1 id=x"), None);
+    assert_eq!(parse_vlan_alias("eth1", VLAN_ALIAS), None);
+    assert_eq!(parse_vlan_alias("eth1.10", "admin"), None);
 }
 
 #[test]
