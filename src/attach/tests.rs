@@ -289,6 +289,7 @@ fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> 
                     host_mtu: Some(device_facts.mtu),
                     attributes: std::collections::BTreeMap::new(),
                     cdi_device_ids: Vec::new(),
+                    vf: None,
                 }
             })
             .collect(),

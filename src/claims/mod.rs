@@ -21,6 +21,7 @@ pub mod metadata;
 pub mod networks;
 pub mod parent_capacity;
 pub mod preparer;
+pub mod vf;
 
 pub use preparer::{
     ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer,
@@ -56,6 +57,7 @@ use crate::podnet::plan::node_support;
 use allocation::{AllocatedResult, ClaimAllocation};
 use metadata::{DeviceMetadata, MetadataError};
 use networks::{BlockApiError, NetworkPorts, NetworkReadError, StaticReservation};
+use vf::{VfError, VfPort, VfRef, VfState};
 
 /// Claims of one request prepared at the same time; kubelet sends one pod's claims, and a
 /// bound keeps a pathological request from opening unbounded API calls.
@@ -119,6 +121,29 @@ pub trait DeviceLookup: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<u32>, LookupError>> + Send {
         let _ = if_name;
         async { Ok(None) }
+    }
+    /// The PF and index of VF device `name`, from its published `pfName` and `vfIndex`
+    /// (discovered from sysfs); `None` when it has either missing.
+    fn virtual_function(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<VfRef>, LookupError>> + Send {
+        let attributes = self.attributes(name);
+        async move {
+            let attributes = attributes.await?;
+            let get = |key: &str| {
+                attributes
+                    .get(&format!("{}/{key}", crate::model::names::ATTRIBUTE_DOMAIN))
+                    .or_else(|| attributes.get(key))
+            };
+            use crate::model::names::attr;
+            Ok(match (get(attr::PF_NAME), get(attr::VF_INDEX)) {
+                (Some(AttributeValue::String(pf)), Some(AttributeValue::Int(index))) => {
+                    u32::try_from(*index).ok().map(|index| VfRef { pf: pf.clone(), index })
+                }
+                _ => None,
+            })
+        }
     }
 }
 
@@ -229,6 +254,22 @@ pub struct PreparedClaimDevice {
     /// answers the same; empty when metadata is off and in records before version 3.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cdi_device_ids: Vec<String>,
+    /// Mode `sriov-vf`: the VF on its PF and its settings as found before prepare changed
+    /// them, set back at unprepare (records before version 5 have none: no release before
+    /// it prepared `sriov-vf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<PreparedVf>,
+}
+
+/// The VF of a `sriov-vf` device and its settings before the claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedVf {
+    /// The VF on its PF.
+    #[serde(flatten)]
+    pub vf: VfRef,
+    /// Its settings as read before the first change.
+    pub before: VfState,
 }
 
 impl PreparedClaim {
@@ -423,6 +464,36 @@ pub enum ClaimError {
     /// A blocking task died.
     #[error("internal error: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// A `sriov-vf` device whose PF and VF index are not known (its `pfName` or `vfIndex`
+    /// attribute is missing: the PF has no netdev, or sysfs has no `virtfn` link for it).
+    #[error("request {request}, device {device}: mode sriov-vf: the VF's PF or index is unknown")]
+    NotAVf {
+        /// Request name.
+        request: String,
+        /// The device.
+        device: String,
+    },
+    /// This daemon was started without access to VF settings.
+    #[error(
+        "request {request}, device {device}: mode sriov-vf: VF settings are not available in this daemon"
+    )]
+    NoVfPort {
+        /// Request name.
+        request: String,
+        /// The device.
+        device: String,
+    },
+    /// VF settings could not be applied or restored (names the field).
+    #[error("request {request}, device {device}: {source}")]
+    Vf {
+        /// Request name.
+        request: String,
+        /// The device.
+        device: String,
+        /// The cause.
+        #[source]
+        source: VfError,
+    },
 }
 
 /// Why the service could not load its state.
@@ -481,6 +552,8 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     /// One async lock per (network, IPv4?) serialising this node's block claims, so
     /// concurrent prepares that find the blocks full claim one block, not one each.
     block_gates: networks::BlockGates,
+    /// VF settings on the PF (mode `sriov-vf`); `None`: such claims fail at prepare.
+    vf_port: Option<Arc<dyn VfPort>>,
 }
 
 impl<R, D, S: LeaseStore> std::fmt::Debug for ClaimService<R, D, S> {
@@ -565,6 +638,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             in_flight: Mutex::new(HashMap::new()),
             networks: None,
             block_gates: Mutex::new(HashMap::new()),
+            vf_port: None,
         })
     }
 
@@ -582,6 +656,13 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
     #[must_use]
     pub fn with_kernel_support(mut self, kernel: &KernelSupport) -> Self {
         self.support = Arc::new(node_support(kernel));
+        self
+    }
+
+    /// Applies the VF settings of `sriov-vf` claims through `port` (`host::sriov`).
+    #[must_use]
+    pub fn with_vf_port(mut self, port: Arc<dyn VfPort>) -> Self {
+        self.vf_port = Some(port);
         self
     }
 
@@ -675,6 +756,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 None => None,
             };
             let mut facts = Vec::with_capacity(allocation.results.len());
+            let mut vfs = Vec::with_capacity(allocation.results.len());
             for result in &allocation.results {
                 let device_error =
                     |source| ClaimError::Device { request: result.request.clone(), source };
@@ -691,6 +773,13 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                     }
                     None => BTreeMap::new(),
                 };
+                let vf = match found.kind {
+                    DeviceKind::SriovVf => {
+                        self.devices.virtual_function(&result.device).await.map_err(device_error)?
+                    }
+                    _ => None,
+                };
+                vfs.push(vf);
                 facts.push((found, attributes, parent_limit));
             }
             let merged = merged_configs(&allocation)?;
@@ -704,10 +793,17 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 networks,
                 pod_claim_index,
             };
-            let reserved = match self.reserve_claiming_blocks(&inputs).await? {
+            let mut reserved = match self.reserve_claiming_blocks(&inputs).await? {
                 Ok(reserved) => reserved,
                 Err(answer) => return Ok(answer),
             };
+            // VF settings on the PF, before the record that keeps what they replaced.
+            if let Err(err) = self.apply_vf_settings(&mut reserved.prepared, &vfs).await {
+                let mut state = lock(&self.state);
+                state.pending.remove(&claim.uid);
+                state.ipam.forget_in_memory(&reserved.new_leases);
+                return Err(err);
+            }
             // Static PodNetwork addresses: reserved cluster-wide (API, without the lock).
             let reservations = match self.reserve_statics(claim, &reserved.statics).await {
                 Ok(reservations) => reservations,
@@ -717,6 +813,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                         state.pending.remove(&claim.uid);
                         state.ipam.forget_in_memory(&reserved.new_leases);
                     }
+                    self.restore_vf_settings(&reserved.prepared).await.ok();
                     self.drop_reservations(&created).await;
                     return Err(err);
                 }
@@ -725,12 +822,15 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             let metadata = self.metadata.clone();
             let owned_claim = claim.clone();
             let created = reservations.clone();
+            let prepared = reserved.prepared.clone();
             let answer = tokio::task::spawn_blocking(move || {
                 commit_prepare(&state, metadata.as_deref(), &owned_claim, reserved, &created)
             })
             .await
             .map_err(ClaimError::Task)?;
             if answer.is_err() {
+                // Nothing was recorded: the VF goes back to what it was.
+                self.restore_vf_settings(&prepared).await.ok();
                 self.drop_reservations(&reservations).await;
             }
             answer
@@ -777,9 +877,15 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         }
     }
 
-    /// Unprepares one claim (holding its UID lock): releases its addresses and forgets it.
+    /// Unprepares one claim (holding its UID lock): sets its VFs back as they were found,
+    /// releases its addresses and forgets it. A VF that cannot be set back fails the
+    /// unprepare before anything is forgotten, so kubelet's retry tries again.
     pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
         self.serialised(&claim.uid, async {
+            let prepared = lock(&self.state).prepared.get(&claim.uid).cloned();
+            if let Some(prepared) = prepared {
+                self.restore_vf_settings(&prepared).await?;
+            }
             let state = Arc::clone(&self.state);
             let metadata = self.metadata.clone();
             let owned_claim = claim.clone();
@@ -793,6 +899,84 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             Ok(())
         })
         .await
+    }
+}
+
+impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
+    /// Applies the settings of each `sriov-vf` device of `prepared` on its PF and records
+    /// what they replaced in the device; on a failure the devices done before are set back.
+    /// `vfs` holds each allocation result's VF (in the order of `prepared.devices`).
+    async fn apply_vf_settings(
+        &self,
+        prepared: &mut PreparedClaim,
+        vfs: &[Option<VfRef>],
+    ) -> Result<(), ClaimError> {
+        for index in 0..prepared.devices.len() {
+            let device = &prepared.devices[index];
+            if device.config.mode != ResolvedMode::SriovVf {
+                continue;
+            }
+            let (request, name) = (device.request.clone(), device.device.clone());
+            let outcome = match (&self.vf_port, vfs.get(index).cloned().flatten()) {
+                (None, _) => Err(ClaimError::NoVfPort { request, device: name }),
+                (_, None) => Err(ClaimError::NotAVf { request, device: name }),
+                (Some(port), Some(vf)) => {
+                    let port = port.as_ref();
+                    let before = port
+                        .read(&vf)
+                        .await
+                        .map_err(|source| VfError::Read { vf: vf.clone(), source });
+                    let wanted = before.map(|before| vf::wanted(&before, &device.config));
+                    match wanted {
+                        Ok(wanted) => vf::apply(port, &vf, &wanted)
+                            .await
+                            .map(|before| PreparedVf { vf, before }),
+                        Err(err) => Err(err),
+                    }
+                    .map_err(|source| ClaimError::Vf {
+                        request,
+                        device: name,
+                        source,
+                    })
+                }
+            };
+            match outcome {
+                Ok(done) => prepared.devices[index].vf = Some(done),
+                Err(err) => {
+                    self.restore_vf_settings(prepared).await.ok();
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the VFs of `prepared` back to the settings found before it; every device is
+    /// tried, the first failure is returned.
+    async fn restore_vf_settings(&self, prepared: &PreparedClaim) -> Result<(), ClaimError> {
+        let mut first_error = None;
+        for device in &prepared.devices {
+            let Some(done) = &device.vf else { continue };
+            let Some(port) = &self.vf_port else {
+                first_error.get_or_insert(ClaimError::NoVfPort {
+                    request: device.request.clone(),
+                    device: device.device.clone(),
+                });
+                continue;
+            };
+            match vf::restore(port.as_ref(), &done.vf, &done.before).await {
+                Ok(()) => tracing::info!(vf = %done.vf, claim = %prepared.name,
+                    "VF settings set back as found before the claim"),
+                Err(source) => {
+                    first_error.get_or_insert(ClaimError::Vf {
+                        request: device.request.clone(),
+                        device: device.device.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -1063,6 +1247,7 @@ fn reserve_claim<S: ClaimStore>(
                 addresses,
                 attributes,
                 cdi_device_ids: Vec::new(),
+                vf: None,
             });
         }
         Ok(())

@@ -22,6 +22,7 @@ use crate::store::{Record, Store};
 
 mod metadata;
 mod networks;
+mod vf;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";
@@ -71,7 +72,8 @@ impl ClaimReader for Arc<FakeApi> {
     }
 }
 
-/// `eth1` exclusive, `eth2` shared parent, `eth2-s0` a slot of `eth2`.
+/// `eth1` exclusive, `eth2` shared parent, `eth2-s0` a slot of `eth2`, `eth9v1` VF 1 of the
+/// PF `eth9`.
 struct FixedDevices;
 
 impl DeviceLookup for FixedDevices {
@@ -80,16 +82,18 @@ impl DeviceLookup for FixedDevices {
             "eth1" => (Sharing::Exclusive, "eth1"),
             "eth2" => (Sharing::Shared, "eth2"),
             "eth2-s0" => (Sharing::Slot, "eth2"),
+            "eth9v1" => (Sharing::Exclusive, "eth9v1"),
             _ => return Err(LookupError::NotFound(name.to_owned())),
         };
+        let vf = name == "eth9v1";
         Ok(DeviceFacts {
             sharing,
-            kind: DeviceKind::Physical,
+            kind: if vf { DeviceKind::SriovVf } else { DeviceKind::Physical },
             if_name: if_name.into(),
             mtu: 1500,
             min_mtu: 68,
             max_mtu: 9000,
-            pf_mtu: None,
+            pf_mtu: vf.then_some(9000),
             passthru_children: 0,
             other_children: 0,
             ipvlan_children: 0,
@@ -101,11 +105,14 @@ impl DeviceLookup for FixedDevices {
         name: &str,
     ) -> Result<std::collections::BTreeMap<String, crate::model::device::AttributeValue>, LookupError>
     {
-        Ok([(
-            "netclaim.dev/ifName".to_owned(),
-            crate::model::device::AttributeValue::String(name.to_owned()),
-        )]
-        .into())
+        use crate::model::device::AttributeValue;
+        let mut attributes: std::collections::BTreeMap<String, AttributeValue> =
+            [("netclaim.dev/ifName".to_owned(), AttributeValue::String(name.to_owned()))].into();
+        if name == "eth9v1" {
+            attributes.insert("netclaim.dev/pfName".into(), AttributeValue::String("eth9".into()));
+            attributes.insert("netclaim.dev/vfIndex".into(), AttributeValue::Int(1));
+        }
+        Ok(attributes)
     }
 }
 

@@ -256,6 +256,32 @@ pub struct SriovConfig {
     /// VF link state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_state: Option<VfLinkState>,
+    /// Tag protocol of the VF's VLAN (`802.1Q`, the default, or `802.1ad`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan_protocol: Option<VfVlanProtocol>,
+}
+
+/// Tag protocol of a VF's VLAN (`IFLA_VF_VLAN_INFO.vlan_proto`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum VfVlanProtocol {
+    /// IEEE 802.1Q (`ETH_P_8021Q`), the kernel's default.
+    #[default]
+    #[serde(rename = "802.1Q")]
+    Ieee8021Q,
+    /// IEEE 802.1ad (`ETH_P_8021AD`, QinQ service tag).
+    #[serde(rename = "802.1ad")]
+    Ieee8021Ad,
+}
+
+impl VfVlanProtocol {
+    /// The config spelling.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ieee8021Q => "802.1Q",
+            Self::Ieee8021Ad => "802.1ad",
+        }
+    }
 }
 
 /// VF link state (`IFLA_VF_LINK_STATE`).
@@ -597,6 +623,9 @@ pub struct SriovSettings {
     pub min_tx_rate_mbps: u32,
     /// VF link state.
     pub link_state: VfLinkState,
+    /// Tag protocol of the VF's VLAN (default 802.1Q).
+    #[serde(default)]
+    pub vlan_protocol: VfVlanProtocol,
 }
 
 /// Which rule a value broke.

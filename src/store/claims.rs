@@ -15,12 +15,15 @@ impl Record for PreparedClaim {
     /// 3: `podClaimName`, and per device `attributes` and `cdiDeviceIds` (device metadata;
     /// all optional: an older record is a claim prepared without metadata).
     /// 4: addressing `network` (a `PodNetwork`'s plan; older records never have it).
-    const VERSION: u32 = 4;
+    /// 5: per device `vf` (mode `sriov-vf`: the VF and its settings before the claim, set
+    /// back at unprepare), and `sriov.vlanProtocol` in the resolved config. No release before
+    /// prepared `sriov-vf` (it refused the mode), so an older record has neither.
+    const VERSION: u32 = 5;
 
     fn migrate(from: u32, data: serde_json::Value) -> Result<serde_json::Value, String> {
         match from {
             // Every field added since is optional: an older record is a valid current one.
-            1..=3 => Ok(data),
+            1..=4 => Ok(data),
             _ => Err(format!("no migration from version {from}")),
         }
     }

@@ -520,7 +520,10 @@ async fn a_state_dir_of_release_87c0da8_loads_and_serves_network_claims() {
     let text = std::fs::read_to_string(dir.path().join("journal")).unwrap();
     assert!(text.starts_with(r#"{"format":"netclaim-state","version":2}"#), "{text}");
     assert!(
-        prepared_claim_versions(&dir.path().join("journal")).iter().filter(|v| **v == 4).count()
+        prepared_claim_versions(&dir.path().join("journal"))
+            .iter()
+            .filter(|v| **v == u64::from(PreparedClaim::VERSION))
+            .count()
             >= 3
     );
     let service =

@@ -502,7 +502,14 @@ fn cases() -> Vec<Case> {
             "all VF settings",
             vf(),
             json!({"sriov": {"qos": 7, "spoofCheck": false, "trust": true,
-            "maxTxRateMbps": 1000, "minTxRateMbps": 100, "linkState": "enable"}}),
+            "maxTxRateMbps": 1000, "minTxRateMbps": 100, "linkState": "enable",
+            "vlanProtocol": "802.1ad"}}),
+        ),
+        reject(
+            "unknown VLAN protocol",
+            vf(),
+            json!({"sriov": {"vlanProtocol": "802.1x"}}),
+            "sriov.vlanProtocol",
         ),
         reject("qos 8", vf(), json!({"sriov": {"qos": 8}}), "sriov.qos"),
         reject(
@@ -630,7 +637,8 @@ fn defaults_follow_the_device() {
             trust: false,
             max_tx_rate_mbps: 0,
             min_tx_rate_mbps: 0,
-            link_state: VfLinkState::Auto
+            link_state: VfLinkState::Auto,
+            vlan_protocol: super::VfVlanProtocol::Ieee8021Q,
         })
     );
     let ipvlan = check(json!({"mode": "ipvlan"}), &shared()).expect("valid");
@@ -949,32 +957,35 @@ fn a_vlan_without_8021q_is_refused_naming_vlan_but_passes_on_an_unprobed_kernel(
 }
 
 #[test]
-fn modes_this_build_cannot_attach_are_refused_at_prepare_even_on_a_capable_kernel() {
+fn every_mode_is_attachable_on_a_capable_kernel_and_a_missing_kind_is_refused() {
     let available =
         node_support(&KernelSupport { ipvlan: Probe::Available, vlan: Probe::Available });
     let r = super::resolve(&[claim_entry(json!({"mode": "ipvlan"}))], "nic", &shared(), &available)
         .unwrap();
     assert_eq!(r.mode.mode(), Mode::Ipvlan, "the ipvlan attach exists");
-    let err = refused_on(&available, json!({"mode": "sriov-vf"}), &vf());
-    assert_eq!(err.path(), "mode");
-    assert!(err.to_string().contains("VF settings"), "{err}");
+    let r = super::resolve(&[claim_entry(json!({"mode": "sriov-vf"}))], "nic", &vf(), &available)
+        .unwrap();
+    assert_eq!(r.mode, ResolvedMode::SriovVf, "the sriov-vf attach exists");
     // Where the kernel lacks it, ipvlan is refused with the kernel's reason.
     let err = refused_on(&node_without_ipvlan_and_8021q(), json!({"mode": "ipvlan"}), &shared());
     assert!(err.to_string().contains("not available on this node's kernel"), "{err}");
 }
 
 #[test]
-fn a_vf_without_a_mode_moves_as_host_device_while_sriov_vf_is_refused() {
+fn a_vf_without_a_mode_gets_sriov_vf_with_its_settings() {
+    // DESIGN §3: an exclusive VF defaults to sriov-vf, also on a node whose kernel was not
+    // probed (VF settings need no module); host-device stays available by name.
     let support = node_support(&KernelSupport::unprobed());
     let r = super::resolve(&[claim_entry(json!({}))], "nic", &vf(), &support).unwrap();
-    assert_eq!(r.mode, ResolvedMode::HostDevice);
-    assert_eq!(r.sriov, None);
-    // On a node that can attach everything the design's default stands.
-    let r = resolve(&[claim_entry(json!({}))], "nic", &vf()).unwrap();
     assert_eq!(r.mode, ResolvedMode::SriovVf);
-    // VF settings without a mode name the section that needs sriov-vf.
-    let err = refused_on(&support, json!({"sriov": {"trust": true}}), &vf());
-    assert_eq!(err.path(), "sriov");
+    assert!(r.sriov.is_some());
+    let r =
+        super::resolve(&[claim_entry(json!({"sriov": {"trust": true}}))], "nic", &vf(), &support)
+            .unwrap();
+    assert!(r.sriov.is_some_and(|s| s.trust));
+    let r = super::resolve(&[claim_entry(json!({"mode": "host-device"}))], "nic", &vf(), &support)
+        .unwrap();
+    assert_eq!((r.mode, r.sriov), (ResolvedMode::HostDevice, None));
 }
 
 #[test]

@@ -118,8 +118,8 @@ fn allowed_modes(device: &DeviceFacts) -> &'static [Mode] {
 }
 
 /// The mode asked for, or the device's default, refused when the node cannot attach it. The
-/// default is the first allowed mode the node can attach (an exclusive VF moves as
-/// `host-device` while `sriov-vf` is refused), so a claim that names no mode never fails for a
+/// default is the first allowed mode the node can attach (for an exclusive VF `sriov-vf`, and
+/// `host-device` on a node that refuses it), so a claim that names no mode never fails for a
 /// mode it did not ask for while another one works.
 fn resolve_mode(
     cfg: &NetworkConfig,
@@ -603,5 +603,6 @@ fn resolve_sriov(sriov: &SriovConfig) -> Result<SriovSettings, ConfigError> {
         max_tx_rate_mbps,
         min_tx_rate_mbps,
         link_state: sriov.link_state.unwrap_or_default(),
+        vlan_protocol: sriov.vlan_protocol.unwrap_or_default(),
     })
 }

@@ -74,6 +74,7 @@ fn prepared() -> PreparedClaim {
             host_mtu: Some(1500),
             attributes: BTreeMap::new(),
             cdi_device_ids: vec![],
+            vf: None,
         }],
         reserved_for: vec![PodConsumer { name: "web".to_owned(), uid: "pod-1".to_owned() }],
         generation: Some(1),

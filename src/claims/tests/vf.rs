@@ -1,0 +1,164 @@
+//! `sriov-vf` claims: VF settings applied at prepare through the port, what they replaced
+//! kept in the record across a restart and set back at unprepare; a field the NIC refuses
+//! fails the prepare naming it and holds nothing; a state dir of the release before loads.
+
+use super::*;
+use crate::claims::vf::tests::{FakePf, fresh};
+use crate::claims::vf::{VfChange, VfState};
+use crate::model::network_config::{VfLinkState, VfVlanProtocol};
+
+const VF_UID: &str = "uid-vf";
+
+fn vf_claim(body: Value) -> ResourceClaim {
+    claim(
+        "vf-net",
+        VF_UID,
+        vec![result("vf", DRIVER, NODE, "eth9v1")],
+        vec![config("FromClaim", DRIVER, &[], params(body))],
+    )
+}
+
+fn with_pf(service: Service, pf: &Arc<FakePf>) -> Service {
+    service.with_vf_port(Arc::clone(pf) as Arc<dyn crate::claims::vf::VfPort>)
+}
+
+#[tokio::test]
+async fn a_vf_claim_defaults_to_sriov_vf_and_unprepare_sets_back_what_it_found() {
+    let found = VfState {
+        mac: "02:00:00:00:00:aa".parse().unwrap(),
+        vlan: 7,
+        qos: 3,
+        spoof_check: Some(false),
+        trust: Some(true),
+        max_tx_rate_mbps: 100,
+        ..fresh()
+    };
+    let pf = Arc::new(FakePf::new(found));
+    let api = Arc::new(FakeApi::default());
+    api.put(vf_claim(json!({"interface": {"hardwareAddress": "02:00:00:00:00:bb"}, "vlan": 42,
+        "sriov": {"qos": 5, "maxTxRateMbps": 200}})));
+    let dir = tempfile::tempdir().unwrap();
+    let service = with_pf(service(&api, dir.path()), &pf);
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    let applied = VfState {
+        mac: "02:00:00:00:00:bb".parse().unwrap(),
+        vlan: 42,
+        qos: 5,
+        vlan_protocol: VfVlanProtocol::Ieee8021Q,
+        spoof_check: Some(true),
+        trust: Some(false),
+        min_tx_rate_mbps: 0,
+        max_tx_rate_mbps: 200,
+        link_state: VfLinkState::Auto,
+    };
+    assert_eq!(pf.state(), applied);
+    let device = &service.prepared(VF_UID).unwrap().devices[0];
+    assert_eq!(device.config.mode, ResolvedMode::SriovVf, "the design's default for a VF");
+    let record = device.vf.clone().unwrap();
+    assert_eq!((record.vf.pf.as_str(), record.vf.index, record.before), ("eth9", 1, found));
+    // A repeated prepare answers from the record and sends nothing.
+    let sent = pf.sent.lock().unwrap().len();
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    assert_eq!(pf.sent.lock().unwrap().len(), sent);
+
+    // After a restart the record still knows what to set back.
+    drop(service);
+    let service = with_pf(self::service(&api, dir.path()), &pf);
+    assert_eq!(service.prepared(VF_UID).unwrap().devices[0].vf, Some(record));
+    let results = service.unprepare(vec![reference("vf-net", VF_UID)]).await;
+    assert!(results[VF_UID].is_ok(), "{results:?}");
+    assert_eq!(pf.state(), found, "every field as found before the claim");
+    assert!(service.prepared(VF_UID).is_none());
+}
+
+#[tokio::test]
+async fn a_field_the_nic_cannot_set_fails_the_prepare_naming_it_and_holds_nothing() {
+    for (body, message) in [
+        (
+            json!({"sriov": {"linkState": "enable"}, "ipam": {"addresses": ["10.9.1.7/24"]}}),
+            "claim default/vf-net: request vf, device eth9v1: sriov.linkState: enable: not \
+             supported by this NIC (VF 1 of eth9: ",
+        ),
+        (
+            json!({"vlan": 5, "sriov": {"vlanProtocol": "802.1ad", "trust": true},
+                "ipam": {"addresses": ["10.9.1.7/24"]}}),
+            "sriov.vlanProtocol: 802.1ad: not supported by this NIC",
+        ),
+    ] {
+        let pf = Arc::new(FakePf::new(fresh()));
+        let api = Arc::new(FakeApi::default());
+        api.put(vf_claim(body));
+        let dir = tempfile::tempdir().unwrap();
+        let service = with_pf(service(&api, dir.path()), &pf);
+        let err = prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap_err();
+        assert!(err.contains(message), "{message:?} missing in {err}");
+        assert_eq!(pf.state(), fresh(), "set back");
+        assert!(service.prepared(VF_UID).is_none());
+        assert_eq!(lock(&service.state).ipam.leases().count(), 0, "no address held");
+    }
+}
+
+#[tokio::test]
+async fn a_vf_claim_without_vf_settings_access_or_moved_as_host_device() {
+    let api = Arc::new(FakeApi::default());
+    api.put(vf_claim(json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    let err =
+        prepare_one(&service(&api, dir.path()), &reference("vf-net", VF_UID)).await.unwrap_err();
+    assert!(err.contains("VF settings are not available in this daemon"), "{err}");
+    // host-device moves the VF without touching the PF.
+    let pf = Arc::new(FakePf::new(fresh()));
+    api.put(vf_claim(json!({"mode": "host-device", "vlan": null})));
+    let service = with_pf(service(&api, dir.path()), &pf);
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    assert_eq!(service.prepared(VF_UID).unwrap().devices[0].vf, None);
+    assert!(service.unprepare(vec![reference("vf-net", VF_UID)]).await[VF_UID].is_ok());
+    assert!(pf.sent.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_state_dir_of_release_6f05957_loads_and_its_vf_claim_unprepares_without_vf_settings() {
+    // Written by that release (prepared-claims version 4): `web-net` (macvlan, pool lease
+    // 10.9.0.1) and `vf-nic` (the VF `eth9v1` as host-device, static 10.9.1.7, a MAC).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/state-6f05957/journal"),
+        dir.path().join("journal"),
+    )
+    .unwrap();
+    assert!(prepared_claim_versions(&dir.path().join("journal")).iter().all(|v| *v == 4));
+    let api = Arc::new(FakeApi::default());
+    let pf = Arc::new(FakePf::new(fresh()));
+    let service = with_pf(service(&api, dir.path()), &pf);
+    let mut names: Vec<String> = service.all_prepared().into_iter().map(|c| c.name).collect();
+    names.sort();
+    assert_eq!(names, ["vf-nic", "web-net"]);
+    let vf_nic = service.prepared("9b3f2a71-6c0e-4d5a-8e27-1f4c9d0b7e22").unwrap();
+    let device = &vf_nic.devices[0];
+    assert_eq!(
+        (device.config.mode, device.kind, device.vf.as_ref()),
+        (ResolvedMode::HostDevice, Some(DeviceKind::SriovVf), None)
+    );
+    let leases: Vec<String> =
+        lock(&service.state).ipam.leases().map(|l| l.address.to_string()).collect();
+    assert_eq!(leases, ["10.9.0.1", "10.9.1.7"]);
+    // A new sriov-vf claim beside them is recorded at the new version.
+    api.put(vf_claim(json!({"sriov": {"trust": true}})));
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    assert_eq!(pf.state().trust, Some(true));
+    assert_eq!(prepared_claim_versions(&dir.path().join("journal")).last(), Some(&5));
+    let results = service
+        .unprepare(vec![
+            reference("vf-nic", "9b3f2a71-6c0e-4d5a-8e27-1f4c9d0b7e22"),
+            reference("vf-net", VF_UID),
+        ])
+        .await;
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    assert_eq!(pf.state(), fresh());
+    assert_eq!(
+        *pf.sent.lock().unwrap(),
+        [VfChange::Trust(true), VfChange::Trust(false)],
+        "the host-device VF of the old release was never touched"
+    );
+}
