@@ -19,4 +19,5 @@ pub mod netlink;
 pub mod netns;
 pub mod pod_links;
 pub mod pod_netns;
+pub mod sriov;
 pub mod sysfs;

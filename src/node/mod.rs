@@ -368,6 +368,9 @@ async fn load_state(
         blocks: Arc::new(KubeIpBlocks::new(client.clone())),
         release_grace: config.block_release_grace,
     };
+    // VF settings of sriov-vf claims, on the PFs in the host netns (DESIGN §3).
+    let vf_port: Arc<dyn crate::claims::vf::VfPort> =
+        Arc::new(crate::host::sriov::NetlinkVfSettings::new(&HostNetlink::current()?));
     let (service, store) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
         // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
@@ -376,7 +379,8 @@ async fn load_state(
         let mut service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
             .map_err(NodeError::Claims)?
             .with_kernel_support(&kernel)
-            .with_pod_networks(network_ports);
+            .with_pod_networks(network_ports)
+            .with_vf_port(vf_port);
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }
