@@ -1,0 +1,308 @@
+//! A small RBAC evaluator for the RBAC test: the ClusterRoles, Roles and their bindings of a
+//! rendered kustomization, checked against the requests the dev API server recorded
+//! (`kube_inmemory::apiserver::request_log`). It evaluates as the real RBAC authorizer does
+//! for what our rules use (apiGroups, resources with `resource/subresource`, verbs,
+//! resourceNames, a Role's namespace, `*` wildcards; service-account subjects), and keeps
+//! count of which (rule, verb, resource) grant allowed something, so a grant nothing used is
+//! found too.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+#![allow(clippy::unwrap_used, reason = "test helpers: a failed step fails the test")]
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize as _;
+use serde_json::Value;
+
+/// `$KUBECTL`, else `/usr/bin/kubectl`, else what scripts/setup/kubectl.sh unpacked.
+fn kubectl() -> PathBuf {
+    let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
+        Some(path) => vec![PathBuf::from(path)],
+        None => {
+            vec![PathBuf::from("/usr/bin/kubectl"), PathBuf::from("/opt/netclaim-test/bin/kubectl")]
+        }
+    };
+    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| {
+        panic!("kubectl not found at {candidates:?}: run scripts/setup/kubectl.sh (make test does)")
+    })
+}
+
+/// `kubectl kustomize <dir>` as JSON objects; fails with kustomize's message.
+pub(crate) fn kustomize(dir: &Path) -> Vec<Value> {
+    let output = std::process::Command::new(kubectl()).arg("kustomize").arg(dir).output().unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| Value::deserialize(document).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// One authorization check (the attributes of `authorizer.AttributesRecord` RBAC reads).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Check {
+    pub(crate) user: String,
+    pub(crate) verb: String,
+    pub(crate) api_group: String,
+    pub(crate) resource: String,
+    pub(crate) subresource: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+}
+
+impl Check {
+    /// `resource` or `resource/subresource`, as RBAC rules name it.
+    pub(crate) fn resource_path(&self) -> String {
+        if self.subresource.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}/{}", self.resource, self.subresource)
+        }
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.api_group.is_empty() { "core" } else { &self.api_group };
+        write!(f, "{} {} {group}/{}", self.user, self.verb, self.resource_path())?;
+        if !self.namespace.is_empty() {
+            write!(f, " in {}", self.namespace)?;
+        }
+        if !self.name.is_empty() {
+            write!(f, " name {}", self.name)?;
+        }
+        Ok(())
+    }
+}
+
+/// One (rule, verb, resource) grant of a role bound to a subject.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Grant {
+    /// `ClusterRole/<name>` or `Role/<namespace>/<name>`.
+    pub(crate) role: String,
+    /// Index of the rule in the role.
+    pub(crate) rule: usize,
+    /// The subject (`system:serviceaccount:<ns>:<name>`).
+    pub(crate) user: String,
+    /// Namespace the grant is limited to (a RoleBinding's), `None` cluster-wide.
+    pub(crate) namespace: Option<String>,
+    pub(crate) api_group: String,
+    pub(crate) resource: String,
+    pub(crate) verb: String,
+    pub(crate) resource_names: Vec<String>,
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.api_group.is_empty() { "core" } else { &self.api_group };
+        write!(f, "{} rule {}: {} {group}/{}", self.role, self.rule, self.verb, self.resource)?;
+        if !self.resource_names.is_empty() {
+            write!(f, " resourceNames {:?}", self.resource_names)?;
+        }
+        write!(f, " (for {})", self.user)
+    }
+}
+
+fn matches(list: &[String], value: &str) -> bool {
+    list.iter().any(|item| item == "*" || item == value)
+}
+
+impl Grant {
+    /// Whether this grant allows `check`.
+    pub(crate) fn allows(&self, check: &Check) -> bool {
+        self.user == check.user
+            && self.namespace.as_deref().is_none_or(|ns| ns == check.namespace)
+            && (self.api_group == "*" || self.api_group == check.api_group)
+            && (self.resource == "*" || self.resource == check.resource_path())
+            && (self.verb == "*" || self.verb == check.verb)
+            && (self.resource_names.is_empty() || self.resource_names.contains(&check.name))
+    }
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| items.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+fn kind_name(object: &Value) -> (&str, &str) {
+    (
+        object["kind"].as_str().unwrap_or_default(),
+        object["metadata"]["name"].as_str().unwrap_or_default(),
+    )
+}
+
+/// Every (rule, verb, resource) grant of the rendered `objects`, per service-account
+/// subject of the bindings. Panics on what the evaluator does not model (a rule with
+/// nonResourceURLs, a subject that is not a service account, a binding to a missing role),
+/// so the test never silently under-checks.
+pub(crate) fn grants(objects: &[Value]) -> Vec<Grant> {
+    let mut grants = Vec::new();
+    for binding in objects {
+        let (kind, binding_name) = kind_name(binding);
+        let binding_namespace = match kind {
+            "ClusterRoleBinding" => None,
+            "RoleBinding" => Some(binding["metadata"]["namespace"].as_str().unwrap().to_owned()),
+            _ => continue,
+        };
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+        let role_name = binding["roleRef"]["name"].as_str().unwrap();
+        let role = objects
+            .iter()
+            .find(|o| {
+                kind_name(o) == (role_kind, role_name)
+                    && (role_kind == "ClusterRole"
+                        || o["metadata"]["namespace"].as_str() == binding_namespace.as_deref())
+            })
+            .unwrap_or_else(|| panic!("{kind} {binding_name}: no {role_kind} {role_name}"));
+        let role_label = match role_kind {
+            "ClusterRole" => format!("ClusterRole/{role_name}"),
+            _ => format!("Role/{}/{role_name}", binding_namespace.as_deref().unwrap_or_default()),
+        };
+        for subject in binding["subjects"].as_array().into_iter().flatten() {
+            assert_eq!(
+                subject["kind"], "ServiceAccount",
+                "{kind} {binding_name}: only service-account subjects are modelled"
+            );
+            let user = format!(
+                "system:serviceaccount:{}:{}",
+                subject["namespace"].as_str().unwrap(),
+                subject["name"].as_str().unwrap()
+            );
+            for (index, rule) in role["rules"].as_array().into_iter().flatten().enumerate() {
+                assert!(
+                    rule.get("nonResourceURLs").is_none(),
+                    "{role_label} rule {index}: nonResourceURLs are not modelled"
+                );
+                let names = strings(&rule["resourceNames"]);
+                for group in strings(&rule["apiGroups"]) {
+                    for resource in strings(&rule["resources"]) {
+                        for verb in strings(&rule["verbs"]) {
+                            grants.push(Grant {
+                                role: role_label.clone(),
+                                rule: index,
+                                user: user.clone(),
+                                namespace: binding_namespace.clone(),
+                                api_group: group.clone(),
+                                resource: resource.clone(),
+                                verb,
+                                resource_names: names.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    grants
+}
+
+/// The outcome of evaluating checks against grants.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict {
+    /// Checks no grant allows.
+    pub(crate) denied: BTreeSet<Check>,
+    /// Grants that allowed no check.
+    pub(crate) unused: Vec<Grant>,
+}
+
+/// Evaluates every check; a grant counts as used when it allows at least one.
+pub(crate) fn evaluate(grants: &[Grant], checks: &BTreeSet<Check>) -> Verdict {
+    let mut used = vec![false; grants.len()];
+    let mut verdict = Verdict::default();
+    for check in checks {
+        let mut allowed = false;
+        for (grant, used) in grants.iter().zip(used.iter_mut()) {
+            if grant.allows(check) {
+                *used = true;
+                allowed = true;
+            }
+        }
+        if !allowed {
+            verdict.denied.insert(check.clone());
+        }
+    }
+    verdict.unused =
+        grants.iter().zip(&used).filter(|(_, used)| !**used).map(|(g, _)| g.clone()).collect();
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Check {
+        Check {
+            user: "system:serviceaccount:sys:sa".to_owned(),
+            verb: verb.to_owned(),
+            api_group: group.to_owned(),
+            resource: resource.to_owned(),
+            subresource: sub.to_owned(),
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    fn objects() -> Vec<Value> {
+        let subjects = json!([{"kind": "ServiceAccount", "name": "sa", "namespace": "sys"}]);
+        vec![
+            json!({"kind": "ClusterRole", "metadata": {"name": "cr"}, "rules": [
+                {"apiGroups": ["g"], "resources": ["things", "things/status"], "verbs": ["get", "patch"]},
+                {"apiGroups": ["g"], "resources": ["things/driver"], "resourceNames": ["d"], "verbs": ["associated-node:patch"]},
+            ]}),
+            json!({"kind": "ClusterRoleBinding", "metadata": {"name": "crb"},
+                   "roleRef": {"kind": "ClusterRole", "name": "cr"}, "subjects": subjects}),
+            json!({"kind": "Role", "metadata": {"name": "r", "namespace": "sys"}, "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            ]}),
+            json!({"kind": "RoleBinding", "metadata": {"name": "rb", "namespace": "sys"},
+                   "roleRef": {"kind": "Role", "name": "r"}, "subjects": subjects}),
+        ]
+    }
+
+    #[test]
+    fn subresources_resource_names_and_role_namespaces_are_honoured() {
+        let grants = grants(&objects());
+        assert_eq!(grants.len(), 6);
+        let checks: BTreeSet<Check> = [
+            check("get", "g", "things", "", "a", "x"),
+            check("patch", "g", "things", "status", "a", "x"),
+            check("associated-node:patch", "g", "things", "driver", "a", "d"),
+            check("create", "coordination.k8s.io", "leases", "", "sys", ""),
+        ]
+        .into();
+        let verdict = evaluate(&grants, &checks);
+        assert!(verdict.denied.is_empty(), "{:?}", verdict.denied);
+        let unused: Vec<String> = verdict.unused.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            unused,
+            [
+                "ClusterRole/cr rule 0: patch g/things (for system:serviceaccount:sys:sa)",
+                "ClusterRole/cr rule 0: get g/things/status (for system:serviceaccount:sys:sa)",
+            ]
+        );
+        let denied: BTreeSet<Check> = [
+            // Another driver's name, a subresource the rule does not name, the Role outside
+            // its namespace, another group, another user.
+            check("associated-node:patch", "g", "things", "driver", "a", "other"),
+            check("get", "g", "things", "scale", "a", "x"),
+            check("create", "coordination.k8s.io", "leases", "", "kube-system", ""),
+            check("get", "h", "things", "", "a", "x"),
+            Check {
+                user: "system:serviceaccount:sys:other".to_owned(),
+                ..check("get", "g", "things", "", "a", "x")
+            },
+        ]
+        .into();
+        assert_eq!(evaluate(&grants, &denied).denied, denied);
+    }
+}
