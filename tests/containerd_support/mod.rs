@@ -413,7 +413,7 @@ pub(crate) fn container_config(name: &str) -> proto::ContainerConfig {
         metadata: Some(proto::ContainerMetadata { name: name.to_owned(), attempt: 0 }),
         image: Some(proto::ImageSpec { image: IMAGE.to_owned() }),
         log_path: format!("{name}.log"),
-        linux: Some(proto::LinuxContainerConfig {}),
+        linux: Some(proto::LinuxContainerConfig::default()),
         ..Default::default()
     }
 }

@@ -136,7 +136,7 @@ impl SandboxBackend {
                         metadata: Some(proto::ContainerMetadata { name: name.clone(), attempt: 0 }),
                         image: Some(proto::ImageSpec { image }),
                         log_path: format!("{name}.log"),
-                        linux: Some(proto::LinuxContainerConfig {}),
+                        linux: Some(proto::LinuxContainerConfig::default()),
                         ..Default::default()
                     };
                     let id = client
