@@ -204,20 +204,36 @@ fn import_image(ctr: &Path, containerd: &Containerd) {
 }
 
 /// Polls `check` until it gives a value, for at most `patience`; on timeout the last reason.
-async fn wait_for<T, F, Fut>(step: Step, patience: Duration, mut check: F) -> Result<T, Failure>
+async fn wait_for<T, E, F, Fut>(step: Step, patience: Duration, mut check: F) -> Result<T, Failure>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
+    Fut: Future<Output = Result<T, E>>,
+    E: Into<Wait>,
 {
     let started = Instant::now();
     loop {
-        match check().await {
+        match check().await.map_err(Into::into) {
             Ok(value) => return Ok(value),
-            Err(reason) if started.elapsed() >= patience => {
+            Err(Wait::Failed(reason)) => return Err(Failure { step, detail: reason }),
+            Err(Wait::Retry(reason)) if started.elapsed() >= patience => {
                 return Err(Failure { step, detail: format!("after {patience:?}: {reason}") });
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(Wait::Retry(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
+    }
+}
+
+/// Why a check of [`wait_for`] has no value yet.
+enum Wait {
+    /// Not yet: look again (the reason is reported when patience runs out).
+    Retry(String),
+    /// Never: the step failed.
+    Failed(String),
+}
+
+impl From<String> for Wait {
+    fn from(reason: String) -> Self {
+        Self::Retry(reason)
     }
 }
 
@@ -527,12 +543,18 @@ async fn flow(
             .ok_or_else(|| format!("{} not published", node.veth.a))
     })
     .await?;
+    // The daemon retries its NRI connection with backoff: three failures in a row (the
+    // runtime was up before the daemon started) are an answer, not a moment to wait out.
+    let connect_failures = "NRI connection failed";
     wait_for(Step::NriSynchronized, patience, || async {
         let log = daemonset_support::cri_log_messages(&daemon_log);
         if log.contains("synchronizing with NRI runtime") {
             Ok(())
+        } else if log.matches(connect_failures).count() >= 3 {
+            let last = log.lines().rfind(|l| l.contains(connect_failures)).unwrap_or_default();
+            Err(Wait::Failed(last.to_owned()))
         } else {
-            Err("the daemon's log shows no NRI synchronization".to_owned())
+            Err(Wait::Retry("the daemon's log shows no NRI synchronization".to_owned()))
         }
     })
     .await?;
@@ -625,7 +647,18 @@ async fn flow(
         if ready { Ok(()) } else { Err(format!("claim status: {:?}", status.devices)) }
     })
     .await?;
-    println!("pod {pod}: net1 is a macvlan on {}; the claim is Ready", node.veth.a);
+    // The traffic counters of the pod's interface are loaded and pinned in the node's bpffs
+    // (bpf(2) needs bpf_capable(): CAP_BPF or, as here, SYS_ADMIN; the tc filter NET_ADMIN).
+    let pins = node.bpffs.0.join(format!("netclaim/{}/{pod_uid}", node.node_name));
+    wait_for(Step::Attached, patience, || async {
+        let count = std::fs::read_dir(&pins).map(Iterator::count).unwrap_or(0);
+        if count > 0 { Ok(()) } else { Err(format!("nothing pinned under {}", pins.display())) }
+    })
+    .await?;
+    println!(
+        "pod {pod}: net1 is a macvlan on {}; the claim is Ready; counters pinned",
+        node.veth.a
+    );
 
     // --- Teardown as kubelet does it: the pod, the claim, then the DaemonSet pod. ---
     cri.stop_pod_sandbox(&pod_id).await.unwrap();
@@ -665,4 +698,70 @@ fn kubeconfig_server(path: &Path) -> String {
 #[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
 fn the_daemonset_runs_as_written() {
     run_daemonset(&[], PATIENCE).unwrap();
+}
+
+/// Runs the flow with `mutations`; it must fail. Returns where and why.
+fn expect_failure(mutations: &[Mutation]) -> Failure {
+    match run_daemonset(mutations, MUTATION_PATIENCE) {
+        Ok(()) => panic!("the flow passed with {mutations:?}: the test does not see that change"),
+        Err(failure) => {
+            println!("with {mutations:?}: {failure:?}");
+            failure
+        }
+    }
+}
+
+/// The mutation: no NRI socket mount, no NET_ADMIN. The daemon comes up, registers
+/// and publishes, but never reaches the runtime: no pod would get its interface.
+#[test]
+#[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
+fn without_the_nri_mount_and_net_admin_the_flow_fails() {
+    let failure = expect_failure(&[
+        Mutation::RemoveVolumeMount("nri"),
+        Mutation::RemoveCapability("NET_ADMIN"),
+    ]);
+    assert_eq!(failure.step, Step::NriSynchronized, "{failure:?}");
+    assert!(failure.detail.contains("/var/run/nri/nri.sock: No such file"), "{failure:?}");
+}
+
+/// The NRI mount alone: the same failure (the socket is not in the container).
+#[test]
+#[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
+fn without_the_nri_mount_the_flow_fails() {
+    let failure = expect_failure(&[Mutation::RemoveVolumeMount("nri")]);
+    assert_eq!(failure.step, Step::NriSynchronized, "{failure:?}");
+    assert!(failure.detail.contains("/var/run/nri/nri.sock: No such file"), "{failure:?}");
+}
+
+/// NET_ADMIN alone: everything up to the attach works (netlink reads, the API, kubelet's
+/// sockets, NRI); creating the macvlan (RTM_NEWLINK) is refused, so the sandbox fails.
+#[test]
+#[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
+fn without_net_admin_the_flow_fails() {
+    let failure = expect_failure(&[Mutation::RemoveCapability("NET_ADMIN")]);
+    assert_eq!(failure.step, Step::Attached, "{failure:?}");
+    assert!(failure.detail.contains("RTM_NEWLINK macvlan"), "{failure:?}");
+    assert!(failure.detail.contains("Operation not permitted"), "{failure:?}");
+}
+
+/// SYS_ADMIN alone: entering the pod's network namespace (setns(2) with CLONE_NEWNET needs
+/// CAP_SYS_ADMIN) is refused, so the sandbox fails.
+#[test]
+#[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
+fn without_sys_admin_the_flow_fails() {
+    let failure = expect_failure(&[Mutation::RemoveCapability("SYS_ADMIN")]);
+    assert_eq!(failure.step, Step::Attached, "{failure:?}");
+    assert!(failure.detail.contains("pod netns /var/run/netns/"), "{failure:?}");
+    assert!(failure.detail.contains("Operation not permitted"), "{failure:?}");
+}
+
+/// The netns mount without HostToContainer: the pod's namespace, mounted by containerd after
+/// the daemon started, is an empty file in the container (no propagation), which the daemon
+/// refuses to enter.
+#[test]
+#[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
+fn without_host_to_container_on_the_netns_mount_the_flow_fails() {
+    let failure = expect_failure(&[Mutation::RemovePropagation("netns")]);
+    assert_eq!(failure.step, Step::Attached, "{failure:?}");
+    assert!(failure.detail.contains("not a namespace file (nsfs)"), "{failure:?}");
 }
