@@ -512,14 +512,28 @@ impl LinkOps for NetlinkOps {
         id: u16,
         alias: &str,
     ) -> Result<(), LinkOpError> {
-        let message = LinkVlan::new(name, parent_index, id).up().alias(alias).build();
+        // The kernel ignores IFLA_IFALIAS when it creates a link (`rtnl_create_link` does
+        // not read it; only `do_setlink` does): the alias is set by a second message, which
+        // also brings the link up, so a link that is up carries the alias. A crash in between
+        // leaves it down and unmarked: foreign to us, never deleted (DESIGN §3).
+        let message = LinkVlan::new(name, parent_index, id).build();
         self.host
             .handle
             .link()
             .add(message)
             .execute()
             .await
-            .map_err(|err| op_error(format!("RTM_NEWLINK vlan {name}"), Side::Host, err))
+            .map_err(|err| op_error(format!("RTM_NEWLINK vlan {name}"), Side::Host, err))?;
+        let mark = LinkUnspec::new_with_name(name).alias(alias).up().build();
+        let marked = self.host.handle.link().set(mark).execute().await;
+        if let Err(err) = marked {
+            // Not left behind unmarked: it would pass for an administrator's.
+            if let Ok(Some(link)) = self.link(Side::Host, name).await {
+                let _ignored = self.delete_link(Side::Host, link.index).await;
+            }
+            return Err(op_error(format!("RTM_NEWLINK alias and up {name}"), Side::Host, err));
+        }
+        Ok(())
     }
 
     async fn move_to_pod(

@@ -184,7 +184,8 @@ pub trait LinkOps: Sync {
     ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
 
     /// Creates the VLAN sub-interface `name` (id `id`) of host link `parent_index` in the host
-    /// netns, up, with alias `alias`.
+    /// netns, up, with alias `alias` (set after the create: the kernel ignores an alias in
+    /// the creating message; a failure to set it deletes the link again).
     fn create_vlan(
         &self,
         parent_index: u32,
