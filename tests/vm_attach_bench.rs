@@ -12,7 +12,7 @@
 //!
 //! QEMU TCG makes absolute times meaningless, so the figures printed are medians and the
 //! medians of per-round ratios; nothing is asserted on them: the test fails only when a
-//! variant fails to work. 20 rounds by default (CI runs this on both kernels);
+//! variant fails to work. 10 rounds by default (CI runs this on both kernels: ~40 s each);
 //! `NETCLAIM_VM_BENCH_ROUNDS` sets more (`vmtests/run.sh` passes it into the guest).
 
 #![allow(clippy::unwrap_used, reason = "a failed step fails the bench")]
@@ -43,7 +43,7 @@ use support::Netns;
 use vm_support::{Vfs, require_vm};
 
 /// Rounds under CI (both kernels); `NETCLAIM_VM_BENCH_ROUNDS` overrides.
-const DEFAULT_ROUNDS: usize = 20;
+const DEFAULT_ROUNDS: usize = 10;
 /// Where Debian's `containernetworking-plugins` puts the plugins (scripts/setup/20-podnet.sh).
 const CNI_DIR: &str = "/usr/lib/cni";
 
@@ -299,7 +299,7 @@ struct Samples {
 
 impl Samples {
     fn report(&self, label: &str) {
-        println!(
+        vm_support::report(&format!(
             "vm-bench {label}: {} rounds; medians podnet {:?}, bare rtnetlink {:?}, cni {:?}; \
              per-round ratio medians podnet/bare {:.2}, cni/podnet {:.1}, cni/bare {:.1}",
             self.podnet.len(),
@@ -309,7 +309,7 @@ impl Samples {
             ratio_median(&self.podnet, &self.bare),
             ratio_median(&self.cni, &self.podnet),
             ratio_median(&self.cni, &self.bare),
-        );
+        ));
     }
 }
 
@@ -361,7 +361,11 @@ fn ipvlan_and_vf_attach_against_the_bare_rtnetlink_floor_and_the_cni_plugins() {
         }
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    println!("vm-bench: kernel {}, {:?} for {rounds} rounds", kernel.trim(), started.elapsed());
+    vm_support::report(&format!(
+        "vm-bench: kernel {}, {:?} for {rounds} rounds",
+        kernel.trim(),
+        started.elapsed()
+    ));
     ipvlan.report("ipvlan l2");
     vf.report("VF host-device");
     drop(bench);

@@ -83,19 +83,9 @@ fn kind_of(link: &Value) -> &str {
     link["linkinfo"]["info_kind"].as_str().unwrap_or("")
 }
 
-#[test]
-#[ignore = "needs the VM: run `make vmtest`"]
-fn the_daemon_registers_publishes_and_attaches_an_ipvlan_on_a_veth_parent() {
-    require_vm("the_daemon_registers_publishes_and_attaches_an_ipvlan_on_a_veth_parent");
-    let node = Node::start();
-    // The parent's peer stays in the node netns with the pod subnet's gateway address.
-    let peer = node.netns.ifname("p1");
-    node.netns.ip(&["addr", "add", "10.79.0.1/24", "dev", &peer]);
-    let _daemon = node.start_daemon("node.log");
-    register_as_kubelet(&node);
-    assert!(node.log("node.log").contains("probed the kernel's child link kinds"));
-    wait_published(&node, &node.parent, "node.log");
-
+/// An ipvlan claim on the veth parent: attached at `RunPodSandbox`, reaches the node side of
+/// the parent, detached at stop, released at unprepare.
+fn ipvlan_on_the_veth_parent(node: &Node) {
     let pod_netns = Netns::new();
     let sandbox = pod(&pod_netns, "ipvl");
     let config = json!({"mode": "ipvlan", "ipvlan": {"mode": "l2", "flag": "bridge"},
@@ -119,7 +109,7 @@ fn the_daemon_registers_publishes_and_attaches_an_ipvlan_on_a_veth_parent() {
     let claim = node.wait_for_status("ipvl-net", "True", "NetworkReady", "node.log");
     assert_eq!(network_ips(&claim), ["10.79.0.10/24"]);
 
-    stop_pod(&node, &sandbox);
+    stop_pod(node, &sandbox);
     assert!(host_link(&pod_netns, "net1").is_none(), "net1 is gone at stop");
     node.wait_for_status("ipvl-net", "False", "PodStopped", "node.log");
     assert_eq!(node.unprepare("ipvl-net", &uid), "", "{}", node.log("node.log"));
@@ -144,20 +134,9 @@ fn vlans(node: &Node) -> Vec<(String, u64, String)> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs the VM: run `make vmtest`"]
-fn two_vlan_claims_share_one_8021q_sub_interface_deleted_after_the_last_pod() {
-    require_vm("two_vlan_claims_share_one_8021q_sub_interface_deleted_after_the_last_pod");
-    let node = Node::start();
-    // The far end answers on VLAN 7 only: a pod reaches it only through a tagged interface.
-    let peer = node.netns.ifname("p1");
-    let peer_vlan = node.netns.ifname("p1v");
-    node.netns.ip(&["link", "add", "link", &peer, "name", &peer_vlan, "type", "vlan", "id", "7"]);
-    node.netns.ip(&["addr", "add", "10.81.0.1/24", "dev", &peer_vlan]);
-    node.netns.ip(&["link", "set", &peer_vlan, "up"]);
-    let _daemon = node.start_daemon("node.log");
-    wait_published(&node, &node.parent, "node.log");
-
+/// Two claims with `vlan: 7` on the veth parent: one 8021q sub-interface of the parent for
+/// both pods, tagged traffic to the far end, kept while a pod uses it, deleted after the last.
+fn two_vlan_claims_on_one_sub_interface(node: &Node, peer_vlan: &str) {
     let mut pods = vec![];
     for (name, address) in [("va", "10.81.0.10/24"), ("vb", "10.81.0.11/24")] {
         let pod_netns = Netns::new();
@@ -174,17 +153,17 @@ fn two_vlan_claims_share_one_8021q_sub_interface_deleted_after_the_last_pod() {
         assert!(pings(&pod_netns, "10.81.0.1"), "{name} reaches the far end over VLAN 7");
         pods.push((pod_netns, sandbox, claim, uid));
     }
-    let ours: Vec<_> = vlans(&node).into_iter().filter(|(name, ..)| *name != peer_vlan).collect();
+    let ours: Vec<_> = vlans(node).into_iter().filter(|(name, ..)| name != peer_vlan).collect();
     assert_eq!(ours.len(), 1, "one sub-interface for both pods: {ours:?}");
     let (sub_interface, id, parent) = ours[0].clone();
     assert_eq!((id, parent.as_str()), (7, node.parent.as_str()));
 
     let (first, second) = (&pods[0], &pods[1]);
-    stop_pod(&node, &first.1);
+    stop_pod(node, &first.1);
     assert!(host_link(&first.0, "net1").is_none());
     assert!(host_link(&node.netns, &sub_interface).is_some(), "kept while the second pod runs");
     assert!(pings(&second.0, "10.81.0.1"), "the second pod still reaches the far end");
-    stop_pod(&node, &second.1);
+    stop_pod(node, &second.1);
     assert!(host_link(&second.0, "net1").is_none());
     assert!(
         host_link(&node.netns, &sub_interface).is_none(),
@@ -194,29 +173,18 @@ fn two_vlan_claims_share_one_8021q_sub_interface_deleted_after_the_last_pod() {
     for (_, _, claim, uid) in &pods {
         assert_eq!(node.unprepare(claim, uid), "", "{}", node.log("node.log"));
     }
-    assert!(host_link(&node.netns, &peer_vlan).is_some(), "a VLAN link not ours is kept");
+    assert!(host_link(&node.netns, peer_vlan).is_some(), "a VLAN link not ours is kept");
 }
 
-#[test]
-#[ignore = "needs the VM: run `make vmtest`"]
-fn a_vf_of_the_igb_pf_moves_into_the_pod_as_host_device_and_comes_back() {
-    require_vm("a_vf_of_the_igb_pf_moves_into_the_pod_as_host_device_and_comes_back");
-    let vfs = Vfs::create(1);
-    let (vf, vf_pci) = (vfs.names[0].clone(), vfs.pci[0].clone());
-    let node = Node::start();
-    // The node netns is the daemon's host: the VF is its NIC (a PCI netdev, published
-    // without an include pattern). Deleting the netns gives a physical netdev back to the
-    // root netns, and dropping `vfs` removes it.
-    vm_support::ip(&["link", "set", &vf, "netns", &node.netns.name]);
-    let before = host_link(&node.netns, &vf).unwrap();
-    let _daemon = node.start_daemon("node.log");
-    wait_published(&node, &vf, "node.log");
-
+/// The VF (a NIC of the node netns) moved into a pod as host-device: the same PCI function
+/// is the pod's `net1`, still published, and comes back under its name and MTU at stop.
+fn a_vf_as_host_device(node: &Node, vf: &str, vf_pci: &str) {
+    let before = host_link(&node.netns, vf).unwrap();
     let pod_netns = Netns::new();
     let sandbox = pod(&pod_netns, "vf");
     let config = json!({"mode": "host-device", "interface": {"mtu": 1400},
         "ipam": {"addresses": ["192.0.2.10/24"]}});
-    let uid = node.allocated_claim_on("vf-net", &sandbox, &vf, config);
+    let uid = node.allocated_claim_on("vf-net", &sandbox, vf, config);
     assert_eq!(node.prepare("vf-net", &uid).error, "", "{}", node.log("node.log"));
     let started = Instant::now();
     let ran = node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox));
@@ -225,20 +193,65 @@ fn a_vf_of_the_igb_pf_moves_into_the_pod_as_host_device_and_comes_back() {
 
     let link = host_link(&pod_netns, "net1").expect("the VF is net1 in the pod");
     assert_eq!(link["parentbus"], "pci", "{link}");
-    assert_eq!(link["parentdev"].as_str(), Some(vf_pci.as_str()), "{link}");
+    assert_eq!(link["parentdev"].as_str(), Some(vf_pci), "{link}");
     assert_eq!(link["mtu"], 1400);
     assert_eq!(pod_ipv4(&pod_netns, "net1").as_deref(), Some("192.0.2.10/24"));
-    assert!(host_link(&node.netns, &vf).is_none(), "moved out of the node netns");
+    assert!(host_link(&node.netns, vf).is_none(), "moved out of the node netns");
     let claim = node.wait_for_status("vf-net", "True", "NetworkReady", "node.log");
     assert_eq!(network_ips(&claim), ["192.0.2.10/24"]);
-    assert!(published(&node, &vf), "the VF stays published while in the pod");
+    assert!(published(node, vf), "the VF stays published while in the pod");
 
-    stop_pod(&node, &sandbox);
-    let back = host_link(&node.netns, &vf).expect("the VF is back under its host name");
-    assert_eq!(back["parentdev"].as_str(), Some(vf_pci.as_str()));
+    stop_pod(node, &sandbox);
+    let back = host_link(&node.netns, vf).expect("the VF is back under its host name");
+    assert_eq!(back["parentdev"].as_str(), Some(vf_pci));
     assert_eq!(back["mtu"], before["mtu"], "its MTU restored");
     assert!(host_link(&pod_netns, "net1").is_none());
     assert_eq!(node.unprepare("vf-net", &uid), "", "{}", node.log("node.log"));
+}
+
+/// One node and one daemon for every claim (under TCG the debug build's API server and
+/// daemon take 10–20 s each to start): the node netns holds the veth parent, its peer with
+/// the ipvlan pods' gateway and a VLAN 7 sub-interface as the far end of the tagged
+/// traffic, and a VF of the first igb PF as its NIC (a PCI netdev, published without an
+/// include pattern; deleting the netns gives it back to the root netns, dropping `vfs`
+/// removes it).
+#[test]
+#[ignore = "needs the VM: run `make vmtest`"]
+fn the_daemon_registers_publishes_and_attaches_ipvlan_vlan_and_a_vf() {
+    require_vm("the_daemon_registers_publishes_and_attaches_ipvlan_vlan_and_a_vf");
+    let vfs = Vfs::create(1);
+    let (vf, vf_pci) = (vfs.names[0].clone(), vfs.pci[0].clone());
+    let started = Instant::now();
+    let node = Node::start();
+    vm_support::report(&format!("vm_daemon: API server up after {:?}", started.elapsed()));
+    let peer = node.netns.ifname("p1");
+    node.netns.ip(&["addr", "add", "10.79.0.1/24", "dev", &peer]);
+    let peer_vlan = node.netns.ifname("p1v");
+    node.netns.ip(&["link", "add", "link", &peer, "name", &peer_vlan, "type", "vlan", "id", "7"]);
+    node.netns.ip(&["addr", "add", "10.81.0.1/24", "dev", &peer_vlan]);
+    node.netns.ip(&["link", "set", &peer_vlan, "up"]);
+    vm_support::ip(&["link", "set", &vf, "netns", &node.netns.name]);
+
+    let started = Instant::now();
+    let _daemon = node.start_daemon("node.log");
+    vm_support::report(&format!(
+        "vm_daemon: the daemon's NRI plugin registered after {:?}",
+        started.elapsed()
+    ));
+    register_as_kubelet(&node);
+    assert!(node.log("node.log").contains("probed the kernel's child link kinds"));
+    wait_published(&node, &node.parent, "node.log");
+    wait_published(&node, &vf, "node.log");
+
+    for (phase, run) in [
+        ("ipvlan", &(|| ipvlan_on_the_veth_parent(&node)) as &dyn Fn()),
+        ("vlan", &|| two_vlan_claims_on_one_sub_interface(&node, &peer_vlan)),
+        ("vf host-device", &|| a_vf_as_host_device(&node, &vf, &vf_pci)),
+    ] {
+        let started = Instant::now();
+        run();
+        vm_support::report(&format!("vm_daemon: {phase} passed in {:?}", started.elapsed()));
+    }
     drop(node);
     drop(vfs);
 }

@@ -10,6 +10,8 @@
 #                       (default /opt/netclaim-vm)
 #   NETCLAIM_VM_LOG     the log file (default target/vmtests/<kernel>.log)
 #   NETCLAIM_VM_TIMEOUT seconds before the VM is killed (default 600)
+#   NETCLAIM_VM_BENCH_ROUNDS  passed into the guest: rounds of tests/vm_attach_bench.rs
+#                       (default 10, what CI runs)
 set -euo pipefail
 
 PREFIX="${NETCLAIM_VM_PREFIX:-/opt/netclaim-vm}"
@@ -43,6 +45,12 @@ nics+=" -device pcie-root-port,id=rp1,bus=pcie.0,chassis=2,slot=2"
 nics+=" -netdev user,id=n0,restrict=on -device igb,netdev=n0,bus=rp0,romfile="
 nics+=" -netdev user,id=n1,restrict=on -device igb,netdev=n1,bus=rp1,romfile="
 
+# The guest gets only what the command line sets.
+guest_env=""
+if [[ -n ${NETCLAIM_VM_BENCH_ROUNDS:-} ]]; then
+    guest_env="env NETCLAIM_VM_BENCH_ROUNDS=$NETCLAIM_VM_BENCH_ROUNDS "
+fi
+
 # vng runs virtme-run from PATH; the wrapper from install.sh points QEMU at its firmware.
 export PATH="$PREFIX/venv/bin:$PATH"
 started=$(date +%s%N)
@@ -53,7 +61,7 @@ set +e
 timeout --kill-after=10 "${NETCLAIM_VM_TIMEOUT:-600}" \
     vng --disable-kvm --run "$kdir/boot/vmlinuz-$release" --qemu "$PREFIX/bin/qemu-system-x86_64" \
     --memory 1G --cpus 2 \
-    --exec "bash $HERE/guest.sh ${binaries[*]}" \
+    --exec "${guest_env}bash $HERE/guest.sh ${binaries[*]}" \
     --qemu-opts="$nics" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e

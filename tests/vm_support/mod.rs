@@ -65,17 +65,21 @@ impl Vfs {
         let started = Instant::now();
         for index in 0..count {
             let virtfn = device.join(format!("virtfn{index}"));
-            let name = loop {
-                let found = std::fs::read_dir(virtfn.join("net"))
+            let netdev = || {
+                std::fs::read_dir(virtfn.join("net"))
                     .ok()
                     .and_then(|mut entries| entries.next())
-                    .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned());
-                if let Some(name) = found {
-                    break name;
-                }
+                    .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            };
+            while netdev().is_none() {
                 assert!(started.elapsed() < Duration::from_secs(30), "no netdev for VF {index}");
                 std::thread::sleep(Duration::from_millis(50));
-            };
+            }
+            // udev renames the new `ethN` (predictable names: `<pf>v<index>`) after it
+            // registered; the name is the one left once udev's queue is empty.
+            let settled = Command::new("udevadm").args(["settle", "--timeout=30"]).status();
+            assert!(settled.is_ok_and(|s| s.success()), "udevadm settle");
+            let name = netdev().expect("the VF's netdev");
             let pci = std::fs::read_link(&virtfn).unwrap();
             vfs.pci.push(pci.file_name().unwrap().to_string_lossy().into_owned());
             vfs.names.push(name);
@@ -93,6 +97,14 @@ impl Drop for Vfs {
             let _ignored = Command::new("ip").args(["link", "set", &self.pf, "down"]).status();
         }
     }
+}
+
+/// Prints `line` past libtest's capture (which keeps a passing test's `println!`): the
+/// figures of a VM run must reach its log.
+pub(crate) fn report(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ignored = writeln!(out, "{line}");
 }
 
 /// `ip <args>` in the current netns, failing the test when it fails.
