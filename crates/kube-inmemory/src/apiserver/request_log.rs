@@ -65,7 +65,11 @@ pub struct RequestAttributes {
 /// DELETE on a collection is `deletecollection`), `namespaces/<ns>/<resource>` paths, and the
 /// namespace's own subresources (`namespaces/<ns>/status`, `finalize`).
 #[must_use]
-pub fn attributes(method: &str, path: &str, query: &HashMap<String, String>) -> RequestAttributes {
+pub fn attributes<S: std::hash::BuildHasher>(
+    method: &str,
+    path: &str,
+    query: &HashMap<String, String, S>,
+) -> RequestAttributes {
     let mut attrs = RequestAttributes {
         verb: method.to_ascii_lowercase(),
         path: path.to_owned(),
@@ -92,7 +96,7 @@ pub fn attributes(method: &str, path: &str, query: &HashMap<String, String>) -> 
         rest = &rest[1..];
         false
     } else {
-        attrs.verb = match method {
+        match method {
             "POST" => "create",
             "GET" | "HEAD" => "get",
             "PUT" => "update",
@@ -100,16 +104,16 @@ pub fn attributes(method: &str, path: &str, query: &HashMap<String, String>) -> 
             "DELETE" => "delete",
             _ => "",
         }
-        .to_owned();
+        .clone_into(&mut attrs.verb);
         true
     };
-    if rest.first() == Some(&"namespaces") {
-        if let Some(namespace) = rest.get(1) {
-            (*namespace).clone_into(&mut attrs.namespace);
-            // `namespaces/<ns>/status` and `/finalize` are the namespace's subresources.
-            if rest.len() > 2 && !matches!(rest[2], "status" | "finalize") {
-                rest = &rest[2..];
-            }
+    if rest.first() == Some(&"namespaces")
+        && let Some(namespace) = rest.get(1)
+    {
+        (*namespace).clone_into(&mut attrs.namespace);
+        // `namespaces/<ns>/status` and `/finalize` are the namespace's subresources.
+        if rest.len() > 2 && !matches!(rest[2], "status" | "finalize") {
+            rest = &rest[2..];
         }
     }
     if let Some(resource) = rest.first() {
@@ -123,7 +127,7 @@ pub fn attributes(method: &str, path: &str, query: &HashMap<String, String>) -> 
     }
     if attrs.name.is_empty() && via_method && attrs.verb == "get" {
         let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-        attrs.verb = if watch { "watch" } else { "list" }.to_owned();
+        if watch { "watch" } else { "list" }.clone_into(&mut attrs.verb);
     }
     if attrs.name.is_empty() && matches!(attrs.verb.as_str(), "list" | "watch") {
         attrs.name = exact_name(query.get("fieldSelector").map_or("", String::as_str));
@@ -139,11 +143,10 @@ pub fn attributes(method: &str, path: &str, query: &HashMap<String, String>) -> 
 fn exact_name(selector: &str) -> String {
     selector
         .split(',')
-        .filter_map(|term| {
+        .find_map(|term| {
             let (field, value) = term.split_once("==").or_else(|| term.split_once('='))?;
             (field.trim() == "metadata.name" && !value.starts_with('=')).then(|| value.trim())
         })
-        .next()
         .unwrap_or_default()
         .to_owned()
 }
@@ -228,19 +231,25 @@ mod tests {
     use super::*;
 
     fn attrs(method: &str, path: &str, query: &[(&str, &str)]) -> RequestAttributes {
-        let query = query.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let query: HashMap<String, String> =
+            query.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         attributes(method, path, &query)
     }
 
     /// (verb, group, resource, subresource, namespace, name)
-    fn short(a: &RequestAttributes) -> (&str, &str, &str, &str, &str, &str) {
+    type Short<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str, &'a str);
+
+    /// (method, path, query, expected)
+    type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], Short<'a>);
+
+    fn short(a: &RequestAttributes) -> Short<'_> {
         (&a.verb, &a.api_group, &a.resource, &a.subresource, &a.namespace, &a.name)
     }
 
     #[test]
     fn verbs_follow_method_collection_and_watch() {
         let claims = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
-        let cases: &[(&str, &str, &[(&str, &str)], (&str, &str, &str, &str, &str, &str))] = &[
+        let cases: &[Case<'_>] = &[
             ("GET", claims, &[], ("list", "resource.k8s.io", "resourceclaims", "", "ns", "")),
             (
                 "GET",
