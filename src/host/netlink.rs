@@ -31,6 +31,8 @@ use crate::podnet::plan::ChildKind;
 
 /// `ENOENT`: the netns path does not exist (the sandbox is gone).
 const ENOENT: i32 = 2;
+/// `EEXIST`: a link (or an altname) already has the name.
+const EEXIST: i32 = 17;
 
 /// The daemon's netlink socket in the host netns and a handle on that netns (the target of
 /// moves back). One per daemon; cheap to clone.
@@ -590,13 +592,31 @@ impl LinkOps for NetlinkOps {
         mtu: u32,
         mac: Option<MacAddr>,
     ) -> Result<(), LinkOpError> {
-        let mut builder = LinkUnspec::new_with_index(index).down().name(name).mtu(mtu).alias("");
-        if let Some(mac) = mac {
-            builder = builder.address(mac.0.to_vec());
+        let restore = || {
+            let mut builder =
+                LinkUnspec::new_with_index(index).down().name(name).mtu(mtu).alias("");
+            if let Some(mac) = mac {
+                builder = builder.address(mac.0.to_vec());
+            }
+            self.host.handle.link().set(builder.build()).execute()
+        };
+        let op = || format!("RTM_NEWLINK restore {index} as {name}");
+        match restore().await.map_err(|err| op_error(op(), Side::Host, err)) {
+            // udev gives a device that comes back to the host netns its predictable name as an
+            // altname (systemd's `AlternativeNamesPolicy`), and altnames share the name space:
+            // the rename to that very name fails with EEXIST. Drop the altname from this link
+            // (the kernel refuses to drop another link's) and rename once more.
+            Err(err) if err.errno() == Some(EEXIST) => {
+                let dropped =
+                    self.host.handle.link().property_del(index).alt_ifname(&[name]).execute().await;
+                if dropped.is_err() {
+                    return Err(err);
+                }
+                tracing::info!(index, name, "dropped our own altname to restore the host name");
+                restore().await.map_err(|err| op_error(op(), Side::Host, err))
+            }
+            other => other,
         }
-        self.host.handle.link().set(builder.build()).execute().await.map_err(|err| {
-            op_error(format!("RTM_NEWLINK restore {index} as {name}"), Side::Host, err)
-        })
     }
 
     async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {

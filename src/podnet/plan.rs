@@ -578,8 +578,8 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
             push_child(&mut steps, request, ChildKind::Ipvlan { mode: ipvlan_mode, flag }, None)?;
         }
         // A VF moves like any exclusive device: its VF settings were applied on the PF at
-        // prepare (`claims::vf`), and the MAC set here on the VF netdev is the one the PF
-        // gave it, so the driver's view and the netdev agree from the start.
+        // prepare (`claims::vf`), and the MAC set here on the VF netdev (with the move) is the
+        // one the PF gave it, so the netdev has it before the driver's next reset would.
         ResolvedMode::HostDevice | ResolvedMode::SriovVf => {
             if device.sharing != Sharing::Exclusive {
                 return Err(PlanError::ModeDoesNotFitDevice {
@@ -594,8 +594,13 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
                     kind: device.kind,
                 });
             }
+            // A VF's MAC is one of its VF settings: prepare set it on the PF, unprepare sets
+            // it back there. The netdev takes it from the PF (igbvf at its reset), and a PF
+            // that set it refuses the VF another one (igb: "VF attempted to override
+            // administratively set MAC address"), so detach leaves the VF's MAC alone.
             if let Some(mac) = config.interface.hardware_address
                 && device.mac != Some(mac)
+                && config.mode == ResolvedMode::HostDevice
             {
                 host_mac_to_restore = Some(device.mac.ok_or_else(|| {
                     PlanError::UnknownOriginalMac { device: device.if_name.clone() }

@@ -223,7 +223,7 @@ fn every_mode_is_implemented() {
 }
 
 #[test]
-fn a_vf_moves_like_a_host_device_with_its_mac_and_comes_back_with_the_original() {
+fn a_vf_moves_like_a_host_device_with_its_mac_which_detach_leaves_to_the_pf() {
     let mut vf = device("enp1s0v1", Sharing::Exclusive);
     vf.kind = DeviceKind::SriovVf;
     vf.mac = Some("02:aa:00:00:00:01".parse().unwrap());
@@ -236,7 +236,8 @@ fn a_vf_moves_like_a_host_device_with_its_mac_and_comes_back_with_the_original()
         Step::MoveIntoPod { host_name, hardware_address: Some(mac), .. }
             if host_name == "enp1s0v1" && mac.to_string() == "02:00:00:00:00:07"
     ));
-    assert_eq!(plan.host_mac_to_restore, vf.mac);
+    // The MAC is a VF setting, set back on the PF at unprepare, not by the detach.
+    assert_eq!(plan.host_mac_to_restore, None);
     assert!(
         matches!(&plan.teardown()[..], [UndoStep::MoveToHost { host_name, .. }] if host_name == "enp1s0v1")
     );
