@@ -110,6 +110,38 @@ impl Drop for ApiServer {
     }
 }
 
+/// The runtime side of NRI, where the daemon's plugin registers: pod sandboxes are announced
+/// there (each pod a throwaway netns), as containerd does. Closed on drop while its tokio
+/// runtime still runs (also when the test fails midway).
+struct NriSide {
+    runtime: tokio::runtime::Runtime,
+    nri: Option<NriRuntime>,
+}
+
+impl NriSide {
+    fn bind(socket: PathBuf) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let nri =
+            runtime.block_on(async { NriRuntime::bind(RuntimeOptions::new(socket)).unwrap() });
+        Self { runtime, nri: Some(nri) }
+    }
+
+    fn nri(&self) -> &NriRuntime {
+        self.nri.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for NriSide {
+    fn drop(&mut self) {
+        let _entered = self.runtime.enter();
+        drop(self.nri.take());
+    }
+}
+
 /// Runs `work` with the client of `kubeconfig` inside `netns`.
 fn api<F, Fut, T>(netns: &Netns, kubeconfig: &Path, work: F) -> T
 where
@@ -419,15 +451,10 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         "--shared-parents=uplink0".to_owned(),
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    // The runtime side of NRI, where the daemon's plugin registers: pod sandboxes are
-    // announced there (each pod a throwaway netns), as containerd does.
-    let nri_runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let nri: NriRuntime = nri_runtime
-        .block_on(async { NriRuntime::bind(RuntimeOptions::new(path("nri.sock"))).unwrap() });
+    let nri = NriSide::bind(path("nri.sock"));
     let node_log = path("node.log");
     let mut daemon = netns.spawn(NETCLAIM, &args, &node_log);
-    let registered = nri_runtime.block_on(nri.wait_for_plugins(1, PATIENCE));
+    let registered = nri.runtime.block_on(nri.nri().wait_for_plugins(1, PATIENCE));
     assert!(registered.is_ok(), "the daemon's NRI plugin did not register");
     let logs = [node_log.as_path(), controller_log.as_path()];
 
@@ -495,7 +522,7 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         })
         .collect();
     for sandbox in &sandboxes {
-        let ran = nri_runtime.block_on(nri.run_pod_sandbox(sandbox));
+        let ran = nri.runtime.block_on(nri.nri().run_pod_sandbox(sandbox));
         assert!(ran.is_ok(), "{ran:?}\n{}", std::fs::read_to_string(&node_log).unwrap_or_default());
     }
     eventually(&netns, &admin, "the status of c1 and c2", &logs, |client| async move {
@@ -508,8 +535,8 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         written
     });
     for sandbox in &sandboxes {
-        nri_runtime.block_on(nri.stop_pod_sandbox(sandbox)).unwrap();
-        nri_runtime.block_on(nri.remove_pod_sandbox(sandbox)).unwrap();
+        nri.runtime.block_on(nri.nri().stop_pod_sandbox(sandbox)).unwrap();
+        nri.runtime.block_on(nri.nri().remove_pod_sandbox(sandbox)).unwrap();
     }
     let (s, claims) = (socket.clone(), vec![c1, c2]);
     let unprepared = netns.block_on(move || dra_call(s, claims, false));
@@ -565,11 +592,7 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
     // SIGTERM: the daemon drains, the controller releases its Lease.
     assert!(daemon.terminate(PATIENCE).is_some(), "the daemon did not stop");
     assert!(controller.terminate(PATIENCE).is_some(), "the controller did not stop");
-    {
-        // Close the runtime side of NRI while its tokio runtime still runs.
-        let _entered = nri_runtime.enter();
-        drop(nri);
-    }
+    drop(nri);
     drop(server);
     let records = log.records();
 
