@@ -165,7 +165,8 @@ struct Node {
     /// Short (socket paths): state, kubelet dirs, service account, pod files.
     dir: tempfile::TempDir,
     prefix: String,
-    node_name: String,
+    /// The node's name (`NODE_NAME` of the daemon, its pool and slices).
+    name: String,
 }
 
 impl Node {
@@ -312,7 +313,7 @@ fn run_daemonset(mutations: &[Mutation], patience: Duration) -> Result<(), Failu
             bpffs: PrivateBpffs::mount(dir.path().join("bpffs")),
             veth: HostVeth::new(&prefix),
             api: DevApi::start().await,
-            node_name: format!("ds-{prefix}"),
+            name: format!("ds-{prefix}"),
             containerd,
             dir,
             prefix,
@@ -370,7 +371,7 @@ async fn flow(
     };
 
     // --- What kubelet and the node provide. ---
-    let pod_uid = uuid::Uuid::new_v4().to_string();
+    let daemon_uid = uuid::Uuid::new_v4().to_string();
     let pod_name = format!("netclaim-node-{}", &node.prefix[2..]);
     let service_account = node.path("serviceaccount");
     std::fs::create_dir_all(&service_account).unwrap();
@@ -383,13 +384,13 @@ async fn flow(
     let ctx = KubeletContext {
         pod_name: pod_name.clone(),
         pod_namespace: daemonset["metadata"]["namespace"].as_str().unwrap().to_owned(),
-        pod_uid: pod_uid.clone(),
-        node_name: node.node_name.clone(),
+        pod_uid: daemon_uid.clone(),
+        node_name: node.name.clone(),
         api_host: "127.0.0.1".to_owned(),
         api_port,
         service_account_dir: service_account,
-        pod_dir: node.path(&format!("kubelet/pods/{pod_uid}")),
-        log_dir: node.path(&format!("pods/netclaim-system_{pod_name}_{pod_uid}")),
+        pod_dir: node.path(&format!("kubelet/pods/{daemon_uid}")),
+        log_dir: node.path(&format!("pods/netclaim-system_{pod_name}_{daemon_uid}")),
     };
     // kubelet creates its plugin registry dir; the manifest mounts it with type Directory.
     std::fs::create_dir_all(node.path("registry")).unwrap();
@@ -468,7 +469,7 @@ async fn flow(
     // The process runs with exactly the manifest's capabilities, the runtime's seccomp
     // filter and the netns dir as a slave of the host's.
     let pid = wait_for(Step::Started, patience, || async {
-        daemon_pid(&node.node_name).ok_or_else(|| "no daemon process".to_owned())
+        daemon_pid(&node.name).ok_or_else(|| "no daemon process".to_owned())
     })
     .await?;
     let added = strings(&container["securityContext"]["capabilities"]["add"]);
@@ -530,7 +531,7 @@ async fn flow(
         slices
             .items
             .iter()
-            .filter(|s| s.spec.node_name.as_deref() == Some(node.node_name.as_str()))
+            .filter(|s| s.spec.node_name.as_deref() == Some(node.name.as_str()))
             .flat_map(|s| s.spec.devices.iter().flatten())
             .find(|d| {
                 d.attributes
@@ -593,7 +594,7 @@ async fn flow(
     }))
     .unwrap();
     claims.create(&PostParams::default(), &claim).await.unwrap();
-    let allocator = AllocatorController::new(client.clone(), &node.node_name);
+    let allocator = AllocatorController::new(client.clone(), &node.name);
     let started = Instant::now();
     while allocator.reconcile().await.unwrap().pending > 0 {
         assert!(started.elapsed() < PATIENCE, "{:?}", allocator.pending_reasons().lock().unwrap());
@@ -622,11 +623,11 @@ async fn flow(
 
     // --- The pod: containerd runs its sandbox, NRI hands it to the daemon. ---
     let pod_config = sandbox_config_with_attempt(&node.containerd, &pod, &pod_uid, 0);
-    let pod_id = cri
+    let sandbox_id_of_pod = cri
         .run_pod_sandbox(pod_config, "")
         .await
         .map_err(|e| Failure { step: Step::Attached, detail: e.to_string() })?;
-    let netns = node.containerd.sandbox_netns(cri, &pod_id).await;
+    let netns = node.containerd.sandbox_netns(cri, &sandbox_id_of_pod).await;
     let links = links_in(&netns);
     if links.get("net1") != Some(&Some("macvlan".to_owned())) {
         return Err(Failure {
@@ -649,9 +650,9 @@ async fn flow(
     .await?;
     // The traffic counters of the pod's interface are loaded and pinned in the node's bpffs
     // (bpf(2) needs bpf_capable(): CAP_BPF or, as here, SYS_ADMIN; the tc filter NET_ADMIN).
-    let pins = node.bpffs.0.join(format!("netclaim/{}/{pod_uid}", node.node_name));
+    let pins = node.bpffs.0.join(format!("netclaim/{}/{pod_uid}", node.name));
     wait_for(Step::Attached, patience, || async {
-        let count = std::fs::read_dir(&pins).map(Iterator::count).unwrap_or(0);
+        let count = std::fs::read_dir(&pins).map_or(0, Iterator::count);
         if count > 0 { Ok(()) } else { Err(format!("nothing pinned under {}", pins.display())) }
     })
     .await?;
@@ -661,8 +662,8 @@ async fn flow(
     );
 
     // --- Teardown as kubelet does it: the pod, the claim, then the DaemonSet pod. ---
-    cri.stop_pod_sandbox(&pod_id).await.unwrap();
-    cri.remove_pod_sandbox(&pod_id).await.unwrap();
+    cri.stop_pod_sandbox(&sandbox_id_of_pod).await.unwrap();
+    cri.remove_pod_sandbox(&sandbox_id_of_pod).await.unwrap();
     let answer = dra
         .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim_ref] })
         .await
@@ -688,10 +689,9 @@ fn strings(value: &Value) -> Vec<String> {
 /// The `server:` of a kubeconfig, as `host:port`.
 fn kubeconfig_server(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap();
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("server:"))
-        .map(|s| s.trim().trim_matches('"').trim_start_matches("http://").to_owned())
-        .unwrap_or_else(|| panic!("no server in {}", path.display()))
+    let server = text.lines().find_map(|l| l.trim().strip_prefix("server:"));
+    let server = server.unwrap_or_else(|| panic!("no server in {}", path.display()));
+    server.trim().trim_matches('"').trim_start_matches("http://").to_owned()
 }
 
 #[test]

@@ -62,6 +62,7 @@ pub(crate) fn rendered_node_daemonset() -> Value {
 
 /// A change to the rendered manifest, as a broken manifest would have it.
 #[derive(Debug, Clone, Copy)]
+#[allow(clippy::enum_variant_names, reason = "each variant names what it removes")]
 pub(crate) enum Mutation {
     /// The container's volumeMount of this volume removed.
     RemoveVolumeMount(&'static str),
@@ -453,14 +454,16 @@ pub(crate) fn probe_port(container: &Value, probe: &str) -> (String, u16) {
     let path = get["path"].as_str().unwrap().to_owned();
     let port = match &get["port"] {
         Value::Number(n) => u16::try_from(n.as_u64().unwrap()).unwrap(),
-        Value::String(name) => container["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"] == name.as_str())
-            .and_then(|p| p["containerPort"].as_u64())
-            .map(|p| u16::try_from(p).unwrap())
-            .unwrap_or_else(|| panic!("{probe}: no container port named {name}")),
+        Value::String(name) => {
+            let port = container["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == name.as_str())
+                .and_then(|p| p["containerPort"].as_u64());
+            u16::try_from(port.unwrap_or_else(|| panic!("{probe}: no container port {name}")))
+                .unwrap()
+        }
         other => panic!("{probe}: port {other}"),
     };
     (path, port)
