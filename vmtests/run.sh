@@ -12,6 +12,8 @@
 #   NETCLAIM_VM_TIMEOUT seconds before the VM is killed (default 600)
 #   NETCLAIM_VM_BENCH_ROUNDS  passed into the guest: rounds of tests/vm_attach_bench.rs
 #                       (default 10, what CI runs)
+#   NETCLAIM_RELEASE_BIN  a release build of netclaim (`make test` sets it): passed into the
+#                       guest as NETCLAIM_VM_DAEMON_BIN, the daemon tests/vm_daemon.rs runs
 set -euo pipefail
 
 PREFIX="${NETCLAIM_VM_PREFIX:-/opt/netclaim-vm}"
@@ -48,7 +50,13 @@ nics+=" -netdev user,id=n1,restrict=on -device igb,netdev=n1,bus=rp1,romfile="
 # The guest gets only what the command line sets.
 guest_env=""
 if [[ -n ${NETCLAIM_VM_BENCH_ROUNDS:-} ]]; then
-    guest_env="env NETCLAIM_VM_BENCH_ROUNDS=$NETCLAIM_VM_BENCH_ROUNDS "
+    guest_env+="NETCLAIM_VM_BENCH_ROUNDS=$NETCLAIM_VM_BENCH_ROUNDS "
+fi
+if [[ -n ${NETCLAIM_RELEASE_BIN:-} ]]; then
+    guest_env+="NETCLAIM_VM_DAEMON_BIN=$(realpath "$NETCLAIM_RELEASE_BIN") "
+fi
+if [[ -n $guest_env ]]; then
+    guest_env="env $guest_env"
 fi
 
 # vng runs virtme-run from PATH; the wrapper from install.sh points QEMU at its firmware.

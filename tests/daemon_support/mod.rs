@@ -24,6 +24,19 @@ use crate::support::{Child, Netns, node_daemon_args, scrape_metric, start_api_se
 
 /// The daemon binary cargo built (the VM's guest sees it at the same path).
 pub(crate) const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
+
+/// The binary `netclaim node` runs from: [`NETCLAIM`], or in the VM the release build
+/// `make test` made just before (`NETCLAIM_VM_DAEMON_BIN`, which `vmtests/run.sh` passes into
+/// the guest from `NETCLAIM_RELEASE_BIN`): the daemon the image ships, and under TCG the
+/// debug build takes ~20 s to start. That build has no `dev` subcommand (the image's
+/// `--no-default-features`), so the API server always runs from [`NETCLAIM`]. Host tests
+/// always run the debug build (their crash points need `--features failpoints`).
+pub(crate) fn netclaim() -> String {
+    match std::env::var("NETCLAIM_VM_DAEMON_BIN") {
+        Ok(path) if !path.is_empty() && std::env::var("NETCLAIM_VM").as_deref() == Ok("1") => path,
+        _ => NETCLAIM.to_owned(),
+    }
+}
 /// Bound for "eventually": the daemon reacts within milliseconds (but its debug build takes
 /// 10–20 s to start under the VM tests' TCG); the bound only keeps a broken build from hanging.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
@@ -102,7 +115,8 @@ impl Node {
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let child = self.netns.spawn_with_env(NETCLAIM, &args, env, &self.dir.path().join(log));
+        let binary = netclaim();
+        let child = self.netns.spawn_with_env(&binary, &args, env, &self.dir.path().join(log));
         let registered = self.runtime.block_on(self.nri().wait_for_plugins(1, PATIENCE));
         assert!(registered.is_ok(), "the daemon's NRI plugin did not register:\n{}", self.log(log));
         assert_eq!(self.nri().plugins()[0].full_name(), "10-netclaim");
