@@ -65,7 +65,7 @@ image:
 # VM_KERNEL (6.1 or 6.12) under TCG with two igb NICs and run them inside as root. `make test`
 # runs them on both kernels after nextest.
 VM_KERNEL ?= 6.1
-VM_TESTS := vm_kernel vm_stats vm_ipvlan vm_daemon vm_attach_bench vm_sriov
+VM_TESTS := vm_kernel vm_stats vm_ipvlan vm_daemon vm_attach_bench vm_vlan vm_pf_move vm_sriov
 
 vmtest:
 	bash vmtests/install.sh

@@ -143,10 +143,10 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         for (name, outcome) in self.vlans.remove_unused(&ops, links).await {
             match outcome {
                 Ok(_) => {
-                    tracing::info!(vlan = %name, "removed a VLAN sub-interface of ours that no pod uses")
+                    tracing::info!(vlan = %name, "removed a VLAN sub-interface of ours that no pod uses");
                 }
                 Err(err) => {
-                    tracing::warn!(vlan = %name, %err, "removing an unused VLAN sub-interface of ours")
+                    tracing::warn!(vlan = %name, %err, "removing an unused VLAN sub-interface of ours");
                 }
             }
         }

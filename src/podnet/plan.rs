@@ -49,7 +49,8 @@ pub fn vlan_name(parent: &str, id: u16) -> String {
     let hash6: String = Sha256::digest(parent.as_bytes())
         .iter()
         .take(3)
-        .map(|byte| format!("{byte:02x}"))
+        .flat_map(|byte| [byte >> 4, byte & 0xf])
+        .filter_map(|nibble| char::from_digit(u32::from(nibble), 16))
         .collect();
     format!("{HASHED_VLAN_PREFIX}{hash6}.{id}")
 }
