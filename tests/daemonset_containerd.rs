@@ -482,6 +482,11 @@ async fn flow(
         assert_eq!(status_field(pid, "Seccomp"), "2", "the runtime's seccomp filter is on");
     }
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    if container["securityContext"]["readOnlyRootFilesystem"] == true {
+        let root = mountinfo.lines().find(|l| l.split(' ').nth(4) == Some("/"));
+        let options = root.and_then(|l| l.split(' ').nth(5)).unwrap_or_default();
+        assert!(options.split(',').any(|o| o == "ro"), "the root is read-only: {root:?}");
+    }
     println!(
         "daemon pid {pid}: CapEff {}, netns mount: {:?}",
         status_field(pid, "CapEff"),
@@ -698,6 +703,48 @@ fn kubeconfig_server(path: &Path) -> String {
 #[ignore = "needs root, containerd, kubectl and the image archive: run `make test` as root"]
 fn the_daemonset_runs_as_written() {
     run_daemonset(&[], PATIENCE).unwrap();
+}
+
+/// The table of test paths is complete and explicit: a hostPath volume it does not know fails
+/// the translation instead of being mounted from the host as written.
+#[test]
+#[ignore = "needs kubectl: run `make test`"]
+#[should_panic(expected = "hostPath /var/lib/unknown has no test instance")]
+fn an_unknown_host_path_fails_the_translation() {
+    let mut daemonset = daemonset_support::rendered_node_daemonset();
+    let spec = &mut daemonset["spec"]["template"]["spec"];
+    spec["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "unknown", "hostPath": {"path": "/var/lib/unknown"}}));
+    spec["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "unknown", "mountPath": "/var/lib/unknown"}));
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = KubeletContext {
+        pod_name: "netclaim-node-x".to_owned(),
+        pod_namespace: "netclaim-system".to_owned(),
+        pod_uid: "uid".to_owned(),
+        node_name: "node".to_owned(),
+        api_host: "127.0.0.1".to_owned(),
+        api_port: 443,
+        service_account_dir: dir.path().join("sa"),
+        pod_dir: dir.path().join("pod"),
+        log_dir: dir.path().join("log"),
+    };
+    let known = ["/var/lib/netclaim", "/var/lib/kubelet/plugins/netclaim.dev", "/var/run/cdi"];
+    let known = known.map(|p| (p, dir.path().join(p.trim_start_matches('/'))));
+    let registry = dir.path().join("registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let paths = HostPathMap::new(known.into_iter().chain([
+        ("/var/lib/kubelet/plugins_registry", registry),
+        ("/var/run/nri", dir.path().join("nri")),
+        ("/var/run/netns", dir.path().join("netns")),
+        ("/sys/fs/bpf", dir.path().to_owned()),
+    ]));
+    let template = daemonset["spec"]["template"].clone();
+    let _ = daemonset_support::container_config(&template, &ctx, &paths, &[]);
 }
 
 /// Runs the flow with `mutations`; it must fail. Returns where and why.
