@@ -38,14 +38,15 @@ RUN_IGNORED := $(if $(filter 0,$(shell id -u)),--run-ignored all,)
 
 # After nextest, never beside it, the VM tests run on kernels 6.1 and 6.12
 # (vmtests/after-nextest.sh, decision 0012); nextest's summary line is printed again last.
-# The scale test runs the release daemon (what the image ships), built once here. Every
+# The scale test runs the release daemon the image ships (`image` built it: no default
+# features; a `dev` build maps ~6 MiB more text, which its memory bound counts). Every
 # benchmark runs once in its smoke mode (`cargo test --benches`), so none can rot; under CI
 # (CI set) a bench that cannot run (no root, no CNI plugins) fails instead of skipping.
 # `image` first: tests/image.rs checks its archive and runs it on containerd.
 test: setup image
 	$(CARGO) test --workspace --doc --quiet
 	$(CARGO) test --benches --features netclaim/failpoints
-	$(CARGO) build --release --bin netclaim
+	$(CARGO) build --release --locked --no-default-features --bin netclaim
 	NETCLAIM_RELEASE_BIN=$(CURDIR)/target/release/netclaim CARGO=$(CARGO) VM_TESTS="$(VM_TESTS)" \
 	  VM_CARGO_ARGS="--features netclaim/failpoints" bash vmtests/after-nextest.sh \
 	  $(CARGO) nextest run --workspace --features netclaim/failpoints --no-fail-fast $(RUN_IGNORED)

@@ -34,14 +34,70 @@ static COUNTERS_OBJECT: &[u8] =
 /// One loader for the process, without kernel BTF. `aya::Ebpf::load` (and every new
 /// `EbpfLoader`) parses `/sys/kernel/btf/vmlinux` for CO-RE relocations, which these
 /// programs do not use: done per interface, that parse cost milliseconds and, with 250 pods,
-/// took the daemon's peak RSS from ~40 MiB to ~120 MiB. This one parses it once, at first
-/// use, and drops it at once.
+/// took the daemon's peak RSS from ~40 MiB to ~120 MiB. Even once, the parse (5.5 MB of BTF on
+/// a 6.18 kernel) costs ~15 MiB of heap for a moment, which set the daemon's peak resident set;
+/// so the loader is made where that file cannot be read ([`loader_without_kernel_btf`]).
 static LOADER: std::sync::LazyLock<std::sync::Mutex<aya::EbpfLoader<'static>>> =
-    std::sync::LazyLock::new(|| {
+    std::sync::LazyLock::new(|| std::sync::Mutex::new(loader_without_kernel_btf()));
+
+/// Where aya's `EbpfLoader::new` reads the kernel's BTF (a fixed path in aya), and its directory.
+const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+const KERNEL_BTF_DIR: &str = "/sys/kernel/btf";
+
+/// An `EbpfLoader` with no BTF, made without parsing the kernel's: `EbpfLoader::new` always
+/// parses [`KERNEL_BTF`] and offers no way to skip it, so it runs on a thread of its own in a
+/// private mount namespace where an empty tmpfs hides `/sys/kernel/btf` (the parse fails at
+/// once; aya then loads without BTF relocations, as `btf(None)` asks). `unshare(CLONE_NEWNS)`
+/// changes only the calling thread's mounts, for good, which is why the thread exists: it ends
+/// with the namespace after the loader is made, and the host's mounts are never touched
+/// (everything is made private first, so the tmpfs does not propagate). When any step
+/// fails (no `CAP_SYS_ADMIN`), the loader is made the plain way: one parse, dropped at once.
+fn loader_without_kernel_btf() -> aya::EbpfLoader<'static> {
+    let plain = || {
         let mut loader = aya::EbpfLoader::new();
         loader.btf(None);
-        std::sync::Mutex::new(loader)
-    });
+        loader
+    };
+    if !Path::new(KERNEL_BTF).exists() {
+        return plain();
+    }
+    let hidden = std::thread::Builder::new()
+        .name("bpf-loader".to_owned())
+        .spawn(|| -> Result<aya::EbpfLoader<'static>, nix::Error> {
+            use nix::mount::MsFlags;
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )?;
+            nix::mount::mount(
+                Some("tmpfs"),
+                KERNEL_BTF_DIR,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY,
+                None::<&str>,
+            )?;
+            let mut loader = aya::EbpfLoader::new();
+            loader.btf(None);
+            Ok(loader)
+        })
+        .ok()
+        .and_then(|thread| thread.join().ok());
+    match hidden {
+        Some(Ok(loader)) => loader,
+        Some(Err(errno)) => {
+            tracing::debug!(
+                %errno,
+                "no private mount namespace to hide the kernel BTF in; parsing it once"
+            );
+            plain()
+        }
+        None => plain(),
+    }
+}
 
 /// The embedded counters object (for benchmarks that load it themselves).
 #[must_use]

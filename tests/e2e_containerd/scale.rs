@@ -1,7 +1,7 @@
 //! Scale on real containerd (2.1): 250 pods with a macvlan claim on one node, started as a
 //! burst with 8 sandboxes in flight; then `kill -9` of the daemon with all of them running and
 //! a restart. Every pod is attached once with its own address, the daemon's peak RSS stays
-//! under 40 MiB, the restarted daemon answers `Synchronize` at once and verifies every pod in
+//! under its regression guard (the target is 40 MiB), the restarted daemon answers `Synchronize` at once and verifies every pod in
 //! the background without re-creating an interface that was fine, and containerd never drops
 //! the plugin.
 //!
@@ -19,10 +19,11 @@ const PODS: usize = 250;
 /// Sandboxes in flight at once, as a kubelet with parallel pod workers sends them.
 const IN_FLIGHT: usize = 8;
 /// The daemon's peak RSS bound with 250 pods: a regression guard, not the target. Issue 12 asks
-/// for < 40 MiB; the release daemon measured 48.7 MiB here without counters and 51.4 MiB with
-/// them (quiet machine, 2026-11-25: device health, the kernel probe and the stats service came
-/// since the 38.4 MiB of decision 0010), so the target is not met; the exact figure is printed.
-const PEAK_RSS_BOUND_KIB: u64 = 56 * 1024;
+/// for < 40 MiB. The release daemon the image ships measured 48.1 and 48.3 MiB here (2026-11-26,
+/// counters on, decision 0010 "Memory"): ~20 MiB of it is the binary's text, which this 6.18
+/// kernel maps whole (ext4 large folios), ~25 MiB heap. 52 MiB leaves ~4 MiB (8 %) for
+/// run-to-run spread (±1.5 MiB seen); a `dev` build maps ~6 MiB more text and would not pass.
+const PEAK_RSS_BOUND_KIB: u64 = 52 * 1024;
 
 /// Field `field` (a `kB` figure) of `/proc/<pid>/status`.
 fn status_kib(pid: u32, field: &str) -> u64 {
@@ -92,9 +93,9 @@ fn debug_seconds(text: &str) -> f64 {
     number.parse::<f64>().unwrap() * scale
 }
 
-/// The release build of the daemon, as the image ships it: `NETCLAIM_RELEASE_BIN`, which
-/// `make test` sets after building it once. Timings and memory of the test build (no
-/// optimisation) say nothing about the product.
+/// The release build of the daemon, as the image ships it (no default features):
+/// `NETCLAIM_RELEASE_BIN`, which `make test` sets after building it once. Timings and memory
+/// of the test build (no optimisation) say nothing about the product.
 fn release_binary() -> PathBuf {
     let path = std::env::var_os("NETCLAIM_RELEASE_BIN").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/netclaim"),
@@ -102,8 +103,8 @@ fn release_binary() -> PathBuf {
     );
     assert!(
         path.is_file(),
-        "{} is missing: build it with `cargo build --release --bin netclaim` (make test does) \
-         or point NETCLAIM_RELEASE_BIN at it",
+        "{} is missing: build it with `cargo build --release --no-default-features --bin \
+         netclaim` (make test does) or point NETCLAIM_RELEASE_BIN at it",
         path.display()
     );
     path
