@@ -128,15 +128,13 @@ pub trait DeviceLookup: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<VfRef>, LookupError>> + Send {
+        use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
         let attributes = self.attributes(name);
         async move {
             let attributes = attributes.await?;
             let get = |key: &str| {
-                attributes
-                    .get(&format!("{}/{key}", crate::model::names::ATTRIBUTE_DOMAIN))
-                    .or_else(|| attributes.get(key))
+                attributes.get(&format!("{ATTRIBUTE_DOMAIN}/{key}")).or_else(|| attributes.get(key))
             };
-            use crate::model::names::attr;
             Ok(match (get(attr::PF_NAME), get(attr::VF_INDEX)) {
                 (Some(AttributeValue::String(pf)), Some(AttributeValue::Int(index))) => {
                     u32::try_from(*index).ok().map(|index| VfRef { pf: pf.clone(), index })
@@ -492,7 +490,7 @@ pub enum ClaimError {
         device: String,
         /// The cause.
         #[source]
-        source: VfError,
+        source: Box<VfError>,
     },
 }
 
@@ -928,7 +926,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                         .map_err(|source| VfError::Read { vf: vf.clone(), source });
                     let wanted = before.map(|before| vf::wanted(&before, &device.config));
                     match wanted {
-                        Ok(wanted) => vf::apply(port, &vf, &wanted)
+                        Ok(wanted) => vf::apply(port, &vf, &device.if_name, &wanted)
                             .await
                             .map(|before| PreparedVf { vf, before }),
                         Err(err) => Err(err),
@@ -936,7 +934,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                     .map_err(|source| ClaimError::Vf {
                         request,
                         device: name,
-                        source,
+                        source: Box::new(source),
                     })
                 }
             };
@@ -971,7 +969,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                     first_error.get_or_insert(ClaimError::Vf {
                         request: device.request.clone(),
                         device: device.device.clone(),
-                        source,
+                        source: Box::new(source),
                     });
                 }
             }

@@ -234,6 +234,12 @@ pub trait VfPort: Send + Sync + 'static {
     /// One change on the PF.
     fn set<'a>(&'a self, vf: &'a VfRef, change: VfChange)
     -> BoxFuture<'a, Result<(), VfPortError>>;
+    /// Sets the MAC of the VF's own netdev `if_name` in the host netns (`IFLA_ADDRESS`).
+    fn set_netdev_mac<'a>(
+        &'a self,
+        if_name: &'a str,
+        mac: MacAddr,
+    ) -> BoxFuture<'a, Result<(), VfPortError>>;
 }
 
 /// Why VF settings could not be applied or restored; names the config field and the VF.
@@ -332,8 +338,26 @@ pub fn wanted(before: &VfState, config: &ResolvedNetworkConfig) -> VfState {
 /// Applies `wanted` to `vf` field by field and returns the values found before, which
 /// [`restore`] sets back. On a failure the fields already changed are set back (in reverse
 /// order) before the error, which names the field, is returned.
-pub async fn apply(port: &dyn VfPort, vf: &VfRef, wanted: &VfState) -> Result<VfState, VfError> {
+///
+/// A new MAC is first set on the VF's netdev `netdev` (the VF asks its PF through the
+/// mailbox), then on the PF: once the PF has set a MAC, a VF that is not trusted may not set
+/// one itself (igb: "VF attempted to override administratively set MAC address"), and the
+/// netdev would only take the PF's at the driver's next reset. The attach then moves the VF
+/// without touching its MAC. A refusal there is logged, not fatal: the PF's MAC is what
+/// counts, and the VF takes it at its next reset.
+pub async fn apply(
+    port: &dyn VfPort,
+    vf: &VfRef,
+    netdev: &str,
+    wanted: &VfState,
+) -> Result<VfState, VfError> {
     let before = port.read(vf).await.map_err(|source| VfError::Read { vf: vf.clone(), source })?;
+    if wanted.mac != before.mac
+        && let Err(err) = port.set_netdev_mac(netdev, wanted.mac).await
+    {
+        tracing::warn!(%vf, netdev, %err,
+            "setting the MAC on the VF's netdev; it takes the PF's at its next reset");
+    }
     let mut current = before;
     let mut applied: Vec<(VfField, VfState)> = Vec::new();
     for field in VfField::ALL {

@@ -179,6 +179,19 @@ impl VfPort for NetlinkVfSettings {
         }
         .boxed()
     }
+
+    fn set_netdev_mac<'a>(
+        &'a self,
+        if_name: &'a str,
+        mac: MacAddr,
+    ) -> BoxFuture<'a, Result<(), VfPortError>> {
+        async move {
+            let op = format!("RTM_SETLINK IFLA_ADDRESS {mac} on {if_name}");
+            let message = LinkUnspec::new_with_name(if_name).address(mac.0.to_vec()).build();
+            self.handle.link().set(message).execute().await.map_err(|err| port_error(&op, err))
+        }
+        .boxed()
+    }
 }
 
 #[cfg(test)]

@@ -578,9 +578,8 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
         ResolvedMode::Ipvlan { mode: ipvlan_mode, flag } => {
             push_child(&mut steps, request, ChildKind::Ipvlan { mode: ipvlan_mode, flag }, None)?;
         }
-        // A VF moves like any exclusive device: its VF settings were applied on the PF at
-        // prepare (`claims::vf`), and the MAC set here on the VF netdev (with the move) is the
-        // one the PF gave it, so the netdev has it before the driver's next reset would.
+        // A VF moves like any exclusive device, its VF settings (MAC included, on the PF and
+        // on its netdev) applied at prepare (`claims::vf`).
         ResolvedMode::HostDevice | ResolvedMode::SriovVf => {
             if device.sharing != Sharing::Exclusive {
                 return Err(PlanError::ModeDoesNotFitDevice {
@@ -607,11 +606,16 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
                     PlanError::UnknownOriginalMac { device: device.if_name.clone() }
                 })?);
             }
+            // A VF's netdev got its MAC at prepare, with the PF's (`claims::vf::apply`).
+            let hardware_address = match config.mode {
+                ResolvedMode::SriovVf => None,
+                _ => config.interface.hardware_address,
+            };
             steps.push(Step::MoveIntoPod {
                 host_name: device.if_name.clone(),
                 pod_name: interface_name.to_owned(),
                 mtu: config.interface.mtu,
-                hardware_address: config.interface.hardware_address,
+                hardware_address,
                 alias: device_alias(&device.if_name, claim_uid),
             });
         }

@@ -68,6 +68,14 @@ impl VfPort for FakePf {
         }
         .boxed()
     }
+
+    fn set_netdev_mac<'a>(
+        &'a self,
+        _if_name: &'a str,
+        _mac: MacAddr,
+    ) -> BoxFuture<'a, Result<(), VfPortError>> {
+        async move { Ok(()) }.boxed()
+    }
 }
 
 fn vf() -> VfRef {
@@ -125,7 +133,8 @@ fn run<T>(future: impl std::future::Future<Output = T>) -> T {
 #[test]
 fn defaults_on_a_fresh_vf_send_nothing_so_a_nic_without_link_state_control_takes_them() {
     let pf = FakePf::new(fresh());
-    let before = run(apply(&pf, &vf(), &wanted(&fresh(), &config(None, None, defaults()))));
+    let before =
+        run(apply(&pf, &vf(), "enp1s0v1", &wanted(&fresh(), &config(None, None, defaults()))));
     assert_eq!(before.unwrap(), fresh());
     assert!(pf.sent.lock().unwrap().is_empty());
 }
@@ -146,7 +155,7 @@ fn each_field_goes_in_its_own_message_and_unprepare_sets_back_exactly_what_was_f
     let sriov = SriovSettings { qos: 5, max_tx_rate_mbps: 200, ..defaults() };
     let cfg = config(Some("02:00:00:00:00:bb"), Some(42), sriov);
     let want = wanted(&found, &cfg);
-    assert_eq!(run(apply(&pf, &vf(), &want)).unwrap(), found);
+    assert_eq!(run(apply(&pf, &vf(), "enp1s0v1", &want)).unwrap(), found);
     assert_eq!(pf.state(), want);
     assert_eq!(
         *pf.sent.lock().unwrap(),
@@ -186,7 +195,7 @@ fn a_field_the_nic_cannot_set_is_named_and_the_fields_before_it_are_set_back() {
         let pf = FakePf::new(fresh());
         let sriov = SriovSettings { trust: true, qos: 1, ..sriov };
         let cfg = config(Some("02:00:00:00:00:bb"), Some(9), sriov);
-        let err = run(apply(&pf, &vf(), &wanted(&fresh(), &cfg))).unwrap_err();
+        let err = run(apply(&pf, &vf(), "enp1s0v1", &wanted(&fresh(), &cfg))).unwrap_err();
         assert!(err.to_string().starts_with(message), "{err}");
         assert_eq!(pf.state(), fresh(), "{message}: everything set back");
     }
@@ -198,7 +207,7 @@ fn a_flag_the_driver_does_not_report_is_refused_only_when_the_claim_changes_it()
     let pf = FakePf::new(unreported);
     let cfg = config(None, None, defaults());
     let want = wanted(&unreported, &cfg);
-    let err = run(apply(&pf, &vf(), &want)).unwrap_err();
+    let err = run(apply(&pf, &vf(), "enp1s0v1", &want)).unwrap_err();
     assert!(matches!(err, VfError::NotReported { field: "sriov.trust", .. }), "{err}");
     assert!(pf.sent.lock().unwrap().is_empty());
 }
