@@ -252,7 +252,7 @@ impl Bench {
     }
 
     /// The CNI plugin `plugin` with `host-local` (ADD timed, DEL untimed).
-    fn cni(&self, plugin: &str, fields: serde_json::Value) -> Duration {
+    fn cni(&self, plugin: &str, fields: &serde_json::Value) -> Duration {
         let mut config = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "vmbench",
@@ -279,11 +279,11 @@ impl Bench {
 
     fn cni_ipvlan(&self) -> Duration {
         let fields = serde_json::json!({"master": self.parent, "mode": "l2", "mtu": 1400});
-        self.cni("ipvlan", fields)
+        self.cni("ipvlan", &fields)
     }
 
     fn cni_vf(&self) -> Duration {
-        let added = self.cni("host-device", serde_json::json!({"device": self.vf}));
+        let added = self.cni("host-device", &serde_json::json!({"device": self.vf}));
         self.vf_is_home("cni host-device");
         added
     }

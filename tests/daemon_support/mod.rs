@@ -39,7 +39,7 @@ pub(crate) fn netclaim() -> String {
 }
 /// Bound for "eventually": the daemon reacts within milliseconds (but its debug build takes
 /// 10–20 s to start under the VM tests' TCG); the bound only keeps a broken build from hanging.
-pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_mins(1);
 
 /// The node: API server, veth parent, NRI runtime socket, state and kubelet dirs.
 pub(crate) struct Node {

@@ -220,7 +220,7 @@ pub(crate) fn start_api_server(
     args.extend_from_slice(extra);
     let api = netns.spawn(binary, &args, &dir.join("api.log"));
     // ~0.3 s here; up to ~20 s for the debug build under the VM tests' TCG.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
     while !kubeconfig.exists() {
         assert!(
             std::time::Instant::now() < deadline,
