@@ -15,10 +15,21 @@
 //! the table lacks fails the test. The device selection (`--include-interfaces`,
 //! `--shared-parents`: the test's veth) is the only argument added to the manifest's.
 //!
-//! Mutations show that the test notices a broken manifest: without the NRI socket mount and
-//! NET_ADMIN (the mutation), and with single removals (NET_ADMIN, SYS_ADMIN, the
-//! netns mount's HostToContainer propagation), the flow fails at the step that needs what was
-//! removed.
+//! The process itself is checked against the manifest: its effective, permitted and bounding
+//! capability sets are exactly the `add` list, seccomp is in filter mode, `/` is read-only and
+//! the netns mount is a slave of the host's.
+//!
+//! Mutations show that the test notices a broken manifest, each failing at the step that
+//! needs what was removed: without the NRI socket mount (with or without NET_ADMIN, the
+//! issue's mutation) the daemon registers and publishes but never connects to NRI; without
+//! NET_ADMIN the macvlan's RTM_NEWLINK is refused; without SYS_ADMIN the setns into the pod's
+//! netns is refused; without HostToContainer on the netns mount the pod's netns is an empty
+//! file in the container.
+//!
+//! Two node properties this machine lacks are given to it as a systemd node has them: the
+//! bpffs and `/run/netns` are shared mounts (containerd refuses HostToContainer from a private
+//! one), and `/var/run/netns` is mapped with its `/var/run` symlink resolved (containerd looks
+//! up the unresolved path's mount, which here is the private `/`).
 //!
 //! Needs root, scripts/setup/containerd.sh, kubectl and the image archive (`make image`):
 //! `#[ignore]`d, run by `make test` as root, failing when any is missing. The scenarios of
