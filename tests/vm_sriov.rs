@@ -183,7 +183,8 @@ impl Claims {
         let uid = format!("uid-{name}");
         let mut parameters =
             json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-        parameters.as_object_mut().unwrap().extend(config.as_object().unwrap().clone());
+        let Value::Object(config) = config else { panic!("a NetworkConfig is an object") };
+        parameters.as_object_mut().unwrap().extend(config);
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "default", "uid": uid},
             "spec": {},
@@ -229,7 +230,7 @@ impl StatusSink for NoStatus {
 type Service = ClaimService<Claims, DiscoveredDevices, Arc<Store>>;
 
 /// The claim service as the daemon builds it: real store, inventory and VF port.
-async fn service(claims: &Claims, state: &Path) -> Service {
+fn service(claims: &Claims, state: &Path) -> Service {
     let selection = Selection::new(&[], &[], &[], SharingMode::Slots).unwrap();
     let devices = DiscoveredDevices::new("/sys".into(), selection);
     let host = HostNetlink::current().unwrap();
@@ -321,7 +322,10 @@ fn vf_facts_come_from_sysfs() {
                 Some(AttributeValue::String(vfs.names[index].clone()))
             );
             assert_eq!(attribute(&vf, "pfName"), Some(AttributeValue::String(vfs.pf.clone())));
-            assert_eq!(attribute(&vf, "vfIndex"), Some(AttributeValue::Int(index as i64)));
+            assert_eq!(
+                attribute(&vf, "vfIndex"),
+                Some(AttributeValue::Int(i64::try_from(index).unwrap()))
+            );
             assert_eq!(
                 attribute(&vf, "kernelDriver"),
                 Some(AttributeValue::String("igbvf".into()))
@@ -352,7 +356,7 @@ fn each_setting_igb_supports_is_applied_on_the_pf_and_read_back() {
     let state = tempfile::tempdir().unwrap();
     let claims = Claims::default();
     runtime().block_on(async {
-        let service = service(&claims, state.path()).await;
+        let service = service(&claims, state.path());
         let before = vfs.settings(1);
         println!("VF 1 before: {before}");
         let claim = claims.put(
@@ -384,7 +388,7 @@ fn link_state_min_rate_and_802_1ad_fail_the_prepare_naming_the_field() {
     let state = tempfile::tempdir().unwrap();
     let claims = Claims::default();
     runtime().block_on(async {
-        let service = service(&claims, state.path()).await;
+        let service = service(&claims, state.path());
         let before = vfs.settings(0);
         let cases = [
             (
@@ -433,7 +437,7 @@ fn unprepare_restores_every_vf_setting_found_before_the_claim() {
     let state = tempfile::tempdir().unwrap();
     let claims = Claims::default();
     runtime().block_on(async {
-        let service = service(&claims, state.path()).await;
+        let service = service(&claims, state.path());
         let claim = claims.put(
             "changes-each",
             &vfs.device(1),
@@ -452,7 +456,7 @@ fn unprepare_restores_every_vf_setting_found_before_the_claim() {
         assert_ne!(vlan(&during), vlan(&before));
         // A restart between prepare and unprepare: the record keeps what to set back.
         drop(service);
-        let service = self::service(&claims, state.path()).await;
+        let service = self::service(&claims, state.path());
         unprepare(&service, &claim).await;
         assert_eq!(vfs.settings(1), before, "every IFLA_VF_* as before the claim");
     });
@@ -494,7 +498,7 @@ fn a_vf_moves_into_the_pod_and_returns_from_a_netns_destroyed_while_the_daemon_w
         .unwrap()
     };
     runtime().block_on(async {
-        let service = Arc::new(service(&claims, state.path()).await);
+        let service = Arc::new(service(&claims, state.path()));
         prepare(&service, &claim).await.unwrap();
         let attach = attach(Arc::clone(&service));
         attach.start().await;
@@ -537,7 +541,7 @@ fn a_vf_moves_into_the_pod_and_returns_from_a_netns_destroyed_while_the_daemon_w
     assert_ne!(returned["ifname"], host_name.as_str(), "still under a pod-side name");
     runtime().block_on(async {
         // Start again: the attach service restores name, MTU and MAC.
-        let service = Arc::new(service(&claims, state.path()).await);
+        let service = Arc::new(service(&claims, state.path()));
         let attach = attach(Arc::clone(&service));
         attach.start().await;
         let back = ip_json(&["link", "show", "dev", &host_name]);
