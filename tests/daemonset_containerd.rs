@@ -636,6 +636,20 @@ async fn flow(
     if !result.error.is_empty() {
         return Err(Failure { step: Step::Prepared, detail: result.error.clone() });
     }
+    // The prepared claim is in the state dir, its device-metadata CDI spec in the runtime's
+    // CDI dir: both written through the manifest's mounts.
+    let listing = |dir: PathBuf| -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into()))
+            .map_or_else(|_| Vec::new(), Iterator::collect)
+    };
+    let cdi_specs = listing(node.containerd.cdi_dir());
+    assert!(
+        cdi_specs.iter().any(|f| f.contains(&claim_ref.uid)),
+        "a CDI spec for claim {} in the runtime's CDI dir: {cdi_specs:?}",
+        claim_ref.uid
+    );
+    assert!(!listing(node.path("state")).is_empty(), "the daemon's state is in the state dir");
 
     // --- The pod: containerd runs its sandbox, NRI hands it to the daemon. ---
     let pod_config = sandbox_config_with_attempt(&node.containerd, &pod, &pod_uid, 0);
