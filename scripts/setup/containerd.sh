@@ -33,7 +33,8 @@ retry() {
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 missing=()
-for pkg in runc containernetworking-plugins iproute2 gcc libc6-dev debian-archive-keyring; do
+# openssl: tests/daemonset_containerd makes a throwaway CA for the daemon's in-cluster HTTPS.
+for pkg in runc containernetworking-plugins iproute2 gcc libc6-dev debian-archive-keyring openssl; do
     installed "$pkg" || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
