@@ -68,19 +68,18 @@ pub struct AttachedDevice {
     pub result: Option<AttachedInterface>,
 }
 
+impl AttachedDevice {
+    /// Whether the plan moves a host NIC into the pod (rather than creating a child there).
+    pub fn moves_nic(&self) -> bool {
+        self.plan.steps.iter().any(|s| matches!(s, crate::podnet::plan::Step::MoveIntoPod { .. }))
+    }
+}
+
 impl PodAttachment {
     /// Host interfaces of exclusive devices inside the pod (moved NICs), which must stay
     /// published while the host no longer sees them (DESIGN §5.1).
     pub fn moved_host_devices(&self) -> impl Iterator<Item = &str> {
-        self.devices
-            .iter()
-            .filter(|d| {
-                d.plan
-                    .steps
-                    .iter()
-                    .any(|s| matches!(s, crate::podnet::plan::Step::MoveIntoPod { .. }))
-            })
-            .map(|d| d.plan.host_device.as_str())
+        self.devices.iter().filter(|d| d.moves_nic()).map(|d| d.plan.host_device.as_str())
     }
 
     /// The moved NICs with where they are inside the pod (for device health), keyed by host

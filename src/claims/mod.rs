@@ -519,16 +519,129 @@ pub struct ServiceIdentity {
 
 struct State<S: LeaseStore> {
     ipam: Ipam<S>,
+    /// Changed only through [`State::add_prepared`] and [`State::remove_prepared`] (they
+    /// keep `in_use` right).
     prepared: HashMap<String, PreparedClaim>,
     /// Claims whose commit is under way (their leases are held in memory): seen by the
-    /// checks of other prepares, never reported as prepared.
+    /// checks of other prepares, never reported as prepared. Changed only through
+    /// [`State::add_pending`] and [`State::remove_pending`].
     pending: HashMap<String, PreparedClaim>,
+    /// Where the claims in use sit, so a new claim's checks read the claims on its parent
+    /// and the pool users, not every claim of the node (a scan of all of them per prepare
+    /// cost ~850 µs at 15k claims).
+    in_use: InUseIndex,
+}
+
+/// Claim UIDs of the claims in use (prepared or pending) by host interface and by pool use,
+/// each with how many of the two maps hold it.
+#[derive(Debug, Default)]
+struct InUseIndex {
+    by_parent: HashMap<String, HashMap<String, u32>>,
+    pool_users: HashMap<String, u32>,
+}
+
+impl InUseIndex {
+    fn add(&mut self, claim: &PreparedClaim) {
+        let parents: BTreeSet<&str> = claim.devices.iter().map(|d| d.if_name.as_str()).collect();
+        for parent in parents {
+            *self
+                .by_parent
+                .entry(parent.to_owned())
+                .or_default()
+                .entry(claim.uid.clone())
+                .or_default() += 1;
+        }
+        if claim.devices.iter().any(|d| matches!(d.config.addressing, Addressing::Pool(_))) {
+            *self.pool_users.entry(claim.uid.clone()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, claim: &PreparedClaim) {
+        fn release(uids: &mut HashMap<String, u32>, uid: &str) {
+            if let Some(count) = uids.get_mut(uid) {
+                *count -= 1;
+                if *count == 0 {
+                    uids.remove(uid);
+                }
+            }
+        }
+        let parents: BTreeSet<&str> = claim.devices.iter().map(|d| d.if_name.as_str()).collect();
+        for parent in parents {
+            if let Some(uids) = self.by_parent.get_mut(parent) {
+                release(uids, &claim.uid);
+                if uids.is_empty() {
+                    self.by_parent.remove(parent);
+                }
+            }
+        }
+        release(&mut self.pool_users, &claim.uid);
+    }
 }
 
 impl<S: LeaseStore> State<S> {
+    fn new(ipam: Ipam<S>, prepared: HashMap<String, PreparedClaim>) -> Self {
+        let mut in_use = InUseIndex::default();
+        for claim in prepared.values() {
+            in_use.add(claim);
+        }
+        Self { ipam, prepared, pending: HashMap::new(), in_use }
+    }
+
     /// Prepared claims and claims being committed: what a new claim must fit beside.
     fn claims_in_use(&self) -> impl Iterator<Item = &PreparedClaim> + Clone {
         self.prepared.values().chain(self.pending.values())
+    }
+
+    /// The claims in use with `uids` (prepared first, then pending).
+    fn claims_of<'a>(
+        &'a self,
+        uids: Option<&'a HashMap<String, u32>>,
+    ) -> impl Iterator<Item = &'a PreparedClaim> + Clone {
+        uids.into_iter()
+            .flat_map(HashMap::keys)
+            .flat_map(|uid| self.prepared.get(uid).into_iter().chain(self.pending.get(uid)))
+    }
+
+    /// The devices of claims in use on host interface `parent` (what [`Self::claims_in_use`]
+    /// would give, filtered by parent, from the index).
+    fn devices_on<'a>(
+        &'a self,
+        parent: &'a str,
+    ) -> impl Iterator<Item = &'a PreparedClaimDevice> + Clone {
+        self.claims_of(self.in_use.by_parent.get(parent))
+            .flat_map(|c| &c.devices)
+            .filter(move |d| d.if_name == parent)
+    }
+
+    /// The claims in use with a pool-addressed device.
+    fn pool_users(&self) -> impl Iterator<Item = &PreparedClaim> + Clone {
+        self.claims_of(Some(&self.in_use.pool_users))
+    }
+
+    fn add_pending(&mut self, claim: PreparedClaim) {
+        self.in_use.add(&claim);
+        if let Some(old) = self.pending.insert(claim.uid.clone(), claim) {
+            self.in_use.remove(&old);
+        }
+    }
+
+    fn remove_pending(&mut self, uid: &str) {
+        if let Some(old) = self.pending.remove(uid) {
+            self.in_use.remove(&old);
+        }
+    }
+
+    fn add_prepared(&mut self, claim: PreparedClaim) {
+        self.in_use.add(&claim);
+        if let Some(old) = self.prepared.insert(claim.uid.clone(), claim) {
+            self.in_use.remove(&old);
+        }
+    }
+
+    fn remove_prepared(&mut self, uid: &str) {
+        if let Some(old) = self.prepared.remove(uid) {
+            self.in_use.remove(&old);
+        }
     }
 }
 
@@ -628,7 +741,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             identity,
             reader,
             devices,
-            state: Arc::new(Mutex::new(State { ipam, prepared, pending: HashMap::new() })),
+            state: Arc::new(Mutex::new(State::new(ipam, prepared))),
             metadata: None,
             // Until the daemon hands over its probe, only what this build cannot attach is
             // refused.
@@ -798,7 +911,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
             // VF settings on the PF, before the record that keeps what they replaced.
             if let Err(err) = self.apply_vf_settings(&mut reserved.prepared, &vfs).await {
                 let mut state = lock(&self.state);
-                state.pending.remove(&claim.uid);
+                state.remove_pending(&claim.uid);
                 state.ipam.forget_in_memory(&reserved.new_leases);
                 return Err(err);
             }
@@ -808,7 +921,7 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 Err((err, created)) => {
                     {
                         let mut state = lock(&self.state);
-                        state.pending.remove(&claim.uid);
+                        state.remove_pending(&claim.uid);
                         state.ipam.forget_in_memory(&reserved.new_leases);
                     }
                     self.restore_vf_settings(&reserved.prepared).await.ok();
@@ -1158,7 +1271,7 @@ fn commit_prepare<S: ClaimStore>(
         store.save_prepared(&prepared, &commit).map_err(|e| ClaimError::Persist(Box::new(e)))
     })();
     let mut state = lock(state);
-    state.pending.remove(&claim.uid);
+    state.remove_pending(&claim.uid);
     if let Err(err) = outcome {
         if let Some(metadata) = metadata
             && let Err(cleanup) = metadata.remove(claim)
@@ -1174,7 +1287,7 @@ fn commit_prepare<S: ClaimStore>(
     state.ipam.mark_recorded(&commit.put_blocks);
     state.ipam.forget_released(&commit.remove_released);
     let answer = prepared.kubelet_devices();
-    state.prepared.insert(prepared.uid.clone(), prepared);
+    state.add_prepared(prepared);
     Ok(answer)
 }
 
@@ -1203,8 +1316,8 @@ fn reserve_claim<S: ClaimStore>(
         };
         let network = merged.pod_network.as_ref().and_then(|name| inputs.networks.get(name));
         // Children of other claims and of this claim's earlier results.
-        let in_use =
-            state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config));
+        let parent = facts.if_name.clone();
+        let in_use = state.devices_on(&parent).map(|d| (&*d.if_name, &d.config));
         let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, c));
         add_planned_children(&mut facts, merged.vlan, in_use.chain(this_claim));
         let config = merged.validate_in(network, &facts, support).map_err(config_error)?;
@@ -1269,7 +1382,7 @@ fn reserve_claim<S: ClaimStore>(
             }
         }
     }
-    state.pending.insert(prepared.uid.clone(), prepared.clone());
+    state.add_pending(prepared.clone());
     let Held { leases, new_leases, statics } = held;
     Ok(Attempt::Reserved(Reserved { prepared, leases, new_leases, statics }))
 }
@@ -1318,7 +1431,7 @@ fn hold_addresses<S: LeaseStore>(
             addresses.clone()
         }
         Addressing::Pool(pool) => {
-            check_pool_settings(state.claims_in_use(), &claim.uid, &result.request, pool)?;
+            check_pool_settings(state.pool_users(), &claim.uid, &result.request, pool)?;
             let (lease, new) = state
                 .ipam
                 .reserve_in_memory(&owner, pool)
@@ -1396,7 +1509,7 @@ fn release_claim<S: ClaimStore>(state: &Mutex<State<S>>, uid: &str) -> Result<()
     store.remove_prepared(uid, &commit).map_err(|e| ClaimError::Persist(Box::new(e)))?;
     crate::failpoint!("claims.unprepare.after_commit");
     let mut state = lock(state);
-    state.prepared.remove(uid);
+    state.remove_prepared(uid);
     state.ipam.apply_release(&commit.remove_leases, &commit.put_released);
     state.ipam.forget_released(&commit.remove_released);
     Ok(())

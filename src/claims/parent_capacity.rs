@@ -62,8 +62,7 @@ pub(super) fn check_device<S: LeaseStore>(
     limit: Option<u32>,
     mode: ResolvedMode,
 ) -> Result<(), ClaimError> {
-    let in_use =
-        state.claims_in_use().flat_map(|c| &c.devices).map(|d| (&*d.if_name, &d.config.mode));
+    let in_use = state.devices_on(&facts.if_name).map(|d| (&*d.if_name, &d.config.mode));
     let this_claim = planned.iter().map(|(_, f, _, c)| (&*f.if_name, &c.mode));
     check(&facts.if_name, limit, mode, in_use.chain(this_claim)).map_err(|source| {
         ClaimError::ParentCapacity {

@@ -827,6 +827,43 @@ async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refuse
     assert_eq!(lock(&service.state).ipam.leases().count(), 2);
 }
 
+/// The checks read the claims in use from an index (by parent, by pool use): it follows
+/// prepare, unprepare and a restart, so what they see is what a scan of every claim saw.
+#[tokio::test]
+async fn the_claims_a_new_claim_is_checked_against_follow_unprepare_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = Arc::new(FakeApi::default());
+    api.put(claim_with_pool("a", "u-a", &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
+    api.put(claim_with_pool(
+        "b",
+        "u-b",
+        &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.254"}),
+    ));
+    {
+        let service = service(&api, dir.path());
+        prepare_one(&service, &reference("a", "u-a")).await.unwrap();
+        let state = lock(&service.state);
+        assert_eq!(state.devices_on("eth2").count(), 1);
+        assert_eq!(state.pool_users().count(), 1);
+        assert_eq!(state.devices_on("eth1").count(), 0);
+    }
+    // After a restart the index is built from the store: b is still refused beside a.
+    let service = service(&api, dir.path());
+    let err = prepare_one(&service, &reference("b", "u-b")).await.unwrap_err();
+    assert!(err.contains("ipam.pool.gateway") && err.contains("default/a"), "{err}");
+    assert!(lock(&service.state).pending.is_empty(), "a refused claim leaves nothing pending");
+    assert_eq!(lock(&service.state).in_use.pool_users.len(), 1);
+    // Once a is unprepared nothing is left in use, and b's settings make a pool of their own.
+    let results = service.unprepare(vec![reference("a", "u-a")]).await;
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    {
+        let state = lock(&service.state);
+        assert!(state.in_use.by_parent.is_empty() && state.in_use.pool_users.is_empty());
+    }
+    prepare_one(&service, &reference("b", "u-b")).await.unwrap();
+    assert_eq!(lock(&service.state).devices_on("eth2").count(), 1);
+}
+
 #[tokio::test]
 async fn overlapping_pools_that_could_hand_out_each_others_gateway_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -422,8 +422,8 @@ impl Store {
         }
         let seq = {
             let mut journal = self.lock_journal();
-            journal.append(&batch.ops)?;
-            journal.apply(batch.ops);
+            let sizes = journal.append(&batch.ops)?;
+            journal.apply_sized(batch.ops, &sizes);
             journal.seq
         };
         if durability == Durability::Buffered {
@@ -565,16 +565,15 @@ impl Store {
 impl Journal {
     /// Appends one line (into the page cache: the caller syncs); on a failed write the
     /// journal is cut back to its previous length so no partial line sits before later
-    /// commits.
-    fn append(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+    /// commits. Returns each op's encoded size (see [`op_size`]).
+    fn append(&mut self, ops: &[Op]) -> Result<Vec<u64>, StoreError> {
         if self.poisoned {
             return Err(StoreError::Poisoned { path: self.path.clone() });
         }
         if self.rewrite_pending {
             self.compact()?;
         }
-        let json = serde_json::to_string(&EntryRef { ops })
-            .map_err(|source| StoreError::Encode { kind: "journal", key: String::new(), source })?;
+        let (json, sizes) = encode_entry(ops)?;
         let line = encode_line(&json);
         if self.file.is_none() {
             self.file =
@@ -588,7 +587,7 @@ impl Journal {
             Ok(()) => {
                 self.len += line.len() as u64;
                 self.seq += 1;
-                Ok(())
+                Ok(sizes)
             }
             Err(e) => {
                 // The cut-back reaches the disk with the next fdatasync, which also carries
@@ -601,8 +600,12 @@ impl Journal {
         }
     }
 
-    fn apply(&mut self, ops: Vec<Op>) {
-        apply_ops(&mut self.records, &mut self.live_bytes, ops);
+    /// Applies appended ops with the sizes [`Journal::append`] measured (no second
+    /// serialisation under the journal lock).
+    fn apply_sized(&mut self, ops: Vec<Op>, sizes: &[u64]) {
+        for (op, size) in ops.into_iter().zip(sizes) {
+            apply_op(&mut self.records, &mut self.live_bytes, op, Some(*size));
+        }
     }
 
     /// Rewrites the journal with only the live records. Until the rename nothing changes;
@@ -628,21 +631,61 @@ impl Journal {
 /// Applies committed operations to the in-memory index.
 fn apply_ops(records: &mut BTreeMap<(String, String), Stored>, live_bytes: &mut u64, ops: Vec<Op>) {
     for op in ops {
-        match op {
-            Op::Put { kind, key, version, data } => {
-                let bytes = encoded_size(&data);
-                *live_bytes += bytes;
-                if let Some(old) = records.insert((kind, key), Stored { version, data, bytes }) {
-                    *live_bytes -= old.bytes;
-                }
+        apply_op(records, live_bytes, op, None);
+    }
+}
+
+/// Applies one operation; `size` is its encoded size when known (else measured).
+fn apply_op(
+    records: &mut BTreeMap<(String, String), Stored>,
+    live_bytes: &mut u64,
+    op: Op,
+    size: Option<u64>,
+) {
+    match op {
+        Op::Put { kind, key, version, data } => {
+            let bytes = size.unwrap_or_else(|| encoded_size(&data));
+            *live_bytes += bytes;
+            if let Some(old) = records.insert((kind, key), Stored { version, data, bytes }) {
+                *live_bytes -= old.bytes;
             }
-            Op::Remove { kind, key } => {
-                if let Some(old) = records.remove(&(kind, key)) {
-                    *live_bytes -= old.bytes;
-                }
+        }
+        Op::Remove { kind, key } => {
+            if let Some(old) = records.remove(&(kind, key)) {
+                *live_bytes -= old.bytes;
             }
         }
     }
+}
+
+/// The JSON of one journal entry, byte for byte what serialising [`EntryRef`] gives (the
+/// compact formatter: `{"ops":[op,op]}`), with each op's size measured on the way: the
+/// entry is serialised once, not again per record to size it.
+fn encode_entry(ops: &[Op]) -> Result<(String, Vec<u64>), StoreError> {
+    let encode_error = |source| StoreError::Encode { kind: "journal", key: String::new(), source };
+    let mut json = Vec::with_capacity(512);
+    json.extend_from_slice(b"{\"ops\":[");
+    let mut sizes = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        let start = json.len();
+        serde_json::to_writer(&mut json, op).map_err(encode_error)?;
+        sizes.push(op_size(json.len() - start));
+    }
+    json.extend_from_slice(b"]}");
+    // serde_json writes valid UTF-8.
+    let json = String::from_utf8(json).map_err(|err| {
+        encode_error(serde::ser::Error::custom(format!("journal entry is not UTF-8: {err}")))
+    })?;
+    Ok((json, sizes))
+}
+
+/// The compaction estimate of a record from its encoded op (which carries kind, key and
+/// version next to the data, as a snapshot line does).
+fn op_size(encoded: usize) -> u64 {
+    encoded as u64 + 64
 }
 
 /// Serialises a borrowed batch the same way as [`Entry`].

@@ -461,3 +461,27 @@ fn kill_9_at_random_moments_never_leaves_a_torn_record() {
         "children wrote too little to test anything: {total_acks} acks"
     );
 }
+
+/// The journal line is serialised op by op (to size each record without a second pass); its
+/// bytes are exactly those of the whole entry serialised at once, escapes included.
+#[test]
+fn an_entry_encoded_op_by_op_is_the_entry_serialised_whole() {
+    let ops = vec![
+        Op::Put {
+            kind: "test-leases".to_owned(),
+            key: "claim-1/\"quoted\"\n".to_owned(),
+            version: 2,
+            data: json!({"claim": "c", "ip": "10.0.0.1", "nested": {"list": [1, "two", null]}}),
+        },
+        Op::Remove { kind: "test-leases".to_owned(), key: "claim-2".to_owned() },
+        Op::Put { kind: "k".to_owned(), key: "é".to_owned(), version: 1, data: json!("x") },
+    ];
+    for count in 0..=ops.len() {
+        let (json, sizes) = encode_entry(&ops[..count]).unwrap();
+        assert_eq!(json, serde_json::to_string(&EntryRef { ops: &ops[..count] }).unwrap());
+        assert_eq!(sizes.len(), count);
+        for (op, size) in ops.iter().zip(&sizes) {
+            assert_eq!(*size, op_size(serde_json::to_string(op).unwrap().len()));
+        }
+    }
+}
