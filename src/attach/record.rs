@@ -70,6 +70,7 @@ pub struct AttachedDevice {
 
 impl AttachedDevice {
     /// Whether the plan moves a host NIC into the pod (rather than creating a child there).
+    #[must_use]
     pub fn moves_nic(&self) -> bool {
         self.plan.steps.iter().any(|s| matches!(s, crate::podnet::plan::Step::MoveIntoPod { .. }))
     }

@@ -466,7 +466,7 @@ fn kill_9_at_random_moments_never_leaves_a_torn_record() {
 /// bytes are exactly those of the whole entry serialised at once, escapes included.
 #[test]
 fn an_entry_encoded_op_by_op_is_the_entry_serialised_whole() {
-    let ops = vec![
+    let ops = [
         Op::Put {
             kind: "test-leases".to_owned(),
             key: "claim-1/\"quoted\"\n".to_owned(),
