@@ -289,7 +289,7 @@ fn vf_facts_come_from_sysfs() {
     let vfs = Vfs::create();
     runtime().block_on(async {
         let selection = Selection::new(&[], &[], &[], SharingMode::Slots).unwrap();
-        let devices = DiscoveredDevices::new("/sys".into(), selection);
+        let devices = DiscoveredDevices::new("/sys".into(), selection.clone());
         let pf_pci = std::fs::read_link(format!("/sys/class/net/{}/device", vfs.pf)).unwrap();
         let pf_pci = pf_pci.file_name().unwrap().to_string_lossy().into_owned();
         let attribute = |attributes: &BTreeMap<String, AttributeValue>, name: &str| {
@@ -301,7 +301,22 @@ fn vf_facts_come_from_sysfs() {
             let (dev, function) = rest.split_once('.').unwrap();
             format!("pci-{domain}-{bus}-{dev}-{function}")
         };
-        let pf = devices.attributes(&pf_device).await.unwrap();
+        // igb resets the PF after `sriov_numvfs` is written (its link goes down and up, see
+        // the guest's kernel log); a discovery in that window can miss the PF's sysfs facts,
+        // and the daemon would publish it at its next discovery. Wait for one that has it.
+        let mut devices = devices;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let pf = loop {
+            match devices.attributes(&pf_device).await {
+                Ok(pf) => break pf,
+                Err(err) if std::time::Instant::now() < deadline => {
+                    println!("{pf_device} not discovered yet ({err:?}); again in 0.5 s");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    devices = DiscoveredDevices::new("/sys".into(), selection.clone());
+                }
+                Err(err) => panic!("{pf_device} never discovered: {err:?}"),
+            }
+        };
         println!("{pf_device}: {pf:?}");
         let total: i64 =
             std::fs::read_to_string(format!("/sys/class/net/{}/device/sriov_totalvfs", vfs.pf))
