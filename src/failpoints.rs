@@ -12,6 +12,8 @@
 
 /// Every crash point of the daemon, in the order a claim passes them.
 pub const POINTS: &[&str] = &[
+    // After each VF a sriov-vf prepare changed (its snapshot durable, the claim not recorded).
+    "claims.prepare.after_vf_apply",
     // Metadata files written, the claim and its leases not committed yet.
     "claims.prepare.before_commit",
     // The pod record (plans, netns) durable, the kernel not touched yet.

@@ -22,6 +22,7 @@ pub mod networks;
 pub mod parent_capacity;
 pub mod preparer;
 pub mod vf;
+pub mod vf_snapshots;
 
 pub use preparer::{
     ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer,
@@ -148,7 +149,9 @@ pub trait DeviceLookup: Send + Sync + 'static {
 /// Durable state of prepared claims; the same store keeps the IPAM's leases, release
 /// records and owned blocks. Calls block on disk I/O (the service runs them on the blocking
 /// pool, without its state lock).
-pub trait ClaimStore: LeaseStore + Clone + Send + Sync + 'static {
+pub trait ClaimStore:
+    LeaseStore + vf_snapshots::VfSnapshotStore + Clone + Send + Sync + 'static
+{
     /// Every prepared claim.
     fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
     /// Persists a prepared claim and IPAM changes (its leases, the blocks they come from,
@@ -1028,32 +1031,43 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 continue;
             }
             let (request, name) = (device.request.clone(), device.device.clone());
+            // The VF whose snapshot is durable: a failure from then on sets it back too.
+            let mut snapshot_held = None;
             let outcome = match (&self.vf_port, vfs.get(index).cloned().flatten()) {
                 (None, _) => Err(ClaimError::NoVfPort { request, device: name }),
                 (_, None) => Err(ClaimError::NotAVf { request, device: name }),
                 (Some(port), Some(vf)) => {
                     let port = port.as_ref();
-                    let before = port
-                        .read(&vf)
-                        .await
-                        .map_err(|source| VfError::Read { vf: vf.clone(), source });
-                    let wanted = before.map(|before| vf::wanted(&before, &device.config));
-                    match wanted {
-                        Ok(wanted) => vf::apply(port, &vf, &device.if_name, &wanted)
-                            .await
-                            .map(|before| PreparedVf { vf, before }),
-                        Err(err) => Err(err),
-                    }
-                    .map_err(|source| ClaimError::Vf {
-                        request,
-                        device: name,
+                    let vf_error = |source: VfError| ClaimError::Vf {
+                        request: request.clone(),
+                        device: name.clone(),
                         source: Box::new(source),
-                    })
+                    };
+                    match port.read(&vf).await {
+                        Err(source) => Err(vf_error(VfError::Read { vf: vf.clone(), source })),
+                        // Durable before the first change (DESIGN §6): killed before the
+                        // claim's record, the daemon still knows what to set back.
+                        Ok(found) => match self.hold_vf_snapshot(&prepared.uid, &vf, found).await {
+                            Err(err) => Err(err),
+                            Ok(before) => {
+                                snapshot_held = Some(PreparedVf { vf: vf.clone(), before });
+                                let wanted = vf::wanted(&before, &device.config);
+                                vf::apply(port, &vf, &device.if_name, &wanted)
+                                    .await
+                                    .map(|_| PreparedVf { vf, before })
+                                    .map_err(vf_error)
+                            }
+                        },
+                    }
                 }
             };
             match outcome {
-                Ok(done) => prepared.devices[index].vf = Some(done),
+                Ok(done) => {
+                    prepared.devices[index].vf = Some(done);
+                    crate::failpoint!("claims.prepare.after_vf_apply");
+                }
                 Err(err) => {
+                    prepared.devices[index].vf = snapshot_held;
                     self.restore_vf_settings(prepared).await.ok();
                     return Err(err);
                 }
@@ -1062,10 +1076,11 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         Ok(())
     }
 
-    /// Sets the VFs of `prepared` back to the settings found before it; every device is
-    /// tried, the first failure is returned.
+    /// Sets the VFs of `prepared` back to the settings found before it and removes their
+    /// snapshots ([`vf_snapshots`]); every device is tried, the first failure is returned.
     async fn restore_vf_settings(&self, prepared: &PreparedClaim) -> Result<(), ClaimError> {
         let mut first_error = None;
+        let mut restored = Vec::new();
         for device in &prepared.devices {
             let Some(done) = &device.vf else { continue };
             let Some(port) = &self.vf_port else {
@@ -1076,8 +1091,11 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                 continue;
             };
             match vf::restore(port.as_ref(), &done.vf, &done.before).await {
-                Ok(()) => tracing::info!(vf = %done.vf, claim = %prepared.name,
-                    "VF settings set back as found before the claim"),
+                Ok(()) => {
+                    tracing::info!(vf = %done.vf, claim = %prepared.name,
+                        "VF settings set back as found before the claim");
+                    restored.push(done.vf.clone());
+                }
                 Err(source) => {
                     first_error.get_or_insert(ClaimError::Vf {
                         request: device.request.clone(),
@@ -1086,6 +1104,9 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
                     });
                 }
             }
+        }
+        if let Err(err) = self.drop_vf_snapshots(restored).await {
+            first_error.get_or_insert(err);
         }
         first_error.map_or(Ok(()), Err)
     }

@@ -137,6 +137,9 @@ pub enum NodeError {
     /// Loading the state panicked.
     #[error("loading the state: {0}")]
     StateTask(#[source] tokio::task::JoinError),
+    /// The VFs of prepares that did not complete could not be checked.
+    #[error("setting back VFs of prepares that did not complete: {0}")]
+    VfSnapshots(#[source] crate::claims::vf_snapshots::VfSnapshotError),
     /// The pod attachments could not be loaded.
     #[error("loading pod attachments: {0}")]
     Attachments(#[source] crate::store::StoreError),
@@ -389,6 +392,12 @@ async fn load_state(
     .await
     .map_err(NodeError::StateTask)??;
     tracing::info!(claims = service.prepared_uids().len(), "loaded prepared claims");
+    // A prepare killed between changing a VF and recording its claim (DESIGN §6): the VF goes
+    // back as it was before kubelet, which asks again, is served.
+    let vfs_restored = service.restore_unrecorded_vfs().await.map_err(NodeError::VfSnapshots)?;
+    if vfs_restored > 0 {
+        tracing::info!(vfs = vfs_restored, "set back VFs of prepares that did not complete");
+    }
     let claims = Arc::new(service);
     let writer = StatusWriter::new(
         client.clone(),

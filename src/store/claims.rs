@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::leases::add_ipam;
+use super::vf_snapshots::add_vf_snapshot_removals;
 use super::{Batch, Record, Store, StoreError};
 use crate::claims::{ClaimStore, PreparedClaim};
 use crate::ipam::IpamCommit;
@@ -47,6 +48,7 @@ impl ClaimStore for Arc<Store> {
         let mut batch = Batch::new();
         add_ipam(&mut batch, ipam)?;
         batch.put(&claim.uid, claim)?;
+        add_vf_snapshot_removals(self, &mut batch, claim)?;
         self.commit(batch)
     }
 

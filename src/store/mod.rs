@@ -25,6 +25,7 @@ mod attachments;
 mod claims;
 mod disk;
 mod leases;
+mod vf_snapshots;
 
 #[cfg(test)]
 mod fault_tests;

@@ -162,3 +162,118 @@ async fn a_state_dir_of_release_6f05957_loads_and_its_vf_claim_unprepares_withou
         "the host-device VF of the old release was never touched"
     );
 }
+
+fn vf_snapshots(service: &Service) -> Vec<crate::claims::vf_snapshots::VfSnapshot> {
+    use crate::claims::vf_snapshots::VfSnapshotStore as _;
+    lock(&service.state).ipam.store().load_vf_snapshots().unwrap()
+}
+
+#[tokio::test]
+async fn the_vf_snapshot_goes_with_the_claims_commit_and_with_a_failed_prepare() {
+    let pf = Arc::new(FakePf::new(fresh()));
+    let api = Arc::new(FakeApi::default());
+    let dir = tempfile::tempdir().unwrap();
+    let service = with_pf(service(&api, dir.path()), &pf);
+    api.put(vf_claim(json!({"sriov": {"trust": true, "linkState": "enable"}})));
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap_err();
+    assert_eq!(pf.state(), fresh());
+    assert!(vf_snapshots(&service).is_empty(), "removed once the VF was set back");
+    api.put(vf_claim(json!({"sriov": {"trust": true}})));
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    assert!(vf_snapshots(&service).is_empty(), "removed in the batch of the claim's record");
+    assert_eq!(service.prepared(VF_UID).unwrap().devices[0].vf.clone().unwrap().before, fresh());
+}
+
+/// The kill -9 of a prepare between the VF settings and the claim's record: a panic at the
+/// crash point, which ends the prepare's task there (nothing after it runs, no VF is set
+/// back), then the service is dropped without a commit.
+#[cfg(feature = "failpoints")]
+mod killed_after_vf_apply {
+    use std::cell::Cell;
+
+    use super::*;
+
+    thread_local! {
+        static CRASH_HERE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    async fn prepare_killed(service: Service, claim: ClaimRef) {
+        // The failpoint registry is process-wide: only the thread of this test crashes (a
+        // current-thread runtime runs the spawned prepare on it).
+        fail::cfg_callback("claims.prepare.after_vf_apply", || {
+            assert!(!CRASH_HERE.with(Cell::get), "killed after the VF settings were applied");
+        })
+        .unwrap();
+        CRASH_HERE.with(|c| c.set(true));
+        let service = Arc::new(service);
+        let task = tokio::spawn({
+            let service = Arc::clone(&service);
+            async move { service.prepare_claim(&claim).await }
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        CRASH_HERE.with(|c| c.set(false));
+        drop(service);
+    }
+
+    fn found() -> VfState {
+        VfState { mac: "02:00:00:00:00:aa".parse().unwrap(), vlan: 7, ..fresh() }
+    }
+
+    fn start(api: &Arc<FakeApi>, dir: &std::path::Path, pf: &Arc<FakePf>) -> Service {
+        with_pf(service(api, dir), pf)
+    }
+
+    async fn crash(dir: &std::path::Path) -> (Arc<FakeApi>, Arc<FakePf>) {
+        let pf = Arc::new(FakePf::new(found()));
+        let api = Arc::new(FakeApi::default());
+        api.put(vf_claim(json!({"interface": {"hardwareAddress": "02:00:00:00:00:bb"},
+            "vlan": 42, "sriov": {"trust": true}})));
+        prepare_killed(start(&api, dir, &pf), reference("vf-net", VF_UID)).await;
+        let on_pf = pf.state();
+        assert_eq!(
+            (on_pf.vlan, on_pf.trust),
+            (42, Some(true)),
+            "the claim's settings stay applied"
+        );
+        (api, pf)
+    }
+
+    #[tokio::test]
+    async fn start_up_sets_the_vf_back_to_its_snapshot_and_deletes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (api, pf) = crash(dir.path()).await;
+        let service = start(&api, dir.path(), &pf);
+        assert!(service.prepared(VF_UID).is_none(), "the claim was never recorded");
+        let kept = vf_snapshots(&service);
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].claim_uid.as_str(), kept[0].before), (VF_UID, found()));
+        assert_eq!(service.restore_unrecorded_vfs().await.unwrap(), 1);
+        assert_eq!(pf.state(), found(), "every field as found before the claim");
+        assert!(vf_snapshots(&service).is_empty());
+        // Kubelet prepares again, from the VF as it was; a later restart leaves it alone.
+        prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+        let record = service.prepared(VF_UID).unwrap().devices[0].vf.clone().unwrap();
+        assert_eq!(record.before, found());
+        let applied = pf.state();
+        drop(service);
+        let service = start(&api, dir.path(), &pf);
+        assert_eq!(service.restore_unrecorded_vfs().await.unwrap(), 0);
+        assert_eq!(pf.state(), applied, "a recorded claim's VF is not touched");
+    }
+
+    #[tokio::test]
+    async fn a_repeated_prepare_records_the_snapshot_not_the_settings_on_the_pf() {
+        let dir = tempfile::tempdir().unwrap();
+        let (api, pf) = crash(dir.path()).await;
+        // No start-up recovery (say the PF did not answer then): kubelet's repeated prepare
+        // reads the claim's own settings on the PF, and still records what was there before.
+        let service = start(&api, dir.path(), &pf);
+        prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+        let record = service.prepared(VF_UID).unwrap().devices[0].vf.clone().unwrap();
+        assert_eq!(record.before, found());
+        assert!(vf_snapshots(&service).is_empty(), "removed with the claim's record");
+        let results = service.unprepare(vec![reference("vf-net", VF_UID)]).await;
+        assert!(results[VF_UID].is_ok(), "{results:?}");
+        assert_eq!(pf.state(), found(), "nothing of the claim leaks to the VF's next claim");
+    }
+}
