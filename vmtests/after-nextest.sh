@@ -12,7 +12,8 @@
 #   VM_TESTS             the VM test targets (the Makefile passes its list)
 #   VM_CARGO_ARGS        extra cargo arguments for building them (the Makefile passes
 #                        nextest's features so the binaries are already built)
-#   NETCLAIM_VM_TIMEOUT  seconds a guest may take (600); a guest that hangs is retried once
+#   NETCLAIM_VM_TIMEOUT  seconds a guest may take (600); a guest that hangs or whose QEMU
+#                        dies (no "done" line from guest.sh) is retried once
 #   NETCLAIM_VM_SERIAL=1 boot the kernels one after the other instead of at once
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,9 +45,11 @@ else
             NETCLAIM_VM_TIMEOUT=$timeout_s bash vmtests/run.sh "$kernel" \
                 $(cat target/vmtests/binaries) >"target/vmtests/run-$kernel.out" 2>&1
             rc=$?
-            if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+            # A guest that never reached guest.sh's last line hung (timeout: 124, 137) or its
+            # QEMU died: retried once. A test that failed is never retried.
+            if [[ $rc -ne 0 ]] && ! grep -aq '^vmtests/guest: done at uptime' "target/vmtests/run-$kernel.out"; then
                 mv "target/vmtests/run-$kernel.out" "target/vmtests/run-$kernel.hung.out"
-                echo "the guest hung (exit $rc, output in target/vmtests/run-$kernel.hung.out); retried once" \
+                echo "the guest did not finish (exit $rc, output in target/vmtests/run-$kernel.hung.out); retried once" \
                     >"target/vmtests/run-$kernel.retried"
                 NETCLAIM_VM_TIMEOUT=$timeout_s bash vmtests/run.sh "$kernel" \
                     $(cat target/vmtests/binaries) >"target/vmtests/run-$kernel.out" 2>&1
