@@ -284,8 +284,11 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 #[ignore = "needs the VM: run `make vmtest`"]
-fn vf_facts_come_from_sysfs() {
-    require_vm("vf_facts_come_from_sysfs");
+// Named to sort first (libtest runs them in name order, one at a time): on 6.12, after the
+// other tests of this binary had run, the PF was twice never discovered again within 15 s
+// (not understood yet; the diagnostics below say what the kernel shows).
+fn a_pf_and_its_vfs_have_their_facts_from_sysfs() {
+    require_vm("a_pf_and_its_vfs_have_their_facts_from_sysfs");
     let vfs = Vfs::create();
     runtime().block_on(async {
         let selection = Selection::new(&[], &[], &[], SharingMode::Slots).unwrap();
@@ -314,7 +317,14 @@ fn vf_facts_come_from_sysfs() {
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     devices = DiscoveredDevices::new("/sys".into(), selection.clone());
                 }
-                Err(err) => panic!("{pf_device} never discovered: {err:?}"),
+                Err(err) => panic!(
+                    "{pf_device} never discovered: {err:?}\nip -d link:\n{}\n/sys/class/net: {:?}",
+                    String::from_utf8_lossy(&ip(&["-d", "link", "show"])),
+                    std::fs::read_dir("/sys/class/net").map(|d| d
+                        .filter_map(Result::ok)
+                        .map(|e| e.file_name())
+                        .collect::<Vec<_>>())
+                ),
             }
         };
         println!("{pf_device}: {pf:?}");
