@@ -154,9 +154,13 @@ pub trait ClaimStore:
 {
     /// Every prepared claim.
     fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
-    /// Persists a prepared claim and IPAM changes (its leases, the blocks they come from,
+    /// Persists prepared claims and IPAM changes (their leases, the blocks they come from,
     /// pruned release records) in one durable commit: after a crash all or none are there.
-    fn save_prepared(&self, claim: &PreparedClaim, ipam: &IpamCommit) -> Result<(), Self::Error>;
+    fn save_prepared(
+        &self,
+        claims: &[&PreparedClaim],
+        ipam: &IpamCommit,
+    ) -> Result<(), Self::Error>;
     /// Forgets a prepared claim with IPAM changes (its leases removed, their release records
     /// written) in one durable commit; a missing claim succeeds.
     fn remove_prepared(&self, uid: &str, ipam: &IpamCommit) -> Result<(), Self::Error>;
@@ -412,6 +416,9 @@ pub enum ClaimError {
         #[source]
         source: parent_capacity::ParentFull,
     },
+    /// The claim's prepare gave no answer (cannot happen: every claim of a call is answered).
+    #[error("the prepare gave no answer for this claim")]
+    Unanswered,
     /// The state store failed.
     #[error("persisting the prepared claim: {0}")]
     Persist(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -836,6 +843,23 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         }
     }
 
+    /// Takes the per-UID lock of `uid` (give it back with [`Self::unlock_uid`]).
+    async fn lock_uid(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let gate = Arc::clone(lock(&self.in_flight).entry(uid.to_owned()).or_default());
+        gate.lock_owned().await
+    }
+
+    /// Gives back a lock of [`Self::lock_uid`], forgetting the UID's gate when no one else
+    /// holds or waits on it.
+    fn unlock_uid(&self, uid: &str, held: tokio::sync::OwnedMutexGuard<()>) {
+        drop(held);
+        let mut in_flight = lock(&self.in_flight);
+        // Clones are only made under this mutex: one reference means only the map's.
+        if in_flight.get(uid).is_some_and(|g| Arc::strong_count(g) == 1) {
+            in_flight.remove(uid);
+        }
+    }
+
     /// Runs `work` holding the per-UID lock of `uid`.
     async fn serialised<T>(&self, uid: &str, work: impl Future<Output = T>) -> T {
         let gate = Arc::clone(lock(&self.in_flight).entry(uid.to_owned()).or_default());
@@ -851,105 +875,164 @@ impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
         result
     }
 
-    /// Prepares one claim (holding its UID lock).
+    /// Prepares one claim (holding its UID lock): a call of one claim.
     pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
-        self.serialised(&claim.uid, async {
-            if let Some(done) = lock(&self.state).prepared.get(&claim.uid) {
-                return Ok(done.kubelet_devices());
+        let mut answers = self.prepare_claims(std::slice::from_ref(claim)).await;
+        answers.pop().map_or_else(|| Err(ClaimError::Unanswered), |(_, answer)| answer)
+    }
+
+    /// Prepares the claims of one call: each claim is checked and its addresses held on its
+    /// own (holding its UID lock), then the claims that passed are committed together, in
+    /// one blocking task and one durable store commit. A claim that fails its checks fails
+    /// alone and keeps nothing. A UID repeated in the call is answered once.
+    pub async fn prepare_claims(
+        &self,
+        claims: &[ClaimRef],
+    ) -> Vec<(ClaimRef, Result<Vec<PreparedDevice>, ClaimError>)> {
+        let mut seen = std::collections::HashSet::new();
+        let unique: Vec<ClaimRef> =
+            claims.iter().filter(|c| seen.insert(c.uid.as_str())).cloned().collect();
+        // Every claim's UID lock stays held until its commit is done, so a concurrent call
+        // for the same claim waits and then answers from memory. The locks are taken in UID
+        // order before any claim is staged: two calls sharing claims cannot each hold one
+        // the other waits for.
+        let mut unique = unique;
+        unique.sort_unstable_by(|a, b| a.uid.cmp(&b.uid));
+        let mut held = Vec::with_capacity(unique.len());
+        for claim in &unique {
+            held.push((claim.uid.clone(), self.lock_uid(&claim.uid).await));
+        }
+        let staged: Vec<(ClaimRef, Result<Staged, ClaimError>)> = futures::stream::iter(unique)
+            .map(|claim| async move {
+                let staged = self.stage_claim(&claim).await;
+                (claim, staged)
+            })
+            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+            .collect()
+            .await;
+        let mut answers = Vec::with_capacity(staged.len());
+        let mut ready = Vec::new();
+        for (claim, outcome) in staged {
+            match outcome {
+                Ok(Staged::Done(answer)) => answers.push((claim, Ok(answer))),
+                Err(err) => answers.push((claim, Err(err))),
+                Ok(Staged::Ready(claim_ready)) => ready.push(*claim_ready),
             }
-            let object = self.reader.get(&claim.namespace, &claim.name).await?;
-            let allocation =
-                allocation::extract(claim, &object, &self.identity.driver, &self.identity.node)?;
-            let pod_claim_index = match allocation.pods.first() {
-                Some(pod) => self
-                    .reader
-                    .pod_claim_names(&claim.namespace, &pod.name)
-                    .await?
-                    .and_then(|names| names.iter().position(|n| *n == claim.name))
-                    .and_then(|i| u32::try_from(i).ok()),
-                None => None,
-            };
-            let mut facts = Vec::with_capacity(allocation.results.len());
-            let mut vfs = Vec::with_capacity(allocation.results.len());
-            for result in &allocation.results {
-                let device_error =
-                    |source| ClaimError::Device { request: result.request.clone(), source };
-                let found = self.devices.facts(&result.device).await.map_err(device_error)?;
-                let parent_limit = match found.sharing {
-                    Sharing::Exclusive => None,
-                    Sharing::Shared | Sharing::Slot => {
-                        self.devices.parent_limit(&found.if_name).await.map_err(device_error)?
-                    }
-                };
-                let attributes = match &self.metadata {
-                    Some(_) => {
-                        self.devices.attributes(&result.device).await.map_err(device_error)?
-                    }
-                    None => BTreeMap::new(),
-                };
-                let vf = match found.kind {
-                    DeviceKind::SriovVf => {
-                        self.devices.virtual_function(&result.device).await.map_err(device_error)?
-                    }
-                    _ => None,
-                };
-                vfs.push(vf);
-                facts.push((found, attributes, parent_limit));
-            }
-            let merged = merged_configs(&allocation)?;
-            // The PodNetworks the configs name, from the node's watch (no API call).
-            let networks = self.pod_networks(&network_names(&allocation, &merged)).await?;
-            let inputs = PrepareInputs {
-                claim,
-                allocation: &allocation,
-                facts,
-                merged,
-                networks,
-                pod_claim_index,
-            };
-            let mut reserved = match self.reserve_claiming_blocks(&inputs).await? {
-                Ok(reserved) => reserved,
-                Err(answer) => return Ok(answer),
-            };
-            // VF settings on the PF, before the record that keeps what they replaced.
-            if let Err(err) = self.apply_vf_settings(&mut reserved.prepared, &vfs).await {
-                let mut state = lock(&self.state);
-                state.remove_pending(&claim.uid);
-                state.ipam.forget_in_memory(&reserved.new_leases);
-                return Err(err);
-            }
-            // Static PodNetwork addresses: reserved cluster-wide (API, without the lock).
-            let reservations = match self.reserve_statics(claim, &reserved.statics).await {
-                Ok(reservations) => reservations,
-                Err((err, created)) => {
-                    {
-                        let mut state = lock(&self.state);
-                        state.remove_pending(&claim.uid);
-                        state.ipam.forget_in_memory(&reserved.new_leases);
-                    }
-                    self.restore_vf_settings(&reserved.prepared).await.ok();
-                    self.drop_reservations(&created).await;
-                    return Err(err);
-                }
-            };
+        }
+        if !ready.is_empty() {
+            // Kept to undo, outside the store, what a claim whose commit failed did.
+            let undo: Vec<(ClaimRef, PreparedClaim, Vec<ipam::OwnedBlock>)> = ready
+                .iter()
+                .map(|r| (r.claim.clone(), r.reserved.prepared.clone(), r.reservations.clone()))
+                .collect();
             let state = Arc::clone(&self.state);
             let metadata = self.metadata.clone();
-            let owned_claim = claim.clone();
-            let created = reservations.clone();
-            let prepared = reserved.prepared.clone();
-            let answer = tokio::task::spawn_blocking(move || {
-                commit_prepare(&state, metadata.as_deref(), &owned_claim, reserved, &created)
+            let committed = tokio::task::spawn_blocking(move || {
+                commit_prepares(&state, metadata.as_deref(), ready)
             })
-            .await
-            .map_err(ClaimError::Task)?;
-            if answer.is_err() {
-                // Nothing was recorded: the VF goes back to what it was.
-                self.restore_vf_settings(&prepared).await.ok();
-                self.drop_reservations(&reservations).await;
+            .await;
+            let outcomes: Vec<Result<Vec<PreparedDevice>, ClaimError>> = match committed {
+                Ok(outcomes) => outcomes,
+                Err(join) => {
+                    let cause = SharedCause(Arc::new(join));
+                    undo.iter().map(|_| Err(ClaimError::Persist(Box::new(cause.clone())))).collect()
+                }
+            };
+            for ((claim, prepared, reservations), outcome) in undo.into_iter().zip(outcomes) {
+                if outcome.is_err() {
+                    // Nothing was recorded: the VF goes back to what it was.
+                    self.restore_vf_settings(&prepared).await.ok();
+                    self.drop_reservations(&reservations).await;
+                }
+                answers.push((claim, outcome));
             }
-            answer
-        })
-        .await
+        }
+        for (uid, guard) in held {
+            self.unlock_uid(&uid, guard);
+        }
+        answers
+    }
+
+    /// Checks one claim and holds what it needs (addresses in memory, VF settings, static
+    /// reservations in the API); on an error nothing stays held.
+    async fn stage_claim(&self, claim: &ClaimRef) -> Result<Staged, ClaimError> {
+        if let Some(done) = lock(&self.state).prepared.get(&claim.uid) {
+            return Ok(Staged::Done(done.kubelet_devices()));
+        }
+        let object = self.reader.get(&claim.namespace, &claim.name).await?;
+        let allocation =
+            allocation::extract(claim, &object, &self.identity.driver, &self.identity.node)?;
+        let pod_claim_index = match allocation.pods.first() {
+            Some(pod) => self
+                .reader
+                .pod_claim_names(&claim.namespace, &pod.name)
+                .await?
+                .and_then(|names| names.iter().position(|n| *n == claim.name))
+                .and_then(|i| u32::try_from(i).ok()),
+            None => None,
+        };
+        let mut facts = Vec::with_capacity(allocation.results.len());
+        let mut vfs = Vec::with_capacity(allocation.results.len());
+        for result in &allocation.results {
+            let device_error =
+                |source| ClaimError::Device { request: result.request.clone(), source };
+            let found = self.devices.facts(&result.device).await.map_err(device_error)?;
+            let parent_limit = match found.sharing {
+                Sharing::Exclusive => None,
+                Sharing::Shared | Sharing::Slot => {
+                    self.devices.parent_limit(&found.if_name).await.map_err(device_error)?
+                }
+            };
+            let attributes = match &self.metadata {
+                Some(_) => self.devices.attributes(&result.device).await.map_err(device_error)?,
+                None => BTreeMap::new(),
+            };
+            let vf = match found.kind {
+                DeviceKind::SriovVf => {
+                    self.devices.virtual_function(&result.device).await.map_err(device_error)?
+                }
+                _ => None,
+            };
+            vfs.push(vf);
+            facts.push((found, attributes, parent_limit));
+        }
+        let merged = merged_configs(&allocation)?;
+        // The PodNetworks the configs name, from the node's watch (no API call).
+        let networks = self.pod_networks(&network_names(&allocation, &merged)).await?;
+        let inputs = PrepareInputs {
+            claim,
+            allocation: &allocation,
+            facts,
+            merged,
+            networks,
+            pod_claim_index,
+        };
+        let mut reserved = match self.reserve_claiming_blocks(&inputs).await? {
+            Ok(reserved) => reserved,
+            Err(answer) => return Ok(Staged::Done(answer)),
+        };
+        // VF settings on the PF, before the record that keeps what they replaced.
+        if let Err(err) = self.apply_vf_settings(&mut reserved.prepared, &vfs).await {
+            let mut state = lock(&self.state);
+            state.remove_pending(&claim.uid);
+            state.ipam.forget_in_memory(&reserved.new_leases);
+            return Err(err);
+        }
+        // Static PodNetwork addresses: reserved cluster-wide (API, without the lock).
+        let reservations = match self.reserve_statics(claim, &reserved.statics).await {
+            Ok(reservations) => reservations,
+            Err((err, created)) => {
+                {
+                    let mut state = lock(&self.state);
+                    state.remove_pending(&claim.uid);
+                    state.ipam.forget_in_memory(&reserved.new_leases);
+                }
+                self.restore_vf_settings(&reserved.prepared).await.ok();
+                self.drop_reservations(&created).await;
+                return Err(err);
+            }
+        };
+        Ok(Staged::Ready(Box::new(ReadyClaim { claim: claim.clone(), reserved, reservations })))
     }
 
     /// Validates the claim and holds its addresses in memory under the state lock; when the
@@ -1256,24 +1339,73 @@ fn network_names(
     names
 }
 
-/// Commits a claim whose addresses are held in memory, without the state lock: writes its
-/// metadata files and commits the claim with its leases, the blocks they come from that are
-/// not recorded yet, its new static reservations and the pruned release records in one
-/// durable batch (concurrent prepares share `fdatasync`s: group commit); then, under the lock
-/// again, the claim becomes prepared, or its addresses are given back (the caller deletes
-/// `reservations` in the API).
-fn commit_prepare<S: ClaimStore>(
+/// How staging one claim of a call ended without an error.
+enum Staged {
+    /// Prepared before (a repeated call): its answer.
+    Done(Vec<PreparedDevice>),
+    /// Checked, its addresses held in memory (pending): to be committed with the call.
+    Ready(Box<ReadyClaim>),
+}
+
+/// A pending claim waiting for its call's commit.
+struct ReadyClaim {
+    claim: ClaimRef,
+    reserved: Reserved,
+    /// Its new static `PodNetwork` reservations in the API (deleted by the caller if the
+    /// commit fails).
+    reservations: Vec<ipam::OwnedBlock>,
+}
+
+/// One failure shared by every claim of a commit (a store error, a panicked task).
+#[derive(Debug)]
+struct SharedCause<E>(Arc<E>);
+
+impl<E> Clone for SharedCause<E> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for SharedCause<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for SharedCause<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Commits the pending claims of one call, without the state lock: writes each claim's
+/// metadata files (a claim whose files fail fails alone), then commits every other claim with
+/// its leases, the blocks they come from that are not recorded yet, its new static
+/// reservations and the pruned release records in one durable batch (concurrent calls share
+/// `fdatasync`s: group commit); then, under the lock again, the claims become prepared, or
+/// their addresses are given back (the caller deletes their reservations in the API).
+/// Answers in the order of `ready`.
+fn commit_prepares<S: ClaimStore>(
     state: &Mutex<State<S>>,
     metadata: Option<&DeviceMetadata>,
-    claim: &ClaimRef,
-    reserved: Reserved,
-    reservations: &[ipam::OwnedBlock],
-) -> Result<Vec<PreparedDevice>, ClaimError> {
-    let Reserved { prepared, leases, new_leases, .. } = reserved;
+    ready: Vec<ReadyClaim>,
+) -> Vec<Result<Vec<PreparedDevice>, ClaimError>> {
+    // Files before the record: a crash in between leaves files of a claim that is not
+    // prepared, which the next start removes.
+    let published: Vec<(ReadyClaim, Result<(), ClaimError>)> = ready
+        .into_iter()
+        .map(|r| {
+            let files = metadata.map_or(Ok(()), |m| m.publish(&r.reserved.prepared));
+            (r, files.map_err(ClaimError::from))
+        })
+        .collect();
     let (commit, store) = {
         let state = lock(state);
+        let passed = published.iter().filter(|(_, files)| files.is_ok()).map(|(r, _)| r);
+        let leases: Vec<Lease> =
+            passed.clone().flat_map(|r| r.reserved.leases.iter().cloned()).collect();
         let mut put_blocks = state.ipam.blocks_to_record(&leases);
-        put_blocks.extend(reservations.iter().cloned());
+        put_blocks.extend(passed.flat_map(|r| r.reservations.iter().cloned()));
         let commit = IpamCommit {
             put_leases: leases,
             put_blocks,
@@ -1282,34 +1414,47 @@ fn commit_prepare<S: ClaimStore>(
         };
         (commit, state.ipam.store().clone())
     };
-    let outcome = (|| {
-        if let Some(metadata) = metadata {
-            // Files before the record: a crash in between leaves files of a claim that is
-            // not prepared, which the next start removes.
-            metadata.publish(&prepared)?;
-        }
+    let records: Vec<&PreparedClaim> = published
+        .iter()
+        .filter(|(_, files)| files.is_ok())
+        .map(|(r, _)| &r.reserved.prepared)
+        .collect();
+    let stored = if records.is_empty() {
+        Ok(())
+    } else {
         crate::failpoint!("claims.prepare.before_commit");
-        store.save_prepared(&prepared, &commit).map_err(|e| ClaimError::Persist(Box::new(e)))
-    })();
+        store.save_prepared(&records, &commit).map_err(|e| SharedCause(Arc::new(e)))
+    };
     let mut state = lock(state);
-    state.remove_pending(&claim.uid);
-    if let Err(err) = outcome {
-        if let Some(metadata) = metadata
-            && let Err(cleanup) = metadata.remove(claim)
-        {
-            tracing::warn!(claim = %claim, error = %cleanup, "removing device metadata after a failed prepare");
-        }
-        // Nothing of this attempt reached the store: give its addresses back. Blocks it
-        // claimed stay owned (in the API they are this node's), recorded by a later commit
-        // or adopted at the next start.
-        state.ipam.forget_in_memory(&new_leases);
-        return Err(err);
+    if stored.is_ok() {
+        state.ipam.mark_recorded(&commit.put_blocks);
+        state.ipam.forget_released(&commit.remove_released);
     }
-    state.ipam.mark_recorded(&commit.put_blocks);
-    state.ipam.forget_released(&commit.remove_released);
-    let answer = prepared.kubelet_devices();
-    state.add_prepared(prepared);
-    Ok(answer)
+    published
+        .into_iter()
+        .map(|(r, files)| {
+            let ReadyClaim { claim, reserved, .. } = r;
+            state.remove_pending(&claim.uid);
+            let outcome = files.and_then(|()| {
+                stored.clone().map_err(|cause| ClaimError::Persist(Box::new(cause)))
+            });
+            if let Err(err) = outcome {
+                if let Some(metadata) = metadata
+                    && let Err(cleanup) = metadata.remove(&claim)
+                {
+                    tracing::warn!(claim = %claim, error = %cleanup, "removing device metadata after a failed prepare");
+                }
+                // Nothing of this claim reached the store: give its addresses back. Blocks
+                // it claimed stay owned (in the API they are this node's), recorded by a
+                // later commit or adopted at the next start.
+                state.ipam.forget_in_memory(&reserved.new_leases);
+                return Err(err);
+            }
+            let answer = reserved.prepared.kubelet_devices();
+            state.add_prepared(reserved.prepared);
+            Ok(answer)
+        })
+        .collect()
 }
 
 /// Validates a claim's devices and holds its addresses in memory (under the state lock);
@@ -1542,17 +1687,16 @@ fn failure(claim: &ClaimRef, err: &ClaimError) -> ClaimFailure {
 
 impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimPreparer for ClaimService<R, D, S> {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
-        futures::stream::iter(claims)
-            .map(|claim| async move {
-                let result = self.prepare_claim(&claim).await;
+        self.prepare_claims(&claims)
+            .await
+            .into_iter()
+            .map(|(claim, result)| {
                 if let Err(err) = &result {
                     tracing::warn!(claim = %claim, error = %err, "prepare failed");
                 }
                 (claim.uid.clone(), result.map_err(|e| failure(&claim, &e)))
             })
-            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
             .collect()
-            .await
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {

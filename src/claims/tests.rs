@@ -650,6 +650,77 @@ async fn fifty_claims_in_one_request_run_concurrently_with_distinct_addresses() 
     assert_eq!(addresses.len(), 50, "every claim has its own address");
 }
 
+/// Per journal entry that writes prepared claims, how many it writes.
+fn prepared_claims_per_commit(journal: &std::path::Path) -> Vec<usize> {
+    std::fs::read_to_string(journal)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|line| serde_json::from_str::<Value>(line.split_once(' ')?.1).ok())
+        .map(|entry| {
+            let ops = entry["ops"].as_array().cloned().unwrap_or_default();
+            ops.iter().filter(|op| op["kind"] == "prepared-claims" && op["op"] == "put").count()
+        })
+        .filter(|&puts| puts > 0)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_commits_its_claims_at_once_and_a_bad_claim_fails_alone() {
+    let api = Arc::new(FakeApi::default());
+    let mut refs = Vec::new();
+    for i in 0..20 {
+        let (name, uid) = (format!("c{i}"), format!("u{i}"));
+        api.put(claim(
+            &name,
+            &uid,
+            vec![result("nic", DRIVER, NODE, "eth2")],
+            vec![config("FromClaim", DRIVER, &[], pool_config())],
+        ));
+        refs.push(reference(&name, &uid));
+    }
+    // Fails its checks after the pool part of its config was read: among the good ones.
+    api.put(claim(
+        "long",
+        "bad",
+        vec![result("nic", DRIVER, NODE, "eth2")],
+        vec![config(
+            "FromClaim",
+            DRIVER,
+            &[],
+            params(json!({
+                "mode": "macvlan",
+                "interface": {"name": "this-name-is-far-too-long"},
+                "ipam": {"pool": {"subnet": "10.9.0.0/24"}}
+            })),
+        )],
+    ));
+    refs.insert(7, reference("long", "bad"));
+    // A UID twice in one call is answered once.
+    refs.push(reference("c3", "u3"));
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&api, dir.path());
+    let journal = dir.path().join("journal");
+    let results = service.prepare(refs.clone()).await;
+    assert_eq!(results.len(), 21);
+    let err = results["bad"].as_ref().unwrap_err();
+    assert!(err.message.contains("interface.name"), "{err:?}");
+    assert!((0..20).all(|i| results[&format!("u{i}")].is_ok()), "{results:?}");
+    assert_eq!(prepared_claims_per_commit(&journal), vec![20], "one commit for the call");
+    assert!(service.prepared("bad").is_none());
+    assert_eq!(lock(&service.state).ipam.leases().count(), 20, "the bad claim keeps no lease");
+    assert!(lock(&service.state).pending.is_empty());
+    // Repeated: answered from memory, nothing committed.
+    let again = service.prepare(refs).await;
+    assert_eq!(again.len(), 21);
+    assert_eq!(prepared_claims_per_commit(&journal), vec![20]);
+    // The one commit holds every claim and its lease.
+    drop(service);
+    let restarted = self::service(&api, dir.path());
+    assert_eq!(restarted.prepared_uids().len(), 20);
+    assert_eq!(lock(&restarted.state).ipam.leases().count(), 20);
+}
+
 #[tokio::test]
 async fn the_pod_of_reserved_for_is_recorded_and_finds_its_claims_after_a_restart() {
     let api = Arc::new(FakeApi::default());

@@ -44,11 +44,17 @@ impl ClaimStore for Arc<Store> {
             .collect()
     }
 
-    fn save_prepared(&self, claim: &PreparedClaim, ipam: &IpamCommit) -> Result<(), StoreError> {
+    fn save_prepared(
+        &self,
+        claims: &[&PreparedClaim],
+        ipam: &IpamCommit,
+    ) -> Result<(), StoreError> {
         let mut batch = Batch::new();
         add_ipam(&mut batch, ipam)?;
-        batch.put(&claim.uid, claim)?;
-        add_vf_snapshot_removals(self, &mut batch, claim)?;
+        for claim in claims {
+            batch.put(&claim.uid, *claim)?;
+            add_vf_snapshot_removals(self, &mut batch, claim)?;
+        }
         self.commit(batch)
     }
 
