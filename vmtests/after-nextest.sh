@@ -73,6 +73,14 @@ else
             passed=$(grep -ao 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' \
                 "target/vmtests/run-$kernel.out" | awk '{p+=$4; f+=$6} END {print p+0 " passed, " f+0 " failed"}')
             summaries+=("vmtests: kernel $kernel: exit $rc, $passed, $((finished - kernels_started)) s (log target/vmtests/$kernel.log)")
+            # The failed tests by name, and the first line of each panic, so that the lines CI
+            # keeps (the last few) say what failed without the guest's log.
+            while read -r failed; do
+                summaries+=("vmtests: kernel $kernel: FAILED $failed")
+            done < <(grep -a '^test .* \.\.\. FAILED' "target/vmtests/run-$kernel.out" | awk '{print $2}' | sort -u)
+            while read -r panic; do
+                summaries+=("vmtests: kernel $kernel: ${panic:0:300}")
+            done < <(grep -a -A1 "^thread '.*' panicked at" "target/vmtests/run-$kernel.out" | grep -av '^--$' | head -n 8)
             if [[ $rc -ne 0 ]]; then
                 vm_rc=$rc
                 tail -n 60 "target/vmtests/run-$kernel.out"
