@@ -23,7 +23,7 @@ use ipam_support::{
 use ipnetwork::IpNetwork;
 use netclaim::claims::networks::NetworkPorts;
 use netclaim::claims::{ClaimPreparer, ClaimService, ServiceIdentity};
-use netclaim::ipam::{Clock, ManualClock};
+use netclaim::ipam::{Clock, ManualClock, QUARANTINE};
 use netclaim::k8s::ip_blocks::{KubeIpBlocks, WatchedPodNetworks};
 use netclaim::model::ClaimRef;
 use netclaim::model::pod_network::IpBlock;
@@ -278,6 +278,8 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
     let mut live: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
     let mut releasing: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
     let mut acks = 0;
+    // The most claims one child's clock moved for (1 s each, from its own start).
+    let mut most_claims_of_a_child = 0u64;
     let mut reconciled = netclaim::claims::networks::BlockReconcile::default();
     for round in 0..12 {
         let url = cluster.server.url();
@@ -292,6 +294,7 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
         })
         .await
         .unwrap();
+        let mut claims_of_child = 0u64;
         for line in lines {
             // libtest prints `test <name> ... ` without a newline before the child's output.
             let parts: Vec<&str> = line.split_whitespace().collect();
@@ -299,6 +302,7 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
             match start.map_or(&[][..], |i| &parts[i..]) {
                 ["ack", claim, addresses @ ..] => {
                     acks += 1;
+                    claims_of_child += 1;
                     live.insert(
                         (*claim).to_owned(),
                         addresses.iter().map(|a| a.parse().unwrap()).collect(),
@@ -314,6 +318,8 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
                 _ => {}
             }
         }
+        // The prepare in flight at the kill moved the clock too.
+        most_claims_of_a_child = most_claims_of_a_child.max(claims_of_child + 1);
         // After the restart: every acknowledged claim is prepared with its addresses, an
         // unprepare in flight is done or not, no address is held twice, every lease lies in a
         // block this node owns in the API, and every block the API has for this node is
@@ -373,9 +379,13 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
     }
     // In the end: everything unprepared, empty blocks released: nothing of this node is
     // left in the API (no block leaked).
-    // A minute on: the releases of the last round are past their quarantine.
+    // Past every release the children recorded: each child's clock ran ahead of the real
+    // one by 1 s per claim (a fast child does a hundred claims before its kill), and a
+    // release is quarantined within 30 s of its time either way (a clock that went back does
+    // not shorten it), so the node starts that far ahead plus the quarantine.
+    let ahead = Duration::from_secs(most_claims_of_a_child) + QUARANTINE + Duration::from_secs(1);
     let (service, stop, clock) =
-        crash_node(&cluster.server.url(), dir.path(), &Claims::default(), Duration::from_mins(1));
+        crash_node(&cluster.server.url(), dir.path(), &Claims::default(), ahead);
     service.reconcile_blocks().await.unwrap();
     let refs: Vec<ClaimRef> = service
         .all_prepared()
@@ -386,7 +396,7 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
     assert!(results.values().all(Result::is_ok));
     // The addresses just released keep their blocks while quarantined; 30 s on, the empty
     // blocks go.
-    clock.advance(Duration::from_secs(30));
+    clock.advance(QUARANTINE);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         service.release_idle_blocks().await;
@@ -401,7 +411,7 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!(
-        "ipam crash test: 12 rounds, {acks} acknowledged prepares; restarts adopted {} blocks created but not recorded, forgot {} deleted but still recorded",
+        "ipam crash test: 12 rounds, {acks} acknowledged prepares (at most {most_claims_of_a_child} by one child); restarts adopted {} blocks created but not recorded, forgot {} deleted but still recorded",
         reconciled.adopted, reconciled.forgotten
     );
     assert!(acks >= 12, "the children prepared too little to test anything: {acks}");
