@@ -331,7 +331,10 @@ async fn a_pf_whose_pod_netns_is_destroyed_comes_back_and_is_named_back() {
     NetlinkOps::host_only(&host)
         .restore_in_host(index, &plan.host_device, plan.host_mtu, plan.host_mac_to_restore)
         .await
-        .unwrap();
+        .unwrap_or_else(|err| {
+            // Which link holds the name (altnames are listed): udev adds them behind us.
+            panic!("{err:?}\nhost links: {}", host_ip_json(&["-d", "link", "show"]))
+        });
     original.assert_back("restore at start");
     drop(borrowed);
 }

@@ -318,8 +318,11 @@ fn a_pf_and_its_vfs_have_their_facts_from_sysfs() {
                     devices = DiscoveredDevices::new("/sys".into(), selection.clone());
                 }
                 Err(err) => panic!(
-                    "{pf_device} never discovered: {err:?}\nip -d link:\n{}\n/sys/class/net: {:?}",
+                    "{pf_device} never discovered: {err:?}\nip -d link:\n{}\nip addr:\n{}\nroutes:\n{}{}\n/sys/class/net: {:?}",
                     String::from_utf8_lossy(&ip(&["-d", "link", "show"])),
+                    String::from_utf8_lossy(&ip(&["addr", "show"])),
+                    String::from_utf8_lossy(&ip(&["route", "show"])),
+                    String::from_utf8_lossy(&ip(&["-6", "route", "show"])),
                     std::fs::read_dir("/sys/class/net").map(|d| d
                         .filter_map(Result::ok)
                         .map(|e| e.file_name())

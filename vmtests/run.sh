@@ -41,7 +41,11 @@ mkdir -p "$(dirname "$log")"
 # Each igb sits behind a PCIe root port of its own: its VFs take device numbers on the PF's
 # bus (VF offset 0x80, stride 2), and two PFs on the root bus would claim the same slots. q35
 # is the PCIe machine (with `pc` the PF has no sriov_totalvfs); user networking with
-# `restrict=on` keeps the guest off any outside network; `romfile=` skips the boot ROM.
+# `restrict=on` keeps the guest off any outside network; `ipv6=off`: otherwise QEMU's user
+# network sends router advertisements (prefix fec0::/64), and a PF that is up gets a global
+# address and a default route some seconds later, which correctly keeps it off the published
+# devices (a node address) and failed the SR-IOV facts test whenever the RA came first;
+# `romfile=` skips the boot ROM.
 # Multi-threaded TCG (a host thread per vCPU), QEMU's default. QEMU 10.0 aborted once under
 # it in the SR-IOV suite on 6.12 (`iotlb_to_section: Assertion 'section_index <
 # d->map.sections_nb' failed`: a vCPU racing a memory-map update as VF BARs moved);
@@ -52,8 +56,8 @@ mkdir -p "$(dirname "$log")"
 accel="-accel tcg,thread=${NETCLAIM_VM_TCG_THREAD:-multi}"
 nics="-device pcie-root-port,id=rp0,bus=pcie.0,chassis=1,slot=1"
 nics+=" -device pcie-root-port,id=rp1,bus=pcie.0,chassis=2,slot=2"
-nics+=" -netdev user,id=n0,restrict=on -device igb,netdev=n0,bus=rp0,romfile="
-nics+=" -netdev user,id=n1,restrict=on -device igb,netdev=n1,bus=rp1,romfile="
+nics+=" -netdev user,id=n0,restrict=on,ipv6=off -device igb,netdev=n0,bus=rp0,romfile="
+nics+=" -netdev user,id=n1,restrict=on,ipv6=off -device igb,netdev=n1,bus=rp1,romfile="
 
 # The guest gets only what the command line sets.
 guest_env=""

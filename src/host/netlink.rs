@@ -33,6 +33,11 @@ use crate::podnet::plan::ChildKind;
 const ENOENT: i32 = 2;
 /// `EEXIST`: a link (or an altname) already has the name.
 const EEXIST: i32 = 17;
+/// Renames a NIC returning to the host tries again after dropping its own altname, while
+/// udev may still be adding it: at most this many times.
+const RESTORE_NAME_ATTEMPTS: u32 = 10;
+/// The pause between those tries.
+const RESTORE_NAME_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The daemon's netlink socket in the host netns and a handle on that netns (the target of
 /// moves back). One per daemon; cheap to clone.
@@ -601,21 +606,68 @@ impl LinkOps for NetlinkOps {
             self.host.handle.link().set(builder.build()).execute()
         };
         let op = || format!("RTM_NEWLINK restore {index} as {name}");
-        match restore().await.map_err(|err| op_error(op(), Side::Host, err)) {
-            // udev gives a device that comes back to the host netns its predictable name as an
-            // altname (systemd's `AlternativeNamesPolicy`), and altnames share the name space:
-            // the rename to that very name fails with EEXIST. Drop the altname from this link
-            // (the kernel refuses to drop another link's) and rename once more.
-            Err(err) if err.errno() == Some(EEXIST) => {
-                let dropped =
-                    self.host.handle.link().property_del(index).alt_ifname(&[name]).execute().await;
-                if dropped.is_err() {
+        let mut attempt = 0;
+        loop {
+            let err = match restore().await {
+                Ok(()) => return Ok(()),
+                Err(err) => op_error(op(), Side::Host, err),
+            };
+            attempt += 1;
+            if err.errno() != Some(EEXIST) || attempt > RESTORE_NAME_ATTEMPTS {
+                return Err(err);
+            }
+            // udev gives a device that comes back to the host netns its predictable name as
+            // an altname (systemd's `AlternativeNamesPolicy`, applied on the netdev's "add"
+            // uevent, some time after the kernel moved it), and altnames share the name space
+            // with names: the rename to that very name fails with EEXIST. The kernel resolves
+            // a name lookup through altnames too, so the holder's index says whose it is: our
+            // own altname is dropped (the kernel refuses to drop another link's) and the
+            // rename tried again; another link's name fails the restore at once.
+            match self
+                .host
+                .handle
+                .link()
+                .get()
+                .match_name(name.to_owned())
+                .execute()
+                .try_next()
+                .await
+            {
+                Ok(Some(holder)) if holder.header.index != index => {
+                    tracing::warn!(
+                        index,
+                        name,
+                        holder = holder.header.index,
+                        "another host link holds the name to restore"
+                    );
                     return Err(err);
                 }
-                tracing::info!(index, name, "dropped our own altname to restore the host name");
-                restore().await.map_err(|err| op_error(op(), Side::Host, err))
+                Ok(Some(_)) => {
+                    let dropped = self
+                        .host
+                        .handle
+                        .link()
+                        .property_del(index)
+                        .alt_ifname(&[name])
+                        .execute()
+                        .await;
+                    match dropped {
+                        Ok(()) => tracing::info!(
+                            index,
+                            name,
+                            "dropped our own altname to restore the host name"
+                        ),
+                        // Dropped meanwhile by someone else, or re-added: the next try says.
+                        Err(drop_err) => tracing::info!(index, name, error = %drop_err,
+                            "dropping our own altname failed; trying the rename again"),
+                    }
+                }
+                // The name is free again (it was in flux: udev renaming or a link going):
+                // the next rename may pass.
+                Ok(None) | Err(_) => {}
             }
-            other => other,
+            // A short pause: udev works on the uevent meanwhile.
+            tokio::time::sleep(RESTORE_NAME_PAUSE).await;
         }
     }
 
