@@ -42,6 +42,7 @@ mod claims_support;
 mod containerd_support;
 mod daemonset_support;
 mod image_support;
+mod kustomize_support;
 mod support;
 
 use std::collections::BTreeMap;

@@ -9,43 +9,15 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod kustomize_support;
 
-use serde::Deserialize as _;
+use std::path::{Path, PathBuf};
+
+use kustomize_support::kustomize as render;
 use serde_json::Value;
 
 fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy")
-}
-
-/// `$KUBECTL`, else `/usr/bin/kubectl`, else what scripts/setup/kubectl.sh unpacked.
-fn kubectl() -> PathBuf {
-    let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
-        Some(path) => vec![PathBuf::from(path)],
-        None => {
-            vec![PathBuf::from("/usr/bin/kubectl"), PathBuf::from("/opt/netclaim-test/bin/kubectl")]
-        }
-    };
-    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| {
-        panic!("kubectl not found at {candidates:?}: run scripts/setup/kubectl.sh (make test does)")
-    })
-}
-
-/// `kubectl kustomize <dir>` as JSON objects; fails with kustomize's message.
-fn render(dir: &Path) -> Vec<Value> {
-    let output = Command::new(kubectl()).arg("kustomize").arg(dir).output().unwrap();
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {} failed: {}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|document| Value::deserialize(document).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 fn kind_name(object: &Value) -> (String, String) {

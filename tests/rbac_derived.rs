@@ -29,6 +29,7 @@
 
 mod claims_support;
 mod daemon_support;
+mod kustomize_support;
 mod rbac_support;
 mod support;
 

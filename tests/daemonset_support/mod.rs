@@ -21,7 +21,6 @@ use netclaim::dev::cri::proto;
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus,
 };
-use serde::Deserialize as _;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
@@ -30,32 +29,10 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `$KUBECTL`, else `/usr/bin/kubectl`, else what scripts/setup/kubectl.sh unpacked.
-fn kubectl() -> PathBuf {
-    let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
-        Some(path) => vec![PathBuf::from(path)],
-        None => {
-            vec![PathBuf::from("/usr/bin/kubectl"), PathBuf::from("/opt/netclaim-test/bin/kubectl")]
-        }
-    };
-    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| {
-        panic!("kubectl not found at {candidates:?}: run scripts/setup/kubectl.sh (make test does)")
-    })
-}
-
 /// The `netclaim-node` DaemonSet as `kubectl kustomize deploy/base` renders it.
 pub(crate) fn rendered_node_daemonset() -> Value {
-    let dir = repo().join("deploy/base");
-    let output = Command::new(kubectl()).arg("kustomize").arg(&dir).output().unwrap();
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {} failed: {}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|document| Value::deserialize(document).unwrap())
+    crate::kustomize_support::kustomize(&repo().join("deploy/base"))
+        .into_iter()
         .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "netclaim-node")
         .expect("deploy/base renders the netclaim-node DaemonSet")
 }

@@ -11,39 +11,10 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::path::{Path, PathBuf};
 
-use serde::Deserialize as _;
 use serde_json::Value;
 
-/// `$KUBECTL`, else `/usr/bin/kubectl`, else what scripts/setup/kubectl.sh unpacked.
-fn kubectl() -> PathBuf {
-    let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
-        Some(path) => vec![PathBuf::from(path)],
-        None => {
-            vec![PathBuf::from("/usr/bin/kubectl"), PathBuf::from("/opt/netclaim-test/bin/kubectl")]
-        }
-    };
-    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| {
-        panic!("kubectl not found at {candidates:?}: run scripts/setup/kubectl.sh (make test does)")
-    })
-}
-
-/// `kubectl kustomize <dir>` as JSON objects; fails with kustomize's message.
-pub(crate) fn kustomize(dir: &Path) -> Vec<Value> {
-    let output = std::process::Command::new(kubectl()).arg("kustomize").arg(dir).output().unwrap();
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {} failed: {}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|document| Value::deserialize(document).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
-}
+pub(crate) use crate::kustomize_support::kustomize;
 
 /// One authorization check (the attributes of `authorizer.AttributesRecord` RBAC reads).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

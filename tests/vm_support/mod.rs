@@ -18,6 +18,12 @@ pub(crate) fn require_vm(test: &str) {
         Ok("1"),
         "{test}: runs inside the VM only (make vmtest)"
     );
+    // The product's log lines (udev races, retries) go with a failed test's output: a guest
+    // is gone by the time anyone reads its log.
+    let _already = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("netclaim=info"))
+        .try_init();
 }
 
 /// The netdevs of the current netns bound to `driver` (`igb`, `igbvf`), sorted.
