@@ -10,26 +10,31 @@
 //! fails with `ENOMEM` when the reader's buffer is smaller, and Go ttrpc reads through a
 //! 4096-byte `bufio.Reader`. So each ttrpc message we send is cut the way Go's 4096-byte
 //! `bufio.Writer` cuts it: a first frame with the first `min(4096, len)` bytes, then one frame
-//! with the rest. The per-connection writer therefore reassembles whole ttrpc messages (10-byte
-//! header + body) before framing them. Reading treats each connection as a byte stream, so
-//! frames of any size and split messages are accepted.
+//! with the rest. Each logical connection therefore reassembles whole ttrpc messages (10-byte
+//! header + body) from what its user writes, and the socket writer frames them. Reading treats
+//! each connection as a byte stream, so frames of any size and split messages are accepted.
 //!
-//! Buffers are bounded: each logical connection has a fixed-size in-memory pipe in each
-//! direction and the socket writer takes a bounded queue, so a slow consumer slows the socket
-//! down rather than growing memory. When the socket ends (EOF, error, or a peer that dies in the
-//! middle of a frame), every logical connection sees end-of-file and [`Mux::closed`] reports why.
+//! A logical connection reads the frames the socket reader routes to it and hands whole
+//! messages to the socket writer itself, inside its user's `poll_read`/`poll_write`: no task
+//! of its own sits between the socket and the user, so a request and its reply each cross two
+//! tasks (socket reader or writer, and the user), not four. On a node whose cores are mostly
+//! idle each hand-off to a parked thread is a wake-up of tens of microseconds on the pod's
+//! sandbox path.
+//!
+//! Buffers are bounded: each logical connection has a bounded queue of received frames and the
+//! socket writer a bounded queue of messages, so a slow consumer slows the socket down rather
+//! than growing memory. When the socket ends (EOF, error, or a peer that dies in the middle of
+//! a frame), every logical connection sees end-of-file and [`Mux::closed`] reports why.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf, ReadHalf, WriteHalf,
-};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, PollSender};
 
 /// Logical connection ID on which the plugin serves `nri.pkg.api.v1alpha1.Plugin`.
 pub const PLUGIN_SERVICE_CONN: ConnId = ConnId(1);
@@ -47,10 +52,10 @@ pub const MAX_FRAME_PAYLOAD: usize = TTRPC_HEADER_LEN + TTRPC_MAX_BODY;
 /// Go ttrpc's `bufio` buffer size, which bounds the first frame of every message we send.
 pub const GO_BUFIO_SIZE: usize = 4096;
 
-/// Capacity of each logical connection's in-memory pipe, per direction.
-const CONN_PIPE_CAPACITY: usize = 256 * 1024;
-/// Frames queued for the socket writer before writers wait.
-const WRITE_QUEUE_FRAMES: usize = 64;
+/// Frames received for one logical connection and not read yet, before the socket reader waits.
+const CONN_QUEUE_FRAMES: usize = 16;
+/// Whole messages queued for the socket writer before writers wait.
+const WRITE_QUEUE_MESSAGES: usize = 64;
 /// How long a stopping multiplexer keeps writing queued frames to a slow peer.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -158,7 +163,7 @@ type Inbound = Arc<Mutex<InboundRoutes>>;
 #[derive(Debug)]
 pub struct Mux {
     inbound: Inbound,
-    frames_tx: mpsc::Sender<(ConnId, Vec<u8>)>,
+    messages_tx: mpsc::Sender<(ConnId, Vec<u8>)>,
     state: watch::Receiver<MuxState>,
     cancel: CancellationToken,
     /// Cancelled when the socket writer has finished (flushed or given up) and shut the
@@ -174,7 +179,7 @@ impl Mux {
     {
         let (reader, writer) = tokio::io::split(stream);
         let inbound: Inbound = Arc::default();
-        let (frames_tx, frames_rx) = mpsc::channel(WRITE_QUEUE_FRAMES);
+        let (messages_tx, messages_rx) = mpsc::channel(WRITE_QUEUE_MESSAGES);
         let (state_tx, state) = watch::channel(MuxState::Running);
         let state_tx = Arc::new(state_tx);
         let cancel = CancellationToken::new();
@@ -189,10 +194,10 @@ impl Mux {
         let cancel_for_writer = cancel.clone();
         let done = writer_done.clone();
         tokio::spawn(async move {
-            write_loop(writer, frames_rx, state_tx, cancel_for_writer).await;
+            write_loop(writer, messages_rx, state_tx, cancel_for_writer).await;
             done.cancel();
         });
-        Self { inbound, frames_tx, state, cancel, writer_done }
+        Self { inbound, messages_tx, state, cancel, writer_done }
     }
 
     /// Opens logical connection `id` and returns it as a byte stream.
@@ -206,9 +211,7 @@ impl Mux {
         if !matches!(*self.state.borrow(), MuxState::Running) {
             return Err(MuxError::Closed);
         }
-        let (user_side, mux_side) = tokio::io::duplex(CONN_PIPE_CAPACITY);
-        let (mux_read, mux_write) = tokio::io::split(mux_side);
-        let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(16);
+        let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(CONN_QUEUE_FRAMES);
         let early = {
             let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
             if inbound.open.contains_key(&id) {
@@ -222,9 +225,15 @@ impl Mux {
             }
             early
         };
-        tokio::spawn(deliver_loop(early, in_rx, mux_write));
-        tokio::spawn(frame_loop(id, mux_read, self.frames_tx.clone(), self.cancel.clone()));
-        Ok(MuxConn { inner: user_side })
+        Ok(MuxConn {
+            id,
+            early: early.into(),
+            inbound: in_rx,
+            reading: Vec::new(),
+            read_at: 0,
+            outbound: PollSender::new(self.messages_tx.clone()),
+            message: Vec::new(),
+        })
     }
 
     /// Waits until the multiplexer stops and the socket is shut down; `Ok` for a clean end
@@ -381,9 +390,21 @@ async fn write_frame<W: AsyncWrite + Unpin>(
     writer.write_all(&buf).await
 }
 
+/// Writes one whole ttrpc message as the frames a Go peer can read ([`go_frames`]).
+async fn write_message<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    conn: ConnId,
+    message: Vec<u8>,
+) -> io::Result<()> {
+    for frame in go_frames(message) {
+        write_frame(writer, conn, &frame).await?;
+    }
+    Ok(())
+}
+
 async fn write_loop<W: AsyncWrite>(
     writer: W,
-    mut frames: mpsc::Receiver<(ConnId, Vec<u8>)>,
+    mut messages: mpsc::Receiver<(ConnId, Vec<u8>)>,
     state: Arc<watch::Sender<MuxState>>,
     cancel: CancellationToken,
 ) {
@@ -392,11 +413,11 @@ async fn write_loop<W: AsyncWrite>(
         loop {
             let next = tokio::select! {
                 biased;
-                next = frames.recv() => next,
+                next = messages.recv() => next,
                 () = cancel.cancelled() => break,
             };
-            let Some((conn, payload)) = next else { break };
-            let write = write_frame(&mut writer, conn, &payload);
+            let Some((conn, message)) = next else { break };
+            let write = write_message(&mut writer, conn, message);
             tokio::pin!(write);
             tokio::select! {
                 written = &mut write => written?,
@@ -412,8 +433,8 @@ async fn write_loop<W: AsyncWrite>(
         }
         // Clean stop: frames already queued go out, within the grace period.
         tokio::time::timeout(SHUTDOWN_GRACE, async {
-            while let Ok((conn, payload)) = frames.try_recv() {
-                write_frame(&mut writer, conn, &payload).await?;
+            while let Ok((conn, message)) = messages.try_recv() {
+                write_message(&mut writer, conn, message).await?;
             }
             writer.flush().await?;
             writer.shutdown().await
@@ -431,90 +452,6 @@ async fn write_loop<W: AsyncWrite>(
     cancel.cancel();
 }
 
-/// Moves frames received for one connection into its pipe, starting with those that arrived
-/// before it was opened.
-///
-/// Ends when the socket reader drops its sender (socket closed or mux stopped), after every
-/// frame already received has been handed over, so a reply followed by a close is not lost.
-async fn deliver_loop(
-    early: Vec<Vec<u8>>,
-    mut frames: mpsc::Receiver<Vec<u8>>,
-    mut pipe: WriteHalf<DuplexStream>,
-) {
-    for payload in early {
-        if pipe.write_all(&payload).await.is_err() {
-            while frames.recv().await.is_some() {}
-            return;
-        }
-    }
-    while let Some(payload) = frames.recv().await {
-        if pipe.write_all(&payload).await.is_err() {
-            // The local user dropped its end; keep draining so the socket reader never blocks.
-            while frames.recv().await.is_some() {}
-            return;
-        }
-    }
-    let _ = pipe.shutdown().await;
-}
-
-/// Cuts one connection's outgoing byte stream into ttrpc messages and frames them.
-async fn frame_loop(
-    conn: ConnId,
-    mut pipe: ReadHalf<DuplexStream>,
-    frames: mpsc::Sender<(ConnId, Vec<u8>)>,
-    cancel: CancellationToken,
-) {
-    loop {
-        let message = tokio::select! {
-            () = cancel.cancelled() => return,
-            m = read_ttrpc_message(conn, &mut pipe) => m,
-        };
-        let message = match message {
-            Ok(Some(m)) => m,
-            Ok(None) => return,
-            Err(err) => {
-                tracing::warn!(%conn, error = %err, "dropping logical connection");
-                return;
-            }
-        };
-        for frame in go_frames(message) {
-            if frames.send((conn, frame)).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
-/// Reads one whole ttrpc message (header + body) from a connection's outgoing stream.
-async fn read_ttrpc_message<R: AsyncRead + Unpin>(
-    conn: ConnId,
-    reader: &mut R,
-) -> Result<Option<Vec<u8>>, MuxError> {
-    let mut header = [0u8; TTRPC_HEADER_LEN];
-    let got = read_full(reader, &mut header).await.map_err(|e| MuxError::io("read", &e))?;
-    if got == 0 {
-        return Ok(None);
-    }
-    if got < TTRPC_HEADER_LEN {
-        // The local writer closed in the middle of a message: nothing sensible to send.
-        return Ok(None);
-    }
-    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    if len > TTRPC_MAX_BODY {
-        return Err(MuxError::MessageTooLarge { conn, len });
-    }
-    let mut message = Vec::with_capacity(TTRPC_HEADER_LEN + len);
-    message.extend_from_slice(&header);
-    message.resize(TTRPC_HEADER_LEN + len, 0);
-    let got = read_full(reader, &mut message[TTRPC_HEADER_LEN..])
-        .await
-        .map_err(|e| MuxError::io("read", &e))?;
-    if got < len {
-        return Ok(None);
-    }
-    Ok(Some(message))
-}
-
 /// Splits one ttrpc message into the frames a Go peer expects: the first
 /// `min(GO_BUFIO_SIZE, len)` bytes, then the rest (if any) as a single frame.
 #[must_use]
@@ -527,9 +464,63 @@ pub fn go_frames(mut message: Vec<u8>) -> Vec<Vec<u8>> {
 }
 
 /// One logical connection of a [`Mux`], usable as a byte stream (e.g. as a ttrpc socket).
+///
+/// Reading returns the payloads the socket reader routed here, in order (those that arrived
+/// before the connection was opened first), then end-of-file once the socket has ended and
+/// every received frame was read. Writing collects one ttrpc message at a time and queues it
+/// for the socket writer when its last byte is written; that last write waits while the
+/// writer's queue is full, so nothing is buffered here beyond the message being written.
 #[derive(Debug)]
 pub struct MuxConn {
-    inner: DuplexStream,
+    id: ConnId,
+    /// Frames that arrived before the connection was opened, read first.
+    early: VecDeque<Vec<u8>>,
+    /// Frames the socket reader routes here; closed when the socket ends.
+    inbound: mpsc::Receiver<Vec<u8>>,
+    /// The frame being read and how much of it was.
+    reading: Vec<u8>,
+    read_at: usize,
+    /// The socket writer's queue of whole messages.
+    outbound: PollSender<(ConnId, Vec<u8>)>,
+    /// The outgoing ttrpc message written so far (header, then body).
+    message: Vec<u8>,
+}
+
+impl MuxConn {
+    /// Body length announced by a complete ttrpc header.
+    fn body_len(header: &[u8]) -> usize {
+        u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize
+    }
+
+    /// How many of `buf`'s bytes belong to the message being written, and whether they end it.
+    /// A header announcing a body over ttrpc's limit is refused before anything is taken.
+    fn next_part(&self, buf: &[u8]) -> io::Result<(usize, bool)> {
+        let have = self.message.len();
+        if have < TTRPC_HEADER_LEN {
+            let take = (TTRPC_HEADER_LEN - have).min(buf.len());
+            if have + take < TTRPC_HEADER_LEN {
+                return Ok((take, false));
+            }
+            let mut header = [0u8; TTRPC_HEADER_LEN];
+            header[..have].copy_from_slice(&self.message);
+            header[have..].copy_from_slice(&buf[..take]);
+            let len = Self::body_len(&header);
+            if len > TTRPC_MAX_BODY {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    MuxError::MessageTooLarge { conn: self.id, len },
+                ));
+            }
+            return Ok((take, len == 0));
+        }
+        let missing = TTRPC_HEADER_LEN + Self::body_len(&self.message) - have;
+        let take = missing.min(buf.len());
+        Ok((take, take == missing))
+    }
+}
+
+fn mux_stopped() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, MuxError::Closed)
 }
 
 impl AsyncRead for MuxConn {
@@ -538,7 +529,27 @@ impl AsyncRead for MuxConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let this = &mut *self;
+        while this.read_at == this.reading.len() {
+            let next = match this.early.pop_front() {
+                Some(frame) => frame,
+                None => match this.inbound.poll_recv(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(frame)) => frame,
+                    // The socket ended and every frame received was read: end-of-file.
+                    Poll::Ready(None) => return Poll::Ready(Ok(())),
+                },
+            };
+            this.reading = next;
+            this.read_at = 0;
+        }
+        let take = (this.reading.len() - this.read_at).min(buf.remaining());
+        buf.put_slice(&this.reading[this.read_at..this.read_at + take]);
+        this.read_at += take;
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -548,15 +559,42 @@ impl AsyncWrite for MuxConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let this = &mut *self;
+        let (take, ends_message) = this.next_part(buf)?;
+        if ends_message {
+            // A slot in the writer's queue before the last bytes are taken: when the queue
+            // is full the caller waits here, and nothing is left behind that only a later
+            // write or flush would send.
+            match this.outbound.poll_reserve(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => return Poll::Ready(Err(mux_stopped())),
+                Poll::Ready(Ok(())) => {}
+            }
+            this.message.extend_from_slice(&buf[..take]);
+            let message = std::mem::take(&mut this.message);
+            if this.outbound.send_item((this.id, message)).is_err() {
+                return Poll::Ready(Err(mux_stopped()));
+            }
+        } else {
+            this.message.extend_from_slice(&buf[..take]);
+        }
+        Poll::Ready(Ok(take))
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Whole messages are queued as soon as they are written; a partial one cannot go.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // The protocol has no per-connection close: the connection just stops sending. A
+        // message cut off by the shutdown is dropped (a Go peer could not parse it).
+        self.message.clear();
+        self.outbound.close();
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -721,6 +759,22 @@ mod tests {
         peer.write_all(&header).await.unwrap();
         let closed = tokio::time::timeout(WAIT, mux.closed()).await.unwrap();
         assert!(matches!(closed, Err(MuxError::FrameTooLarge { conn: 2, .. })), "{closed:?}");
+    }
+
+    #[tokio::test]
+    async fn an_outgoing_message_over_the_ttrpc_limit_fails_its_writer_and_sends_nothing() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mux = Mux::new(ours);
+        let mut conn = mux.open(PLUGIN_SERVICE_CONN).unwrap();
+        let mut header = u32::try_from(TTRPC_MAX_BODY + 1).unwrap().to_be_bytes().to_vec();
+        header.extend_from_slice(&[0, 0, 0, 1, 1, 0]);
+        let err = conn.write_all(&header).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("connection 1"), "{err}");
+        // A message within the limit still goes out whole, and is the first frame sent.
+        let message = ttrpc_message(3, 5);
+        conn.write_all(&message).await.unwrap();
+        assert_eq!(read_raw_frame(&mut peer).await, (1, message));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,7 @@ enum Seen {
 }
 
 /// Records every call; refuses containers of pods named `refuse-*`; sleeps in
-/// `RunPodSandbox` for pods named `slow-*`.
+/// `RunPodSandbox` for pods named `slow-*` and panics there for pods named `panic-*`.
 struct Recorder {
     seen: mpsc::UnboundedSender<Seen>,
 }
@@ -42,6 +42,7 @@ impl PluginHandler for Recorder {
         if pod.name.starts_with("slow-") {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+        assert!(!pod.name.starts_with("panic-"), "a handler that panics on {}", pod.name);
         let _ = self.seen.send(Seen::Run(pod));
         Ok(())
     }
@@ -429,8 +430,34 @@ async fn slow_handler_is_answered_before_the_runtime_times_out() {
     // Answered in time, so the runtime keeps the plugin.
     assert_eq!(runtime.plugins().len(), 1);
     runtime.run_pod_sandbox(&pod("quick")).await.unwrap();
+    // The late call was not dropped at its deadline: it finishes after it, on its own.
+    let mut finished = Vec::new();
+    while finished.len() < 2 {
+        match tokio::time::timeout(Duration::from_secs(5), seen.recv()).await {
+            Ok(Some(Seen::Run(p))) => finished.push(p.name),
+            other => panic!("expected both sandboxes to reach the handler, got {other:?}"),
+        }
+    }
+    finished.sort();
+    assert_eq!(finished, ["quick", "slow-one"]);
     stop.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_fails_its_call_and_the_plugin_serves_on() {
+    let mut fixture =
+        Fixture::start(RuntimeProtocol::V0_12, EventMask::POD_SANDBOX_LIFECYCLE).await;
+    let runtime = fixture.runtime.as_ref().unwrap();
+    let err = runtime.run_pod_sandbox(&pod("panic-one")).await.unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::PluginFailed { message, .. } if message.contains("panicked")),
+        "{err}"
+    );
+    assert_eq!(runtime.plugins().len(), 1, "the runtime keeps the plugin");
+    runtime.run_pod_sandbox(&pod("after")).await.unwrap();
+    assert!(matches!(fixture.next().await, Seen::Run(p) if p.name == "after"));
+    fixture.stop().await;
 }
 
 #[tokio::test]
