@@ -14,7 +14,7 @@ use crate::claims::{DeviceLookup, LookupError};
 use crate::host::discovery::HostInterfaces;
 use crate::host::sysfs::Sysfs;
 use crate::inventory::Selection;
-use crate::inventory::facts::{self, LookupContext};
+use crate::inventory::facts::{self, BuiltInventories, LookupContext};
 use crate::inventory::networks::{NetworkInputs, NodeNetworks};
 use crate::inventory::publish::InterfaceSource;
 use crate::model::cause::cause;
@@ -39,6 +39,18 @@ pub struct DiscoveredDevices<I = HostInterfaces> {
     /// deleted (its hashed device names cannot be parsed back).
     seen_networks: Arc<Mutex<BTreeSet<String>>>,
     recent: Arc<RecentSnapshot<Vec<HostInterface>>>,
+    /// The inventories built for the last context, while its interfaces (the same snapshot),
+    /// networks and seen names are unchanged.
+    built: Arc<Mutex<Option<BuiltFor>>>,
+}
+
+/// The inputs [`BuiltInventories`] were built from.
+#[derive(Debug)]
+struct BuiltFor {
+    interfaces: Arc<Vec<HostInterface>>,
+    networks: NodeNetworks,
+    seen: BTreeSet<String>,
+    built: Arc<BuiltInventories>,
 }
 
 impl DiscoveredDevices {
@@ -59,6 +71,7 @@ impl<I: InterfaceSource> DiscoveredDevices<I> {
             networks: None,
             seen_networks: Arc::new(Mutex::new(BTreeSet::new())),
             recent: Arc::new(RecentSnapshot::new(DISCOVERY_REUSE)),
+            built: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -95,11 +108,34 @@ impl<I: InterfaceSource> DiscoveredDevices<I> {
     ) -> Result<T, LookupError> {
         let interfaces = self.interfaces().await?;
         let (networks, seen) = self.node_networks();
+        let built = {
+            let mut last = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+            match last.as_ref() {
+                Some(last)
+                    if Arc::ptr_eq(&last.interfaces, &interfaces)
+                        && last.networks == networks
+                        && last.seen == seen =>
+                {
+                    Arc::clone(&last.built)
+                }
+                _ => {
+                    let built = Arc::new(BuiltInventories::default());
+                    *last = Some(BuiltFor {
+                        interfaces: Arc::clone(&interfaces),
+                        networks: networks.clone(),
+                        seen: seen.clone(),
+                        built: Arc::clone(&built),
+                    });
+                    built
+                }
+            }
+        };
         Ok(lookup(&LookupContext {
             interfaces: &interfaces,
             selection: &self.selection,
             networks: &networks,
             seen_networks: &seen,
+            built: &built,
         }))
     }
 }

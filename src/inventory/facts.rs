@@ -9,6 +9,7 @@
 //! prepared and its pod keeps working (DESIGN §4: `enabled: false` keeps running pods).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use crate::inventory::networks::NodeNetworks;
 use crate::inventory::{
@@ -37,6 +38,42 @@ pub struct LookupContext<'a> {
     pub networks: &'a NodeNetworks,
     /// Names of PodNetworks seen earlier (for devices of networks deleted since).
     pub seen_networks: &'a BTreeSet<String>,
+    /// The inventories built from the four above so far; share one between contexts only
+    /// while those four are unchanged.
+    pub built: &'a BuiltInventories,
+}
+
+/// The node's inventory in each sharing mode, with and without its PodNetworks, each built at
+/// most once: the lookups of one kubelet request (facts, attributes and parent limit of each
+/// of its claims, up to a hundred) read the same few instead of rebuilding the node's whole
+/// inventory several times per claim.
+#[derive(Debug, Default)]
+pub struct BuiltInventories {
+    capacity: OnceLock<Inventory>,
+    slots: OnceLock<Inventory>,
+    capacity_without_networks: OnceLock<Inventory>,
+    slots_without_networks: OnceLock<Inventory>,
+}
+
+impl LookupContext<'_> {
+    /// The inventory this node publishes in `mode`, with its PodNetworks or without any.
+    fn inventory(&self, mode: SharingMode, with_networks: bool) -> &Inventory {
+        let built = self.built;
+        let cell = match (mode, with_networks) {
+            (SharingMode::Capacity, true) => &built.capacity,
+            (SharingMode::Slots, true) => &built.slots,
+            (SharingMode::Capacity, false) => &built.capacity_without_networks,
+            (SharingMode::Slots, false) => &built.slots_without_networks,
+        };
+        cell.get_or_init(|| {
+            let selection = self.selection.clone().with_sharing_mode(mode);
+            if with_networks {
+                Inventory::build_with(self.interfaces, &selection, self.networks)
+            } else {
+                Inventory::build_with(self.interfaces, &selection, &NodeNetworks::default())
+            }
+        })
+    }
 }
 
 /// Facts of device `name` as this node would publish it now. Both sharing modes are tried:
@@ -68,8 +105,8 @@ pub fn device_attributes(
 /// published on it now (claims already there keep working; nothing is refused).
 #[must_use]
 pub fn parent_limit(context: &LookupContext<'_>, if_name: &str) -> Option<u32> {
-    let selection = context.selection.clone().with_sharing_mode(SharingMode::Capacity);
-    Inventory::build_with(context.interfaces, &selection, context.networks)
+    context
+        .inventory(SharingMode::Capacity, true)
         .devices
         .iter()
         .filter(|d| d.if_name == if_name)
@@ -80,21 +117,16 @@ pub fn parent_limit(context: &LookupContext<'_>, if_name: &str) -> Option<u32> {
 /// The device `name` stands for: published now (with the node's networks, then as a plain
 /// shared device without them), else a PodNetwork device that left the slice.
 fn find_device(context: &LookupContext<'_>, name: &str) -> Option<Device> {
-    let no_networks = NodeNetworks::default();
-    let published = |networks: &NodeNetworks| {
+    let published = |with_networks: bool| {
         [SharingMode::Capacity, SharingMode::Slots].into_iter().find_map(|mode| {
-            let selection = context.selection.clone().with_sharing_mode(mode);
-            Inventory::build_with(context.interfaces, &selection, networks)
-                .devices
-                .into_iter()
-                .find(|d| d.name == name)
+            context.inventory(mode, with_networks).devices.iter().find(|d| d.name == name).cloned()
         })
     };
-    published(context.networks)
+    published(true)
         // A `--shared-parents` device whose parent a PodNetwork took over; never an
         // exclusive device that only exists without the networks (its NIC now carries a
         // network's children, or is kept for them).
-        .or_else(|| published(&no_networks).filter(|d| d.sharing != Sharing::Exclusive))
+        .or_else(|| published(false).filter(|d| d.sharing != Sharing::Exclusive))
         .or_else(|| departed_network_device(context, name))
 }
 

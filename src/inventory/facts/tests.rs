@@ -40,7 +40,9 @@ fn context<'a>(
     networks: &'a NodeNetworks,
     seen: &'a BTreeSet<String>,
 ) -> LookupContext<'a> {
-    LookupContext { interfaces, selection, networks, seen_networks: seen }
+    // A memo of its own per context: the tests change networks between lookups.
+    let built = Box::leak(Box::default());
+    LookupContext { interfaces, selection, networks, seen_networks: seen, built }
 }
 
 /// A Ready macvlan network on `parents` with `capacity`.
