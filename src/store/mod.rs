@@ -45,6 +45,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use self::disk::{Disk, DiskFile, OsDisk};
@@ -207,12 +208,78 @@ struct Header {
     version: u32,
 }
 
-/// One operation of a committed batch.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+/// One operation of a committed batch. A record's data stays the JSON text it was written
+/// as, in memory too: a tree of `serde_json::Value`s took several times the text's size for
+/// every record the daemon keeps (a prepared claim, a pod's interfaces), and was built only to
+/// be written out or decoded once.
+#[derive(Debug, Clone)]
 enum Op {
-    Put { kind: String, key: String, version: u32, data: Value },
+    Put { kind: String, key: String, version: u32, data: Box<RawValue> },
     Remove { kind: String, key: String },
+}
+
+/// An [`Op`] as a journal line spells it: `{"op":"put","kind":…,"key":…,"version":…,
+/// "data":{…}}` or `{"op":"remove","kind":…,"key":…}`. A struct rather than an internally
+/// tagged enum: serde buffers such an enum's fields, and raw JSON cannot pass through that.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpLine {
+    op: OpName,
+    kind: String,
+    key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<Box<RawValue>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum OpName {
+    Put,
+    Remove,
+}
+
+impl Serialize for Op {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct OpLineRef<'a> {
+            op: OpName,
+            kind: &'a str,
+            key: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            version: Option<u32>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            data: Option<&'a RawValue>,
+        }
+        let line = match self {
+            Op::Put { kind, key, version, data } => {
+                OpLineRef { op: OpName::Put, kind, key, version: Some(*version), data: Some(data) }
+            }
+            Op::Remove { kind, key } => {
+                OpLineRef { op: OpName::Remove, kind, key, version: None, data: None }
+            }
+        };
+        line.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Op {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let line = OpLine::deserialize(deserializer)?;
+        match (line.op, line.version, line.data) {
+            (OpName::Put, Some(version), Some(data)) => {
+                Ok(Op::Put { kind: line.kind, key: line.key, version, data })
+            }
+            (OpName::Put, None, _) => Err(D::Error::missing_field("version")),
+            (OpName::Put, _, None) => Err(D::Error::missing_field("data")),
+            (OpName::Remove, None, None) => Ok(Op::Remove { kind: line.kind, key: line.key }),
+            (OpName::Remove, _, _) => {
+                Err(D::Error::custom("a remove carries no version and no data"))
+            }
+        }
+    }
 }
 
 /// One journal line.
@@ -222,11 +289,11 @@ struct Entry {
     ops: Vec<Op>,
 }
 
-/// A record as held in memory: its schema version and raw data.
+/// A record as held in memory: its schema version and its data as JSON text.
 #[derive(Debug, Clone)]
 struct Stored {
     version: u32,
-    data: Value,
+    data: Box<RawValue>,
     /// Encoded size, for the compaction threshold.
     bytes: u64,
 }
@@ -247,11 +314,8 @@ impl Batch {
     /// Adds a create-or-replace of `key`.
     pub fn put<R: Record>(&mut self, key: &str, record: &R) -> Result<&mut Batch, StoreError> {
         check_key::<R>(key)?;
-        let data = serde_json::to_value(record).map_err(|source| StoreError::Encode {
-            kind: R::KIND,
-            key: key.to_owned(),
-            source,
-        })?;
+        let data = serde_json::value::to_raw_value(record)
+            .map_err(|source| StoreError::Encode { kind: R::KIND, key: key.to_owned(), source })?;
         self.ops.push(Op::Put {
             kind: R::KIND.to_owned(),
             key: key.to_owned(),
@@ -534,7 +598,7 @@ impl Store {
     pub fn get<R: Record>(&self, key: &str) -> Result<Option<R>, StoreError> {
         let stored =
             self.lock_journal().records.get(&(R::KIND.to_owned(), key.to_owned())).cloned();
-        stored.map(|s| decode_record::<R>(key, s).map(|(record, _)| record)).transpose()
+        stored.map(|s| decode_record::<R>(key, &s).map(|(record, _)| record)).transpose()
     }
 
     /// Every record of a kind, sorted by key. Records of an older version are migrated and
@@ -552,7 +616,7 @@ impl Store {
         let mut out = Vec::with_capacity(stored.len());
         let mut upgrades = Batch::new();
         for (key, s) in stored {
-            let (record, migrated) = decode_record::<R>(&key, s)?;
+            let (record, migrated) = decode_record::<R>(&key, &s)?;
             if migrated {
                 upgrades.put(&key, &record)?;
             }
@@ -695,9 +759,9 @@ struct EntryRef<'a> {
     ops: &'a [Op],
 }
 
-fn encoded_size(data: &Value) -> u64 {
+fn encoded_size(data: &RawValue) -> u64 {
     // Key and envelope overhead are small next to the data; this only steers compaction.
-    serde_json::to_string(data).map_or(0, |s| s.len() as u64) + 64
+    data.get().len() as u64 + 64
 }
 
 fn checksum(json: &str) -> String {
@@ -822,7 +886,7 @@ fn load_journal(
 }
 
 /// Decodes a stored record: `(record, whether it was migrated)`.
-fn decode_record<R: Record>(key: &str, stored: Stored) -> Result<(R, bool), StoreError> {
+fn decode_record<R: Record>(key: &str, stored: &Stored) -> Result<(R, bool), StoreError> {
     if stored.version > R::VERSION {
         return Err(StoreError::NewerVersion {
             kind: R::KIND,
@@ -831,7 +895,13 @@ fn decode_record<R: Record>(key: &str, stored: Stored) -> Result<(R, bool), Stor
             supported: R::VERSION,
         });
     }
-    let mut data = stored.data;
+    let decode_error = |source| StoreError::Decode { kind: R::KIND, key: key.to_owned(), source };
+    if stored.version == R::VERSION {
+        let record = serde_json::from_str(stored.data.get()).map_err(decode_error)?;
+        return Ok((record, false));
+    }
+    // Migrations work on a tree, once per record and release.
+    let mut data: Value = serde_json::from_str(stored.data.get()).map_err(decode_error)?;
     for from in stored.version..R::VERSION {
         data = R::migrate(from, data).map_err(|reason| StoreError::Migrate {
             kind: R::KIND,
@@ -840,10 +910,6 @@ fn decode_record<R: Record>(key: &str, stored: Stored) -> Result<(R, bool), Stor
             reason,
         })?;
     }
-    let record = serde_json::from_value(data).map_err(|source| StoreError::Decode {
-        kind: R::KIND,
-        key: key.to_owned(),
-        source,
-    })?;
-    Ok((record, stored.version < R::VERSION))
+    let record = serde_json::from_value(data).map_err(decode_error)?;
+    Ok((record, true))
 }

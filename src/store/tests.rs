@@ -471,10 +471,12 @@ fn an_entry_encoded_op_by_op_is_the_entry_serialised_whole() {
             kind: "test-leases".to_owned(),
             key: "claim-1/\"quoted\"\n".to_owned(),
             version: 2,
-            data: json!({"claim": "c", "ip": "10.0.0.1", "nested": {"list": [1, "two", null]}}),
+            data: raw(
+                &json!({"claim": "c", "ip": "10.0.0.1", "nested": {"list": [1, "two", null]}}),
+            ),
         },
         Op::Remove { kind: "test-leases".to_owned(), key: "claim-2".to_owned() },
-        Op::Put { kind: "k".to_owned(), key: "é".to_owned(), version: 1, data: json!("x") },
+        Op::Put { kind: "k".to_owned(), key: "é".to_owned(), version: 1, data: raw(&json!("x")) },
     ];
     for count in 0..=ops.len() {
         let (json, sizes) = encode_entry(&ops[..count]).unwrap();
@@ -483,5 +485,36 @@ fn an_entry_encoded_op_by_op_is_the_entry_serialised_whole() {
         for (op, size) in ops.iter().zip(&sizes) {
             assert_eq!(*size, op_size(serde_json::to_string(op).unwrap().len()));
         }
+    }
+}
+
+fn raw(value: &serde_json::Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(&value).unwrap()
+}
+
+/// Ops read and write exactly as the journal lines of earlier releases spell them (the data
+/// kept as its text, key order included), and a malformed op is refused by name.
+#[test]
+fn an_op_reads_and_writes_as_earlier_releases_spelled_it() {
+    for line in [
+        r#"{"op":"put","kind":"claims","key":"uid-1","version":5,"data":{"z":1,"a":[1,"two",null],"n":{"b":true}}}"#,
+        r#"{"op":"remove","kind":"claims","key":"uid-1"}"#,
+        r#"{"op":"put","kind":"k","key":"\"quoted\"\n","version":1,"data":"x"}"#,
+    ] {
+        let op: Op = serde_json::from_str(line).unwrap();
+        assert_eq!(serde_json::to_string(&op).unwrap(), line);
+    }
+    for (line, why) in [
+        (r#"{"op":"put","kind":"k","key":"a","data":{}}"#, "missing field `version`"),
+        (r#"{"op":"put","kind":"k","key":"a","version":1}"#, "missing field `data`"),
+        (r#"{"op":"remove","kind":"k","key":"a","version":1}"#, "a remove carries no version"),
+        (
+            r#"{"op":"put","kind":"k","key":"a","version":1,"data":1,"extra":2}"#,
+            "unknown field `extra`",
+        ),
+        (r#"{"op":"rename","kind":"k","key":"a"}"#, "unknown variant `rename`"),
+    ] {
+        let err = serde_json::from_str::<Op>(line).unwrap_err().to_string();
+        assert!(err.contains(why), "{line}: {err}");
     }
 }
