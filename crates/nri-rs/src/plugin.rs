@@ -18,7 +18,9 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
@@ -462,7 +464,9 @@ impl<H: PluginHandler> Session<H> {
     /// Runs a handler call bounded by the handler deadline. The call runs on the request's
     /// own task (a task of its own would cost a wake-up of that task's thread and one back on
     /// every request, tens of microseconds each on an idle node); a call still running at the
-    /// deadline moves to a task of its own and keeps running there.
+    /// deadline, or when ttrpc drops the request (the runtime's connection closed), moves to a
+    /// task of its own and runs to its end there: a handler is never cut off between two of
+    /// its steps.
     async fn call<F, Fut>(&self, what: &'static str, call: F) -> ttrpc::Result<()>
     where
         F: FnOnce(Arc<H>) -> Fut,
@@ -471,12 +475,12 @@ impl<H: PluginHandler> Session<H> {
         let deadline =
             handler_deadline(*self.request_timeout.lock().unwrap_or_else(PoisonError::into_inner));
         let due = tokio::time::Instant::now() + deadline;
-        let mut work = Box::pin(CALL_DEADLINE.scope(due, call(Arc::clone(&self.handler))));
+        let mut work =
+            RunToCompletion::new(CALL_DEADLINE.scope(due, call(Arc::clone(&self.handler))));
         let outcome =
             tokio::time::timeout_at(due, AssertUnwindSafe(&mut work).catch_unwind()).await;
-        if outcome.is_err() {
-            drop(tokio::spawn(work));
-        }
+        // Past the deadline `work` is dropped here unfinished, which moves it to a task.
+        drop(work);
         match outcome {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(err))) => {
@@ -529,6 +533,64 @@ impl<H: PluginHandler> Session<H> {
 
 fn pod_of(pod: &protobuf::MessageField<api::PodSandbox>) -> PodSandbox {
     pod.as_ref().map(PodSandbox::from).unwrap_or_default()
+}
+
+/// A future polled where it is awaited that, dropped before it finished (its deadline passed,
+/// or ttrpc dropped the request because the runtime's connection closed), is not cancelled:
+/// it is spawned to finish on a task of its own.
+struct RunToCompletion<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    /// `None` once finished (or after it panicked: a panicked future is not run again).
+    work: Option<Pin<Box<F>>>,
+}
+
+impl<F> RunToCompletion<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn new(work: F) -> Self {
+        Self { work: Some(Box::pin(work)) }
+    }
+}
+
+impl<F> Future for RunToCompletion<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Out while it runs: if it panics, it is dropped here and never spawned.
+        let Some(mut work) = self.work.take() else {
+            return Poll::Pending;
+        };
+        match work.as_mut().poll(cx) {
+            Poll::Ready(output) => Poll::Ready(output),
+            Poll::Pending => {
+                self.work = Some(work);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<F> Drop for RunToCompletion<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            drop(runtime.spawn(work));
+        }
+    }
 }
 
 #[async_trait::async_trait]

@@ -460,6 +460,28 @@ async fn a_handler_that_panics_fails_its_call_and_the_plugin_serves_on() {
     fixture.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_when_the_runtime_goes_away_still_runs_to_its_end() {
+    let mut f = Fixture::start(RuntimeProtocol::V0_12, EventMask::POD_SANDBOX_LIFECYCLE).await;
+    let runtime = f.runtime.take().unwrap();
+    // `slow-*` sleeps 2 s in the handler; the runtime goes away 0.3 s into it, so the plugin
+    // drops the connection and the request with it.
+    let call = tokio::spawn(async move { runtime.run_pod_sandbox(&pod("slow-cut")).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    call.abort();
+    tokio::time::timeout(WAIT, f.status.wait_for(|s| *s == PluginStatus::Disconnected))
+        .await
+        .unwrap()
+        .unwrap();
+    // A handler cut off between two steps would leave half its work done (an interface
+    // created and not recorded): it finishes instead.
+    match tokio::time::timeout(Duration::from_secs(5), f.seen.recv()).await {
+        Ok(Some(Seen::Run(p))) => assert_eq!(p.name, "slow-cut"),
+        other => panic!("the handler did not finish: {other:?}"),
+    }
+    f.stop().await;
+}
+
 #[tokio::test]
 async fn invalid_plugin_names_are_refused_before_connecting() {
     assert!(matches!(PluginOptions::new("bad name", "10"), Err(PluginError::InvalidName(_))));
