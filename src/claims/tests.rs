@@ -379,12 +379,12 @@ async fn config_merges_class_then_claim_entries_for_the_matching_request_only() 
     assert_eq!(b.if_name, "eth2", "a slot maps to its parent");
 }
 
-#[tokio::test]
-async fn invalid_config_names_the_field_and_reserves_nothing() {
-    let api = Arc::new(FakeApi::default());
-    api.put(claim(
+/// Claim `long` with UID `uid`, whose config asks for an interface name over the kernel's
+/// 15 bytes after naming a pool: it fails its checks once the pool part was read.
+fn claim_with_too_long_interface_name(uid: &str) -> ResourceClaim {
+    claim(
         "long",
-        "u1",
+        uid,
         vec![result("nic", DRIVER, NODE, "eth2")],
         vec![config(
             "FromClaim",
@@ -396,7 +396,13 @@ async fn invalid_config_names_the_field_and_reserves_nothing() {
                 "ipam": {"pool": {"subnet": "10.9.0.0/24"}}
             })),
         )],
-    ));
+    )
+}
+
+#[tokio::test]
+async fn invalid_config_names_the_field_and_reserves_nothing() {
+    let api = Arc::new(FakeApi::default());
+    api.put(claim_with_too_long_interface_name("u1"));
     let dir = tempfile::tempdir().unwrap();
     let service = service(&api, dir.path());
     let err = prepare_one(&service, &reference("long", "u1")).await.unwrap_err();
@@ -680,21 +686,7 @@ async fn a_call_commits_its_claims_at_once_and_a_bad_claim_fails_alone() {
         refs.push(reference(&name, &uid));
     }
     // Fails its checks after the pool part of its config was read: among the good ones.
-    api.put(claim(
-        "long",
-        "bad",
-        vec![result("nic", DRIVER, NODE, "eth2")],
-        vec![config(
-            "FromClaim",
-            DRIVER,
-            &[],
-            params(json!({
-                "mode": "macvlan",
-                "interface": {"name": "this-name-is-far-too-long"},
-                "ipam": {"pool": {"subnet": "10.9.0.0/24"}}
-            })),
-        )],
-    ));
+    api.put(claim_with_too_long_interface_name("bad"));
     refs.insert(7, reference("long", "bad"));
     // A UID twice in one call is answered once.
     refs.push(reference("c3", "u3"));
