@@ -171,6 +171,17 @@ fn prepare_benches(c: &mut Criterion) {
         });
     });
 
+    // The floor of `repeated` back to back: the gRPC round trip of a call without claims.
+    group.bench_function("empty_call", |b| {
+        b.to_async(&kubelet).iter_custom(|iters| async move {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                total += prepare(client, &[]).await;
+            }
+            total
+        });
+    });
+
     group.bench_function("100_claims_one_call", |b| {
         b.to_async(&kubelet).iter_custom(|iters| async move {
             let mut total = Duration::ZERO;
@@ -218,8 +229,11 @@ impl Sides<'_> {
         let mut empty = vec![];
         let (mut read100, mut new100) = (vec![], vec![]);
         for round in 0..rounds {
-            for turn in 0..4 {
-                match (round + turn) % 4 {
+            // The repeated prepare and the call without claims each take a turn of their
+            // own: a call right after another finds the runtimes' threads awake, one after
+            // other work does not, and in one turn the second always had the first's help.
+            for turn in 0..5 {
+                match (round + turn) % 5 {
                     0 => fsync.push(durable_append(&mut floor_file)),
                     1 => {
                         let claim = self.kubelet.block_on(self.claims.allocate(1));
@@ -227,10 +241,8 @@ impl Sides<'_> {
                         new.push(self.kubelet.block_on(prepare(self.client, &claim)));
                         self.kubelet.block_on(release(self.client, self.claims, &claim));
                     }
-                    2 => {
-                        repeat.push(self.kubelet.block_on(prepare(self.client, repeated)));
-                        empty.push(self.kubelet.block_on(prepare(self.client, &[])));
-                    }
+                    2 => repeat.push(self.kubelet.block_on(prepare(self.client, repeated))),
+                    3 => empty.push(self.kubelet.block_on(prepare(self.client, &[]))),
                     // A 100-claim call every fourth round: each allocates 200 API objects.
                     _ if round % 4 == 0 => {
                         let batch = self.kubelet.block_on(self.claims.allocate(100));

@@ -26,6 +26,7 @@
 //! comes from a [`Clock`] (tests inject one).
 
 pub mod blocks;
+mod occupancy;
 pub mod pool;
 
 #[cfg(test)]
@@ -377,11 +378,15 @@ pub struct Ipam<S> {
     /// Every lease, by address (all pools and families: `IpAddr` orders IPv4 before IPv6,
     /// numerically within a family, so range scans work per family).
     by_address: BTreeMap<IpAddr, Lease>,
+    /// The keys of `by_address` as runs.
+    leased_runs: occupancy::AddressRuns,
     /// The address each owner holds in each pool.
     by_owner: HashMap<(LeaseOwner, PoolKey), IpAddr>,
     /// The latest release of each address (quarantined while younger than [`QUARANTINE`];
     /// older ones wait to be pruned by a later commit).
     released: BTreeMap<IpAddr, ReleasedAddress>,
+    /// The records of `released` as runs.
+    released_runs: occupancy::ReleasedRuns,
     /// Older records of addresses released again since, waiting to be pruned.
     superseded: Vec<ReleasedAddress>,
     /// Owned blocks by `IPBlock` name.
@@ -405,8 +410,10 @@ impl<S: LeaseStore> Ipam<S> {
             store,
             clock,
             by_address: BTreeMap::new(),
+            leased_runs: occupancy::AddressRuns::default(),
             by_owner: HashMap::new(),
             released: BTreeMap::new(),
+            released_runs: occupancy::ReleasedRuns::default(),
             superseded: Vec::new(),
             blocks: BTreeMap::new(),
         };
@@ -458,6 +465,7 @@ impl<S: LeaseStore> Ipam<S> {
             state.empty_since_ms = None;
             state.leased += 1;
         }
+        self.leased_runs.insert(lease.address);
         self.by_address.insert(lease.address, lease);
     }
 
@@ -472,18 +480,12 @@ impl<S: LeaseStore> Ipam<S> {
     ) -> Option<u128> {
         let mut current = candidate;
         loop {
-            let after_leases = pool::skip_run(&self.by_address, current, like)?;
-            let mut after_released = after_leases;
-            let run = self
-                .released
-                .range(pool::from_u128(after_leases, like)..)
-                .take_while(|(ip, _)| ip.is_ipv4() == like.is_ipv4());
-            for (ip, record) in run {
-                if pool::to_u128(*ip) != after_released || !quarantines(record, claim_uid, now) {
-                    break;
-                }
-                after_released = after_released.checked_add(1)?;
-            }
+            let after_leases = match self.leased_runs.run_end(current, like) {
+                Some(end) => end.checked_add(1)?,
+                None => current,
+            };
+            let after_released =
+                self.released_runs.first_unquarantined(after_leases, like, claim_uid, now)?;
             if after_released == current {
                 return Some(current);
             }
@@ -596,6 +598,7 @@ impl<S: LeaseStore> Ipam<S> {
         lease.pod_network = pod_network.map(str::to_owned);
         // Not indexed by owner: one owner may hold several static addresses of one subnet,
         // and `reserve` looks owners up for pools only.
+        self.leased_runs.insert(ip);
         self.by_address.insert(ip, lease.clone());
         Ok((lease, true))
     }
@@ -769,6 +772,7 @@ impl<S: LeaseStore> Ipam<S> {
         for lease in leases {
             if self.by_address.get(&lease.address) == Some(lease) {
                 self.by_address.remove(&lease.address);
+                self.leased_runs.remove(lease.address);
             }
             if let Some(key) = pool_key(lease)
                 && self.by_owner.get(&(lease.owner.clone(), key.clone())) == Some(&lease.address)
@@ -802,11 +806,14 @@ impl<S: LeaseStore> Ipam<S> {
                 self.superseded.push(record);
             }
             _ => {
-                if let Some(old) = self.released.insert(record.address, record)
-                    && !self.superseded.contains(&old)
-                {
-                    self.superseded.push(old);
+                if let Some(old) = self.released.remove(&record.address) {
+                    self.released_runs.remove(&old);
+                    if !self.superseded.contains(&old) {
+                        self.superseded.push(old);
+                    }
                 }
+                self.released_runs.insert(&record);
+                self.released.insert(record.address, record);
             }
         }
     }
@@ -824,9 +831,9 @@ impl<S: LeaseStore> Ipam<S> {
     #[must_use]
     pub fn expired_releases(&self) -> Vec<ReleasedAddress> {
         let now = self.clock.now_ms();
-        self.released
-            .values()
-            .filter(|r| now.abs_diff(r.released_at_ms) >= QUARANTINE_MS)
+        self.released_runs
+            .outside_window(now)
+            .filter_map(|ip| self.released.get(ip))
             .chain(self.superseded.iter())
             .cloned()
             .collect()
@@ -838,6 +845,7 @@ impl<S: LeaseStore> Ipam<S> {
             self.superseded.retain(|r| r != record);
             if self.released.get(&record.address) == Some(record) {
                 self.released.remove(&record.address);
+                self.released_runs.remove(record);
             }
         }
     }

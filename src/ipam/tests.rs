@@ -368,6 +368,9 @@ proptest! {
                             prop_assert_eq!(*before, lease.address, "idempotent reserve moved");
                         } else {
                             prop_assert!(!quarantined_for(i, &lease.address), "{} handed out inside its quarantine", lease.address);
+                            // Lowest-free: no lower allowed address was free for this owner.
+                            let lowest = allowed.iter().find(|a| !held.values().any(|h| h == *a) && !quarantined_for(i, a));
+                            prop_assert_eq!(lowest, Some(&lease.address), "not the lowest free address");
                         }
                         prop_assert!(held.iter().all(|(j, a)| *j == i || *a != lease.address), "duplicate {}", lease.address);
                         held.insert(i, lease.address);
