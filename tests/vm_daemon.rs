@@ -195,7 +195,13 @@ fn a_vf_as_host_device(node: &Node, vf: &str, vf_pci: &str) {
     assert_eq!(link["parentbus"], "pci", "{link}");
     assert_eq!(link["parentdev"].as_str(), Some(vf_pci), "{link}");
     assert_eq!(link["mtu"], 1400);
-    assert_eq!(pod_ipv4(&pod_netns, "net1").as_deref(), Some("192.0.2.10/24"));
+    assert_eq!(
+        pod_ipv4(&pod_netns, "net1").as_deref(),
+        Some("192.0.2.10/24"),
+        "{:#?}\n{}",
+        pod_links(&pod_netns),
+        node.log("node.log")
+    );
     assert!(host_link(&node.netns, vf).is_none(), "moved out of the node netns");
     let claim = node.wait_for_status("vf-net", "True", "NetworkReady", "node.log");
     assert_eq!(network_ips(&claim), ["192.0.2.10/24"]);

@@ -321,7 +321,7 @@ pub(crate) fn pod(netns: &Netns, name: &str) -> PodSandbox {
 }
 
 /// `ip -j addr show dev net1` in the pod: the IPv4 address with prefix, or `None` when
-/// there is no net1 or it is down.
+/// there is no net1 or it is administratively down.
 pub(crate) fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
     let output = std::process::Command::new("ip")
         .args(["-n", &pod_netns.name, "-j", "addr", "show", "dev", name])
@@ -332,8 +332,12 @@ pub(crate) fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
     }
     let parsed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let link = &parsed[0];
-    if link["operstate"].as_str() == Some("DOWN") {
-        // Not (yet) attached: a half-done attach that reconcile is about to redo.
+    // Not (yet) attached: a half-done attach that reconcile is about to redo leaves the link
+    // administratively down. Not the operstate: that follows the carrier, and a VF loses it
+    // for a moment whenever its PF resets (igbvf logs "PF still resetting": the VF test
+    // failed here on 6.1 at such a moment).
+    let admin_up = link["flags"].as_array().is_some_and(|flags| flags.iter().any(|f| f == "UP"));
+    if !admin_up {
         return None;
     }
     // An empty answer: the link went away between the lookup and the listing.
