@@ -18,7 +18,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 use netclaim::claims::{ClaimService, DeviceLookup, ServiceIdentity};
-use netclaim::host::device_lookup::DiscoveredDevices;
+use netclaim::inventory::device_lookup::DiscoveredDevices;
 use netclaim::inventory::networks::NetworkInputs;
 use netclaim::inventory::publish::{
     self, InterfaceSource, NodeWarnings, Publisher, RequestedSharing, SliceApi, SliceApiError,

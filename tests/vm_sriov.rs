@@ -29,7 +29,7 @@ use netclaim::claims::vf::VfPort;
 use netclaim::claims::{
     ClaimPreparer, ClaimReader, ClaimService, DeviceLookup, ReadError, ServiceIdentity,
 };
-use netclaim::host::device_lookup::DiscoveredDevices;
+use netclaim::inventory::device_lookup::DiscoveredDevices;
 use netclaim::host::netlink::HostNetlink;
 use netclaim::host::sriov::NetlinkVfSettings;
 use netclaim::inventory::{Selection, SharingMode};

@@ -11,5 +11,6 @@ pub mod controller;
 pub mod crds;
 pub mod cri;
 pub mod demo;
+pub mod kernel;
 pub mod kubelet;
 pub mod nodes;

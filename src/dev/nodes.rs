@@ -37,7 +37,7 @@ use super::cluster::{ClusterError, make_run_dir, private_stats};
 use super::controller::InProcessController;
 use super::kubelet::sandbox::SandboxBackend;
 use super::kubelet::{self, DevKubelet, DevKubeletConfig, RunningSandbox, Sandboxes};
-use crate::host::dev_nodes::{self, DevNodesError, Fabric, NodeProcess};
+use crate::dev::kernel::nodes::{self as dev_nodes, DevNodesError, Fabric, NodeProcess};
 use crate::k8s;
 use kube_inmemory::apiserver::{self, ServerOptions};
 use kube_inmemory::kubeconfig;

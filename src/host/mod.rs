@@ -7,11 +7,6 @@
 )]
 
 pub mod bpf;
-#[cfg(feature = "dev")]
-pub mod demo_network;
-#[cfg(feature = "dev")]
-pub mod dev_nodes;
-pub mod device_lookup;
 pub mod discovery;
 pub mod kernel_probe;
 pub mod link_events;

@@ -4,6 +4,7 @@
 //! this node carries ([`networks`]), returns the devices to publish and, for every interface
 //! left out, the reason (so `netclaim inventory` can answer "why is my NIC not there?").
 
+pub mod device_lookup;
 pub mod facts;
 pub mod naming;
 pub mod networks;

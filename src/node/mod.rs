@@ -24,7 +24,7 @@ use crate::claims::networks::NetworkPorts;
 use crate::claims::{ClaimService, ServiceIdentity};
 use crate::health::{self as device_health, HealthReport, MonitorInputs, MonitorSettings};
 use crate::host::bpf::{CounterPins, HookKind};
-use crate::host::device_lookup::DiscoveredDevices;
+use crate::inventory::device_lookup::DiscoveredDevices;
 use crate::host::discovery::HostInterfaces;
 use crate::host::link_events;
 use crate::host::netlink::HostNetlink;

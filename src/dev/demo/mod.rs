@@ -28,7 +28,7 @@ use serde_json::json;
 use self::report::{Cleanup, DemoReport, PingResult, PodRow, TrafficRow};
 use super::cluster::{Cluster, ClusterOptions};
 use super::kubelet::pod_claims;
-use crate::host::demo_network::{self as topology, Topology, TopologyNames};
+use crate::dev::kernel::demo_network::{self as topology, Topology, TopologyNames};
 
 /// The demo's address pool and the peer's address in it (outside the pool's range).
 const SUBNET: &str = "10.10.1.0/24";

@@ -28,7 +28,7 @@ use super::{
     traffic, wait_for_pods,
 };
 use crate::dev::nodes::{NodesCluster, NodesError, NodesOptions};
-use crate::host::dev_nodes::UPLINK;
+use crate::dev::kernel::nodes::UPLINK;
 use crate::model::pod_network::{CONDITION_READY, IpBlock, LABEL_POD_NETWORK, PodNetwork, reason};
 
 /// The demo's PodNetwork.
