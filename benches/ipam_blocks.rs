@@ -20,7 +20,7 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../tests/ipam_support/mod.rs"]
+#[path = "../tests/kit/ipam.rs"]
 mod ipam_support;
 
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! kubelet's percent-encoded socket path (accepted only behind the adapter, so the plain server
 //! is measured with `localhost` from the same client).
 
-#[path = "../tests/kubelet_support/mod.rs"]
+#[path = "../tests/kit/kubelet.rs"]
 mod kubelet_support;
 
 use std::path::{Path, PathBuf};

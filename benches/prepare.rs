@@ -10,7 +10,7 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../tests/claims_support/mod.rs"]
+#[path = "../tests/kit/claims.rs"]
 mod claims_support;
 
 use std::io::Write as _;

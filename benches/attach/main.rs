@@ -16,7 +16,7 @@
 #![allow(missing_docs, reason = "a bench binary has no public API")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../../tests/claims_support/mod.rs"]
+#[path = "../../tests/kit/claims.rs"]
 mod claims_support;
 
 mod baselines;
