@@ -29,7 +29,7 @@ use netlink_packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth};
 use tokio::sync::watch;
 
-use super::netns::{self, NetnsError};
+use crate::host::netns::{self, NetnsError};
 
 /// The name of every node's uplink inside its own netns.
 pub const UPLINK: &str = "uplink0";
@@ -129,7 +129,7 @@ pub async fn create_node_netns(dir: &Path, name: &str) -> Result<PathBuf, DevNod
     let path = tokio::task::spawn_blocking(move || netns::create(&dir, &owned))
         .await
         .map_err(|e| DevNodesError::Thread(e.to_string()))??;
-    if let Err(err) = super::netlink::loopback_up(&path).await {
+    if let Err(err) = crate::host::netlink::loopback_up(&path).await {
         let _ignored = netns::remove(&path);
         return Err(DevNodesError::Netlink {
             op: format!("setting lo up in {}", path.display()),
@@ -191,7 +191,7 @@ impl Fabric {
 
     async fn build(netns: &Path, address: Option<IpNetwork>) -> Result<Self, DevNodesError> {
         let (handle, _file) =
-            super::netlink::open_in_netns(netns).await.map_err(|e| DevNodesError::Netlink {
+            crate::host::netlink::open_in_netns(netns).await.map_err(|e| DevNodesError::Netlink {
                 op: format!("netlink socket in {}", netns.display()),
                 message: e.to_string(),
             })?;
@@ -259,7 +259,7 @@ impl Fabric {
             .execute()
             .await
             .map_err(netlink(format!("enslaving {port} to {BRIDGE}")))?;
-        let (inside, _file) = super::netlink::open_in_netns(node_netns).await.map_err(|e| {
+        let (inside, _file) = crate::host::netlink::open_in_netns(node_netns).await.map_err(|e| {
             DevNodesError::Netlink {
                 op: format!("netlink socket in {}", node_netns.display()),
                 message: e.to_string(),
