@@ -5,9 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
+use ipnetwork::IpNetwork;
 use proptest::prelude::*;
 
 use super::*;
+use crate::model::network_config::PoolSpec;
 
 /// In-memory lease store that counts writes and can be told to fail.
 #[derive(Debug, Default)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::journal::JOURNAL_FILE;
 use super::sim_disk::{DirWriteback, SimDisk, SimOp};
 use super::*;
 

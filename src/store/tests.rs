@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use std::path::{Path, PathBuf};
+
+use super::journal::{
+    COMPACT_MIN_BYTES, EntryRef, JOURNAL_FILE, JOURNAL_TEMP, Op, encode_entry, encode_line, op_size,
+};
 use super::*;
 
 /// A record kind for tests, at version 2; version 0 stored `{"owner": "...", "ip": "..."}`,

@@ -1,0 +1,849 @@
+//! The dev kubelet's pods: the watch that dispatches them and the worker of each.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, Resource as _};
+use serde_json::json;
+use tokio::sync::{Semaphore, watch};
+
+use super::dra_client::{DraClient, DraClientError};
+use super::pod_claims::{ClaimSource, object_key};
+use super::pod_status::{PodProgress, Step};
+use super::sandbox::{Sandbox, SandboxBackend, SandboxError};
+use crate::model::ClaimRef;
+use kube_inmemory::allocator;
+
+/// `reportingController` of the dev kubelet's Events.
+const REPORTER: &str = "netclaim-dev-kubelet";
+/// How often a pod waiting for something outside it (allocation, the driver) looks again.
+const WAIT_POLL: Duration = Duration::from_millis(200);
+/// Backoff after a failed step.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Per-call timeout of DRA calls (kubelet uses 45 s; the dev driver is local).
+const DRA_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long shutdown waits for pods to be torn down.
+const SHUTDOWN_LIMIT: Duration = Duration::from_mins(1);
+
+/// Settings of the dev kubelet.
+#[derive(Debug, Clone)]
+pub struct DevKubeletConfig {
+    /// The node it runs.
+    pub node_name: String,
+    /// The driver's DRA socket (`<plugin-dir>/dra.sock`).
+    pub dra_socket: PathBuf,
+    /// Where sandboxes run.
+    pub backend: SandboxBackend,
+    /// Most pods set up or torn down at once.
+    pub max_parallel: usize,
+    /// Failed attempts of a step before the pod is `Failed`.
+    pub max_attempts: u32,
+    /// Bind pods without `spec.nodeName` to this node (the one node of a one-node cluster);
+    /// with several nodes the allocator places pods and each kubelet runs only its own.
+    pub bind_unbound_pods: bool,
+}
+
+impl DevKubeletConfig {
+    /// Defaults: 8 pods in parallel, 5 attempts, unbound pods bound to this node.
+    #[must_use]
+    pub fn new(node_name: &str, dra_socket: PathBuf, backend: SandboxBackend) -> Self {
+        Self {
+            node_name: node_name.to_owned(),
+            dra_socket,
+            backend,
+            max_parallel: 8,
+            max_attempts: 5,
+            bind_unbound_pods: true,
+        }
+    }
+}
+
+/// Errors of the dev kubelet that stop it.
+#[derive(Debug, thiserror::Error)]
+pub enum DevKubeletError {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Api {
+        /// What we were doing.
+        action: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The DRA client could not be built.
+    #[error(transparent)]
+    Dra(#[from] DraClientError),
+}
+
+/// A pod's sandbox as the dev kubelet runs it (for the demo, which pings from inside it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningSandbox {
+    /// `namespace/name` of the Pod.
+    pub pod: String,
+    /// Sandbox ID.
+    pub id: String,
+    /// The pod's network namespace.
+    pub netns_path: Option<PathBuf>,
+}
+
+/// The sandboxes that run now, by Pod UID. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Sandboxes(Arc<Mutex<BTreeMap<String, RunningSandbox>>>);
+
+impl Sandboxes {
+    /// The sandbox of the Pod with `uid`.
+    #[must_use]
+    pub fn get(&self, uid: &str) -> Option<RunningSandbox> {
+        self.lock().get(uid).cloned()
+    }
+
+    /// How many sandboxes run.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none runs.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, RunningSandbox>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Creates (or keeps) the Node object the node daemon and the allocator refer to, Ready.
+pub async fn register_node(client: &Client, node_name: &str) -> Result<Node, DevKubeletError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if let Some(node) = nodes.get_opt(node_name).await.map_err(|source| DevKubeletError::Api {
+        action: format!("get node {node_name}"),
+        source,
+    })? {
+        return Ok(node);
+    }
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node_name, "labels": {
+            "kubernetes.io/hostname": node_name,
+            "kubernetes.io/os": "linux",
+        }},
+        "status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "netclaim dev kubelet is posting ready status",
+        }]},
+    }))
+    .map_err(|e| DevKubeletError::Api {
+        action: "building the Node".to_owned(),
+        source: kube::Error::SerdeError(e),
+    })?;
+    nodes.create(&PostParams::default(), &node).await.map_err(|source| DevKubeletError::Api {
+        action: format!("create node {node_name}"),
+        source,
+    })
+}
+
+/// What the dispatcher wants a pod worker to do.
+#[derive(Debug, Clone)]
+enum Desired {
+    /// Bring this Pod (latest version) up, or tear it down if it is being deleted.
+    Pod(Box<Pod>),
+    /// The Pod is gone from the API: tear down.
+    Gone,
+    /// The kubelet stops: tear down, leave the Pod object.
+    Shutdown,
+}
+
+impl Desired {
+    fn is_terminal(&self) -> bool {
+        match self {
+            Self::Gone | Self::Shutdown => true,
+            Self::Pod(pod) => pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// A claim of a pod, resolved.
+#[derive(Debug, Clone)]
+struct PodClaim {
+    entry: String,
+    name: String,
+    uid: String,
+    /// Made from a template by us: deleted with the pod.
+    generated: bool,
+    /// The implicit claim of the pod's extended resources (KEP-5004), with its request
+    /// mappings; it has no `spec.resourceClaims` entry.
+    extended: Option<super::pod_claims::ExtendedResourceRequests>,
+}
+
+/// What has been done for one pod (so a retry skips completed steps and teardown undoes
+/// exactly them).
+#[derive(Debug, Default)]
+struct PodState {
+    namespace: String,
+    pod_uid: String,
+    claims: Vec<PodClaim>,
+    claims_recorded: bool,
+    reserved: Vec<String>,
+    prepared: bool,
+    sandbox: Option<Sandbox>,
+    /// `Some` once the pod is up or given up: only a deletion changes anything then.
+    settled: Option<Settled>,
+    attempts: u32,
+    last_progress: Option<PodProgress>,
+}
+
+/// The end state of bringing a pod up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    Running,
+    Failed,
+}
+
+/// Why a setup round stopped short of Running.
+enum Blocked {
+    /// Waiting for something outside the pod (not an error).
+    Waiting(Step, String),
+    /// A step failed.
+    Failed(Step, String),
+}
+
+struct Context {
+    client: Client,
+    config: DevKubeletConfig,
+    dra: DraClient,
+    limit: Semaphore,
+    recorder: Recorder,
+    sandboxes: Sandboxes,
+}
+
+/// The dev kubelet.
+pub struct DevKubelet {
+    context: Arc<Context>,
+}
+
+impl DevKubelet {
+    /// A kubelet for `config.node_name` talking to the API through `client`.
+    pub fn new(client: Client, config: DevKubeletConfig) -> Result<Self, DevKubeletError> {
+        let dra = DraClient::connect_lazy(&config.dra_socket, DRA_TIMEOUT)?;
+        let reporter =
+            Reporter { controller: REPORTER.to_owned(), instance: Some(config.node_name.clone()) };
+        let context = Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            limit: Semaphore::new(config.max_parallel.max(1)),
+            client,
+            config,
+            dra,
+            sandboxes: Sandboxes::default(),
+        };
+        Ok(Self { context: Arc::new(context) })
+    }
+
+    /// The sandboxes this kubelet runs (live view).
+    #[must_use]
+    pub fn sandboxes(&self) -> Sandboxes {
+        self.context.sandboxes.clone()
+    }
+
+    /// Runs until `shutdown` completes, then tears every pod down before returning.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let pods: Api<Pod> = Api::all(self.context.client.clone());
+        let stream = watcher(pods, watcher::Config::default()).default_backoff();
+        tokio::pin!(stream);
+        tokio::pin!(shutdown);
+        let mut workers: HashMap<String, (watch::Sender<Desired>, tokio::task::JoinHandle<()>)> =
+            HashMap::new();
+        let mut listed: Option<Vec<String>> = None;
+        loop {
+            let event = tokio::select! {
+                () = &mut shutdown => break,
+                event = stream.next() => event,
+            };
+            workers.retain(|_, (_, task)| !task.is_finished());
+            match event {
+                None => break,
+                Some(Err(err)) => tracing::debug!(%err, "pod watch error (retrying)"),
+                Some(Ok(watcher::Event::Init)) => listed = Some(Vec::new()),
+                Some(Ok(watcher::Event::InitDone)) => {
+                    let seen = listed.take().unwrap_or_default();
+                    for (uid, (sender, _)) in &workers {
+                        if !seen.contains(uid) {
+                            sender.send_replace(Desired::Gone);
+                        }
+                    }
+                }
+                Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                    let Some(uid) = pod.metadata.uid.clone() else { continue };
+                    if let Some(seen) = listed.as_mut() {
+                        seen.push(uid.clone());
+                    }
+                    let node = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .filter(|n| !n.is_empty());
+                    let ours = match node {
+                        Some(node) => node == self.context.config.node_name,
+                        None => self.context.config.bind_unbound_pods,
+                    };
+                    if !ours {
+                        continue;
+                    }
+                    if let Some((sender, _)) = workers.get(&uid) {
+                        sender.send_replace(Desired::Pod(Box::new(pod)));
+                    } else {
+                        // A pod first seen while being deleted gets a worker too: it has
+                        // nothing to tear down and finishes the deletion, as kubelet does.
+                        let (sender, receiver) = watch::channel(Desired::Pod(Box::new(pod)));
+                        let task = tokio::spawn(worker(Arc::clone(&self.context), receiver));
+                        workers.insert(uid, (sender, task));
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(pod))) => {
+                    if let Some(uid) = pod.metadata.uid.as_deref()
+                        && let Some((sender, _)) = workers.get(uid)
+                    {
+                        sender.send_replace(Desired::Gone);
+                    }
+                }
+            }
+        }
+        for (sender, _) in workers.values() {
+            sender.send_replace(Desired::Shutdown);
+        }
+        let all = futures::future::join_all(workers.into_values().map(|(_, task)| task));
+        if tokio::time::timeout(SHUTDOWN_LIMIT, all).await.is_err() {
+            tracing::warn!("some pods were not torn down within {SHUTDOWN_LIMIT:?}");
+        }
+    }
+}
+
+/// Waits `duration`, or less if the pod must be torn down meanwhile.
+async fn pause(receiver: &mut watch::Receiver<Desired>, duration: Duration) {
+    let sleep = tokio::time::sleep(duration);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            () = &mut sleep => return,
+            changed = receiver.changed() => {
+                if changed.is_err() || receiver.borrow().is_terminal() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn worker(context: Arc<Context>, mut receiver: watch::Receiver<Desired>) {
+    let mut state = PodState::default();
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let desired = receiver.borrow_and_update().clone();
+        let pod = match desired {
+            Desired::Gone | Desired::Shutdown => {
+                context.teardown(&mut state).await;
+                return;
+            }
+            Desired::Pod(pod) if pod.metadata.deletion_timestamp.is_some() => {
+                context.teardown(&mut state).await;
+                context.finish_deletion(&pod).await;
+                return;
+            }
+            Desired::Pod(pod) => pod,
+        };
+        if state.settled.is_some() {
+            // Up (or given up): only a deletion or shutdown changes anything.
+            if receiver.changed().await.is_err() {
+                context.teardown(&mut state).await;
+                return;
+            }
+            continue;
+        }
+        let result = {
+            let Ok(_permit) = context.limit.acquire().await else { return };
+            context.setup(&pod, &mut state).await
+        };
+        match result {
+            Ok(()) => {
+                state.settled = Some(Settled::Running);
+                context.report(&pod, &mut state, PodProgress::Running).await;
+            }
+            Err(Blocked::Waiting(step, message)) => {
+                let progress = PodProgress::Pending { step, message, error: false };
+                context.report(&pod, &mut state, progress).await;
+                pause(&mut receiver, WAIT_POLL).await;
+            }
+            Err(Blocked::Failed(step, message)) => {
+                state.attempts += 1;
+                tracing::warn!(pod = %object_key(&pod.metadata), step = step.describe(), attempt = state.attempts, %message, "pod step failed");
+                context.warn(&pod, step, &message).await;
+                if state.attempts >= context.config.max_attempts {
+                    state.settled = Some(Settled::Failed);
+                    // Undo what was done; the Pod object stays Failed until it is deleted.
+                    context.teardown(&mut state).await;
+                    context.report(&pod, &mut state, PodProgress::Failed { step, message }).await;
+                } else {
+                    let progress = PodProgress::Pending { step, message, error: true };
+                    context.report(&pod, &mut state, progress).await;
+                    pause(&mut receiver, backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+fn api_failure(step: Step, action: &str) -> impl FnOnce(kube::Error) -> Blocked {
+    move |err| Blocked::Failed(step, format!("{action}: {err}"))
+}
+
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
+impl Context {
+    fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn claims(&self, namespace: &str) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// One round of bringing `pod` up, from the first step not done yet.
+    async fn setup(&self, pod: &Pod, state: &mut PodState) -> Result<(), Blocked> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        state.namespace.clone_from(&namespace);
+        state.pod_uid.clone_from(&uid);
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty) {
+            // The one node of the dev cluster takes every unbound pod (the scheduler's job).
+            let patch = json!({"spec": {"nodeName": self.config.node_name}});
+            self.pods(&namespace)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(api_failure(Step::Claims, "binding the pod to the node"))?;
+            return Err(Blocked::Waiting(Step::Claims, "binding the pod to the node".to_owned()));
+        }
+        if state.claims.is_empty() {
+            state.claims = self.resolve_claims(pod).await?;
+        }
+        if !state.claims_recorded {
+            self.record_claims(pod, state).await?;
+        }
+        // Allocation: the allocator writes it; we wait.
+        for claim in &state.claims {
+            let live = self
+                .claims(&namespace)
+                .get(&claim.name)
+                .await
+                .map_err(api_failure(Step::Allocation, &format!("reading claim {}", claim.name)))?;
+            if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+                return Err(Blocked::Failed(
+                    Step::Allocation,
+                    format!("claim {namespace}/{} was replaced (UID changed)", claim.name),
+                ));
+            }
+            if live.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none() {
+                return Err(Blocked::Waiting(
+                    Step::Allocation,
+                    format!("claim {namespace}/{} is not allocated yet", claim.name),
+                ));
+            }
+        }
+        let consumer = ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".to_owned(),
+            name: name.clone(),
+            uid: uid.clone(),
+        };
+        for claim in &state.claims {
+            if state.reserved.contains(&claim.name) {
+                continue;
+            }
+            allocator::reserve_for(&self.client, &namespace, &claim.name, &consumer)
+                .await
+                .map_err(|e| Blocked::Failed(Step::Reservation, e.to_string()))?;
+            state.reserved.push(claim.name.clone());
+        }
+        if !state.prepared && !state.claims.is_empty() {
+            if !self.config.dra_socket.exists() {
+                return Err(Blocked::Waiting(
+                    Step::Prepare,
+                    format!(
+                        "the driver's DRA socket {} does not exist yet",
+                        self.config.dra_socket.display()
+                    ),
+                ));
+            }
+            self.dra
+                .prepare(&claim_refs(&namespace, &state.claims))
+                .await
+                .map_err(|e| Blocked::Failed(Step::Prepare, e.to_string()))?;
+            state.prepared = true;
+        }
+        if state.sandbox.is_none() {
+            let sandbox = match self.config.backend.run(pod).await {
+                Ok(sandbox) => sandbox,
+                Err(err @ SandboxError::NoPlugin(_)) => {
+                    return Err(Blocked::Waiting(Step::Sandbox, err.to_string()));
+                }
+                Err(err) => return Err(Blocked::Failed(Step::Sandbox, err.to_string())),
+            };
+            self.sandboxes.lock().insert(
+                uid.clone(),
+                RunningSandbox {
+                    pod: object_key(&pod.metadata),
+                    id: sandbox.id.clone(),
+                    netns_path: sandbox.netns_path.clone(),
+                },
+            );
+            state.sandbox = Some(sandbox);
+        }
+        if let Some(sandbox) = state.sandbox.as_mut() {
+            self.config
+                .backend
+                .create_containers(sandbox, pod)
+                .await
+                .map_err(|e| Blocked::Failed(Step::Containers, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The pod's claims: named ones as they are, template ones found or created.
+    async fn resolve_claims(&self, pod: &Pod) -> Result<Vec<PodClaim>, Blocked> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let entries = super::pod_claims::claim_entries(pod)
+            .map_err(|e| Blocked::Failed(Step::Claims, e.to_string()))?;
+        let mut resolved = Vec::new();
+        for entry in entries {
+            let claim = match &entry.source {
+                ClaimSource::Existing(name) => {
+                    match self
+                        .claims(&namespace)
+                        .get_opt(name)
+                        .await
+                        .map_err(api_failure(Step::Claims, &format!("reading claim {name}")))?
+                    {
+                        Some(claim) => (claim, false),
+                        None => {
+                            return Err(Blocked::Waiting(
+                                Step::Claims,
+                                format!("claim {namespace}/{name} does not exist"),
+                            ));
+                        }
+                    }
+                }
+                ClaimSource::Template(template) => {
+                    (self.generated_claim(pod, &entry.name, template).await?, true)
+                }
+            };
+            let (claim, generated) = claim;
+            resolved.push(PodClaim {
+                entry: entry.name.clone(),
+                name: claim.metadata.name.clone().unwrap_or_default(),
+                uid: claim.metadata.uid.clone().unwrap_or_default(),
+                generated,
+                extended: None,
+            });
+        }
+        if let Some(claim) = self.extended_resource_claim(pod).await? {
+            resolved.push(claim);
+        }
+        Ok(resolved)
+    }
+
+    /// The implicit claim of the pod's extended resources backed by DeviceClasses (what the
+    /// scheduler makes, KEP-5004): the one recorded in the Pod status or made earlier, else a
+    /// new one; `None` when the pod asks for no such resource.
+    async fn extended_resource_claim(&self, pod: &Pod) -> Result<Option<PodClaim>, Blocked> {
+        // Extended resources are domain-qualified (`cpu` and `memory` are not): without one,
+        // no DeviceClass list is needed.
+        let asks_extended = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| r.limits.iter().chain(r.requests.iter()).flatten())
+            .any(|(name, _)| name.contains('/'));
+        if !asks_extended {
+            return Ok(None);
+        }
+        let classes: Api<DeviceClass> = Api::all(self.client.clone());
+        let classes = classes
+            .list(&ListParams::default())
+            .await
+            .map_err(api_failure(Step::Claims, "listing DeviceClasses"))?
+            .items;
+        let requests = super::pod_claims::extended_resource_requests(pod, &classes)
+            .map_err(|e| Blocked::Failed(Step::Claims, e.to_string()))?;
+        if requests.requests.is_empty() {
+            return Ok(None);
+        }
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let api = self.claims(&namespace);
+        let recorded = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone());
+        let mut found = None;
+        if let Some(name) = recorded {
+            found = api
+                .get_opt(&name)
+                .await
+                .map_err(api_failure(Step::Claims, &format!("reading claim {name}")))?;
+        }
+        if found.is_none() {
+            let existing = api
+                .list(&ListParams::default())
+                .await
+                .map_err(api_failure(Step::Claims, "listing claims"))?;
+            found = existing
+                .items
+                .into_iter()
+                .find(|c| super::pod_claims::is_extended_resource_claim_of(c, pod));
+        }
+        let claim = match found {
+            Some(claim) => claim,
+            None => api
+                .create(
+                    &PostParams::default(),
+                    &super::pod_claims::implicit_extended_resource_claim(pod, &requests),
+                )
+                .await
+                .map_err(api_failure(Step::Claims, "creating the extended-resource claim"))?,
+        };
+        Ok(Some(PodClaim {
+            entry: String::new(),
+            name: claim.metadata.name.clone().unwrap_or_default(),
+            uid: claim.metadata.uid.clone().unwrap_or_default(),
+            generated: true,
+            extended: Some(requests),
+        }))
+    }
+
+    /// The claim generated for `entry`: the one recorded in the Pod status, else one we made
+    /// earlier (found by owner and annotation), else a new one from the template.
+    async fn generated_claim(
+        &self,
+        pod: &Pod,
+        entry: &str,
+        template_name: &str,
+    ) -> Result<ResourceClaim, Blocked> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let api = self.claims(&namespace);
+        if let Some(name) = super::pod_claims::recorded_claim_name(pod, entry)
+            && let Some(claim) = api
+                .get_opt(&name)
+                .await
+                .map_err(api_failure(Step::Claims, &format!("reading claim {name}")))?
+        {
+            return Ok(claim);
+        }
+        let existing = api
+            .list(&ListParams::default())
+            .await
+            .map_err(api_failure(Step::Claims, "listing claims"))?;
+        if let Some(claim) =
+            existing.items.into_iter().find(|c| super::pod_claims::is_generated_for(c, pod, entry))
+        {
+            return Ok(claim);
+        }
+        let templates: Api<ResourceClaimTemplate> =
+            Api::namespaced(self.client.clone(), &namespace);
+        let Some(template) = templates.get_opt(template_name).await.map_err(api_failure(
+            Step::Claims,
+            &format!("reading ResourceClaimTemplate {template_name}"),
+        ))?
+        else {
+            return Err(Blocked::Waiting(
+                Step::Claims,
+                format!("ResourceClaimTemplate {namespace}/{template_name} does not exist"),
+            ));
+        };
+        let claim = super::pod_claims::claim_from_template(pod, entry, &template);
+        api.create(&PostParams::default(), &claim)
+            .await
+            .map_err(api_failure(Step::Claims, &format!("creating the claim for entry {entry}")))
+    }
+
+    /// Records the generated claims in `status.resourceClaimStatuses`.
+    async fn record_claims(&self, pod: &Pod, state: &mut PodState) -> Result<(), Blocked> {
+        let mut statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.clone());
+        for claim in state.claims.iter().filter(|c| c.generated && c.extended.is_none()) {
+            statuses = Some(super::pod_claims::with_claim_status(
+                statuses.as_deref(),
+                &claim.entry,
+                &claim.name,
+            ));
+        }
+        let extended = state.claims.iter().find_map(|c| {
+            let requests = c.extended.as_ref()?;
+            Some(super::pod_claims::extended_resource_claim_status(&c.name, requests))
+        });
+        if statuses.is_some() || extended.is_some() {
+            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let mut patch = json!({"status": {"resourceClaimStatuses": statuses}});
+            if let Some(extended) = extended {
+                patch["status"]["extendedResourceClaimStatus"] = json!(extended);
+            }
+            self.pods(&namespace)
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(api_failure(Step::Claims, "recording resourceClaimStatuses"))?;
+        }
+        state.claims_recorded = true;
+        Ok(())
+    }
+
+    /// Writes the Pod status for `progress` when it changed since the last write.
+    async fn report(&self, pod: &Pod, state: &mut PodState, progress: PodProgress) {
+        if state.last_progress.as_ref() == Some(&progress) {
+            return;
+        }
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let api = self.pods(&namespace);
+        // The latest status: resourceClaimStatuses may have been written since `pod` was seen.
+        let previous = match api.get_status(&name).await {
+            Ok(live) => live.status,
+            Err(_) => pod.status.clone(),
+        };
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let mut status = super::pod_status::pod_status(previous.as_ref(), &progress, &now);
+        if state.claims_recorded && status.resource_claim_statuses.is_none() {
+            let generated: Vec<_> =
+                state.claims.iter().filter(|c| c.generated && c.extended.is_none()).collect();
+            if !generated.is_empty() {
+                let mut statuses = Vec::new();
+                for claim in generated {
+                    statuses = super::pod_claims::with_claim_status(
+                        Some(&statuses),
+                        &claim.entry,
+                        &claim.name,
+                    );
+                }
+                status.resource_claim_statuses = Some(statuses);
+            }
+        }
+        let patch = json!({"status": status});
+        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => state.last_progress = Some(progress),
+            Err(err) => {
+                tracing::warn!(pod = %object_key(&pod.metadata), %err, "writing pod status failed");
+            }
+        }
+    }
+
+    /// A Warning Event on the Pod (`kubectl describe pod` shows it).
+    async fn warn(&self, pod: &Pod, step: Step, message: &str) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: step.failure_reason().to_owned(),
+            note: Some(format!("{}: {message}", step.describe())),
+            action: step.describe().to_owned(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &pod.object_ref(&())).await {
+            tracing::debug!(%err, "recording a pod Event failed");
+        }
+    }
+
+    /// Undoes what setup did, in reverse. Errors are logged: teardown always goes on, so
+    /// nothing that can be released stays held.
+    async fn teardown(&self, state: &mut PodState) {
+        let _permit = self.limit.acquire().await;
+        if let Some(sandbox) = state.sandbox.take() {
+            self.remove_sandbox(&sandbox).await;
+        }
+        let namespace = state.namespace.clone();
+        if state.prepared {
+            if let Err(err) = self.dra.unprepare(&claim_refs(&namespace, &state.claims)).await {
+                tracing::warn!(%err, "NodeUnprepareResources failed");
+            }
+            state.prepared = false;
+        }
+        for claim in std::mem::take(&mut state.reserved) {
+            let uid = state.pod_uid.clone();
+            match allocator::unreserve(&self.client, &namespace, &claim, &uid).await {
+                Ok(_) => {}
+                Err(allocator::ControllerError::Api { source, .. }) if is_not_found(&source) => {}
+                Err(err) => tracing::warn!(%err, "removing the pod from reservedFor failed"),
+            }
+        }
+        for claim in state.claims.iter().filter(|c| c.generated) {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(claim.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.claims(&namespace).delete(&claim.name, &params).await {
+                Ok(_) => {}
+                Err(err) if is_not_found(&err) => {}
+                Err(err) => {
+                    tracing::warn!(claim = %claim.name, %err, "deleting a generated claim failed");
+                }
+            }
+        }
+        state.claims.clear();
+        state.claims_recorded = false;
+    }
+
+    async fn remove_sandbox(&self, sandbox: &Sandbox) {
+        if let Err(err) = self.config.backend.stop_and_remove(sandbox).await {
+            tracing::warn!(sandbox = %sandbox.id, %err, "removing the sandbox failed");
+        }
+        self.sandboxes.lock().retain(|_, s| s.id != sandbox.id);
+    }
+
+    /// Deletes a Pod whose teardown is done (grace period 0, as kubelet does when the
+    /// containers are gone).
+    async fn finish_deletion(&self, pod: &Pod) {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.pods(&namespace).delete(&name, &params).await {
+            Ok(_) => {}
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => tracing::warn!(pod = %name, %err, "deleting the torn-down pod failed"),
+        }
+    }
+}
+
+fn claim_refs(namespace: &str, claims: &[PodClaim]) -> Vec<ClaimRef> {
+    claims
+        .iter()
+        .map(|c| ClaimRef {
+            namespace: namespace.to_owned(),
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+        })
+        .collect()
+}

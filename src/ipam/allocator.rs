@@ -1,0 +1,966 @@
+//! The allocator: leases, release records and owned blocks kept in memory and in a
+//! [`LeaseStore`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnetwork::IpNetwork;
+use serde::{Deserialize, Serialize};
+
+use crate::model::network_config::{NetworkAddressing, PoolSpec};
+use crate::model::pod_network::{IpBlockClaim, ip_block_name};
+
+/// How long a released address is not handed out to another claim (DESIGN §4).
+pub const QUARANTINE: Duration = Duration::from_secs(30);
+
+/// [`QUARANTINE`] in milliseconds.
+pub(super) const QUARANTINE_MS: u64 = 30_000;
+
+/// Wall-clock time in milliseconds since the Unix epoch: release times must survive a
+/// restart, which a monotonic clock does not.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Now, in milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// A clock that moves only when told (tests, benchmarks).
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    /// A clock at `now_ms`.
+    #[must_use]
+    pub fn at(now_ms: u64) -> Self {
+        ManualClock(std::sync::atomic::AtomicU64::new(now_ms))
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Who holds a lease: one allocated device of one claim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseOwner {
+    /// The `ResourceClaim`'s UID.
+    pub claim_uid: String,
+    /// The request name of the allocation result (`nic` or `nic/fast`).
+    pub request: String,
+    /// The allocated device.
+    pub device: String,
+    /// The allocation's `shareID` for a shared device (one claim can hold several shares
+    /// of one parent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+}
+
+/// One address bound to one owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    /// The pool (its subnet, network form): the node-local pool's, the static address's
+    /// network, or the `PodNetwork` subnet the block lies in.
+    pub subnet: IpNetwork,
+    /// The leased address.
+    pub address: IpAddr,
+    /// Who holds it.
+    pub owner: LeaseOwner,
+    /// The `PodNetwork` of a block address or of a static address reserved cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_network: Option<String>,
+    /// The owned block a `PodNetwork` address comes from (`None` for static addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<IpNetwork>,
+}
+
+impl ReleasedAddress {
+    /// Its record key: address and release time, so pruning an old record never removes a
+    /// newer release of the same address committed meanwhile.
+    #[must_use]
+    pub fn key(&self) -> String {
+        format!("{}@{}", self.address, self.released_at_ms)
+    }
+}
+
+impl Lease {
+    /// A lease of a node-local pool or a static address.
+    #[must_use]
+    pub fn new(subnet: IpNetwork, address: IpAddr, owner: LeaseOwner) -> Lease {
+        Lease { subnet, address, owner, pod_network: None, block: None }
+    }
+
+    /// The address with the pool's prefix length, as configured on the interface.
+    #[must_use]
+    pub fn interface_address(&self) -> IpNetwork {
+        // The prefix comes from a valid network of the same family, so it always fits.
+        IpNetwork::new(self.address, self.subnet.prefix()).unwrap_or(self.subnet)
+    }
+
+    /// The `IPBlock` name of the block this address comes from, if any.
+    #[must_use]
+    pub fn block_name(&self) -> Option<String> {
+        match (&self.pod_network, self.block) {
+            (Some(network), Some(block)) => Some(ip_block_name(network, &block.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// An address given back, quarantined until [`QUARANTINE`] after `released_at_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleasedAddress {
+    /// The address.
+    pub address: IpAddr,
+    /// When it was released (wall clock, ms since the Unix epoch).
+    pub released_at_ms: u64,
+    /// The claim that held it (which may take it back at once).
+    pub claim_uid: String,
+}
+
+/// A block of a `PodNetwork` this node owns in the API (an `IPBlock` whose `spec.nodeName`
+/// is this node), or a static address's /32 or /128 reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnedBlock {
+    /// The `IPBlock` object's name ([`ip_block_name`]).
+    pub name: String,
+    /// The `PodNetwork`.
+    pub pod_network: String,
+    /// The block.
+    pub cidr: IpNetwork,
+    /// The object's UID: deletes carry it as a precondition, so a block another node created
+    /// under the same name after ours was gone is never deleted by us.
+    pub uid: String,
+    /// A static address's reservation: the claim that holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<IpBlockClaim>,
+}
+
+/// What this node knows of one owned block.
+#[derive(Debug, Clone)]
+pub struct BlockState {
+    /// The block.
+    pub block: OwnedBlock,
+    /// Whether its record is durable in the store (a block claimed in the API is recorded
+    /// with the first commit that uses it; one claimed before a crash is adopted from the
+    /// API's list at the next start).
+    pub recorded: bool,
+    /// When its last lease went (ms since the epoch); `None` while an address is leased.
+    pub empty_since_ms: Option<u64>,
+    /// Addresses leased in it (a full block is skipped without a scan).
+    pub leased: u128,
+    /// Its deletion in the API is under way: no new addresses from it.
+    pub releasing: bool,
+    /// Recorded here but gone from the API while addresses in it are still leased: the
+    /// leases are kept (their pods run), no new address is handed out from it, and the
+    /// block is claimed again when possible (decision 0014).
+    pub lost: bool,
+}
+
+/// IPAM changes committed together (with a prepared claim's record, or alone): after a
+/// crash all or none of them are there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpamCommit {
+    /// Leases to write.
+    pub put_leases: Vec<Lease>,
+    /// Leases to remove.
+    pub remove_leases: Vec<Lease>,
+    /// Release records to write (with the removal of their leases).
+    pub put_released: Vec<ReleasedAddress>,
+    /// Release records past their quarantine (or superseded) to remove.
+    pub remove_released: Vec<ReleasedAddress>,
+    /// Owned blocks to record.
+    pub put_blocks: Vec<OwnedBlock>,
+    /// Owned blocks (by name) to forget.
+    pub remove_blocks: Vec<String>,
+}
+
+impl IpamCommit {
+    /// Whether nothing changes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        *self == IpamCommit::default()
+    }
+}
+
+/// Durable storage of leases (implemented by `store::Store`).
+pub trait LeaseStore {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Every persisted lease.
+    fn load_leases(&self) -> Result<Vec<Lease>, Self::Error>;
+    /// Every persisted release (quarantine) record.
+    fn load_released(&self) -> Result<Vec<ReleasedAddress>, Self::Error>;
+    /// Every persisted owned block.
+    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, Self::Error>;
+    /// Persists a lease durably before returning.
+    fn save_lease(&self, lease: &Lease) -> Result<(), Self::Error>;
+    /// Removes a lease and records its release in one durable commit; removing a missing
+    /// lease succeeds.
+    fn remove_lease(&self, lease: &Lease, released: &ReleasedAddress) -> Result<(), Self::Error>;
+}
+
+/// Why an IPAM operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    /// Every allocatable address of the pool is leased.
+    #[error("address pool {subnet} exhausted (range {range_start}-{range_end}, {leased} leased)")]
+    PoolExhausted {
+        /// The pool.
+        subnet: IpNetwork,
+        /// Its first address.
+        range_start: IpAddr,
+        /// Its last address.
+        range_end: IpAddr,
+        /// How many addresses of the subnet are leased.
+        leased: usize,
+    },
+    /// Persisting a change failed; nothing changed in memory.
+    #[error("{op} lease {address} in pool {subnet}: {source}")]
+    Persist {
+        /// `save` or `remove`.
+        op: &'static str,
+        /// The pool.
+        subnet: IpNetwork,
+        /// The address.
+        address: IpAddr,
+        /// The store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Loading the leases failed.
+    #[error("load leases: {source}")]
+    Load {
+        /// The store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A static address another owner holds (DESIGN §4: static addresses are leases).
+    #[error("{address} is held by claim {holder_claim} (request {holder_request}, device {holder_device})", holder_claim = holder.claim_uid, holder_request = holder.request, holder_device = holder.device)]
+    AddressTaken {
+        /// The address.
+        address: IpAddr,
+        /// Who holds it.
+        holder: Box<LeaseOwner>,
+    },
+    /// A released address another claim asks for inside its quarantine.
+    #[error(
+        "{address} was released {ago_ms} ms ago and is not handed out again for 30 s (a stale neighbour entry elsewhere may still point at its previous holder)"
+    )]
+    Quarantined {
+        /// The address.
+        address: IpAddr,
+        /// How long ago it was released.
+        ago_ms: u64,
+    },
+    /// No block of the network's family is free cluster-wide.
+    #[error(
+        "no free IPv{family} /{block_prefix} block in {subnets} (every block is owned by a node, excluded, or being released)"
+    )]
+    NoFreeBlock {
+        /// 4 or 6.
+        family: u8,
+        /// The block prefix length.
+        block_prefix: u8,
+        /// The family's subnets, comma separated.
+        subnets: String,
+    },
+    /// The store holds two leases for one address (written by something else).
+    #[error("address {address} leased twice: to {first:?} and to {second:?}")]
+    Conflict {
+        /// The address.
+        address: IpAddr,
+        /// One holder.
+        first: Box<LeaseOwner>,
+        /// The other holder.
+        second: Box<LeaseOwner>,
+    },
+}
+
+impl IpamError {
+    /// A short, stable label for metrics and per-claim errors.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            IpamError::PoolExhausted { .. } => "PoolExhausted",
+            IpamError::Persist { .. } => "PersistFailed",
+            IpamError::Load { .. } => "LoadFailed",
+            IpamError::Conflict { .. } => "Conflict",
+            IpamError::AddressTaken { .. } => "AddressTaken",
+            IpamError::Quarantined { .. } => "Quarantined",
+            IpamError::NoFreeBlock { .. } => "NoFreeBlock",
+        }
+    }
+}
+
+/// The index under which an owner's address of one pool is found.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum PoolKey {
+    /// A node-local pool (and, as before blocks existed, static addresses loaded at start).
+    Subnet(IpNetwork),
+    /// One family of a `PodNetwork`'s blocks.
+    Network { pod_network: String, ipv4: bool },
+}
+
+/// The pool key of a lease; `None` for static addresses reserved in a `PodNetwork` (one
+/// owner may hold several of one network).
+fn pool_key(lease: &Lease) -> Option<PoolKey> {
+    match (&lease.pod_network, lease.block) {
+        (Some(network), Some(block)) => {
+            Some(PoolKey::Network { pod_network: network.clone(), ipv4: block.is_ipv4() })
+        }
+        (Some(_), None) => None,
+        (None, _) => Some(PoolKey::Subnet(lease.subnet)),
+    }
+}
+
+/// The node's address leases, release records and owned blocks.
+#[derive(Debug)]
+pub struct Ipam<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    /// Every lease, by address (all pools and families: `IpAddr` orders IPv4 before IPv6,
+    /// numerically within a family, so range scans work per family).
+    by_address: BTreeMap<IpAddr, Lease>,
+    /// The keys of `by_address` as runs.
+    leased_runs: super::occupancy::AddressRuns,
+    /// The address each owner holds in each pool.
+    by_owner: HashMap<(LeaseOwner, PoolKey), IpAddr>,
+    /// The latest release of each address (quarantined while younger than [`QUARANTINE`];
+    /// older ones wait to be pruned by a later commit).
+    released: BTreeMap<IpAddr, ReleasedAddress>,
+    /// The records of `released` as runs.
+    released_runs: super::occupancy::ReleasedRuns,
+    /// Older records of addresses released again since, waiting to be pruned.
+    superseded: Vec<ReleasedAddress>,
+    /// Owned blocks by `IPBlock` name.
+    blocks: BTreeMap<String, BlockState>,
+}
+
+impl<S: LeaseStore> Ipam<S> {
+    /// Loads every persisted lease, release and owned block, on the system clock.
+    pub fn load(store: S) -> Result<Self, IpamError> {
+        Ipam::load_with_clock(store, Arc::new(SystemClock))
+    }
+
+    /// [`Ipam::load`] on `clock`.
+    pub fn load_with_clock(store: S, clock: Arc<dyn Clock>) -> Result<Self, IpamError> {
+        let load = |e: S::Error| IpamError::Load { source: Box::new(e) };
+        let leases = store.load_leases().map_err(load)?;
+        let released = store.load_released().map_err(load)?;
+        let blocks = store.load_blocks().map_err(load)?;
+        let now = clock.now_ms();
+        let mut ipam = Ipam {
+            store,
+            clock,
+            by_address: BTreeMap::new(),
+            leased_runs: super::occupancy::AddressRuns::default(),
+            by_owner: HashMap::new(),
+            released: BTreeMap::new(),
+            released_runs: super::occupancy::ReleasedRuns::default(),
+            superseded: Vec::new(),
+            blocks: BTreeMap::new(),
+        };
+        for lease in leases {
+            if let Some(existing) = ipam.by_address.get(&lease.address) {
+                return Err(IpamError::Conflict {
+                    address: lease.address,
+                    first: Box::new(existing.owner.clone()),
+                    second: Box::new(lease.owner),
+                });
+            }
+            ipam.insert(lease);
+        }
+        for record in released {
+            ipam.remember_release(record);
+        }
+        for block in blocks {
+            let name = block.name.clone();
+            ipam.blocks.insert(
+                name,
+                BlockState {
+                    block,
+                    recorded: true,
+                    empty_since_ms: None,
+                    leased: 0,
+                    releasing: false,
+                    lost: false,
+                },
+            );
+        }
+        let names: Vec<String> = ipam.blocks.keys().cloned().collect();
+        for name in names {
+            ipam.refresh_emptiness(&name, now);
+        }
+        Ok(ipam)
+    }
+
+    /// Now, on the IPAM's clock.
+    #[must_use]
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn insert(&mut self, lease: Lease) {
+        if let Some(key) = pool_key(&lease) {
+            self.by_owner.insert((lease.owner.clone(), key), lease.address);
+        }
+        if let Some(state) = lease.block_name().and_then(|name| self.blocks.get_mut(&name)) {
+            state.empty_since_ms = None;
+            state.leased += 1;
+        }
+        self.leased_runs.insert(lease.address);
+        self.by_address.insert(lease.address, lease);
+    }
+
+    /// The first number at or after `candidate` (of `like`'s family) that is neither leased
+    /// nor quarantined for `claim_uid`, skipping runs.
+    fn unoccupied_from(
+        &self,
+        candidate: u128,
+        like: IpAddr,
+        claim_uid: &str,
+        now: u64,
+    ) -> Option<u128> {
+        let mut current = candidate;
+        loop {
+            let after_leases = match self.leased_runs.run_end(current, like) {
+                Some(end) => end.checked_add(1)?,
+                None => current,
+            };
+            let after_released =
+                self.released_runs.first_unquarantined(after_leases, like, claim_uid, now)?;
+            if after_released == current {
+                return Some(current);
+            }
+            current = after_released;
+        }
+    }
+
+    /// Reserves an address of `pool` for `owner`, or returns the one it already holds
+    /// there. The lease is durable when this returns.
+    pub fn reserve(&mut self, owner: &LeaseOwner, pool: &PoolSpec) -> Result<Lease, IpamError> {
+        let (lease, new) = self.reserve_in_memory(owner, pool)?;
+        if new {
+            self.persist_new(&lease)?;
+        }
+        Ok(lease)
+    }
+
+    /// [`Ipam::reserve`] without the write: the lease is held in memory, so no other owner
+    /// gets the address, and the caller persists it (with the records that depend on it, in
+    /// one commit) or gives it back with [`Ipam::forget_in_memory`]. `(lease, whether it is
+    /// new)`.
+    pub fn reserve_in_memory(
+        &mut self,
+        owner: &LeaseOwner,
+        pool: &PoolSpec,
+    ) -> Result<(Lease, bool), IpamError> {
+        if let Some(address) = self.by_owner.get(&(owner.clone(), PoolKey::Subnet(pool.subnet)))
+            && let Some(lease) = self.by_address.get(address)
+        {
+            return Ok((lease.clone(), false));
+        }
+        let now = self.clock.now_ms();
+        let like = pool.range_start;
+        let found = super::pool::lowest_free(
+            super::pool::to_u128(pool.range_start),
+            super::pool::to_u128(pool.range_end),
+            &super::pool::blocked_ranges(pool),
+            |c| self.unoccupied_from(c, like, &owner.claim_uid, now),
+        );
+        let Some(address) = found.map(|n| super::pool::from_u128(n, like)) else {
+            return Err(IpamError::PoolExhausted {
+                subnet: pool.subnet,
+                range_start: pool.range_start,
+                range_end: pool.range_end,
+                leased: self.by_address.keys().filter(|ip| pool.subnet.contains(**ip)).count(),
+            });
+        };
+        let lease = Lease::new(pool.subnet, address, owner.clone());
+        self.insert(lease.clone());
+        Ok((lease, true))
+    }
+
+    /// Persists a lease just reserved in memory; on failure it is forgotten again.
+    fn persist_new(&mut self, lease: &Lease) -> Result<(), IpamError> {
+        if let Err(e) = self.store.save_lease(lease) {
+            self.forget_in_memory(std::slice::from_ref(lease));
+            return Err(IpamError::Persist {
+                op: "save",
+                subnet: lease.subnet,
+                address: lease.address,
+                source: Box::new(e),
+            });
+        }
+        Ok(())
+    }
+
+    /// Leases a static address (`ipam.addresses`) to `owner`, so no pool hands it out and no
+    /// other claim gets it; the same owner gets its lease back. `address` carries its prefix:
+    /// the lease's subnet is its network.
+    pub fn reserve_static(
+        &mut self,
+        owner: &LeaseOwner,
+        address: IpNetwork,
+    ) -> Result<Lease, IpamError> {
+        let (lease, new) = self.reserve_static_in_memory(owner, address, None)?;
+        if new {
+            self.persist_new(&lease)?;
+        }
+        Ok(lease)
+    }
+
+    /// [`Ipam::reserve_static`] without the write, as [`Ipam::reserve_in_memory`];
+    /// `pod_network` names the network a static address is reserved in cluster-wide.
+    pub fn reserve_static_in_memory(
+        &mut self,
+        owner: &LeaseOwner,
+        address: IpNetwork,
+        pod_network: Option<&str>,
+    ) -> Result<(Lease, bool), IpamError> {
+        let ip = address.ip();
+        if let Some(lease) = self.by_address.get(&ip) {
+            return if lease.owner == *owner {
+                Ok((lease.clone(), false))
+            } else {
+                Err(IpamError::AddressTaken { address: ip, holder: Box::new(lease.owner.clone()) })
+            };
+        }
+        let now = self.clock.now_ms();
+        if let Some(record) = self.released.get(&ip)
+            && quarantines(record, &owner.claim_uid, now)
+        {
+            return Err(IpamError::Quarantined {
+                address: ip,
+                ago_ms: now.saturating_sub(record.released_at_ms),
+            });
+        }
+        // The network form of a valid address and prefix is always valid.
+        let subnet = IpNetwork::new(address.network(), address.prefix()).unwrap_or(address);
+        let mut lease = Lease::new(subnet, ip, owner.clone());
+        lease.pod_network = pod_network.map(str::to_owned);
+        // Not indexed by owner: one owner may hold several static addresses of one subnet,
+        // and `reserve` looks owners up for pools only.
+        self.leased_runs.insert(ip);
+        self.by_address.insert(ip, lease.clone());
+        Ok((lease, true))
+    }
+
+    /// Reserves `owner`'s address of family `ipv4` of `plan` in the first owned block of the
+    /// network with room (or returns the one it holds): `None` when no owned block has
+    /// room, and the caller claims a new block ([`Ipam::add_block`]) and asks again. Held in
+    /// memory like [`Ipam::reserve_in_memory`].
+    pub fn reserve_in_blocks(
+        &mut self,
+        owner: &LeaseOwner,
+        plan: &NetworkAddressing,
+        ipv4: bool,
+    ) -> Option<(Lease, bool)> {
+        let key = PoolKey::Network { pod_network: plan.pod_network.clone(), ipv4 };
+        if let Some(address) = self.by_owner.get(&(owner.clone(), key))
+            && let Some(lease) = self.by_address.get(address)
+        {
+            return Some((lease.clone(), false));
+        }
+        let (subnet, block, address) = self.find_in_blocks(&owner.claim_uid, plan, ipv4)?;
+        let lease = Lease {
+            subnet,
+            address,
+            owner: owner.clone(),
+            pod_network: Some(plan.pod_network.clone()),
+            block: Some(block),
+        };
+        self.insert(lease.clone());
+        Some((lease, true))
+    }
+
+    /// Whether an owned block of family `ipv4` of `plan` has an address `claim_uid` may get.
+    #[must_use]
+    pub fn has_room(&self, plan: &NetworkAddressing, ipv4: bool, claim_uid: &str) -> bool {
+        self.find_in_blocks(claim_uid, plan, ipv4).is_some()
+    }
+
+    /// The first free address for `claim_uid` in the owned blocks of family `ipv4` of
+    /// `plan`: `(subnet, block, address)`.
+    fn find_in_blocks(
+        &self,
+        claim_uid: &str,
+        plan: &NetworkAddressing,
+        ipv4: bool,
+    ) -> Option<(IpNetwork, IpNetwork, IpAddr)> {
+        let now = self.clock.now_ms();
+        // What each subnet blocks, once per call (not per block).
+        let blocked_of: Vec<(IpNetwork, Vec<(u128, u128)>)> = plan
+            .subnets_of(ipv4)
+            .map(|subnet| (subnet, super::blocks::blocked_ranges(plan, subnet)))
+            .collect();
+        self.blocks.values().filter(|s| allocatable_block(s, &plan.pod_network, ipv4)).find_map(
+            |state| {
+                let block = state.block.cidr;
+                let subnet = super::blocks::subnet_of(plan, block)?;
+                let (_, blocked) = blocked_of.iter().find(|(s, _)| *s == subnet)?;
+                if state.leased >= super::blocks::capacity(block, blocked) {
+                    // Full: no scan (a block with quarantined addresses is not full).
+                    return None;
+                }
+                let like = block.network();
+                super::blocks::first_free(block, blocked, |c| {
+                    self.unoccupied_from(c, like, claim_uid, now)
+                })
+                .map(|address| (subnet, block, address))
+            },
+        )
+    }
+
+    /// Takes `block` as owned (claimed or adopted in the API); `recorded` when its record is
+    /// durable. An existing entry of the same name takes the new UID and is no longer lost.
+    pub fn add_block(&mut self, block: OwnedBlock, recorded: bool) {
+        let now = self.clock.now_ms();
+        let name = block.name.clone();
+        match self.blocks.get_mut(&name) {
+            Some(state) => {
+                state.recorded = state.recorded && state.block == block;
+                state.block = block;
+                state.lost = false;
+            }
+            None => {
+                self.blocks.insert(
+                    name.clone(),
+                    BlockState {
+                        block,
+                        recorded,
+                        empty_since_ms: None,
+                        leased: 0,
+                        releasing: false,
+                        lost: false,
+                    },
+                );
+            }
+        }
+        self.refresh_emptiness(&name, now);
+    }
+
+    /// Forgets an owned block (deleted in the API, or found gone without leases).
+    pub fn remove_block(&mut self, name: &str) {
+        self.blocks.remove(name);
+    }
+
+    /// Marks a block lost (gone from the API with live leases) or found again.
+    pub fn set_block_lost(&mut self, name: &str, lost: bool) {
+        if let Some(state) = self.blocks.get_mut(name) {
+            state.lost = lost;
+        }
+    }
+
+    /// Every owned block.
+    pub fn blocks(&self) -> impl Iterator<Item = &BlockState> {
+        self.blocks.values()
+    }
+
+    /// The owned block named `name`.
+    #[must_use]
+    pub fn block(&self, name: &str) -> Option<&BlockState> {
+        self.blocks.get(name)
+    }
+
+    /// Whether any address of `cidr` is leased.
+    #[must_use]
+    pub fn has_leases_in(&self, cidr: IpNetwork) -> bool {
+        self.by_address.range(cidr.network()..=cidr.broadcast()).next().is_some()
+    }
+
+    /// Owned blocks that `leases` use whose records are not durable yet: the caller puts
+    /// them in the same commit as the leases.
+    #[must_use]
+    pub fn blocks_to_record(&self, leases: &[Lease]) -> Vec<OwnedBlock> {
+        let names: BTreeSet<String> = leases.iter().filter_map(Lease::block_name).collect();
+        names
+            .iter()
+            .filter_map(|name| self.blocks.get(name))
+            .filter(|state| !state.recorded)
+            .map(|state| state.block.clone())
+            .collect()
+    }
+
+    /// Marks block records durable (their commit succeeded).
+    pub fn mark_recorded(&mut self, blocks: &[OwnedBlock]) {
+        for block in blocks {
+            if let Some(state) = self.blocks.get_mut(&block.name)
+                && state.block == *block
+            {
+                state.recorded = true;
+            }
+        }
+    }
+
+    /// Sets a block's lease count and `empty_since_ms` from its leases.
+    fn refresh_emptiness(&mut self, name: &str, now: u64) {
+        let Some(cidr) = self.blocks.get(name).map(|s| s.block.cidr) else { return };
+        let leased = self.by_address.range(cidr.network()..=cidr.broadcast()).count() as u128;
+        let empty = leased == 0;
+        if let Some(state) = self.blocks.get_mut(name) {
+            state.leased = leased;
+            match (empty, state.empty_since_ms) {
+                (true, None) => state.empty_since_ms = Some(now),
+                (false, Some(_)) => state.empty_since_ms = None,
+                _ => {}
+            }
+        }
+    }
+
+    /// Forgets leases held in memory only (their commit failed, or their removal was
+    /// committed by the caller).
+    pub fn forget_in_memory(&mut self, leases: &[Lease]) {
+        let now = self.clock.now_ms();
+        for lease in leases {
+            if self.by_address.get(&lease.address) == Some(lease) {
+                self.by_address.remove(&lease.address);
+                self.leased_runs.remove(lease.address);
+            }
+            if let Some(key) = pool_key(lease)
+                && self.by_owner.get(&(lease.owner.clone(), key.clone())) == Some(&lease.address)
+            {
+                self.by_owner.remove(&(lease.owner.clone(), key));
+            }
+            if let Some(name) = lease.block_name() {
+                self.refresh_emptiness(&name, now);
+            }
+        }
+    }
+
+    /// The release records of `leases` released now (for the commit that removes them).
+    #[must_use]
+    pub fn release_records(&self, leases: &[Lease]) -> Vec<ReleasedAddress> {
+        let now = self.clock.now_ms();
+        leases
+            .iter()
+            .map(|l| ReleasedAddress {
+                address: l.address,
+                released_at_ms: now,
+                claim_uid: l.owner.claim_uid.clone(),
+            })
+            .collect()
+    }
+
+    /// Keeps `record` as its address's latest release (an older one waits to be pruned).
+    fn remember_release(&mut self, record: ReleasedAddress) {
+        match self.released.get(&record.address) {
+            Some(existing) if existing.released_at_ms > record.released_at_ms => {
+                self.superseded.push(record);
+            }
+            _ => {
+                if let Some(old) = self.released.remove(&record.address) {
+                    self.released_runs.remove(&old);
+                    if !self.superseded.contains(&old) {
+                        self.superseded.push(old);
+                    }
+                }
+                self.released_runs.insert(&record);
+                self.released.insert(record.address, record);
+            }
+        }
+    }
+
+    /// Applies a committed release: the leases go, their addresses are quarantined.
+    pub fn apply_release(&mut self, leases: &[Lease], records: &[ReleasedAddress]) {
+        self.forget_in_memory(leases);
+        for record in records {
+            self.remember_release(record.clone());
+        }
+    }
+
+    /// Release records past their quarantine, and superseded ones: a later commit removes
+    /// them ([`Ipam::forget_released`] after it succeeded).
+    #[must_use]
+    pub fn expired_releases(&self) -> Vec<ReleasedAddress> {
+        let now = self.clock.now_ms();
+        self.released_runs
+            .outside_window(now)
+            .filter_map(|ip| self.released.get(ip))
+            .chain(self.superseded.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets release records whose removal was committed.
+    pub fn forget_released(&mut self, records: &[ReleasedAddress]) {
+        for record in records {
+            self.superseded.retain(|r| r != record);
+            if self.released.get(&record.address) == Some(record) {
+                self.released.remove(&record.address);
+                self.released_runs.remove(record);
+            }
+        }
+    }
+
+    /// Every release record.
+    pub fn releases(&self) -> impl Iterator<Item = &ReleasedAddress> {
+        self.released.values()
+    }
+
+    /// Every lease of a claim.
+    #[must_use]
+    pub fn leases_of_claim(&self, claim_uid: &str) -> Vec<Lease> {
+        self.by_address.values().filter(|l| l.owner.claim_uid == claim_uid).cloned().collect()
+    }
+
+    /// Releases every lease of `owner`; returns them. Releasing nothing succeeds.
+    pub fn release(&mut self, owner: &LeaseOwner) -> Result<Vec<Lease>, IpamError> {
+        self.release_where(|o| o == owner)
+    }
+
+    /// Releases every lease of a claim (at unprepare); returns them.
+    pub fn release_claim(&mut self, claim_uid: &str) -> Result<Vec<Lease>, IpamError> {
+        self.release_where(|o| o.claim_uid == claim_uid)
+    }
+
+    fn release_where(
+        &mut self,
+        matches: impl Fn(&LeaseOwner) -> bool,
+    ) -> Result<Vec<Lease>, IpamError> {
+        let doomed: Vec<Lease> =
+            self.by_address.values().filter(|l| matches(&l.owner)).cloned().collect();
+        let mut released = Vec::with_capacity(doomed.len());
+        for lease in doomed {
+            let records = self.release_records(std::slice::from_ref(&lease));
+            // Store first: a lease still on disk but gone from memory could be handed out
+            // twice after a restart; the reverse only keeps an address busy.
+            self.store.remove_lease(&lease, &records[0]).map_err(|e| IpamError::Persist {
+                op: "remove",
+                subnet: lease.subnet,
+                address: lease.address,
+                source: Box::new(e),
+            })?;
+            self.apply_release(std::slice::from_ref(&lease), &records);
+            released.push(lease);
+        }
+        Ok(released)
+    }
+
+    /// The lease `owner` holds in the pool of `subnet`.
+    #[must_use]
+    pub fn lease_of(&self, owner: &LeaseOwner, subnet: IpNetwork) -> Option<&Lease> {
+        self.by_owner
+            .get(&(owner.clone(), PoolKey::Subnet(subnet)))
+            .and_then(|a| self.by_address.get(a))
+    }
+
+    /// Every lease, by address.
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.by_address.values()
+    }
+
+    /// Leased addresses per pool (for `netclaim_ipam_addresses{pool,state}`).
+    #[must_use]
+    pub fn leased_per_pool(&self) -> BTreeMap<IpNetwork, usize> {
+        let mut counts = BTreeMap::new();
+        for lease in self.by_address.values() {
+            *counts.entry(lease.subnet).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Empty blocks to delete in the API now, marked releasing: no lease and no quarantined
+    /// address in them, and either empty for `grace_ms` or of a network `deleting` (then at
+    /// once, and whatever their quarantine: no node claims blocks of a network being
+    /// deleted). Reservations are not included ([`Ipam::orphan_reservations`]).
+    pub fn idle_blocks(
+        &mut self,
+        grace_ms: u64,
+        deleting: impl Fn(&str) -> bool,
+    ) -> Vec<OwnedBlock> {
+        let now = self.clock.now_ms();
+        let mut idle = Vec::new();
+        for state in self.blocks.values() {
+            let Some(since) = state.empty_since_ms else { continue };
+            if state.releasing || state.block.claim.is_some() {
+                continue;
+            }
+            let cidr = state.block.cidr;
+            let gone_network = deleting(&state.block.pod_network);
+            let quarantined = self
+                .released
+                .range(cidr.network()..=cidr.broadcast())
+                .any(|(_, r)| now.abs_diff(r.released_at_ms) < QUARANTINE_MS);
+            if gone_network || (!quarantined && now.saturating_sub(since) >= grace_ms) {
+                idle.push(state.block.clone());
+            }
+        }
+        for block in &idle {
+            if let Some(state) = self.blocks.get_mut(&block.name) {
+                state.releasing = true;
+            }
+        }
+        idle
+    }
+
+    /// Static reservations whose claim `is_live` no longer holds, marked releasing.
+    pub fn orphan_reservations(&mut self, is_live: impl Fn(&str) -> bool) -> Vec<OwnedBlock> {
+        let mut orphans = Vec::new();
+        for state in self.blocks.values_mut() {
+            let Some(claim) = &state.block.claim else { continue };
+            if !state.releasing && !is_live(&claim.uid) {
+                state.releasing = true;
+                orphans.push(state.block.clone());
+            }
+        }
+        orphans
+    }
+
+    /// Ends a release: `gone` forgets the block (its record's removal was committed), else
+    /// it serves again.
+    pub fn end_release(&mut self, name: &str, gone: bool) {
+        if gone {
+            self.blocks.remove(name);
+        } else if let Some(state) = self.blocks.get_mut(name) {
+            state.releasing = false;
+        }
+    }
+
+    /// The store, for callers that share it with other record kinds.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}
+
+/// Whether a block hands out new addresses of `pod_network`'s family `ipv4`.
+fn allocatable_block(state: &BlockState, pod_network: &str, ipv4: bool) -> bool {
+    state.block.pod_network == pod_network
+        && state.block.cidr.is_ipv4() == ipv4
+        && state.block.claim.is_none()
+        && !state.releasing
+        && !state.lost
+}
+
+/// Whether `record` keeps its address from `claim_uid` at `now`: within [`QUARANTINE`] of
+/// the release (either way: a clock that went back does not stretch it), unless the claim is
+/// the one that released it.
+fn quarantines(record: &ReleasedAddress, claim_uid: &str, now: u64) -> bool {
+    record.claim_uid != claim_uid && now.abs_diff(record.released_at_ms) < QUARANTINE_MS
+}
