@@ -27,10 +27,19 @@
 
 mod allocator;
 pub mod blocks;
+mod clock;
+mod error;
+mod lease;
 mod occupancy;
 pub mod pool;
 
 #[cfg(test)]
 mod tests;
 
-pub use allocator::*;
+pub use allocator::Ipam;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::IpamError;
+use lease::QUARANTINE_MS;
+pub use lease::{
+    BlockState, IpamCommit, Lease, LeaseOwner, LeaseStore, OwnedBlock, QUARANTINE, ReleasedAddress,
+};

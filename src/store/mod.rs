@@ -24,8 +24,11 @@
 mod attachments;
 mod claims;
 mod disk;
+mod error;
+mod format;
 mod journal;
 mod leases;
+mod record;
 mod vf_snapshots;
 
 #[cfg(test)]
@@ -35,4 +38,7 @@ mod sim_disk;
 #[cfg(test)]
 mod tests;
 
-pub use journal::*;
+pub use error::StoreError;
+pub use format::FORMAT_VERSION;
+pub use journal::{Durability, Store};
+pub use record::{Batch, Record};

@@ -12,9 +12,8 @@ use serde_json::{Value, json};
 
 use std::path::{Path, PathBuf};
 
-use super::journal::{
-    COMPACT_MIN_BYTES, EntryRef, JOURNAL_FILE, JOURNAL_TEMP, Op, encode_entry, encode_line, op_size,
-};
+use super::format::{EntryRef, Op, encode_entry, encode_line, op_size};
+use super::journal::{COMPACT_MIN_BYTES, JOURNAL_FILE, JOURNAL_TEMP};
 use super::*;
 
 /// A record kind for tests, at version 2; version 0 stored `{"owner": "...", "ip": "..."}`,
