@@ -1,21 +1,13 @@
-//! Prometheus metrics of `netclaim controller` and the endpoint serving them with `/healthz`
-//! and `/readyz` (the node daemon's endpoint serves the node's own registry).
+//! Prometheus metrics of `netclaim controller`; `crate::metrics::serve` serves them with
+//! `/healthz` and `/readyz`, as it serves the node daemon's own registry.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::{Health, MetricsServerError};
+use crate::metrics::{MetricsRegistry, encode};
 use crate::model::pod_network::reason;
 
 /// `{result}` of reconciles.
@@ -133,55 +125,13 @@ impl ControllerMetrics {
     /// The text exposition format.
     #[must_use]
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        // Writing into a String cannot fail.
-        let _infallible = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        encode(&self.registry)
     }
 }
 
-#[derive(Clone)]
-struct Endpoint {
-    metrics: Arc<ControllerMetrics>,
-    health: Arc<Health>,
-}
-
-/// Binds `address` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves;
-/// returns the bound address (port 0 picks a free one) and the serving task.
-pub async fn serve(
-    address: SocketAddr,
-    metrics: Arc<ControllerMetrics>,
-    health: Arc<Health>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsServerError> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|source| MetricsServerError { address, source })?;
-    let bound = listener.local_addr().map_err(|source| MetricsServerError { address, source })?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz_handler))
-        .with_state(Endpoint { metrics, health });
-    let task = tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-            tracing::error!(%err, "metrics endpoint stopped");
-        }
-    });
-    Ok((bound, task))
-}
-
-async fn metrics_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        endpoint.metrics.encode(),
-    )
-}
-
-async fn readyz_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
-    match endpoint.health.readiness() {
-        Ok(()) => (StatusCode::OK, "ok".to_owned()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+impl MetricsRegistry for ControllerMetrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 

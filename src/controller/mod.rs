@@ -117,11 +117,15 @@ pub async fn run_with_metrics(
     let metrics_task = match config.metrics_address {
         Some(address) => {
             let mut stop = stop_rx.clone();
-            let (bound, task) =
-                metrics::serve(address, Arc::clone(&metrics), Arc::clone(&health), async move {
+            let (bound, task) = crate::metrics::serve(
+                address,
+                Arc::clone(&metrics),
+                Arc::clone(&health),
+                async move {
                     let _stopped = stop.wait_for(|stopped| *stopped).await;
-                })
-                .await?;
+                },
+            )
+            .await?;
             tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
             Some(task)
         }

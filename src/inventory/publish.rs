@@ -7,7 +7,10 @@
 
 mod run;
 
-pub use run::{InterfaceSource, NETWORKS_PATIENCE, NodeWarnings, SliceEvent, Triggers, run};
+pub use run::{
+    InterfaceSource, NETWORKS_PATIENCE, NodeWarnings, PublishEvents, Readiness, SliceEvent,
+    Triggers, run,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -1,15 +1,10 @@
-//! Prometheus metrics of the node daemon (DESIGN §1) and the HTTP endpoint that serves
-//! them with `/healthz` and `/readyz`.
+//! The node daemon's metric families (DESIGN §1): what the driver, the kubelet plugin, the
+//! NRI handler, IPAM and the stats service count, and the publisher's rounds as reported
+//! through its port ([`PublishEvents`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::AtomicI64;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::endpoint::{MetricsRegistry, encode};
+use crate::inventory::publish::{PublishEvents, SyncReport};
 use crate::model::stats::{Direction, InterfaceStats, PROTOCOLS};
 
 /// Label set `{result}`.
@@ -228,10 +225,35 @@ impl Metrics {
     /// The text exposition format.
     #[must_use]
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        // Writing into a String cannot fail.
-        let _infallible = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        encode(&self.registry)
+    }
+}
+
+impl MetricsRegistry for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+/// The publisher's rounds: `netclaim_slice_writes_total`, `netclaim_slice_syncs_total`,
+/// `netclaim_devices_published`, `netclaim_pool_generation` and
+/// `netclaim_consumable_capacity_dropped`.
+impl PublishEvents for Metrics {
+    fn round_published(&self, report: &SyncReport) {
+        self.slice_writes
+            .get_or_create(&ResultLabel { result: "success" })
+            .inc_by(report.applied as u64);
+        self.slice_syncs.get_or_create(&ResultLabel { result: "success" }).inc();
+        self.devices_published.set(i64::try_from(report.devices).unwrap_or(i64::MAX));
+        self.pool_generation.set(report.generation);
+        // Never reset: a report names the drop only the first time the server makes it.
+        if report.capacity_dropped.is_some() {
+            self.capacity_dropped.set(1);
+        }
+    }
+
+    fn round_failed(&self) {
+        self.slice_syncs.get_or_create(&ResultLabel { result: "error" }).inc();
     }
 }
 
@@ -332,155 +354,8 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
     }
 }
 
-/// A condition that keeps `/readyz` failing while it holds: `Some(why)`.
-type ReadinessCheck = Box<dyn Fn() -> Option<String> + Send + Sync>;
-
-/// Shared health state: live as long as the process serves, ready once the daemon said so
-/// and no readiness check fails.
-#[derive(Default)]
-pub struct Health {
-    ready: AtomicBool,
-    changed: tokio::sync::Notify,
-    checks: std::sync::Mutex<Vec<(&'static str, ReadinessCheck)>>,
-}
-
-impl std::fmt::Debug for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Health").field("ready", &self.is_ready()).finish_non_exhaustive()
-    }
-}
-
-impl Health {
-    /// Marks the daemon ready (or not).
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
-        self.changed.notify_waiters();
-    }
-
-    /// Returns once the daemon said it is ready (checks aside).
-    pub async fn wait_until_ready(&self) {
-        loop {
-            let changed = self.changed.notified();
-            if self.is_ready() {
-                return;
-            }
-            changed.await;
-        }
-    }
-
-    /// Whether the daemon said it is ready (checks aside).
-    #[must_use]
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
-    /// Adds a condition under which `/readyz` fails, with `name` and the check's reason in
-    /// the answer.
-    pub fn add_check(
-        &self,
-        name: &'static str,
-        check: impl Fn() -> Option<String> + Send + Sync + 'static,
-    ) {
-        self.checks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((name, Box::new(check)));
-    }
-
-    /// `Ok` when `/readyz` answers 200, else why not.
-    pub fn readiness(&self) -> Result<(), String> {
-        if !self.is_ready() {
-            return Err("not ready".to_owned());
-        }
-        let checks = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let failing: Vec<String> = checks
-            .iter()
-            .filter_map(|(name, check)| check().map(|why| format!("{name}: {why}")))
-            .collect();
-        if failing.is_empty() { Ok(()) } else { Err(failing.join("; ")) }
-    }
-}
-
-/// A failure to serve the metrics endpoint.
-#[derive(Debug, thiserror::Error)]
-#[error("metrics endpoint on {address}: {source}")]
-pub struct MetricsServerError {
-    /// The address.
-    pub address: SocketAddr,
-    /// The I/O error.
-    #[source]
-    pub source: std::io::Error,
-}
-
-#[derive(Clone)]
-struct Endpoint {
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-}
-
-/// Binds `address` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
-/// Returns the bound address (port 0 picks a free one) and the serving task.
-pub async fn serve(
-    address: SocketAddr,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsServerError> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|source| MetricsServerError { address, source })?;
-    let bound = listener.local_addr().map_err(|source| MetricsServerError { address, source })?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz_handler))
-        .with_state(Endpoint { metrics, health });
-    let task = tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-            tracing::error!(%err, "metrics endpoint stopped");
-        }
-    });
-    Ok((bound, task))
-}
-
-async fn metrics_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        endpoint.metrics.encode(),
-    )
-}
-
-async fn readyz_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
-    match endpoint.health.readiness() {
-        Ok(()) => (StatusCode::OK, "ok".to_owned()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use super::Health;
-
-    #[test]
-    fn a_failing_check_keeps_readiness_down_and_names_its_reason() {
-        let health = Health::default();
-        assert_eq!(health.readiness(), Err("not ready".to_owned()));
-        health.set_ready(true);
-        let broken = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&broken);
-        health.add_check("state", move || {
-            flag.load(Ordering::Relaxed).then(|| "the journal refuses writes".to_owned())
-        });
-        assert_eq!(health.readiness(), Ok(()));
-        broken.store(true, Ordering::Relaxed);
-        assert_eq!(health.readiness(), Err("state: the journal refuses writes".to_owned()));
-        broken.store(false, Ordering::Relaxed);
-        assert_eq!(health.readiness(), Ok(()));
-    }
-
     #[test]
     fn interface_series_follow_the_snapshot() {
         use crate::model::stats::{DirectionCounters, InterfaceStats};

@@ -251,7 +251,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // What `netclaim status` shows (DESIGN §5 item 9).
     let parts = status_api::DaemonParts::new(&claims, &attach_service, &metrics, &health);
     status_api::start(&config, publisher.devices(), reports.clone(), parts, &stop);
-    let publishing = publish::run(publisher, &interfaces, &events, triggers, &metrics, &health);
+    let publishing = publish::run(publisher, &interfaces, &events, triggers, &*metrics, &*health);
     tokio::pin!(publishing);
     let serving = async {
         if tokio::time::timeout(FIRST_PUBLICATION_PATIENCE, health.wait_until_ready())

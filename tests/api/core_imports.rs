@@ -1,7 +1,8 @@
 //! The core does no I/O and owns its ports (DESIGN §9): `model`, `inventory`, `claims`, `ipam`,
 //! `podnet::plan` and `health` must not reach an adapter of this crate (`host`, `k8s`, `kubelet`,
-//! `node`, `store`, `cdi`, `attach`, `dev`, `controller`, `cli`) nor a crate that talks to the kernel
-//! or the cluster (kube, tonic, ttrpc, rtnetlink, netlink-*, nix, aya), nor `std::fs`.
+//! `node`, `store`, `cdi`, `attach`, `dev`, `controller`, `cli`, `metrics`) nor a crate that talks
+//! to the kernel, the cluster or a scraper (kube, tonic, ttrpc, rtnetlink, netlink-*, nix, aya,
+//! prometheus_client, axum), nor `std::fs`.
 //!
 //! The check parses each core file with `syn`, following `mod` declarations from the core
 //! roots, and walks every `use` tree and every path in the code. Code under `#[cfg(test)]` is
@@ -13,10 +14,22 @@ use std::path::{Path, PathBuf};
 use syn::visit_mut::VisitMut;
 
 /// Modules of the crate the core must not import.
-const ADAPTER_MODULES: &[&str] =
-    &["host", "k8s", "kubelet", "node", "store", "cdi", "attach", "dev", "controller", "cli"];
+const ADAPTER_MODULES: &[&str] = &[
+    "host",
+    "k8s",
+    "kubelet",
+    "node",
+    "store",
+    "cdi",
+    "attach",
+    "dev",
+    "controller",
+    "cli",
+    "metrics",
+];
 /// Crates the core must not import (netlink-* as a prefix).
-const IO_CRATES: &[&str] = &["kube", "tonic", "ttrpc", "rtnetlink", "nix", "aya"];
+const IO_CRATES: &[&str] =
+    &["kube", "tonic", "ttrpc", "rtnetlink", "nix", "aya", "prometheus_client", "axum"];
 
 /// The roots of the core: a `mod.rs` (the module's children live beside it) or a file.
 const CORE_ROOTS: &[&str] = &[

@@ -2,8 +2,9 @@
 //! trigger (a netlink change on the host, a NIC moved into or out of a pod, a slice changed
 //! or deleted behind our back, a PodNetwork or the Node's labels changed), debounced so a
 //! burst settles into one publication, retried with backoff when the API fails. It reaches
-//! the world through ports only: [`SliceApi`], [`InterfaceSource`] (the node's interfaces)
-//! and [`NodeWarnings`] (Events on the Node).
+//! the world through ports only: [`SliceApi`], [`InterfaceSource`] (the node's interfaces),
+//! [`NodeWarnings`] (Events on the Node), [`PublishEvents`] (what the metrics count) and
+//! [`Readiness`] (the daemon's `/readyz`).
 //!
 //! The first publication waits (at most [`NETWORKS_PATIENCE`]) until the PodNetworks have
 //! been listed and the Node read: a restarted daemon then publishes the network devices it
@@ -21,10 +22,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::{Publisher, SliceApi, SliceApiError};
+use super::{Publisher, SliceApi, SliceApiError, SyncReport};
 use crate::inventory::SharingMode;
 use crate::inventory::networks::NetworkInputs;
-use crate::metrics::{Health, Metrics, ResultLabel};
 use crate::model::cause::{Cause, Chain};
 use crate::model::device::HostInterface;
 
@@ -70,6 +70,21 @@ pub trait NodeWarnings: Send + Sync {
     fn warn(&self, reason: &str, action: &str, note: String) -> impl Future<Output = ()> + Send;
 }
 
+/// The outcome of each publication round, for whoever counts them (the daemon's metrics).
+pub trait PublishEvents: Send + Sync {
+    /// A round succeeded and left the pool as `report` says: slices written, devices and
+    /// generation published, consumable capacity dropped by the server (the first time).
+    fn round_published(&self, report: &SyncReport);
+    /// A round failed (discovery or the API); it is retried with backoff.
+    fn round_failed(&self);
+}
+
+/// The daemon's readiness, which the first successful round establishes.
+pub trait Readiness: Send + Sync {
+    /// A round succeeded: the node's devices are published.
+    fn mark_ready(&self);
+}
+
 /// What makes the loop publish again, and when it stops.
 pub struct Triggers<E> {
     /// A netlink change on the host (coalesced: one message stands for many).
@@ -93,19 +108,22 @@ enum RoundError<D: std::error::Error + 'static> {
     Api(#[from] SliceApiError),
 }
 
-/// Runs `publisher` until `triggers.stop`; marks `health` ready after each successful round.
-pub async fn run<A, I, W, E>(
+/// Runs `publisher` until `triggers.stop`; reports each round to `events` and marks
+/// `readiness` after each successful one.
+pub async fn run<A, I, W, E, P, R>(
     mut publisher: Publisher<A>,
     interfaces: &I,
     warnings: &W,
     mut triggers: Triggers<E>,
-    metrics: &Metrics,
-    health: &Health,
+    events: &P,
+    readiness: &R,
 ) where
     A: SliceApi,
     I: InterfaceSource,
     W: NodeWarnings,
     E: Stream<Item = SliceEvent> + Unpin,
+    P: PublishEvents,
+    R: Readiness,
 {
     if !wait_for_networks(&mut triggers.networks, &mut triggers.stop).await {
         return;
@@ -143,17 +161,17 @@ pub async fn run<A, I, W, E>(
                 first_trigger = None;
                 triggers.moved.mark_unchanged();
                 let round = publish_round(
-                    &mut publisher, interfaces, force, metrics, warnings, &triggers.moved,
+                    &mut publisher, interfaces, force, events, warnings, &triggers.moved,
                 );
                 match round.await {
                     Ok(()) => {
                         force = false;
                         retry_delay = RETRY_MIN;
-                        health.set_ready(true);
+                        readiness.mark_ready();
                     }
                     Err(err) => {
                         tracing::warn!(%err, retry_in = ?retry_delay, "publishing ResourceSlices failed");
-                        metrics.slice_syncs.get_or_create(&ResultLabel { result: "error" }).inc();
+                        events.round_failed();
                         due = Some(Instant::now() + retry_delay);
                         retry_delay = (retry_delay * 2).min(RETRY_MAX);
                     }
@@ -240,11 +258,11 @@ fn slice_name(slice: &ResourceSlice) -> String {
 }
 
 /// One publication: discover, keep moved NICs, write, report.
-async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings>(
+async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings, P: PublishEvents>(
     publisher: &mut Publisher<A>,
     interfaces: &I,
     force: bool,
-    metrics: &Metrics,
+    events: &P,
     warnings: &W,
     moved: &watch::Receiver<BTreeSet<String>>,
 ) -> Result<(), RoundError<I::Error>> {
@@ -253,13 +271,7 @@ async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings>(
     // a discovery that no longer sees it always finds it here.
     publisher.retain_moved(&moved.borrow());
     let report = publisher.sync(&found, force).await?;
-    metrics
-        .slice_writes
-        .get_or_create(&ResultLabel { result: "success" })
-        .inc_by(report.applied as u64);
-    metrics.slice_syncs.get_or_create(&ResultLabel { result: "success" }).inc();
-    metrics.devices_published.set(i64::try_from(report.devices).unwrap_or(i64::MAX));
-    metrics.pool_generation.set(report.generation);
+    events.round_published(&report);
     if report.applied > 0 || report.deleted > 0 {
         tracing::info!(
             generation = report.generation,
@@ -277,7 +289,6 @@ async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings>(
         warnings.warn("PodNetworkConflict", "PublishResourceSlices", conflict.to_string()).await;
     }
     if let Some(message) = report.capacity_dropped {
-        metrics.capacity_dropped.set(1);
         tracing::warn!("{message}");
         warnings.warn("ConsumableCapacityUnsupported", "PublishResourceSlices", message).await;
     }
