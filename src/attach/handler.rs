@@ -1,16 +1,13 @@
-//! The NRI side of the attach service: the sandbox and container events it handles, what it
-//! remembers of a running sandbox, and the event mask the plugin subscribes to.
+//! The NRI side of the attach service: the sandbox and container events it handles and the
+//! event mask the plugin subscribes to.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nri_rs::{Container, Event, EventMask, HandlerError, PluginHandler, PodSandbox};
 
-use super::{
-    AttachService, AttachmentStore, NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
-};
+use super::shared::{AttachService, Sandbox};
+use super::{AttachmentStore, NetnsAccess, PodAttachment, PodClaims, StatusSink, lock};
 use crate::claims::PreparedClaim;
-use crate::model::PodRef;
 
 /// How long a `CreateContainer` waits for its pod's reconcile: until just before the call's
 /// deadline (the runtime's request timeout minus the plugin's reserve), so the refusal is
@@ -33,33 +30,6 @@ pub fn plugin_events() -> EventMask {
         .with(Event::StopPodSandbox)
         .with(Event::RemovePodSandbox)
         .with(Event::CreateContainer)
-}
-
-/// What the service knows of a running sandbox (from RunPodSandbox, Synchronize or
-/// CreateContainer).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Sandbox {
-    pub(super) uid: String,
-    pub(super) name: String,
-    pub(super) namespace: String,
-    pub(super) id: String,
-    pub(super) netns: Option<PathBuf>,
-}
-
-impl Sandbox {
-    pub(super) fn from_pod(pod: &PodSandbox) -> Self {
-        Self {
-            uid: pod.uid.clone(),
-            name: pod.name.clone(),
-            namespace: pod.namespace.clone(),
-            id: pod.id.clone(),
-            netns: pod.netns_path.clone(),
-        }
-    }
-
-    pub(super) fn pod_ref(&self) -> PodRef {
-        PodRef { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
-    }
 }
 
 /// Whether an event's sandbox is the one `record` was attached to (an event without an ID

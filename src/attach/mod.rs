@@ -10,7 +10,9 @@
 //!
 //! - [`ports`]: the four ports.
 //! - `plan`: interface names and plans of a pod's devices.
-//! - `service`: the [`AttachService`]: records, gates, attach, detach.
+//! - `shared`: the [`AttachService`]'s state (its fields, pod records, gates, pending
+//!   reconcile), which the other files implement without importing each other.
+//! - `service`: records, gates, attach, detach.
 //! - [`status`]: the claim status entries and their submission.
 //! - [`handler`]: the NRI events the service handles.
 //! - `reconcile`: start-up and `Synchronize` reconcile, the sweep of gone claims.
@@ -23,6 +25,7 @@ pub mod preparer;
 mod reconcile;
 mod record;
 mod service;
+mod shared;
 pub mod status;
 
 #[cfg(test)]
@@ -34,7 +37,7 @@ pub use ports::{
 };
 pub use preparer::{ClaimDetacher, DetachingPreparer};
 pub use record::{AttachedDevice, AttachmentState, PodAttachment};
-pub use service::AttachService;
+pub use shared::AttachService;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -10,19 +10,16 @@
 //! without the interfaces its pod had.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use nri_rs::PodSandbox;
-use tokio::sync::{Notify, watch};
 
-use super::handler::Sandbox;
-use super::service::log_detach;
+use super::shared::{AttachService, Sandbox, log_detach};
 use super::{
-    AttachFailure, AttachService, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence,
-    NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
+    AttachFailure, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence, NetnsAccess,
+    PodAttachment, PodClaims, StatusSink, lock,
 };
 use crate::model::network_config::Sharing;
 use crate::podnet::apply::completed_attach;
@@ -32,44 +29,6 @@ use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
 
 /// Pods reconciled at the same time (each holds a netns thread and socket).
 const MAX_CONCURRENT_RECONCILES: usize = 8;
-
-/// The reconcile a `Synchronize` asked for, and the pods whose `CreateContainer` waits for it.
-#[derive(Debug)]
-pub(super) struct Reconciles {
-    /// The runtime's pods of the last `Synchronize` not yet taken by the reconcile loop.
-    pending: Mutex<Option<Vec<PodSandbox>>>,
-    /// Wakes the reconcile loop.
-    due: Notify,
-    /// Pods listed by a `Synchronize` whose interfaces are not verified yet.
-    unverified: Mutex<HashSet<String>>,
-    /// Sent whenever pods leave `unverified`.
-    progress: watch::Sender<()>,
-}
-
-impl Default for Reconciles {
-    fn default() -> Self {
-        Self {
-            pending: Mutex::default(),
-            due: Notify::new(),
-            unverified: Mutex::default(),
-            progress: watch::Sender::new(()),
-        }
-    }
-}
-
-impl Reconciles {
-    fn verified(&self, uids: impl IntoIterator<Item = impl AsRef<str>>) {
-        let mut unverified = lock(&self.unverified);
-        let before = unverified.len();
-        for uid in uids {
-            unverified.remove(uid.as_ref());
-        }
-        if unverified.len() != before {
-            drop(unverified);
-            self.progress.send_replace(());
-        }
-    }
-}
 
 /// What reconcile does with one pod record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,18 +2,18 @@
 //! pod's planned interfaces into its netns (undoing them on failure), detaching them at stop,
 //! remove and unprepare, and the set of host NICs currently moved into pods.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use nri_rs::PodSandbox;
 use tokio::sync::watch;
 
-use super::handler::{Sandbox, same_sandbox};
+use super::handler::same_sandbox;
 use super::plan::{assign_slots, plan_new};
+use super::shared::{AttachService, Gates, Inner, Reconciles, Sandbox, log_detach};
 use super::{
     AttachFailure, AttachedDevice, AttachmentState, AttachmentStore, MAX_CONCURRENT_ATTACHES,
     NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
@@ -28,98 +28,6 @@ use crate::stats::{AttachedInterfaces, WatchedInterface};
 /// How long an attach's completion waits before it runs, so that the answer goes first. The
 /// pod's gate is held meanwhile: a `CreateContainer` that came sooner waits this long more.
 const COMPLETION_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// One async lock per pod UID in use, so the same pod is never worked on twice at once.
-#[derive(Default)]
-pub(super) struct Gates(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-/// Pod `uid`'s gate, held until dropped (it can move into a background task).
-pub(super) struct HeldGate {
-    uid: String,
-    gates: Arc<Gates>,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for HeldGate {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut gates = lock(&self.gates.0);
-        // Clones are only made under this mutex: one reference left means only the map's.
-        if gates.get(&self.uid).is_some_and(|g| Arc::strong_count(g) == 1) {
-            gates.remove(&self.uid);
-        }
-    }
-}
-
-impl Gates {
-    /// Waits for pod `uid`'s gate (first come, first served) and holds it.
-    pub(super) async fn hold(self: &Arc<Self>, uid: &str) -> HeldGate {
-        let gate = Arc::clone(lock(&self.0).entry(uid.to_owned()).or_default());
-        let guard = gate.lock_owned().await;
-        HeldGate { uid: uid.to_owned(), gates: Arc::clone(self), guard: Some(guard) }
-    }
-
-    pub(super) async fn serialised<T>(
-        self: &Arc<Self>,
-        uid: &str,
-        work: impl Future<Output = T>,
-    ) -> T {
-        let _held = self.hold(uid).await;
-        work.await
-    }
-}
-
-#[derive(Default)]
-pub(super) struct Inner {
-    /// Pod records by pod UID (the store's content).
-    pub(super) pods: HashMap<String, PodAttachment>,
-    /// Sandboxes seen running, by pod UID.
-    pub(super) sandboxes: HashMap<String, Sandbox>,
-    /// The entries last submitted per claim UID (keeps condition transition times).
-    pub(super) statuses: HashMap<String, Vec<AllocatedDeviceStatus>>,
-    /// Stopped pods whose interfaces this process saw removed; a stopped record not in here
-    /// (the removal was still running when the daemon died) is detached again before its
-    /// claim's addresses can be released.
-    pub(super) links_gone: BTreeSet<String>,
-}
-
-/// The attach service: the node daemon's NRI handler.
-pub struct AttachService<C, N, S, W> {
-    pub(super) driver: String,
-    pub(super) claims: C,
-    pub(super) netns: N,
-    pub(super) store: S,
-    pub(super) status: Arc<W>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) vlans: Arc<VlanUsers>,
-    pub(super) inner: Arc<Mutex<Inner>>,
-    pub(super) gates: Arc<Gates>,
-    pub(super) moved: watch::Sender<BTreeSet<String>>,
-    /// The same NICs with their pod netns and pod-side name (device health watches them).
-    pub(super) moved_nics: watch::Sender<BTreeMap<String, MovedNic>>,
-    /// Bumped whenever a pod record changes (cheap on the sandbox path); the stats service
-    /// then takes [`Self::attached_interfaces`] off that path.
-    pub(super) interfaces_version: Arc<watch::Sender<u64>>,
-    /// Set by the first `Synchronize`: only then is the set of running pods known.
-    pub(super) synchronized: std::sync::atomic::AtomicBool,
-    /// Woken after each `Synchronize`, for the sweep of claims gone from the API.
-    pub(super) sweep_due: tokio::sync::Notify,
-    /// The reconcile a `Synchronize` asked for, and the pods waiting for it.
-    pub(super) reconciles: super::reconcile::Reconciles,
-    /// Bounds the pods attached at the same time (DESIGN §6: bounded concurrency).
-    pub(super) kernel_slots: tokio::sync::Semaphore,
-    /// Bounds the pods whose links are being removed in the background at the same time.
-    pub(super) detach_slots: Arc<tokio::sync::Semaphore>,
-    /// Attach completions (statuses, device metadata, the record's results) still running
-    /// after their sandbox was answered.
-    pub(super) completing: Arc<watch::Sender<usize>>,
-}
-
-impl<C, N, S, W> std::fmt::Debug for AttachService<C, N, S, W> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttachService").field("driver", &self.driver).finish_non_exhaustive()
-    }
-}
 
 /// The stats service follows the attached interfaces through the service.
 impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachedInterfaces
@@ -163,7 +71,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
             interfaces_version: Arc::new(watch::Sender::new(0)),
             synchronized: std::sync::atomic::AtomicBool::new(false),
             sweep_due: tokio::sync::Notify::new(),
-            reconciles: super::reconcile::Reconciles::default(),
+            reconciles: Reconciles::default(),
             kernel_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES),
             detach_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ATTACHES)),
             completing: Arc::new(watch::Sender::new(0)),
@@ -685,18 +593,5 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
     pub(super) fn count(&self, event: &'static str, ok: bool) {
         let result = if ok { "success" } else { "error" };
         self.metrics.nri_events.get_or_create(&NriEventLabels { event, result }).inc();
-    }
-}
-
-pub(super) fn log_detach(
-    record: &PodAttachment,
-    device: &AttachedDevice,
-    report: &crate::podnet::DetachReport,
-) {
-    for (step, outcome) in &report.steps {
-        if let crate::podnet::apply::UndoOutcome::Failed(err) = outcome {
-            tracing::warn!(pod = %record.pod_uid, claim = %device.claim_uid,
-                interface = %device.plan.interface_name, %step, %err, "detach step failed");
-        }
     }
 }

@@ -9,11 +9,10 @@ use serde::Serialize;
 
 use std::sync::Mutex;
 
-use super::handler::Sandbox;
-use super::service::Inner;
+use super::shared::{AttachService, Inner, Sandbox};
 use super::{
-    AttachFailure, AttachService, AttachedDevice, AttachmentStore, NetnsAccess, PodAttachment,
-    PodClaims, REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
+    AttachFailure, AttachedDevice, AttachmentStore, NetnsAccess, PodAttachment, PodClaims,
+    REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
 };
 use crate::claims::PreparedClaim;
 use crate::metrics::InterfaceLabels;
