@@ -2,6 +2,7 @@
 
 pub mod cause;
 pub mod device;
+pub mod link;
 pub mod names;
 pub mod network_config;
 pub mod pod_network;

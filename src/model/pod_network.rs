@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, O
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::network_config::{IpvlanConfig, MacvlanConfig, Mode, RouteConfig};
+use super::link::{IpvlanConfig, MacvlanConfig, Mode, RouteConfig};
 
 pub mod validate;
 

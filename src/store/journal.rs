@@ -317,7 +317,7 @@ impl Store {
 impl Journal {
     /// Appends one line (into the page cache: the caller syncs); on a failed write the
     /// journal is cut back to its previous length so no partial line sits before later
-    /// commits. Returns each op's encoded size (see [`op_size`]).
+    /// commits. Returns each op's encoded size (see [`op_size`](super::format::op_size)).
     fn append(&mut self, ops: &[Op]) -> Result<Vec<u64>, StoreError> {
         if self.poisoned {
             return Err(StoreError::Poisoned { path: self.path.clone() });

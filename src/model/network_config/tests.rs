@@ -1,5 +1,8 @@
 //! Table tests for `NetworkConfig`: one accept and one reject row per rule, plus merge tests.
 
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
 use super::*;

@@ -6,10 +6,10 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use super::{
-    Addressing, ConfigError, DeviceFacts, DeviceKind, InterfaceConfig, IpamConfig, MISSING,
-    MacAddr, MacvlanMode, Mode, NetworkConfig, NodeSupport, PoolConfig, PoolSpec,
-    ResolvedInterface, ResolvedMode, ResolvedNetworkConfig, Route, RouteConfig, Rule, Sharing,
-    SriovConfig, SriovSettings,
+    Addressing, ConfigError, DeviceKind, InterfaceConfig, IpamConfig, MISSING, MacAddr,
+    MacvlanMode, Mode, NetworkConfig, NodeSupport, PoolConfig, PoolSpec, ResolvedInterface,
+    ResolvedMode, ResolvedNetworkConfig, Route, RouteConfig, Rule, Sharing, SriovConfig,
+    SriovSettings, check_interface_name,
 };
 
 /// At most this many addresses per interface: the limit of `networkData.ips` in the claim
@@ -19,14 +19,38 @@ pub const MAX_ADDRESSES: usize = 16;
 /// stays cheap under the prepare lock.
 pub const MAX_ROUTES: usize = 64;
 
+/// What validation needs to know about the allocated device, gathered by the caller from
+/// the inventory and the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// Exclusive, shared or slot.
+    pub sharing: Sharing,
+    /// Device type.
+    pub kind: DeviceKind,
+    /// Host interface name (the parent for shared devices).
+    pub if_name: String,
+    /// Current MTU (the parent's MTU for shared devices).
+    pub mtu: u32,
+    /// Smallest MTU the device accepts (`IFLA_MIN_MTU`).
+    pub min_mtu: u32,
+    /// Largest MTU the device accepts (`IFLA_MAX_MTU`).
+    pub max_mtu: u32,
+    /// MTU of the PF, for a VF.
+    pub pf_mtu: Option<u32>,
+    /// macvlan children in passthru mode already on this parent.
+    pub passthru_children: u32,
+    /// macvlan children in other modes already on this parent.
+    pub other_children: u32,
+    /// ipvlan children already on this parent (a parent carries one kind of child).
+    pub ipvlan_children: u32,
+}
+
 /// The smallest MTU IPv4 allows (RFC 791); the kernel's `ETH_MIN_MTU`.
 const MIN_IPV4_MTU: u32 = 68;
 /// The smallest MTU IPv6 allows (RFC 8200 §5).
 const MIN_IPV6_MTU: u32 = 1280;
 /// The largest MTU when the device reports none (`IFLA_MAX_MTU` 0): the IP packet limit.
 const MAX_IP_MTU: u32 = 65535;
-/// `IFNAMSIZ` (16) minus the terminating NUL.
-const MAX_IFNAME_LEN: usize = 15;
 
 pub(super) fn invalid(
     path: impl Into<String>,
@@ -183,27 +207,6 @@ fn check_sections(cfg: &NetworkConfig, mode: Mode) -> Result<(), ConfigError> {
         {
             return Err(invalid(path, value, Rule::SectionNeedsMode { needs, mode }));
         }
-    }
-    Ok(())
-}
-
-/// The kernel's `dev_valid_name` rules, plus names a pod already has (`eth0` from its
-/// primary network, `lo`) and `%` (the kernel would treat `net%d` as a template).
-pub fn check_interface_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("empty");
-    }
-    if name.len() > MAX_IFNAME_LEN {
-        return Err("longer than 15 bytes (IFNAMSIZ)");
-    }
-    if name == "." || name == ".." {
-        return Err("'.' and '..' are not allowed");
-    }
-    if name.chars().any(|c| c == '/' || c == ':' || c == '%' || c.is_whitespace()) {
-        return Err("contains '/', ':', '%' or whitespace");
-    }
-    if name == "eth0" || name == "lo" {
-        return Err("eth0 and lo are taken in every pod");
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use super::{BlockSize, PodNetworkSpec};
-use crate::model::network_config::{Mode, RouteConfig, check_interface_name};
+use crate::model::link::{Mode, RouteConfig, check_interface_name};
 
 /// The smallest MTU IPv4 allows (RFC 791).
 pub const MIN_MTU: u32 = 68;
