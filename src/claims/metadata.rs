@@ -14,7 +14,8 @@ use std::sync::Mutex;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
 use serde::{Deserialize, Serialize};
 
-use super::{PreparedClaim, lock};
+use super::PreparedClaim;
+use super::state::lock;
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;

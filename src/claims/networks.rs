@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup, lock};
+use super::state::lock;
+use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup};
 use crate::ipam::blocks::Candidates;
 use crate::ipam::{IpamCommit, IpamError, Lease, OwnedBlock};
 use crate::model::ClaimRef;

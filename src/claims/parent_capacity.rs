@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use super::ClaimError;
 use super::allocation::AllocatedResult;
-use super::{ClaimError, State};
+use super::state::State;
 use crate::ipam::LeaseStore;
 use crate::model::device::AttributeValue;
 use crate::model::network_config::{DeviceFacts, ResolvedMode, ResolvedNetworkConfig};

@@ -16,8 +16,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::{Value, json};
 
+use ipnetwork::IpNetwork;
+
+use super::state::lock;
 use super::*;
-use crate::model::network_config::{DeviceKind, Sharing};
+use crate::ipam::{Ipam, LeaseOwner};
+use crate::model::ClaimRef;
+use crate::model::network_config::{Addressing, DeviceFacts, DeviceKind, ResolvedMode, Sharing};
+use crate::model::support::KernelSupport;
 use crate::store::{Record, Store};
 
 mod metadata;

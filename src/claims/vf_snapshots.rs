@@ -18,8 +18,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::state::lock;
 use super::vf::{self, VfRef, VfState};
-use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup, lock};
+use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup};
 use crate::ipam::LeaseStore;
 
 /// A VF's settings as read before a prepare changed them, and the claim that prepare was for.

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 
 use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
@@ -16,6 +17,8 @@ use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteType};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::sysfs::{Sysfs, SysfsError};
+use crate::inventory::Selection;
+use crate::inventory::device_lookup::DiscoveredDevices;
 use crate::inventory::publish::InterfaceSource;
 use crate::model::device::{Controller, HostInterface, LinkKind, MacAddress, OperState};
 
@@ -55,6 +58,16 @@ impl HostInterfaces {
     pub fn new(sysfs: Sysfs) -> Self {
         Self { sysfs }
     }
+}
+
+/// The claim service's device lookup over this host's interfaces.
+pub type HostDevices = DiscoveredDevices<HostInterfaces>;
+
+/// The device lookup over this host's interfaces, with PCI facts under `sysfs_root` and the
+/// operator's `selection`.
+#[must_use]
+pub fn host_devices(sysfs_root: PathBuf, selection: Selection) -> HostDevices {
+    DiscoveredDevices::with_source(HostInterfaces::new(Sysfs::new(sysfs_root)), selection)
 }
 
 impl InterfaceSource for HostInterfaces {

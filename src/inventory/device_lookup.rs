@@ -1,18 +1,16 @@
-//! [`DeviceLookup`] over this node's interfaces: a recent netlink dump and sysfs walk, shared by
-//! the lookups of one kubelet request, checked against the operator's selection and the
-//! node's PodNetworks.
+//! [`DeviceLookup`] over the node's interfaces as an [`InterfaceSource`] discovers them: one
+//! recent discovery shared by the lookups of one kubelet request, checked against the
+//! operator's selection and the node's PodNetworks. A claim's devices resolve from one
+//! snapshot in one call ([`DeviceLookup::resolve`]). The host's source is `host::discovery`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::claims::{DeviceLookup, LookupError};
-use crate::host::discovery::HostInterfaces;
-use crate::host::sysfs::Sysfs;
+use crate::claims::{DeviceLookup, LookupError, ResolvedDevice};
 use crate::inventory::Selection;
 use crate::inventory::facts::{self, BuiltInventories, LookupContext};
 use crate::inventory::networks::{NetworkInputs, NodeNetworks};
@@ -29,7 +27,7 @@ const DISCOVERY_REUSE: Duration = Duration::from_millis(500);
 /// Looks allocated devices up in a recent discovery of the node's interfaces, so a device
 /// renamed or removed since publication is noticed at prepare time.
 #[derive(Debug, Clone)]
-pub struct DiscoveredDevices<I = HostInterfaces> {
+pub struct DiscoveredDevices<I> {
     source: I,
     selection: Selection,
     /// The driver name (a PodNetwork of another provider is not ours) and the inputs of
@@ -51,14 +49,6 @@ struct BuiltFor {
     networks: NodeNetworks,
     seen: BTreeSet<String>,
     built: Arc<BuiltInventories>,
-}
-
-impl DiscoveredDevices {
-    /// Lookup with the daemon's sysfs root and selection.
-    #[must_use]
-    pub fn new(sysfs_root: PathBuf, selection: Selection) -> Self {
-        Self::with_source(HostInterfaces::new(Sysfs::new(sysfs_root)), selection)
-    }
 }
 
 impl<I: InterfaceSource> DiscoveredDevices<I> {
@@ -158,6 +148,26 @@ impl<I: InterfaceSource + 'static> DeviceLookup for DiscoveredDevices<I> {
 
     async fn parent_limit(&self, if_name: &str) -> Result<Option<u32>, LookupError> {
         self.with_context(|context| facts::parent_limit(context, if_name)).await
+    }
+
+    async fn resolve(
+        &self,
+        names: &[String],
+        with_attributes: bool,
+    ) -> Vec<Result<ResolvedDevice, LookupError>> {
+        let resolved = self.with_context(|context| {
+            names
+                .iter()
+                .map(|name| {
+                    facts::resolve_device(context, name, with_attributes)
+                        .ok_or_else(|| LookupError::NotFound(name.clone()))
+                })
+                .collect()
+        });
+        match resolved.await {
+            Ok(resolved) => resolved,
+            Err(err) => names.iter().map(|_| Err(err.clone())).collect(),
+        }
     }
 }
 

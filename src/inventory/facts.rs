@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
+use crate::claims::{ResolvedDevice, vf_of};
 use crate::inventory::networks::NodeNetworks;
 use crate::inventory::{
     Inventory, Selection, SharingMode, base_device_name, device_kind, put_string,
@@ -18,7 +19,7 @@ use crate::inventory::{
 };
 use crate::model::device::{self, AttributeValue, Device, HostInterface, Sharing, SriovRole};
 use crate::model::names::attr;
-use crate::model::network_config::DeviceFacts;
+use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing as ConfigSharing};
 use crate::model::pod_network::shared_device_name;
 
 /// Smallest MTU Linux accepts on an Ethernet device without `IFLA_MIN_MTU` (`ETH_MIN_MTU`).
@@ -112,6 +113,31 @@ pub fn parent_limit(context: &LookupContext<'_>, if_name: &str) -> Option<u32> {
         .filter(|d| d.if_name == if_name)
         .filter_map(|d| d.shared_capacity)
         .max()
+}
+
+/// Everything a prepare needs of device `name` from one context ([`ResolvedDevice`]): its
+/// facts, its parent's limit (shared and slot devices), the VF it is (from its `pfName` and
+/// `vfIndex`), and its published attributes when `with_attributes`; `None` when no device of
+/// that name resolves.
+#[must_use]
+pub fn resolve_device(
+    context: &LookupContext<'_>,
+    name: &str,
+    with_attributes: bool,
+) -> Option<ResolvedDevice> {
+    let device = find_device(context, name)?;
+    let interface = context.interfaces.iter().find(|i| i.name == device.if_name)?;
+    let facts = facts_of(&device, interface, context.interfaces);
+    let parent_limit = match facts.sharing {
+        ConfigSharing::Exclusive => None,
+        ConfigSharing::Shared | ConfigSharing::Slot => parent_limit(context, &facts.if_name),
+    };
+    let vf = match facts.kind {
+        DeviceKind::SriovVf => vf_of(&device.attributes),
+        _ => None,
+    };
+    let attributes = if with_attributes { device.attributes } else { BTreeMap::new() };
+    Some(ResolvedDevice { facts, parent_limit, attributes, vf })
 }
 
 /// The device `name` stands for: published now (with the node's networks, then as a plain

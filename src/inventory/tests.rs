@@ -593,3 +593,92 @@ fn missing_and_unusable_parents_are_reported() {
     assert_eq!(missing, &Exclusion::PodNetworkParentNotFound("net".to_owned()));
     assert_eq!(missing.to_string(), "parent of PodNetwork net but not found");
 }
+
+/// A fixed set of interfaces that counts its discoveries.
+#[derive(Debug, Clone)]
+struct CountedInterfaces {
+    interfaces: Vec<HostInterface>,
+    discoveries: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl publish::InterfaceSource for CountedInterfaces {
+    type Error = std::convert::Infallible;
+
+    async fn discover(&self) -> Result<Vec<HostInterface>, Self::Error> {
+        self.discoveries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(self.interfaces.clone())
+    }
+}
+
+/// The port's default `resolve` (one method call per fact) over the same lookup.
+struct OneByOne<L>(L);
+
+impl<L: crate::claims::DeviceLookup> crate::claims::DeviceLookup for OneByOne<L> {
+    async fn facts(
+        &self,
+        name: &str,
+    ) -> Result<crate::model::network_config::DeviceFacts, crate::claims::LookupError> {
+        self.0.facts(name).await
+    }
+
+    async fn attributes(
+        &self,
+        name: &str,
+    ) -> Result<std::collections::BTreeMap<String, AttributeValue>, crate::claims::LookupError>
+    {
+        self.0.attributes(name).await
+    }
+
+    async fn parent_limit(&self, if_name: &str) -> Result<Option<u32>, crate::claims::LookupError> {
+        self.0.parent_limit(if_name).await
+    }
+}
+
+#[tokio::test]
+async fn a_claims_devices_resolve_from_one_discovery_as_the_lookups_one_by_one_would() {
+    use crate::claims::DeviceLookup as _;
+    let mut pf = nic(4, "ens2f0", "0000:5e:00.0");
+    if let Some(pci) = pf.hardware.pci.as_mut() {
+        pci.sriov = SriovRole::PhysicalFunction { total_vfs: 64, num_vfs: 1 };
+    }
+    let mut vf = nic(9, "ens2f0v1", "0000:5e:02.1");
+    if let Some(pci) = vf.hardware.pci.as_mut() {
+        pci.sriov = SriovRole::VirtualFunction {
+            pf_address: "0000:5e:00.0".parse().unwrap(),
+            pf_name: Some("ens2f0".to_owned()),
+            vf_index: Some(1),
+        };
+    }
+    let shared = nic(5, "ens3", "0000:5f:00.0");
+    let source = CountedInterfaces {
+        interfaces: vec![pf, vf, shared],
+        discoveries: std::sync::Arc::default(),
+    };
+    let lookup = device_lookup::DiscoveredDevices::with_source(
+        source.clone(),
+        selection(&[], &[], &["ens3"]),
+    );
+    let published = Inventory::build(&source.interfaces, &selection(&[], &[], &["ens3"]));
+    let mut names: Vec<String> = published.devices.iter().map(|d| d.name.clone()).collect();
+    names.push("no-such-device".to_owned());
+    assert!(names.len() >= 4, "the PF, the VF, the shared parent and a missing name: {names:?}");
+
+    for with_attributes in [false, true] {
+        let together = lookup.resolve(&names, with_attributes).await;
+        let one_by_one = OneByOne(lookup.clone()).resolve(&names, with_attributes).await;
+        let comparable = |all: &[Result<crate::claims::ResolvedDevice, _>]| {
+            all.iter().map(|r| r.as_ref().map_err(ToString::to_string).cloned()).collect::<Vec<_>>()
+        };
+        assert_eq!(comparable(&together), comparable(&one_by_one), "attributes {with_attributes}");
+        let vf = together.iter().flatten().find(|d| d.facts.if_name == "ens2f0v1").unwrap();
+        assert_eq!(vf.vf.as_ref().map(|v| (v.pf.as_str(), v.index)), Some(("ens2f0", 1)));
+        let parent = together.iter().flatten().find(|d| d.facts.if_name == "ens3").unwrap();
+        assert!(parent.parent_limit.is_some(), "a shared parent has its limit: {parent:?}");
+        assert!(matches!(together.last(), Some(Err(crate::claims::LookupError::NotFound(_)))));
+    }
+    assert_eq!(
+        source.discoveries.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one discovery serves every lookup of the window"
+    );
+}

@@ -24,8 +24,8 @@ use crate::claims::networks::NetworkPorts;
 use crate::claims::{ClaimService, ServiceIdentity};
 use crate::health::{self as device_health, HealthReport, MonitorInputs, MonitorSettings};
 use crate::host::bpf::{CounterPins, HookKind};
-use crate::inventory::device_lookup::DiscoveredDevices;
 use crate::host::discovery::HostInterfaces;
+use crate::host::discovery::{HostDevices, host_devices};
 use crate::host::link_events;
 use crate::host::netlink::HostNetlink;
 use crate::host::pod_links::{PodLinkError, PodLinkWatcher};
@@ -49,7 +49,7 @@ use crate::stats::{StatsService, StatsSettings};
 use crate::store::Store;
 
 /// The daemon's claim service.
-pub type NodeClaims = ClaimService<KubeClaims, DiscoveredDevices, Arc<Store>>;
+pub type NodeClaims = ClaimService<KubeClaims, HostDevices, Arc<Store>>;
 /// The daemon's attach service.
 pub type NodeAttach =
     AttachService<Arc<NodeClaims>, HostNetlink, Arc<Store>, WithDeviceMetadata<KubeStatus>>;
@@ -357,7 +357,7 @@ async fn load_state(
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
     let reader = KubeClaims::new(client.clone());
-    let devices = DiscoveredDevices::new(config.sysfs_root.clone(), config.selection.clone())
+    let devices = host_devices(config.sysfs_root.clone(), config.selection.clone())
         .with_networks(&config.driver_name, network_inputs.clone());
     let state_dir = config.state_dir.clone();
     let metadata = config.cdi_spec_dir.as_ref().map(|cdi_dir| {

@@ -277,3 +277,65 @@ mod killed_after_vf_apply {
         assert_eq!(pf.state(), found(), "nothing of the claim leaks to the VF's next claim");
     }
 }
+
+/// A PF whose `set` of a VLAN never answers, so a prepare is cut while its claim is staged.
+struct StallingPf(Arc<FakePf>);
+
+impl crate::claims::vf::VfPort for StallingPf {
+    fn read<'a>(
+        &'a self,
+        vf: &'a crate::claims::vf::VfRef,
+    ) -> futures::future::BoxFuture<'a, Result<VfState, crate::claims::vf::VfPortError>> {
+        self.0.read(vf)
+    }
+
+    fn set<'a>(
+        &'a self,
+        vf: &'a crate::claims::vf::VfRef,
+        change: VfChange,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::claims::vf::VfPortError>> {
+        match change {
+            VfChange::Vlan { .. } => Box::pin(std::future::pending()),
+            other => self.0.set(vf, other),
+        }
+    }
+
+    fn set_netdev_mac<'a>(
+        &'a self,
+        if_name: &'a str,
+        mac: crate::model::network_config::MacAddr,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::claims::vf::VfPortError>> {
+        self.0.set_netdev_mac(if_name, mac)
+    }
+}
+
+#[tokio::test]
+async fn a_prepare_dropped_while_staged_gives_its_address_back_and_leaves_the_vf_to_its_snapshot() {
+    let pf = Arc::new(FakePf::new(fresh()));
+    let api = Arc::new(FakeApi::default());
+    api.put(vf_claim(json!({"vlan": 42, "ipam": {"addresses": ["10.9.1.7/24"]}})));
+    let dir = tempfile::tempdir().unwrap();
+    let stalling = Arc::new(StallingPf(Arc::clone(&pf)));
+    let service =
+        service(&api, dir.path()).with_vf_port(stalling as Arc<dyn crate::claims::vf::VfPort>);
+    // kubelet gives up on the call: the future is dropped while the VLAN is being set.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(200),
+        prepare_one(&service, &reference("vf-net", VF_UID)),
+    )
+    .await;
+    assert!(cut.is_err(), "the stalled prepare cannot finish: {cut:?}");
+    {
+        let state = lock(&service.state);
+        assert_eq!(state.ipam.leases().count(), 0, "the address is given back at once");
+        assert!(state.pending.is_empty(), "nothing stays pending");
+    }
+    assert!(service.prepared(VF_UID).is_none());
+    // The snapshot taken before the first change is durable: the next start sets it back.
+    drop(service);
+    let service = with_pf(self::service(&api, dir.path()), &pf);
+    assert_eq!(service.restore_unrecorded_vfs().await.unwrap(), 1);
+    assert_eq!(pf.state(), fresh(), "the VF set back from its snapshot");
+    // And the address is free for the claim's retry.
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+}

@@ -27,8 +27,8 @@ use super::{
     claims_by_name, demo_pods, first_address, first_claim_status, pod_name, print, run_pings,
     traffic, wait_for_pods,
 };
-use crate::dev::nodes::{NodesCluster, NodesError, NodesOptions};
 use crate::dev::kernel::nodes::UPLINK;
+use crate::dev::nodes::{NodesCluster, NodesError, NodesOptions};
 use crate::model::pod_network::{CONDITION_READY, IpBlock, LABEL_POD_NETWORK, PodNetwork, reason};
 
 /// The demo's PodNetwork.

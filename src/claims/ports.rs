@@ -1,0 +1,178 @@
+//! The claim service's ports: the API ([`ClaimReader`]), the node's inventory
+//! ([`DeviceLookup`]) and durable state ([`ClaimStore`]), with their errors.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::record::PreparedClaim;
+use super::vf::VfRef;
+use super::vf_snapshots;
+use crate::ipam::{IpamCommit, LeaseStore};
+use crate::model::cause::Cause;
+use crate::model::device::AttributeValue;
+use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
+use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+
+/// Why the API could not give a claim.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The claim does not exist (deleted after kubelet looked).
+    #[error("ResourceClaim not found")]
+    NotFound,
+    /// The request failed (network, authorisation, server error).
+    #[error("reading the ResourceClaim: {0}")]
+    Failed(#[source] Cause),
+}
+
+/// Reads `ResourceClaim`s by namespace and name (a direct GET; DESIGN §10: no claim watch
+/// on nodes).
+pub trait ClaimReader: Send + Sync + 'static {
+    /// The claim as the API server has it now.
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<ResourceClaim, ReadError>> + Send;
+
+    /// The pod's claims in `spec.resourceClaims` order, as claim names
+    /// ([`super::allocation::pod_claim_names`]); `None` when the pod does not exist.
+    fn pod_claim_names(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> impl Future<Output = Result<Option<Vec<String>>, ReadError>> + Send;
+}
+
+/// Why an allocated device could not be looked up.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookupError {
+    /// This node publishes no device of that name (any more).
+    #[error("device {0:?} is not in this node's inventory")]
+    NotFound(String),
+    /// Discovering the node's interfaces failed.
+    #[error("discovering the node's interfaces: {0}")]
+    Failed(#[source] Cause),
+}
+
+/// Finds an allocated device in this node's current inventory.
+pub trait DeviceLookup: Send + Sync + 'static {
+    /// Facts of device `name` (a slot maps to its parent); child counts left at 0.
+    fn facts(&self, name: &str) -> impl Future<Output = Result<DeviceFacts, LookupError>> + Send;
+    /// The attributes device `name` is published with (for the device metadata file).
+    fn attributes(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<BTreeMap<String, AttributeValue>, LookupError>> + Send;
+    /// How many sub-interfaces host interface `if_name` may carry in all, across every
+    /// device published on it ([`super::parent_capacity`]); `None`: no limit known.
+    fn parent_limit(
+        &self,
+        if_name: &str,
+    ) -> impl Future<Output = Result<Option<u32>, LookupError>> + Send {
+        let _ = if_name;
+        async { Ok(None) }
+    }
+    /// The PF and index of VF device `name`, from its published `pfName` and `vfIndex`
+    /// (discovered from sysfs); `None` when it has either missing.
+    fn virtual_function(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<VfRef>, LookupError>> + Send {
+        let attributes = self.attributes(name);
+        async move { Ok(vf_of(&attributes.await?)) }
+    }
+
+    /// Everything a prepare needs of each device in `names` ([`ResolvedDevice`]), one
+    /// answer per name in order; the attributes only `with_attributes` (device metadata on).
+    /// This default asks the methods above one by one; a lookup over a discovery answers
+    /// every device of a claim from one snapshot of the node's interfaces.
+    fn resolve(
+        &self,
+        names: &[String],
+        with_attributes: bool,
+    ) -> impl Future<Output = Vec<Result<ResolvedDevice, LookupError>>> + Send {
+        async move {
+            let mut resolved = Vec::with_capacity(names.len());
+            for name in names {
+                resolved.push(self.resolve_one(name, with_attributes).await);
+            }
+            resolved
+        }
+    }
+
+    /// [`Self::resolve`] of one device through the methods above.
+    #[doc(hidden)]
+    fn resolve_one(
+        &self,
+        name: &str,
+        with_attributes: bool,
+    ) -> impl Future<Output = Result<ResolvedDevice, LookupError>> + Send {
+        async move {
+            let facts = self.facts(name).await?;
+            let parent_limit = match facts.sharing {
+                Sharing::Exclusive => None,
+                Sharing::Shared | Sharing::Slot => self.parent_limit(&facts.if_name).await?,
+            };
+            let attributes =
+                if with_attributes { self.attributes(name).await? } else { BTreeMap::new() };
+            let vf = match facts.kind {
+                DeviceKind::SriovVf => self.virtual_function(name).await?,
+                _ => None,
+            };
+            Ok(ResolvedDevice { facts, parent_limit, attributes, vf })
+        }
+    }
+}
+
+/// What a prepare needs of one allocated device, from one look at the node's inventory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedDevice {
+    /// Its facts (a slot maps to its parent); child counts left at 0.
+    pub facts: DeviceFacts,
+    /// How many sub-interfaces its host interface may carry across every device published
+    /// on it ([`DeviceLookup::parent_limit`]); `None` for an exclusive device or no limit.
+    pub parent_limit: Option<u32>,
+    /// The attributes it is published with; empty unless asked for.
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// The VF of a `sriov-vf` device ([`DeviceLookup::virtual_function`]).
+    pub vf: Option<VfRef>,
+}
+
+/// The VF a device's published attributes name (`pfName` and `vfIndex`, qualified or not);
+/// `None` when either is missing.
+#[must_use]
+pub fn vf_of(attributes: &BTreeMap<String, AttributeValue>) -> Option<VfRef> {
+    let get = |key: &str| {
+        attributes.get(&format!("{ATTRIBUTE_DOMAIN}/{key}")).or_else(|| attributes.get(key))
+    };
+    match (get(attr::PF_NAME), get(attr::VF_INDEX)) {
+        (Some(AttributeValue::String(pf)), Some(AttributeValue::Int(index))) => {
+            u32::try_from(*index).ok().map(|index| VfRef { pf: pf.clone(), index })
+        }
+        _ => None,
+    }
+}
+
+/// Durable state of prepared claims; the same store keeps the IPAM's leases, release
+/// records and owned blocks. Calls block on disk I/O (the service runs them on the blocking
+/// pool, without its state lock).
+pub trait ClaimStore:
+    LeaseStore + vf_snapshots::VfSnapshotStore + Clone + Send + Sync + 'static
+{
+    /// Every prepared claim.
+    fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
+    /// Persists prepared claims and IPAM changes (their leases, the blocks they come from,
+    /// pruned release records) in one durable commit: after a crash all or none are there.
+    fn save_prepared(
+        &self,
+        claims: &[&PreparedClaim],
+        ipam: &IpamCommit,
+    ) -> Result<(), Self::Error>;
+    /// Forgets a prepared claim with IPAM changes (its leases removed, their release records
+    /// written) in one durable commit; a missing claim succeeds.
+    fn remove_prepared(&self, uid: &str, ipam: &IpamCommit) -> Result<(), Self::Error>;
+    /// Commits IPAM changes alone (blocks adopted or released, records pruned).
+    fn commit_ipam(&self, ipam: &IpamCommit) -> Result<(), Self::Error>;
+}
