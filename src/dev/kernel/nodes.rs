@@ -190,11 +190,12 @@ impl Fabric {
     }
 
     async fn build(netns: &Path, address: Option<IpNetwork>) -> Result<Self, DevNodesError> {
-        let (handle, _file) =
-            crate::host::netlink::open_in_netns(netns).await.map_err(|e| DevNodesError::Netlink {
+        let (handle, _file) = crate::host::netlink::open_in_netns(netns).await.map_err(|e| {
+            DevNodesError::Netlink {
                 op: format!("netlink socket in {}", netns.display()),
                 message: e.to_string(),
-            })?;
+            }
+        })?;
         handle
             .link()
             .add(LinkBridge::new(BRIDGE).build())
@@ -259,12 +260,13 @@ impl Fabric {
             .execute()
             .await
             .map_err(netlink(format!("enslaving {port} to {BRIDGE}")))?;
-        let (inside, _file) = crate::host::netlink::open_in_netns(node_netns).await.map_err(|e| {
-            DevNodesError::Netlink {
-                op: format!("netlink socket in {}", node_netns.display()),
-                message: e.to_string(),
-            }
-        })?;
+        let (inside, _file) =
+            crate::host::netlink::open_in_netns(node_netns).await.map_err(|e| {
+                DevNodesError::Netlink {
+                    op: format!("netlink socket in {}", node_netns.display()),
+                    message: e.to_string(),
+                }
+            })?;
         let uplink = link_index(&inside, UPLINK).await?;
         inside
             .link()
