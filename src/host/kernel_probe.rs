@@ -12,10 +12,10 @@
 
 use std::time::Instant;
 
-use futures::TryStreamExt;
 use netlink_packet_route::link::IpVlanMode;
 use rtnetlink::{Handle, LinkIpVlan, LinkVeth, LinkVlan};
 
+use crate::host::netlink::link_by_name;
 use crate::model::cause;
 use crate::model::support::{KernelSupport, Probe};
 
@@ -117,12 +117,7 @@ fn probe_in_private_netns() -> Result<KernelSupport, ProbeError> {
 
 async fn index_of(handle: &Handle, name: &str) -> Result<u32, ProbeError> {
     let op = "reading the probe's veth";
-    let message = handle
-        .link()
-        .get()
-        .match_name(name.to_owned())
-        .execute()
-        .try_next()
+    let message = link_by_name(handle, name, &[])
         .await
         .map_err(|source| ProbeError::Netlink { op, source })?;
     message

@@ -14,8 +14,8 @@ use ipnetwork::IpNetwork;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
-    IpVlanFlags as NlIpVlanFlags, IpVlanMode as NlIpVlanMode, LinkAttribute, LinkFlags,
-    LinkMessage, MacVlanMode as NlMacVlanMode,
+    IpVlanFlags as NlIpVlanFlags, IpVlanMode as NlIpVlanMode, LinkAttribute, LinkExtentMask,
+    LinkFlags, LinkMessage, MacVlanMode as NlMacVlanMode,
 };
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::{
@@ -84,6 +84,22 @@ impl HostNetlink {
             .await
             .map_err(|err| op_error("RTM_GETLINK dump", Side::Host, err))
     }
+}
+
+/// The link named `name` in `handle`'s netns: one `RTM_GETLINK` by name (`IFLA_IFNAME`), its
+/// first answer. `ext_mask` asks for more in that answer (`IFLA_EXT_MASK`, e.g. the VF list of
+/// a PF); empty sends no mask. The kernel answers a name it does not have with `ENODEV` (an
+/// error, not `None`); each caller maps errors to its own, so this returns rtnetlink's.
+pub(crate) async fn link_by_name(
+    handle: &Handle,
+    name: &str,
+    ext_mask: &[LinkExtentMask],
+) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    let mut request = handle.link().get().match_name(name.to_owned());
+    if !ext_mask.is_empty() {
+        request.message_mut().attributes.push(LinkAttribute::ExtMask(ext_mask.to_vec()));
+    }
+    request.execute().try_next().await
 }
 
 /// `(rx_dropped, tx_dropped)` of each of `names` in the netns at `path` (`IFLA_STATS64`), one
@@ -422,8 +438,7 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
 impl LinkOps for NetlinkOps {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         let handle = self.handle(side)?;
-        let mut replies = handle.link().get().match_name(name.to_owned()).execute();
-        match replies.try_next().await {
+        match link_by_name(handle, name, &[]).await {
             Ok(Some(message)) => Ok(Some(link_state(&message))),
             Ok(None) => Ok(None),
             Err(err) => match op_error(format!("RTM_GETLINK {name}"), side, err) {
@@ -623,16 +638,7 @@ impl LinkOps for NetlinkOps {
             // a name lookup through altnames too, so the holder's index says whose it is: our
             // own altname is dropped (the kernel refuses to drop another link's) and the
             // rename tried again; another link's name fails the restore at once.
-            match self
-                .host
-                .handle
-                .link()
-                .get()
-                .match_name(name.to_owned())
-                .execute()
-                .try_next()
-                .await
-            {
+            match link_by_name(&self.host.handle, name, &[]).await {
                 Ok(Some(holder)) if holder.header.index != index => {
                     tracing::warn!(
                         index,

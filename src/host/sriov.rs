@@ -5,7 +5,6 @@
 //! driver's `ndo_set_vf_*` for it, and a driver without one answers `EOPNOTSUPP`).
 
 use futures::FutureExt as _;
-use futures::TryStreamExt as _;
 use futures::future::BoxFuture;
 use netlink_packet_route::link::{
     LinkAttribute, LinkExtentMask, LinkMessage, LinkVfInfo, VfInfo, VfInfoLinkState, VfInfoMac,
@@ -15,7 +14,7 @@ use netlink_packet_route::link::{
 use rtnetlink::{Handle, LinkUnspec};
 
 use crate::claims::vf::{VfChange, VfPort, VfPortError, VfRef, VfState};
-use crate::host::netlink::HostNetlink;
+use crate::host::netlink::{HostNetlink, link_by_name};
 use crate::model::network_config::{MacAddr, VfLinkState, VfVlanProtocol};
 
 /// VF settings through the daemon's netlink socket in the host netns (where the PFs are).
@@ -34,13 +33,10 @@ impl NetlinkVfSettings {
     /// The PF's link message with its VF list.
     async fn pf_link(&self, pf: &str) -> Result<LinkMessage, VfPortError> {
         let op = format!("RTM_GETLINK {pf} with RTEXT_FILTER_VF");
-        let mut request = self.handle.link().get().match_name(pf.to_owned());
-        request.message_mut().attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::Vf]));
-        request.execute().try_next().await.map_err(|err| port_error(&op, err))?.ok_or(VfPortError {
-            op,
-            errno: None,
-            message: "no answer".to_owned(),
-        })
+        link_by_name(&self.handle, pf, &[LinkExtentMask::Vf])
+            .await
+            .map_err(|err| port_error(&op, err))?
+            .ok_or(VfPortError { op, errno: None, message: "no answer".to_owned() })
     }
 }
 

@@ -153,7 +153,7 @@ pub(super) fn op_size(encoded: usize) -> u64 {
 /// Serialises a borrowed batch the same way as [`Entry`].
 #[derive(Serialize)]
 pub(super) struct EntryRef<'a> {
-    ops: &'a [Op],
+    pub(super) ops: &'a [Op],
 }
 
 pub(super) fn encoded_size(data: &RawValue) -> u64 {

@@ -10,6 +10,7 @@ use futures::TryStreamExt as _;
 use ipnetwork::IpNetwork;
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 
+use crate::host::netlink::link_by_name;
 use crate::host::netns::{self, NetnsError};
 
 /// Errors building or removing the demo network.
@@ -168,14 +169,8 @@ impl Topology {
 }
 
 async fn link_index(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
-    let link = handle
-        .link()
-        .get()
-        .match_name(name.to_owned())
-        .execute()
-        .try_next()
-        .await
-        .map_err(netlink(format!("RTM_GETLINK {name}")))?;
+    let link =
+        link_by_name(handle, name, &[]).await.map_err(netlink(format!("RTM_GETLINK {name}")))?;
     link.map(|l| l.header.index).ok_or_else(|| TopologyError::Netlink {
         op: format!("RTM_GETLINK {name}"),
         message: "no such link".to_owned(),

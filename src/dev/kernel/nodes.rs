@@ -23,12 +23,12 @@ use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
-use futures::TryStreamExt as _;
 use ipnetwork::IpNetwork;
 use netlink_packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth};
 use tokio::sync::watch;
 
+use crate::host::netlink::link_by_name;
 use crate::host::netns::{self, NetnsError};
 
 /// The name of every node's uplink inside its own netns.
@@ -291,14 +291,8 @@ pub fn remove_fabric(path: &Path) -> Result<(), DevNodesError> {
 }
 
 async fn link_index(handle: &Handle, name: &str) -> Result<u32, DevNodesError> {
-    let link = handle
-        .link()
-        .get()
-        .match_name(name.to_owned())
-        .execute()
-        .try_next()
-        .await
-        .map_err(netlink(format!("RTM_GETLINK {name}")))?;
+    let link =
+        link_by_name(handle, name, &[]).await.map_err(netlink(format!("RTM_GETLINK {name}")))?;
     link.map(|l| l.header.index).ok_or_else(|| DevNodesError::Netlink {
         op: format!("RTM_GETLINK {name}"),
         message: "no such link".to_owned(),
