@@ -26,6 +26,7 @@ build:
 
 lint:
 	$(CARGO) fmt --check
+	python3 scripts/lint/file-size.py
 	$(CARGO) clippy --workspace --all-targets --features netclaim/failpoints -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
