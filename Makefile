@@ -43,7 +43,7 @@ RUN_IGNORED := $(if $(filter 0,$(shell id -u)),--run-ignored all,)
 # features; a `dev` build maps ~6 MiB more text, which its memory bound counts). Every
 # benchmark runs once in its smoke mode (`cargo test --benches`), so none can rot; under CI
 # (CI set) a bench that cannot run (no root, no CNI plugins) fails instead of skipping.
-# `image` first: tests/image.rs checks its archive and runs it on containerd.
+# `image` first: tests/containerd/image.rs checks its archive and runs it on containerd.
 test: setup image
 	$(CARGO) test --workspace --doc --quiet
 	$(CARGO) test --benches --features netclaim/failpoints
@@ -63,9 +63,10 @@ image:
 	python3 scripts/image/build.py --binary target/release/netclaim
 
 # VM tests (decision 0012, vmtests/README.md): install QEMU 10, virtme-ng and the Debian
-# kernels into /opt/netclaim-vm (idempotent), build the VM test binaries on the host, boot
+# kernels into /opt/netclaim-vm (idempotent), build the VM test binary on the host, boot
 # VM_KERNEL (6.1 or 6.12) under TCG with two igb NICs and run them inside as root. `make test`
-# runs them on both kernels after nextest.
+# runs them on both kernels after nextest. VM_TESTS: the suites of the `vm` test binary
+# (modules of tests/vm/), run in this order, each in a process of its own.
 VM_KERNEL ?= 6.1
 VM_TESTS := vm_kernel vm_stats vm_ipvlan vm_daemon vm_attach_bench vm_vlan vm_pf_move vm_sriov
 

@@ -20,15 +20,15 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../tests/kit/ipam.rs"]
-mod ipam_support;
+#[path = "../tests/kit/mod.rs"]
+mod kit;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ipam_support::{Cluster, Node, claim_ref, prepare_all};
+use kit::ipam::{Cluster, Node, claim_ref, prepare_all};
 use netclaim::claims::ClaimPreparer;
 use netclaim::ipam::blocks::Candidates;
 use netclaim::ipam::{

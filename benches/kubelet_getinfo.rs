@@ -6,15 +6,15 @@
 //! kubelet's percent-encoded socket path (accepted only behind the adapter, so the plain server
 //! is measured with `localhost` from the same client).
 
-#[path = "../tests/kit/kubelet.rs"]
-mod kubelet_support;
+#[path = "../tests/kit/mod.rs"]
+mod kit;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use criterion::{Criterion, criterion_group, criterion_main};
-use kubelet_support::{Outcome, RawGrpcClient, tonic_channel};
+use kit::kubelet::{Outcome, RawGrpcClient, tonic_channel};
 use netclaim::kubelet::ClientStreamRewriter;
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,

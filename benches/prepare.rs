@@ -10,18 +10,18 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../tests/kit/claims.rs"]
-mod claims_support;
+#[path = "../tests/kit/mod.rs"]
+mod kit;
 
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use claims_support::{DevApi, Plugin, claim_ref, dra_client, network_config};
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kit::claims::{DevApi, Plugin, claim_ref, dra_client, network_config};
 use netclaim::claims::{ClaimReader, MAX_CONCURRENT_CLAIMS};
 use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;

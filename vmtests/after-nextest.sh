@@ -9,7 +9,8 @@
 # Usage: vmtests/after-nextest.sh <nextest command...>
 #   NETCLAIM_VMTESTS=0   skip the VM tests (a host without root or apt; counted as skipped,
 #                        and a failure under CI)
-#   VM_TESTS             the VM test targets (the Makefile passes its list)
+#   VM_TESTS             the VM suites, modules of tests/vm/ run in this order (the Makefile
+#                        passes its list)
 #   VM_CARGO_ARGS        extra cargo arguments for building them (the Makefile passes
 #                        nextest's features so the binaries are already built)
 #   NETCLAIM_VM_TIMEOUT  seconds a guest may take (600); a guest that hangs or whose QEMU

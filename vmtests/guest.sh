@@ -2,8 +2,11 @@
 # Runs inside the VM (vmtests/run.sh), as root: loads the modules the suites need, waits for
 # the two igb PFs, then runs each test binary given (host-built cargo test binaries: they link
 # only libc and libgcc_s, which the guest sees through the shared root) with its ignored
-# tests included, one thread at a time. Exit status: 0 when every binary passed, else the
-# first failing binary's.
+# tests included, one thread at a time. An argument `<binary>::<suite>` (what build.sh
+# prints) runs only the tests of that module, in a process of its own: the suites run one
+# after the other in the order given, each starting from the NIC state the previous one left
+# (the VF guard of tests/kit/vm.rs gives it back). Exit status: 0 when every run passed, else
+# the first failing run's.
 set -uo pipefail
 
 echo "vmtests/guest: kernel $(uname -r), uptime $(cut -d' ' -f1 /proc/uptime) s at start"
@@ -25,10 +28,17 @@ done
 echo "vmtests/guest: igb PFs: $(echo $pfs)"
 
 rc=0
-for binary in "$@"; do
+for arg in "$@"; do
+    binary=${arg%%::*}
+    filter=()
     name=${binary##*/}
+    if [[ $arg == *::* ]]; then
+        # libtest's filter matches a substring of `<suite>::<test>`.
+        filter=("${arg#*::}::")
+        name="$name ${arg#*::}"
+    fi
     echo "vmtests/guest: running $name"
-    "$binary" --include-ignored --test-threads=1
+    "$binary" --include-ignored --test-threads=1 "${filter[@]}"
     status=$?
     echo "vmtests/guest: $name exit $status"
     if [[ $status -ne 0 && $rc -eq 0 ]]; then

@@ -5,21 +5,22 @@
 # (vmtests/guest.sh). The guest's output comes back on stdout and in the log; the exit status
 # is the guest's (0 only when every binary passed).
 #
-# Usage: vmtests/run.sh <6.1|6.12> <test binary> [<test binary>...]
+# Usage: vmtests/run.sh <6.1|6.12> <test binary>[::<suite>] [<test binary>[::<suite>]...]
+#   (what build.sh prints: the `vm` test binary and the suite, a module of tests/vm/, to run)
 #   NETCLAIM_VM_PREFIX  where vmtests/install.sh put QEMU, virtme-ng and the kernels
 #                       (default /opt/netclaim-vm)
 #   NETCLAIM_VM_LOG     the log file (default target/vmtests/<kernel>.log)
 #   NETCLAIM_VM_TIMEOUT seconds before the VM is killed (default 600)
-#   NETCLAIM_VM_BENCH_ROUNDS  passed into the guest: rounds of tests/vm_attach_bench.rs
+#   NETCLAIM_VM_BENCH_ROUNDS  passed into the guest: rounds of tests/vm/vm_attach_bench.rs
 #                       (default 10, what CI runs)
 #   NETCLAIM_RELEASE_BIN  a release build of netclaim (`make test` sets it): passed into the
-#                       guest as NETCLAIM_VM_DAEMON_BIN, the daemon tests/vm_daemon.rs runs
+#                       guest as NETCLAIM_VM_DAEMON_BIN, the daemon tests/vm/vm_daemon.rs runs
 set -euo pipefail
 
 PREFIX="${NETCLAIM_VM_PREFIX:-/opt/netclaim-vm}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 if [[ $# -lt 2 ]]; then
-    echo "usage: $0 <6.1|6.12> <test binary>..." >&2
+    echo "usage: $0 <6.1|6.12> <test binary>[::<suite>]..." >&2
     exit 2
 fi
 kernel=$1
@@ -33,7 +34,12 @@ release=$(cat "$kdir/release")
 binaries=()
 for binary in "$@"; do
     # The guest sees the host's root file system: absolute paths resolve the same there.
-    binaries+=("$(realpath "$binary")")
+    suite=""
+    if [[ $binary == *::* ]]; then
+        suite="::${binary#*::}"
+        binary=${binary%%::*}
+    fi
+    binaries+=("$(realpath "$binary")$suite")
 done
 log="${NETCLAIM_VM_LOG:-$HERE/../target/vmtests/$kernel.log}"
 mkdir -p "$(dirname "$log")"

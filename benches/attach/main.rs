@@ -16,8 +16,8 @@
 #![allow(missing_docs, reason = "a bench binary has no public API")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../../tests/kit/claims.rs"]
-mod claims_support;
+#[path = "../../tests/kit/mod.rs"]
+mod kit;
 
 mod baselines;
 mod node;

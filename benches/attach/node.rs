@@ -28,7 +28,7 @@ use nri_rs::{NriRuntime, Plugin, PluginOptions, PodSandbox, RuntimeOptions};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::claims_support::{DRIVER, DevApi, NODE, Service, claim_service, network_config};
+use crate::kit::claims::{DRIVER, DevApi, NODE, Service, claim_service, network_config};
 
 type Attach = AttachService<Arc<Service>, HostNetlink, Arc<Store>, WithDeviceMetadata<KubeStatus>>;
 

@@ -5,11 +5,10 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod claims_support;
-
-use claims_support::{DevApi, NODE, Plugin, claim_ref, dra_client, network_config};
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use serde_json::json;
+
+use crate::kit::claims::{DevApi, NODE, Plugin, claim_ref, dra_client, network_config};
 
 const SHARE: &str = "3f1c0c3e-0000-4000-8000-000000000001";
 

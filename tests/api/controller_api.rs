@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
@@ -23,6 +22,8 @@ use netclaim::model::pod_network::{
 };
 use serde_json::json;
 use tokio::sync::oneshot;
+
+use crate::kit::api_server::{client_for, install_crds};
 
 const DRIVER: &str = "netclaim.dev";
 /// Bound for "eventually": the controller reacts within milliseconds; this only keeps a
@@ -37,8 +38,7 @@ struct Cluster {
 impl Cluster {
     async fn start() -> Self {
         let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
-        let client =
-            kube::Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap();
+        let client = client_for(&server);
         install_crds(&client).await;
         Self { _server: server, client }
     }
@@ -149,32 +149,6 @@ impl Drop for Running {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-    }
-}
-
-/// Applies `deploy/crds` when the server installs CRDs (then waits until they are served);
-/// a server that serves PodNetworks and IPBlocks from a fixed table answers 404 and is used
-/// as it is.
-async fn install_crds(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in ["podnetworks.yaml", "ipblocks.yaml"] {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
-        let crd: CustomResourceDefinition =
-            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 || status.is_already_exists() => {}
-            Err(err) => panic!("applying {}: {err}", path.display()),
-        }
-    }
-    let started = Instant::now();
-    let networks: Api<PodNetwork> = Api::all(client.clone());
-    let blocks: Api<IpBlock> = Api::all(client.clone());
-    while networks.list(&ListParams::default()).await.is_err()
-        || blocks.list(&ListParams::default()).await.is_err()
-    {
-        assert!(started.elapsed() < PATIENCE, "PodNetworks and IPBlocks are never served");
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

@@ -11,11 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use netclaim::model::pod_network::PodNetwork;
 use serde_json::{Value, json};
+
+use crate::kit::api_server::install_crds;
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 /// Bound for things that happen within a second or two.
@@ -173,33 +174,10 @@ fn start_api(dir: &Path) -> Process {
         assert!(started.elapsed() < PATIENCE, "no kubeconfig:\n{}", api.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
-    install_crds(dir);
+    // The server applies `deploy/crds` at start (AlreadyExists) or serves our kinds from a
+    // fixed table (404 for CRDs); either way, wait until they are served.
+    with_client(dir, |client| async move { install_crds(&client).await });
     api
-}
-
-/// Applies `deploy/crds` unless the server has them already (it applies them at start) or
-/// serves PodNetworks from a fixed table (404 for CRDs); waits until PodNetworks are served.
-fn install_crds(dir: &Path) {
-    with_client(dir, |client| async move {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for file in ["podnetworks.yaml", "ipblocks.yaml"] {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
-            let crd: CustomResourceDefinition =
-                serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            match crds.create(&PostParams::default(), &crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status))
-                    if status.code == 404 || status.is_already_exists() => {}
-                Err(err) => panic!("applying {}: {err}", path.display()),
-            }
-        }
-        let networks: Api<PodNetwork> = Api::all(client);
-        let started = Instant::now();
-        while networks.list(&ListParams::default()).await.is_err() {
-            assert!(started.elapsed() < PATIENCE, "PodNetworks are never served");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    });
 }
 
 /// Runs `work` with a client of the API server in `dir`, on a runtime of its own (a kube

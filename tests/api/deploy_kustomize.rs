@@ -9,12 +9,11 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod kustomize_support;
-
 use std::path::{Path, PathBuf};
 
-use kustomize_support::kustomize as render;
 use serde_json::Value;
+
+use crate::kit::kustomize::kustomize as render;
 
 fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy")

@@ -12,12 +12,9 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers: a failed step fails the test")]
 
-mod kubelet_support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kubelet_support::{PluginDirs, RawGrpcClient, tonic_channel, weird_authorities};
 use netclaim::claims::UnavailablePreparer;
 use netclaim::health::{DeviceHealth, HealthReport, HealthStatus};
 use netclaim::kubelet::health::HealthStreamSettings;
@@ -25,6 +22,8 @@ use netclaim::kubelet::proto::{v1, v1alpha1};
 use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
 use prost::Message;
 use tokio::sync::watch;
+
+use crate::kit::kubelet::{PluginDirs, RawGrpcClient, tonic_channel, weird_authorities};
 
 const DRIVER: &str = "netclaim.dev";
 

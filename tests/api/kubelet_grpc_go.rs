@@ -9,24 +9,22 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers: a failed step fails the test")]
 
-mod kubelet_support;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use kubelet_support::{PluginDirs, eventually};
 use netclaim::claims::{
     ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer, UnprepareResults,
 };
+use netclaim::kubelet::KubeletPlugin;
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig};
 use netclaim::model::ClaimRef;
 use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::kit::kubelet::{PluginDirs, eventually, fast_config};
 
 const DRIVER: &str = "netclaim.dev";
 
@@ -88,13 +86,6 @@ async fn run_client(binary: &Path, registration: &Path, extra: &[&str]) -> Clien
     }
 }
 
-fn config(dirs: &PluginDirs) -> KubeletPluginConfig {
-    let mut config = KubeletPluginConfig::new(DRIVER, &dirs.registry, &dirs.plugin);
-    config.socket_check_interval = Duration::from_millis(20);
-    config.reregister_delay = Duration::from_millis(50);
-    config
-}
-
 struct FixedInfo(String);
 
 #[tonic::async_trait]
@@ -149,7 +140,7 @@ async fn grpc_go_registers_the_driver_and_reaches_both_dra_versions() {
     let binary = client_binary("grpc_go_registers_the_driver_and_reaches_both_dra_versions");
     let dirs = PluginDirs::new(DRIVER);
     let handle = KubeletPlugin::start(
-        config(&dirs),
+        fast_config(&dirs),
         Arc::new(UnavailablePreparer::new(DRIVER)),
         std::future::pending(),
     )
@@ -219,7 +210,7 @@ async fn grpc_go_sees_devices_and_share_id_only_on_v1() {
     let binary = client_binary("grpc_go_sees_devices_and_share_id_only_on_v1");
     let dirs = PluginDirs::new(DRIVER);
     let handle =
-        KubeletPlugin::start(config(&dirs), Arc::new(SharedDevice), std::future::pending())
+        KubeletPlugin::start(fast_config(&dirs), Arc::new(SharedDevice), std::future::pending())
             .await
             .unwrap();
     let run = run_client(&binary, handle.registration_socket(), &[]).await;
@@ -242,7 +233,7 @@ async fn grpc_go_registration_failure_makes_the_driver_register_again() {
     let binary = client_binary("grpc_go_registration_failure_makes_the_driver_register_again");
     let dirs = PluginDirs::new(DRIVER);
     let handle = KubeletPlugin::start(
-        config(&dirs),
+        fast_config(&dirs),
         Arc::new(UnavailablePreparer::new(DRIVER)),
         std::future::pending(),
     )

@@ -4,15 +4,10 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers: a failed step fails the test")]
 
-mod kubelet_support;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kubelet_support::{
-    Outcome, PluginDirs, RawGrpcClient, eventually, tonic_channel, weird_authorities,
-};
 use netclaim::claims::{
     ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer,
     UnprepareResults,
@@ -21,11 +16,15 @@ use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::{v1, v1beta1};
 use netclaim::kubelet::proto::pluginregistration::{
     self as reg, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
+use netclaim::kubelet::{KubeletPlugin, KubeletPluginHandle};
 use netclaim::model::ClaimRef;
 use prost::Message;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::kit::kubelet::{
+    Outcome, PluginDirs, RawGrpcClient, eventually, fast_config, tonic_channel, weird_authorities,
+};
 
 const DRIVER: &str = "netclaim.dev";
 const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
@@ -50,16 +49,9 @@ impl reg::registration_server::Registration for FixedInfo {
     }
 }
 
-fn config(dirs: &PluginDirs) -> KubeletPluginConfig {
-    let mut config = KubeletPluginConfig::new(DRIVER, &dirs.registry, &dirs.plugin);
-    config.socket_check_interval = Duration::from_millis(20);
-    config.reregister_delay = Duration::from_millis(50);
-    config
-}
-
 async fn start_unavailable(dirs: &PluginDirs) -> KubeletPluginHandle {
     KubeletPlugin::start(
-        config(dirs),
+        fast_config(dirs),
         Arc::new(UnavailablePreparer::new(DRIVER)),
         std::future::pending(),
     )
@@ -206,9 +198,10 @@ impl ClaimPreparer for OneDevice {
 #[tokio::test]
 async fn dra_services_map_the_preparer_answers_for_each_version() {
     let dirs = PluginDirs::new(DRIVER);
-    let handle = KubeletPlugin::start(config(&dirs), Arc::new(OneDevice), std::future::pending())
-        .await
-        .unwrap();
+    let handle =
+        KubeletPlugin::start(fast_config(&dirs), Arc::new(OneDevice), std::future::pending())
+            .await
+            .unwrap();
     let channel = tonic_channel(handle.dra_socket()).await;
 
     let claims = vec![
@@ -274,12 +267,15 @@ async fn sockets_are_private_stale_ones_replaced_and_all_removed_on_shutdown() {
     );
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let handle =
-        KubeletPlugin::start(config(&dirs), Arc::new(UnavailablePreparer::new(DRIVER)), async {
+    let handle = KubeletPlugin::start(
+        fast_config(&dirs),
+        Arc::new(UnavailablePreparer::new(DRIVER)),
+        async {
             let _ = stop_rx.await;
-        })
-        .await
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     for sock in [handle.registration_socket(), handle.dra_socket()] {
         let mode = std::fs::metadata(sock).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{}", sock.display());
@@ -342,7 +338,7 @@ async fn start_refuses_to_replace_a_file_that_is_not_a_socket() {
     std::fs::create_dir_all(&dirs.plugin).unwrap();
     std::fs::write(dirs.plugin.join("dra.sock"), b"keep me").unwrap();
     let err = KubeletPlugin::start(
-        config(&dirs),
+        fast_config(&dirs),
         Arc::new(UnavailablePreparer::new(DRIVER)),
         std::future::pending(),
     )

@@ -37,15 +37,13 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::kit::api_server::{client_for, install_crds};
+
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";
 /// Bound for "eventually" (the publisher reacts within its 200 ms debounce; the bound only
 /// keeps a broken build from hanging).
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn client_for(server: &ApiServer) -> kube::Client {
-    kube::Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap()
-}
 
 /// The node's interfaces: `eth1` and `eth2`, two plain NICs.
 #[derive(Clone)]
@@ -202,27 +200,6 @@ fn attribute(device: &ApiDevice, name: &str) -> Option<Value> {
     value.string.clone().map(Value::from).or(value.int.map(Value::from))
 }
 
-/// Applies the CRDs of `deploy/crds` when the server installs CRDs (a server that serves
-/// our kinds built in answers 404 for the CRD kind, and needs none).
-async fn apply_crds(client: &kube::Client) {
-    let request = |body: Value| {
-        http::Request::post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap())
-            .unwrap()
-    };
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crds");
-    for name in ["podnetworks.yaml", "ipblocks.yaml"] {
-        let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
-        let crd: Value = serde_yaml::from_str(&text).unwrap();
-        match client.request_text(request(crd)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
-            Err(err) => panic!("applying {name}: {err}"),
-        }
-    }
-}
-
 /// Writes the status the controller would: `Ready` for the current generation.
 async fn judge(client: &kube::Client, name: &str, ready: bool) {
     let networks: Api<PodNetwork> = Api::all(client.clone());
@@ -290,7 +267,7 @@ async fn allocated_claim(client: &kube::Client, name: &str, device: &str, share:
 async fn cluster() -> (ApiServer, kube::Client) {
     let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
     let client = client_for(&server);
-    apply_crds(&client).await;
+    install_crds(&client).await;
     let node: Node =
         serde_json::from_value(json!({"metadata": {"name": NODE, "labels": {"zone": "a"}}}))
             .unwrap();

@@ -8,8 +8,6 @@
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
-mod ipam_support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
@@ -17,9 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ipam_support::{
-    Claims, Cluster, DRIVER, Node, PATIENCE, Parent, Service, claim_ref, prepare_all,
-};
 use ipnetwork::IpNetwork;
 use netclaim::claims::networks::NetworkPorts;
 use netclaim::claims::{ClaimPreparer, ClaimService, ServiceIdentity};
@@ -30,6 +25,10 @@ use netclaim::model::pod_network::IpBlock;
 use netclaim::store::Store;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+use crate::kit::ipam::{
+    Claims, Cluster, DRIVER, Node, PATIENCE, Parent, Service, claim_ref, prepare_all,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_nodes_racing_for_blocks_own_each_block_once_and_never_share_an_address() {
@@ -191,7 +190,9 @@ async fn a_static_address_reserved_on_one_node_is_refused_on_another() {
 const CHILD_SERVER: &str = "NETCLAIM_IPAM_CHILD_SERVER";
 const CHILD_DIR: &str = "NETCLAIM_IPAM_CHILD_DIR";
 const CHILD_ROUND: &str = "NETCLAIM_IPAM_CHILD_ROUND";
-const CRASH_TEST: &str = "kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block";
+/// The crash test's full name in this binary (`--exact` takes the module path too).
+const CRASH_TEST: &str =
+    "podnetwork_ipam::kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block";
 
 /// A service of `node-a` on `dir` against the server at `url` (no grace), its clock `ahead`
 /// of the system's.

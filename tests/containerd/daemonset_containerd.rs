@@ -38,13 +38,6 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 #![allow(clippy::too_many_lines, reason = "the flow is one scenario told step by step")]
 
-mod claims_support;
-mod containerd_support;
-mod daemonset_support;
-mod image_support;
-mod kustomize_support;
-mod support;
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
@@ -53,9 +46,6 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use claims_support::{DevApi, dra_client};
-use containerd_support::{Containerd, sandbox_config_with_attempt};
-use daemonset_support::{HostPathMap, KubeletContext, Mutation};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceSlice,
 };
@@ -66,13 +56,18 @@ use netclaim::dev::cri::CriClient;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use serde_json::{Value, json};
 
+use crate::kit;
+use crate::kit::claims::{DevApi, dra_client};
+use crate::kit::containerd::{Containerd, sandbox_config_with_attempt};
+use crate::kit::daemonset::{HostPathMap, KubeletContext, Mutation};
+
 const DRIVER: &str = "netclaim.dev";
 /// Bound for each step of the flow that works (generous: builds share two cores).
 const PATIENCE: Duration = Duration::from_mins(1);
 /// Bound for each step when a mutation is expected to break one: the working daemon takes
 /// about a second for any of them.
 const MUTATION_PATIENCE: Duration = Duration::from_secs(20);
-/// containerd's per-call bound for NRI plugins (see tests/e2e_containerd.rs).
+/// containerd's per-call bound for NRI plugins (see tests/containerd/e2e_containerd.rs).
 const NRI_TIMEOUT: Duration = Duration::from_secs(5);
 /// The capability numbers of `linux/capability.h` this manifest may name.
 const CAPABILITIES: &[(&str, u32)] = &[
@@ -131,9 +126,9 @@ struct HostVeth {
 impl HostVeth {
     fn new(prefix: &str) -> Self {
         let veth = Self { a: format!("{prefix}p0"), b: format!("{prefix}p1") };
-        support::run("ip", &["link", "add", &veth.a, "type", "veth", "peer", "name", &veth.b]);
+        kit::netns::run("ip", &["link", "add", &veth.a, "type", "veth", "peer", "name", &veth.b]);
         for end in [&veth.a, &veth.b] {
-            support::run("ip", &["link", "set", end, "up"]);
+            kit::netns::run("ip", &["link", "set", end, "up"]);
         }
         veth
     }
@@ -153,10 +148,10 @@ struct PrivateBpffs(PathBuf);
 impl PrivateBpffs {
     fn mount(path: PathBuf) -> Self {
         std::fs::create_dir_all(&path).unwrap();
-        support::run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()]);
+        kit::netns::run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()]);
         // Shared, as systemd mounts /sys/fs/bpf (its `/` is shared): HostToContainer needs
         // a shared or slave source.
-        support::run("mount", &["--make-shared", path.to_str().unwrap()]);
+        kit::netns::run("mount", &["--make-shared", path.to_str().unwrap()]);
         Self(path)
     }
 }
@@ -199,8 +194,8 @@ fn netns_dir_is_shared() {
         fields.get(4) == Some(&"/run/netns") && fields[6..].iter().any(|f| f.starts_with("shared:"))
     });
     if !shared {
-        support::run("mount", &["--bind", "/run/netns", "/run/netns"]);
-        support::run("mount", &["--make-shared", "/run/netns"]);
+        kit::netns::run("mount", &["--bind", "/run/netns", "/run/netns"]);
+        kit::netns::run("mount", &["--make-shared", "/run/netns"]);
     }
 }
 
@@ -210,7 +205,7 @@ fn import_image(ctr: &Path, containerd: &Containerd) {
         .arg("--address")
         .arg(containerd.cri_socket())
         .args(["-n", "k8s.io", "images", "import", "--platform", "linux/amd64"])
-        .arg(image_support::archive())
+        .arg(kit::image::archive())
         .output()
         .unwrap();
     assert!(output.status.success(), "ctr import: {}", String::from_utf8_lossy(&output.stderr));
@@ -309,10 +304,10 @@ fn links_in(netns: &Path) -> BTreeMap<String, Option<String>> {
 /// daemon's and containerd's logs when a step fails.
 fn run_daemonset(mutations: &[Mutation], patience: Duration) -> Result<(), Failure> {
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    support::require_root("daemonset_containerd");
+    kit::netns::require_root("daemonset_containerd");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let tools = containerd_support::find_tools().unwrap();
+        let tools = kit::containerd::find_tools().unwrap();
         let ctr = tools.ctr.clone();
         let mut containerd = Containerd::new(tools, NRI_TIMEOUT);
         containerd.start();
@@ -320,7 +315,7 @@ fn run_daemonset(mutations: &[Mutation], patience: Duration) -> Result<(), Failu
         containerd.import_image();
         import_image(&ctr, &containerd);
         let dir = tempfile::Builder::new().prefix("ncds").tempdir_in("/tmp").unwrap();
-        let prefix = support::unique_prefix();
+        let prefix = kit::netns::unique_prefix();
         let node = Node {
             bpffs: PrivateBpffs::mount(dir.path().join("bpffs")),
             veth: HostVeth::new(&prefix),
@@ -335,11 +330,7 @@ fn run_daemonset(mutations: &[Mutation], patience: Duration) -> Result<(), Failu
             println!("{failure:?}");
             node.containerd.print_logs(&[]);
             for log in glob_logs(&node.path("pods")) {
-                println!(
-                    "--- {} ---\n{}",
-                    log.display(),
-                    daemonset_support::cri_log_messages(&log)
-                );
+                println!("--- {} ---\n{}", log.display(), kit::daemonset::cri_log_messages(&log));
             }
         }
         node.containerd.remove_all_sandboxes().await;
@@ -360,15 +351,15 @@ async fn flow(
     patience: Duration,
 ) -> Result<(), Failure> {
     // --- The manifest, rendered and (for the mutation tests) broken. ---
-    let mut daemonset = daemonset_support::rendered_node_daemonset();
+    let mut daemonset = kit::daemonset::rendered_node_daemonset();
     for mutation in mutations {
-        daemonset_support::mutate(&mut daemonset, *mutation);
+        kit::daemonset::mutate(&mut daemonset, *mutation);
     }
     let template = daemonset["spec"]["template"].clone();
     let container = template["spec"]["containers"][0].clone();
     assert_eq!(
         container["image"].as_str(),
-        Some(image_support::image_ref().as_str()),
+        Some(kit::image::image_ref().as_str()),
         "the manifest runs the image `make image` builds"
     );
     assert_eq!(container["imagePullPolicy"], "IfNotPresent", "an imported image is used as is");
@@ -387,12 +378,12 @@ async fn flow(
     let pod_name = format!("netclaim-node-{}", &node.prefix[2..]);
     let service_account = node.path("serviceaccount");
     std::fs::create_dir_all(&service_account).unwrap();
-    let (ca, cert, key) = daemonset_support::serving_certificate(node.dir.path());
+    let (ca, cert, key) = kit::daemonset::serving_certificate(node.dir.path());
     std::fs::copy(&ca, service_account.join("ca.crt")).unwrap();
     std::fs::write(service_account.join("token"), "netclaim-node-token").unwrap();
     std::fs::write(service_account.join("namespace"), "netclaim-system").unwrap();
     let api_backend = kubeconfig_server(&node.api.dir.path().join("kubeconfig"));
-    let api_port = daemonset_support::tls_front(&cert, &key, api_backend).await;
+    let api_port = kit::daemonset::tls_front(&cert, &key, api_backend).await;
     let ctx = KubeletContext {
         pod_name: pod_name.clone(),
         pod_namespace: daemonset["metadata"]["namespace"].as_str().unwrap().to_owned(),
@@ -434,16 +425,16 @@ async fn flow(
         format!("--shared-parents={}", node.veth.a),
     ];
     // The manifest binds its metrics port on the host: it must be free.
-    let (live_path, live_port) = daemonset_support::probe_port(&container, "livenessProbe");
-    let (ready_path, ready_port) = daemonset_support::probe_port(&container, "readinessProbe");
+    let (live_path, live_port) = kit::daemonset::probe_port(&container, "livenessProbe");
+    let (ready_path, ready_port) = kit::daemonset::probe_port(&container, "readinessProbe");
     assert!(
         std::net::TcpListener::bind(("0.0.0.0", live_port)).is_ok(),
         "host port {live_port} (the manifest's metrics port) is taken"
     );
 
     // --- The sandbox and the container, from the template. ---
-    let sandbox = daemonset_support::sandbox_config(&template, &ctx);
-    let (config, mounts) = daemonset_support::container_config(&template, &ctx, &paths, &site_args);
+    let sandbox = kit::daemonset::sandbox_config(&template, &ctx);
+    let (config, mounts) = kit::daemonset::container_config(&template, &ctx, &paths, &site_args);
     let template_mounts: Vec<&str> = container["volumeMounts"]
         .as_array()
         .unwrap()
@@ -511,7 +502,7 @@ async fn flow(
         if !registration.exists() {
             return Err(format!("no {}", registration.display()));
         }
-        daemonset_support::register(&registration).await
+        kit::daemonset::register(&registration).await
     })
     .await?;
     assert_eq!((info.r#type.as_str(), info.name.as_str()), ("DRAPlugin", DRIVER), "{info:?}");
@@ -524,14 +515,14 @@ async fn flow(
 
     // --- The probes, as kubelet sends them. ---
     wait_for(Step::Live, patience, || async {
-        match daemonset_support::http_get(live_port, &live_path).await {
+        match kit::daemonset::http_get(live_port, &live_path).await {
             Ok(200) => Ok(()),
             other => Err(format!("GET {live_path}: {other:?}")),
         }
     })
     .await?;
     wait_for(Step::Ready, patience, || async {
-        match daemonset_support::http_get(ready_port, &ready_path).await {
+        match kit::daemonset::http_get(ready_port, &ready_path).await {
             Ok(200) => Ok(()),
             other => Err(format!("GET {ready_path}: {other:?}")),
         }
@@ -565,7 +556,7 @@ async fn flow(
     // runtime was up before the daemon started) are an answer, not a moment to wait out.
     let connect_failures = "NRI connection failed";
     wait_for(Step::NriSynchronized, patience, || async {
-        let log = daemonset_support::cri_log_messages(&daemon_log);
+        let log = kit::daemonset::cri_log_messages(&daemon_log);
         if log.contains("synchronizing with NRI runtime") {
             Ok(())
         } else if log.matches(connect_failures).count() >= 3 {
@@ -626,7 +617,7 @@ async fn flow(
         api_group: None,
     };
     let claim = reserve_for(&client, "default", &claim_name, &consumer).await.unwrap();
-    let claim_ref = claims_support::claim_ref(&claim);
+    let claim_ref = kit::claims::claim_ref(&claim);
     let mut dra = dra_client(&dra_socket).await;
     let answer = dra
         .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim_ref.clone()] })
@@ -705,7 +696,7 @@ async fn flow(
         .as_u64()
         .unwrap_or(30);
     cri.stop_container(&container_id, Duration::from_secs(grace)).await.unwrap();
-    let log = daemonset_support::cri_log_messages(&daemon_log);
+    let log = kit::daemonset::cri_log_messages(&daemon_log);
     assert!(!log.contains("\"level\":\"ERROR\""), "the daemon logged errors:\n{log}");
     Ok(())
 }
@@ -737,7 +728,7 @@ fn the_daemonset_runs_as_written() {
 #[ignore = "needs kubectl: run `make test`"]
 #[should_panic(expected = "hostPath /var/lib/unknown has no test instance")]
 fn an_unknown_host_path_fails_the_translation() {
-    let mut daemonset = daemonset_support::rendered_node_daemonset();
+    let mut daemonset = kit::daemonset::rendered_node_daemonset();
     let spec = &mut daemonset["spec"]["template"]["spec"];
     spec["volumes"]
         .as_array_mut()
@@ -770,7 +761,7 @@ fn an_unknown_host_path_fails_the_translation() {
         ("/sys/fs/bpf", dir.path().to_owned()),
     ]));
     let template = daemonset["spec"]["template"].clone();
-    let _ = daemonset_support::container_config(&template, &ctx, &paths, &[]);
+    let _ = kit::daemonset::container_config(&template, &ctx, &paths, &[]);
 }
 
 /// Runs the flow with `mutations`; it must fail. Returns where and why.

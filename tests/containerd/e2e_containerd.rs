@@ -35,13 +35,8 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 #![allow(clippy::too_many_lines, reason = "each test is one scenario told step by step")]
 
-#[path = "e2e_containerd/chaos.rs"]
 mod chaos;
-mod claims_support;
-mod containerd_support;
-#[path = "e2e_containerd/scale.rs"]
 mod scale;
-mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -54,8 +49,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use claims_support::{DevApi, dra_client};
-use containerd_support::{Containerd, Runtime, sandbox_config_with_attempt};
 use futures::FutureExt as _;
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::{
@@ -71,6 +64,10 @@ use netclaim::ipam::LeaseStore as _;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::store::Store;
 use serde_json::{Value, json};
+
+use crate::kit;
+use crate::kit::claims::{DevApi, dra_client};
+use crate::kit::containerd::{Containerd, Runtime, sandbox_config_with_attempt};
 
 const DRIVER: &str = "netclaim.dev";
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
@@ -97,9 +94,9 @@ impl HostVeth {
     fn new(a: String, b: String, mtu: u32) -> Self {
         let veth = Self { a, b };
         let mtu = mtu.to_string();
-        support::run("ip", &["link", "add", &veth.a, "type", "veth", "peer", "name", &veth.b]);
+        kit::netns::run("ip", &["link", "add", &veth.a, "type", "veth", "peer", "name", &veth.b]);
         for end in [&veth.a, &veth.b] {
-            support::run("ip", &["link", "set", end, "mtu", &mtu, "up"]);
+            kit::netns::run("ip", &["link", "set", end, "mtu", &mtu, "up"]);
         }
         veth
     }
@@ -150,14 +147,14 @@ impl Drop for PrivateBpffs {
 }
 
 impl Cluster {
-    async fn start(tools: containerd_support::Tools) -> Self {
+    async fn start(tools: kit::containerd::Tools) -> Self {
         let mut containerd = Containerd::new(tools, NRI_TIMEOUT);
         containerd.start();
         let cri = containerd.cri(Duration::from_mins(1)).await;
         drop(cri);
         containerd.import_image();
         let api = DevApi::start().await;
-        let prefix = support::unique_prefix();
+        let prefix = kit::netns::unique_prefix();
         let node_name = format!("e2e-{prefix}");
         Self {
             node: Mutex::new(None),
@@ -209,7 +206,7 @@ impl Cluster {
     fn enable_stats(&mut self, interval: &str) {
         let path = self.dir().join("bpf");
         std::fs::create_dir_all(&path).unwrap();
-        support::run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()]);
+        kit::netns::run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()]);
         self.bpffs = Some(PrivateBpffs { path, interval: interval.to_owned() });
     }
 
@@ -341,7 +338,7 @@ impl Cluster {
     fn stop_node(&self) {
         let child = self.node.lock().unwrap().take();
         if let Some(mut child) = child {
-            containerd_support::terminate(&mut child);
+            kit::containerd::terminate(&mut child);
         }
     }
 
@@ -506,7 +503,7 @@ impl Cluster {
 
     /// `NodePrepareResources` for `claims`, as kubelet calls it before `RunPodSandbox`.
     async fn prepare(&self, dra: &mut Dra, claims: &[ResourceClaim]) {
-        let refs: Vec<v1::Claim> = claims.iter().map(claims_support::claim_ref).collect();
+        let refs: Vec<v1::Claim> = claims.iter().map(kit::claims::claim_ref).collect();
         let answer = dra
             .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: refs.clone() })
             .await
@@ -527,7 +524,7 @@ impl Cluster {
 
     /// `NodeUnprepareResources`, as kubelet calls it after the pod is gone.
     async fn unprepare(&self, dra: &mut Dra, claims: &[ResourceClaim]) {
-        let refs: Vec<v1::Claim> = claims.iter().map(claims_support::claim_ref).collect();
+        let refs: Vec<v1::Claim> = claims.iter().map(kit::claims::claim_ref).collect();
         let answer = dra
             .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: refs })
             .await
@@ -715,7 +712,7 @@ fn links_in(netns: &str) -> BTreeMap<String, LinkInfo> {
 
 /// The host netns's links, with the raw JSON (for `link`, the parent of a macvlan).
 fn host_links() -> BTreeMap<String, (LinkInfo, Value)> {
-    let output = support::run("ip", &["-j", "-d", "addr", "show"]);
+    let output = kit::netns::run("ip", &["-j", "-d", "addr", "show"]);
     parse_links(&output.stdout)
 }
 
@@ -893,7 +890,7 @@ where
     F: for<'a> FnOnce(&'a mut Cluster) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
 {
     // Checks root as well; fails naming what is missing.
-    let Some(tools) = containerd_support::find_tools_for(runtime) else { return };
+    let Some(tools) = kit::containerd::find_tools_for(runtime) else { return };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut cluster = rt.block_on(Cluster::start(tools));
@@ -1373,7 +1370,7 @@ fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds(runtime:
 
             // The device vanishes between prepare and the sandbox: the attach fails, and so
             // does the sandbox (kubelet retries it), with the reason on the claim and the Pod.
-            support::run("ip", &["link", "del", &device]);
+            kit::netns::run("ip", &["link", "del", &device]);
             let cri = cluster.cri().await;
             let err = run_pod(cluster, &cri, &pod, 0).await.err().expect("the sandbox fails");
             let message = err.to_string();
@@ -1415,8 +1412,8 @@ fn a_failed_attach_fails_the_sandbox_with_a_reason_and_a_retry_succeeds(runtime:
             );
 
             // The device is back (same name): kubelet's next attempt gets it.
-            support::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
-            support::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
+            kit::netns::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
+            kit::netns::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
             let (running, _) = run_pod(cluster, &cri, &pod, 1).await.unwrap();
             let link = wait_pod_link(cluster, &running).await;
             assert_eq!(link.kind.as_deref(), Some("veth"));
@@ -1452,14 +1449,14 @@ fn no_container_starts_while_the_pod_lacks_its_interface(runtime: Runtime) {
             cluster.kill_node();
             let cri = cluster.cri().await;
             let (running, _) = run_pod(cluster, &cri, &pod, 0).await.unwrap();
-            support::run("ip", &["link", "del", &device]);
+            kit::netns::run("ip", &["link", "del", &device]);
             cluster.restart_node();
             cluster.wait_synchronized(1).await;
             assert!(!links_in(&running.netns_path()).contains_key(POD_IFNAME));
 
             // kubelet's CreateContainer is refused while the interface is missing...
             let config = cluster.containerd.sandbox_config(&pod.name, &pod.uid);
-            let container = containerd_support::container_config("app");
+            let container = kit::containerd::container_config("app");
             let err = cri
                 .create_container(&running.id, container.clone(), config.clone())
                 .await
@@ -1469,8 +1466,8 @@ fn no_container_starts_while_the_pod_lacks_its_interface(runtime: Runtime) {
             eprintln!("CreateContainer refused: {message}");
 
             // ...and its retry, once the device is back, attaches it and creates the container.
-            support::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
-            support::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
+            kit::netns::run("ip", &["link", "add", &device, "type", "veth", "peer", "name", &peer]);
+            kit::netns::run("ip", &["link", "set", &device, "mtu", "1400", "up"]);
             let id = cri.create_container(&running.id, container, config).await.unwrap();
             assert!(!id.is_empty());
             let link = wait_pod_link(cluster, &running).await;
@@ -1555,7 +1552,7 @@ fn a_container_reads_its_interface_from_the_device_metadata_file(runtime: Runtim
             let mut dra = dra_client(&cluster.dra_socket()).await;
             let answer = dra
                 .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                    claims: vec![claims_support::claim_ref(&claims[0])],
+                    claims: vec![kit::claims::claim_ref(&claims[0])],
                 })
                 .await
                 .unwrap()
@@ -1580,7 +1577,7 @@ fn a_container_reads_its_interface_from_the_device_metadata_file(runtime: Runtim
 
             // kubelet's CreateContainer for a container listing the claim (request `net`):
             // the device's CDI ids go along, and the runtime resolves them from its spec dir.
-            let mut container = containerd_support::container_config("app");
+            let mut container = kit::containerd::container_config("app");
             container.cdi_devices = device
                 .cdi_device_ids
                 .iter()

@@ -10,17 +10,17 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod containerd_support;
-mod image_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use image_support::{Dockerfile, archive, image_ref, repo};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use crate::kit;
+use crate::kit::image::{Dockerfile, archive, image_ref};
+use crate::kit::repo;
 
 /// The archive unpacked into a temp dir, its layer too.
 struct Unpacked {
@@ -306,9 +306,9 @@ fn make_image_builds_the_binary_with_the_dockerfile_builder_flags() {
 #[ignore = "needs root, containerd (scripts/setup/containerd.sh) and the image archive (make image): run `make test` as root"]
 async fn containerd_imports_and_runs_the_image() {
     let archive = archive();
-    let tools = containerd_support::find_tools().unwrap();
+    let tools = kit::containerd::find_tools().unwrap();
     let ctr = tools.ctr.clone();
-    let mut containerd = containerd_support::Containerd::new(tools, Duration::from_secs(2));
+    let mut containerd = kit::containerd::Containerd::new(tools, Duration::from_secs(2));
     containerd.start();
     let _cri = containerd.cri(Duration::from_secs(10)).await;
     let socket = containerd.cri_socket();

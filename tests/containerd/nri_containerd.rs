@@ -16,8 +16,6 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers panic with the failing value, like the tests")]
 
-mod containerd_support;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -27,9 +25,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use containerd_support::{Containerd, container_config, terminate};
 use futures::FutureExt as _;
 use netclaim::dev::cri::{CriClient, CriError, proto};
+
+use crate::kit;
+use crate::kit::containerd::{Containerd, container_config, terminate};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -44,7 +44,7 @@ fn plugin_binary() -> PathBuf {
         exe.parent().and_then(Path::parent).expect("test binaries live in <target>/<profile>/deps");
     let built = profile_dir.join("examples/nri_logger");
     if !built.exists() {
-        // Built only when the test was run on its own (`cargo test --test nri_containerd`).
+        // Built only when the test was run on its own (`cargo test --test containerd nri_containerd`).
         let status = Command::new(env!("CARGO"))
             .args(["build", "-p", "nri-rs", "--example", "nri_logger"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -274,7 +274,7 @@ async fn scenario(world: &mut World) {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn nri_plugin_follows_containerd_sandboxes_and_survives_a_restart() {
-    let Some(tools) = containerd_support::find_tools() else { return };
+    let Some(tools) = kit::containerd::find_tools() else { return };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut world = World::new(Containerd::new(tools, Duration::from_secs(2)));

@@ -2,9 +2,6 @@
 //! loopback port, claims allocated the way the scheduler writes them, a fixed device
 //! inventory, and a DRA v1 client on the plugin's socket.
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test helpers: a failed step fails the test")]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -18,12 +15,15 @@ use netclaim::claims::{ClaimService, DeviceLookup, LookupError, ServiceIdentity}
 use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
-use netclaim::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+use netclaim::model::network_config::{DeviceFacts, Sharing};
 use netclaim::store::Store;
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
 
-pub(crate) const DRIVER: &str = "netclaim.dev";
+use super::devices::physical_nic;
+use super::kubelet::tonic_channel;
+
+pub(crate) use super::DRIVER;
 pub(crate) const NODE: &str = "node-a";
 pub(crate) const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 
@@ -147,18 +147,7 @@ impl DeviceLookup for FixedDevices {
             "eth2" => Sharing::Shared,
             _ => return Err(LookupError::NotFound(name.to_owned())),
         };
-        Ok(DeviceFacts {
-            sharing,
-            kind: DeviceKind::Physical,
-            if_name: name.to_owned(),
-            mtu: 1500,
-            min_mtu: 68,
-            max_mtu: 9000,
-            pf_mtu: None,
-            passthru_children: 0,
-            other_children: 0,
-            ipvlan_children: 0,
-        })
+        Ok(physical_nic(name, sharing))
     }
 
     async fn attributes(
@@ -230,20 +219,7 @@ impl Plugin {
 pub(crate) async fn dra_client(
     socket: &Path,
 ) -> v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
-    let path = socket.to_owned();
-    let channel = tonic::transport::Endpoint::try_from("http://localhost")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap();
-    v1::dra_plugin_client::DraPluginClient::new(channel)
+    v1::dra_plugin_client::DraPluginClient::new(tonic_channel(socket).await)
 }
 
 /// A DRA client once the plugin's socket accepts connections (a restarted daemon's socket

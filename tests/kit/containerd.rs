@@ -7,9 +7,6 @@
 //! Needs root and the artifacts (or `NETCLAIM_CONTAINERD_PREFIX` / `NETCLAIM_TEST_IMAGES`).
 //! The tests are `#[ignore]`d; run without them, a test fails naming what is missing.
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test helpers panic with the failing value, like the tests")]
-
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};

@@ -1,12 +1,9 @@
-//! The traffic counter checks shared by the host's root tier (`tests/stats_bpf.rs`, tcx and
-//! clsact on the host's kernel) and the VM suite (`tests/vm_stats.rs`, clsact on 6.1 where
+//! The traffic counter checks shared by the host's root tier (`tests/netns/stats_bpf.rs`, tcx and
+//! clsact on the host's kernel) and the VM suite (`tests/vm/vm_stats.rs`, clsact on 6.1 where
 //! tcx does not exist): a veth pair between a throwaway "pod" netns and a "peer" netns,
 //! counters hooked on the pod end with the real eBPF object, a ping flood, and the counts held
 //! against the kernel's own link counters (`ip -s`), which count the same frames. Pins live in
 //! a private bpffs mounted for the test, so nothing touches the host's /sys/fs/bpf.
-
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +12,7 @@ use netclaim::model::stats::InterfaceStats;
 use netclaim::stats::CounterHooks;
 use serde_json::Value;
 
-use crate::support::{Netns, run};
+use super::netns::{Netns, run};
 
 /// A private bpffs, unmounted (and its directory removed) on drop.
 pub(crate) struct Bpffs {

@@ -2,11 +2,7 @@
 //! `netclaim dev --api-only` and `netclaim node` (the binary cargo built) in a "node" netns
 //! with a veth parent; claims allocated by the dev allocator as the scheduler would, prepared
 //! over kubelet's DRA socket; pod sandboxes announced by our in-process NRI runtime on a temp
-//! socket, each pod being another throwaway netns. Used with `mod support;` and
-//! `mod claims_support;` in the same test crate.
-
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test support: a failed step fails the calling test")]
+//! socket, each pod being another throwaway netns.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,8 +15,8 @@ use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use nri_rs::{NriRuntime, PodSandbox, RuntimeOptions};
 use serde_json::json;
 
-use crate::claims_support;
-use crate::support::{Child, Netns, node_daemon_args, scrape_metric, start_api_server};
+use super::claims;
+use super::netns::{Child, Netns, node_daemon_args, scrape_metric, start_api_server};
 
 /// The daemon binary cargo built (the VM's guest sees it at the same path).
 pub(crate) const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
@@ -210,7 +206,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
+            let mut dra = claims::dra_client_when_listening(&socket, PATIENCE).await;
             let request = v1::NodePrepareResourcesRequest {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };
@@ -224,7 +220,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
+            let mut dra = claims::dra_client_when_listening(&socket, PATIENCE).await;
             let claims = vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }];
             if prepare {
                 let request = v1::NodePrepareResourcesRequest { claims };
@@ -245,7 +241,7 @@ impl Node {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
-            let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
+            let mut dra = claims::dra_client_when_listening(&socket, PATIENCE).await;
             let request = v1::NodeUnprepareResourcesRequest {
                 claims: vec![v1::Claim { namespace: "default".into(), name, uid: uid.clone() }],
             };

@@ -9,9 +9,6 @@
 //! API server (in-cluster config is HTTPS only), and kubelet's plugin watcher (GetInfo and
 //! NotifyRegistrationStatus on the registration socket).
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test helpers panic with the failing value, like the tests")]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,14 +21,11 @@ use netclaim::kubelet::proto::pluginregistration::{
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
-/// The repository root.
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use super::repo;
 
 /// The `netclaim-node` DaemonSet as `kubectl kustomize deploy/base` renders it.
 pub(crate) fn rendered_node_daemonset() -> Value {
-    crate::kustomize_support::kustomize(&repo().join("deploy/base"))
+    super::kustomize::kustomize(&repo().join("deploy/base"))
         .into_iter()
         .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "netclaim-node")
         .expect("deploy/base renders the netclaim-node DaemonSet")
@@ -191,7 +185,7 @@ pub(crate) struct MountRecord {
 
 /// A Kubernetes quantity (`50m`, `64Mi`, `1G`, `2`) in its base unit times `scale`
 /// (`scale` 1000 for CPU millicores, 1 for bytes).
-fn quantity(text: &str, scale: i64) -> i64 {
+pub(crate) fn quantity(text: &str, scale: i64) -> i64 {
     let suffixes: [(&str, i64); 10] = [
         ("Ki", 1 << 10),
         ("Mi", 1 << 20),
@@ -215,6 +209,10 @@ fn quantity(text: &str, scale: i64) -> i64 {
 /// The container config kubelet builds for the template's only container, and the mounts
 /// with their sources. `extra_args` are appended to the manifest's args (the site's device
 /// selection, which the base leaves to the cluster).
+#[allow(
+    clippy::too_many_lines,
+    reason = "one field of the CRI config after the other, as kubelet fills it"
+)]
 pub(crate) fn container_config(
     template: &Value,
     ctx: &KubeletContext,
@@ -600,15 +598,4 @@ pub(crate) fn cri_log_messages(path: &Path) -> String {
         .map(|line| line.splitn(4, ' ').nth(3).unwrap_or(line))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn quantities() {
-        assert_eq!(super::quantity("50m", 1000), 50);
-        assert_eq!(super::quantity("2", 1000), 2000);
-        assert_eq!(super::quantity("256Mi", 1), 256 << 20);
-        assert_eq!(super::quantity("1G", 1), 1_000_000_000);
-    }
 }

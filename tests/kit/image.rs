@@ -2,16 +2,10 @@
 //! a builder would (its runtime stage's config, its global ARGs, each stage's RUN lines) and
 //! finds the OCI archive `make image` wrote, so a test can compare the two or run the image.
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test helpers panic with the failing value, like the tests")]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The repository root.
-pub(crate) fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use super::repo;
 
 /// `target/image/netclaim-<version>.oci.tar`; fails naming `make image` when it is missing
 /// (the tests that need it are `#[ignore]`d and run by `make test`, which builds it).

@@ -1,21 +1,17 @@
-//! Shared by `tests/podnetwork_ipam.rs` and `benches/ipam_blocks.rs`: the in-process API
+//! Shared by `tests/api/podnetwork_ipam.rs` and `benches/ipam_blocks.rs`: the in-process API
 //! server with the CRDs and one PodNetwork, claim services as "nodes" on it (the real
 //! `IPBlock` adapter, counted, and the real PodNetwork watch), claims made up from their
 //! names, and a shared parent.
-
-#![allow(dead_code, reason = "the test and the bench use different subsets")]
-#![allow(clippy::unwrap_used, reason = "a failed step of a test or bench should stop it")]
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
@@ -29,13 +25,17 @@ use netclaim::ipam::{Clock, ManualClock};
 use netclaim::k8s::ip_blocks::{KubeIpBlocks, WatchedPodNetworks};
 use netclaim::model::ClaimRef;
 use netclaim::model::device::AttributeValue;
-use netclaim::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+use netclaim::model::network_config::{DeviceFacts, Sharing};
 use netclaim::model::pod_network::{IpBlock, PodNetwork};
 use netclaim::store::Store;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) const DRIVER: &str = "netclaim.dev";
+use super::api_server::client_for;
+pub(crate) use super::api_server::install_crds;
+use super::devices::physical_nic;
+
+pub(crate) use super::DRIVER;
 pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Claims made up from their names: `<node>--<claim>` allocated `medianet-eth2` (a share of
@@ -80,18 +80,7 @@ pub(crate) struct Parent;
 
 impl DeviceLookup for Parent {
     async fn facts(&self, _: &str) -> Result<DeviceFacts, LookupError> {
-        Ok(DeviceFacts {
-            sharing: Sharing::Shared,
-            kind: DeviceKind::Physical,
-            if_name: "eth2".into(),
-            mtu: 1500,
-            min_mtu: 68,
-            max_mtu: 9000,
-            pf_mtu: None,
-            passthru_children: 0,
-            other_children: 0,
-            ipvlan_children: 0,
-        })
+        Ok(physical_nic("eth2", Sharing::Shared))
     }
 
     async fn attributes(&self, _: &str) -> Result<BTreeMap<String, AttributeValue>, LookupError> {
@@ -171,8 +160,7 @@ pub(crate) struct Node {
 impl Cluster {
     pub(crate) async fn start(network: Value) -> Cluster {
         let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
-        let client =
-            kube::Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap();
+        let client = client_for(&server);
         install_crds(&client).await;
         let networks: Api<PodNetwork> = Api::all(client.clone());
         let object: PodNetwork = serde_json::from_value(
@@ -225,31 +213,6 @@ impl Cluster {
     pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.server.shutdown().await.unwrap();
-    }
-}
-
-/// Applies `deploy/crds` when the server installs CRDs; a server that serves PodNetworks
-/// and IPBlocks from a fixed table answers 404 and is used as it is.
-pub(crate) async fn install_crds(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in ["podnetworks.yaml", "ipblocks.yaml"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
-        let crd: CustomResourceDefinition =
-            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 || status.is_already_exists() => {}
-            Err(err) => panic!("applying {}: {err}", path.display()),
-        }
-    }
-    let started = Instant::now();
-    let networks: Api<PodNetwork> = Api::all(client.clone());
-    let blocks: Api<IpBlock> = Api::all(client.clone());
-    while networks.list(&ListParams::default()).await.is_err()
-        || blocks.list(&ListParams::default()).await.is_err()
-    {
-        assert!(started.elapsed() < PATIENCE, "PodNetworks and IPBlocks are never served");
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

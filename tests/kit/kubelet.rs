@@ -2,13 +2,11 @@
 //! `:authority` (the `http` crate, hence `h2` and tonic clients, cannot build the ones grpc-go
 //! sends), tonic clients over Unix sockets, and temp-dir plugin layouts.
 
-#![allow(dead_code, reason = "each test binary uses a different part")]
-#![allow(clippy::unwrap_used, reason = "test support: a failed step fails the calling test")]
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use httlib_hpack::{Decoder, Encoder};
+use netclaim::kubelet::KubeletPluginConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -249,6 +247,15 @@ impl PluginDirs {
         let plugin = tmp.path().join("plugins").join(driver);
         Self { tmp, registry, plugin }
     }
+}
+
+/// The plugin's config for `dirs` with the driver [`DRIVER`](super::DRIVER), checking its
+/// sockets and registering again fast enough for a test (20 ms, 50 ms).
+pub(crate) fn fast_config(dirs: &PluginDirs) -> KubeletPluginConfig {
+    let mut config = KubeletPluginConfig::new(super::DRIVER, &dirs.registry, &dirs.plugin);
+    config.socket_check_interval = Duration::from_millis(20);
+    config.reregister_delay = Duration::from_millis(50);
+    config
 }
 
 /// A tonic channel over a Unix socket (authority "localhost", what tonic sends).

@@ -2,9 +2,6 @@
 //! shared by the tests of `deploy/` (the manifests, RBAC derived from requests, the DaemonSet
 //! run on containerd).
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test helpers panic with the failing value, like the tests")]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -4,8 +4,6 @@
 //! Tests build their topologies with `ip` (iproute2): the product never execs it, but a test
 //! may, and it keeps the test's setup independent of the code under test.
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -1,10 +1,7 @@
-//! Shared by the VM suites that use the emulated SR-IOV NIC (`tests/vm_daemon.rs`,
-//! `tests/vm_attach_bench.rs`): the VM check, the igb PFs and VFs from sysfs, and a VF guard
-//! that gives the PF back as it found it (no VFs, link state restored), so the next binary
+//! Shared by the VM suites that use the emulated SR-IOV NIC (`tests/vm/vm_daemon.rs`,
+//! `tests/vm/vm_attach_bench.rs`): the VM check, the igb PFs and VFs from sysfs, and a VF guard
+//! that gives the PF back as it found it (no VFs, link state restored), so the next suite
 //! of the same boot starts from a clean NIC.
-
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, reason = "test support: a failed step fails the calling test")]
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -6,7 +6,7 @@
 //! run dir, no process left). It prints the demo's wall time and peak RSS.
 //!
 //! The containerd variant runs the same demo through a private containerd 1.7 with NRI
-//! (`tests/containerd_support`), with `--containerd` pointing at its CRI socket.
+//! (`tests/kit/containerd.rs`), with `--containerd` pointing at its CRI socket.
 //!
 //! Needs root (bare network namespaces, links), and containerd from
 //! `scripts/setup/containerd.sh` for the second test: `#[ignore]`d, run by `make test` as
@@ -14,15 +14,14 @@
 
 #![allow(clippy::unwrap_used, reason = "a failed step fails the test")]
 
-mod containerd_support;
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use crate::kit;
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 const DEMO_LIMIT: Duration = Duration::from_mins(5);
@@ -65,7 +64,7 @@ fn run_demo(run_dir: &Path, extra: &[&str]) -> (bool, Value, String) {
 }
 
 fn host_links() -> Vec<String> {
-    let output = support::run("ip", &["-o", "link", "show"]);
+    let output = kit::netns::run("ip", &["-o", "link", "show"]);
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| line.split(": ").nth(1))
@@ -158,7 +157,7 @@ fn check_report(success: bool, report: &Value, stderr: &str, run_dir: &Path) {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn demo_in_bare_netns_mode_brings_up_15_pods_that_ping_and_leaves_the_host_clean() {
-    if !support::require_root("dev_demo bare netns") {
+    if !kit::netns::require_root("dev_demo bare netns") {
         return;
     }
     let run_dir = tempfile::Builder::new().prefix("ncdemo").tempdir_in("/tmp").unwrap();
@@ -170,8 +169,8 @@ fn demo_in_bare_netns_mode_brings_up_15_pods_that_ping_and_leaves_the_host_clean
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn demo_through_containerd_brings_up_15_pods_that_ping_and_leaves_the_host_clean() {
-    let Some(tools) = containerd_support::find_tools() else { return };
-    let mut containerd = containerd_support::Containerd::new(tools, Duration::from_secs(2));
+    let Some(tools) = kit::containerd::find_tools() else { return };
+    let mut containerd = kit::containerd::Containerd::new(tools, Duration::from_secs(2));
     containerd.start();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     drop(runtime.block_on(containerd.cri(Duration::from_secs(30))));
@@ -187,7 +186,7 @@ fn demo_through_containerd_brings_up_15_pods_that_ping_and_leaves_the_host_clean
             "--containerd-nri-socket",
             nri.to_str().unwrap(),
             "--pod-image",
-            containerd_support::IMAGE,
+            kit::containerd::IMAGE,
         ],
     );
     if !success {

@@ -14,8 +14,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a failed step fails the test")]
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,6 +23,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
+
+use crate::kit;
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 const WAIT: Duration = Duration::from_mins(1);
@@ -246,10 +246,10 @@ async fn scenario(kubeconfig_in: PathBuf, parent_in: String, netns_dir_in: PathB
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn dev_cluster_runs_accepts_refuses_and_tears_down_pods() {
-    if !support::require_root("dev_kubelet") {
+    if !kit::netns::require_root("dev_kubelet") {
         return;
     }
-    let ns = support::Netns::new();
+    let ns = kit::netns::Netns::new();
     let parent = ns.ifname("p");
     let peer = ns.ifname("q");
     ns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
@@ -293,7 +293,7 @@ fn dev_cluster_runs_accepts_refuses_and_tears_down_pods() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    let _logger = support::Child { child: logger };
+    let _logger = kit::netns::Child { child: logger };
 
     let kubeconfig_in = kubeconfig.clone();
     let parent_in = parent.clone();

@@ -12,8 +12,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a failed step fails the test")]
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -26,6 +24,8 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+
+use crate::kit;
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 const START_LIMIT: Duration = Duration::from_mins(1);
@@ -175,7 +175,7 @@ impl Drop for DevCluster {
 }
 
 fn host_links() -> BTreeSet<String> {
-    let output = support::run("ip", &["-o", "link", "show"]);
+    let output = kit::netns::run("ip", &["-o", "link", "show"]);
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| line.split(": ").nth(1))
@@ -306,7 +306,7 @@ fn ping_from(netns: &Path, address: &str) -> Result<String, String> {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn two_nodes_run_pods_that_ping_across_nodes_and_sigterm_leaves_nothing() {
-    if !support::require_root("dev_nodes") {
+    if !kit::netns::require_root("dev_nodes") {
         return;
     }
     let links_before = host_links();
@@ -412,7 +412,7 @@ fn two_nodes_run_pods_that_ping_across_nodes_and_sigterm_leaves_nothing() {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn a_node_daemon_killed_with_sigkill_stops_the_cluster_and_leaves_nothing() {
-    if !support::require_root("dev_nodes kill -9") {
+    if !kit::netns::require_root("dev_nodes kill -9") {
         return;
     }
     let links_before = host_links();
@@ -436,7 +436,7 @@ fn a_node_daemon_killed_with_sigkill_stops_the_cluster_and_leaves_nothing() {
 #[test]
 #[ignore = "needs root: run `make test` as root"]
 fn the_demo_on_two_nodes_pings_across_nodes_and_leaves_nothing() {
-    if !support::require_root("dev_nodes demo") {
+    if !kit::netns::require_root("dev_nodes demo") {
         return;
     }
     let links_before = host_links();

@@ -4,12 +4,11 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod support;
-
 use std::path::PathBuf;
 
 use serde_json::Value;
-use support::{Netns, require_root};
+
+use crate::kit::netns::{Netns, require_root};
 
 /// The example binary cargo built beside this test (`target/<profile>/examples/`).
 fn example_binary() -> PathBuf {

@@ -12,9 +12,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod kubelet_support;
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -33,8 +30,10 @@ use netclaim::kubelet::proto::v1;
 use netclaim::model::device::{Device, DeviceKind, HostInterface, Sharing};
 use nri_rs::{NriRuntime, PodSandbox, RuntimeOptions};
 use serde_json::json;
-use support::{Child, Netns, node_daemon_args, require_root, start_api_server};
 use tokio::sync::{mpsc, watch};
+
+use crate::kit;
+use crate::kit::netns::{Child, Netns, node_daemon_args, require_root, start_api_server};
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 /// How fast a link change must reach the stream (the bound).
@@ -221,7 +220,7 @@ impl Node {
                 assert!(Instant::now() < deadline, "nothing listens on {}", socket.display());
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let channel = kubelet_support::tonic_channel(&socket).await;
+            let channel = kit::kubelet::tonic_channel(&socket).await;
             let mut client = v1::dra_resource_health_client::DraResourceHealthClient::new(channel);
             let mut stream = client
                 .node_watch_resources(v1::NodeWatchResourcesRequest {})
@@ -289,7 +288,7 @@ impl Node {
         let socket = self.dra_socket();
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.runtime.block_on(async move {
-            let channel = kubelet_support::tonic_channel(&socket).await;
+            let channel = kit::kubelet::tonic_channel(&socket).await;
             let mut client = dra::dra_plugin_client::DraPluginClient::new(channel);
             let request = dra::NodePrepareResourcesRequest {
                 claims: vec![dra::Claim { namespace: "default".into(), name, uid: uid.clone() }],

@@ -3,10 +3,9 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod support;
-
 use serde_json::Value;
-use support::{Netns, require_root};
+
+use crate::kit::netns::{Netns, require_root};
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 

@@ -2,24 +2,23 @@
 //! `netclaim dev --api-only` and the daemon run in a throwaway "node" netns with a veth
 //! parent; claims are allocated by the dev allocator as the scheduler would, prepared over
 //! kubelet's DRA socket, and pod sandboxes are announced by our in-process NRI runtime on a
-//! temp socket, each pod being another throwaway netns (the harness: `tests/daemon_support`,
-//! shared with the VM suite `tests/vm_daemon.rs`).
+//! temp socket, each pod being another throwaway netns (the harness: `tests/kit/daemon.rs`,
+//! shared with the VM suite `tests/vm/vm_daemon.rs`).
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
-
-mod claims_support;
-mod daemon_support;
-mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use daemon_support::{Node, PATIENCE, host_link, network_ips, pod, pod_ipv4, pod_links, published};
 use kube::Api;
 use netclaim::model::support::Probe;
 use nri_rs::PodSandbox;
 use serde_json::json;
-use support::{Child, Netns, require_root};
+
+use crate::kit::daemon::{
+    Node, PATIENCE, host_link, network_ips, pod, pod_ipv4, pod_links, published,
+};
+use crate::kit::netns::{Child, Netns, require_root};
 
 #[test]
 #[ignore = "needs root: run `make test` as root"]
@@ -141,7 +140,7 @@ fn a_mode_the_node_cannot_attach_is_refused_at_prepare_not_at_sandbox_time() {
     let error = node.prepare("ipvl-net", &uid).error;
     let has_ipvlan = kernel_has("ipvlan");
     if has_ipvlan {
-        // The ipvlan attach exists (its kernel tests run in the VM, `tests/vm_ipvlan.rs`).
+        // The ipvlan attach exists (its kernel tests run in the VM, `tests/vm/vm_ipvlan.rs`).
         assert_eq!(error, "", "{}", node.log("node.log"));
     } else {
         // This CI host: its kernel has no ipvlan module.

@@ -4,15 +4,16 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
-use support::{Child, Netns, node_daemon_args, require_root, scrape_metric, start_api_server};
+
+use crate::kit::netns::{
+    Child, Netns, node_daemon_args, require_root, scrape_metric, start_api_server,
+};
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 /// Generous bound for "eventually" (the daemon reacts within a few hundred milliseconds; the

@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -20,7 +18,9 @@ use netclaim::podnet::{
 };
 use netclaim::podnet::{LinkOps, Side};
 use serde_json::Value;
-use support::{Netns, require_root};
+
+use crate::kit;
+use crate::kit::netns::{Netns, require_root};
 
 /// The node side of a test: a "host" netns with a veth parent, its peer in a third netns
 /// with the addresses the pod pings, and the pod netns.
@@ -442,7 +442,7 @@ async fn detach_succeeds_when_the_pod_netns_is_already_gone() {
         let ops = NetlinkOps::open(&host, &plan.pod.path).await.unwrap();
         attach(&ops, &vlans, &plan).await.unwrap();
     }
-    support::run("ip", &["netns", "del", &topo.pod.name]);
+    kit::netns::run("ip", &["netns", "del", &topo.pod.name]);
 
     let ops = NetlinkOps::open_for_detach(&host, &plan.pod.path).await.unwrap();
     let report = detach(&ops, &vlans, &plan).await;
@@ -477,7 +477,7 @@ async fn detach_of_a_host_device_whose_pod_netns_is_gone_succeeds() {
         attach(&ops, &vlans, &plan).await.unwrap();
     }
     // A veth is destroyed with its netns (a physical NIC would come back to the host).
-    support::run("ip", &["netns", "del", &topo.pod.name]);
+    kit::netns::run("ip", &["netns", "del", &topo.pod.name]);
     let ops = NetlinkOps::open_for_detach(&host, &plan.pod.path).await.unwrap();
     let report = detach(&ops, &vlans, &plan).await;
     assert!(report.is_clean(), "{report:?}");

@@ -11,9 +11,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod claims_support;
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -29,7 +26,9 @@ use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::model::pod_network::{IpBlock, PodNetwork};
 use netclaim::node::status_api;
 use serde_json::json;
-use support::{Child, Netns, node_daemon_args, require_root};
+
+use crate::kit;
+use crate::kit::netns::{Child, Netns, node_daemon_args, require_root};
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 const DRIVER: &str = "netclaim.dev";
@@ -121,7 +120,7 @@ impl ApiForwarder {
             };
             // A socket stays in the namespace it was created in.
             enter(&from);
-            let listener = std::net::TcpListener::bind(support::NETNS_API_LISTEN).unwrap();
+            let listener = std::net::TcpListener::bind(kit::netns::NETNS_API_LISTEN).unwrap();
             listener.set_nonblocking(true).unwrap();
             enter(&to);
             let runtime =
@@ -133,7 +132,7 @@ impl ApiForwarder {
                         let (mut inbound, _) = listener.accept().await.unwrap();
                         tokio::spawn(async move {
                             let mut outbound =
-                                tokio::net::TcpStream::connect(support::NETNS_API_LISTEN)
+                                tokio::net::TcpStream::connect(kit::netns::NETNS_API_LISTEN)
                                     .await
                                     .unwrap();
                             let _ =
@@ -252,7 +251,7 @@ async fn dra_calls(
     claims: Vec<v1::Claim>,
     prepare: bool,
 ) -> Vec<(String, String)> {
-    let dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
+    let dra = kit::claims::dra_client_when_listening(&socket, PATIENCE).await;
     let batches: Vec<Vec<v1::Claim>> = claims.chunks(BATCH).map(<[v1::Claim]>::to_vec).collect();
     let answers: Vec<Vec<(String, String)>> = futures::stream::iter(batches)
         .map(|batch| {
@@ -283,7 +282,8 @@ async fn dra_calls(
 /// the node's netns).
 async fn leased_addresses() -> f64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(support::NETNS_METRICS_LISTEN).await.unwrap();
+    let mut stream =
+        tokio::net::TcpStream::connect(kit::netns::NETNS_METRICS_LISTEN).await.unwrap();
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
@@ -317,7 +317,7 @@ fn two_daemons_share_one_podnetwork_without_sharing_an_address() {
     let mut a = TestNode::new("node-a");
     let mut b = TestNode::new("node-b");
     let api_dir = tempfile::tempdir().unwrap();
-    let _api = support::start_api_server(&a.netns, NETCLAIM, api_dir.path(), &[]);
+    let _api = kit::netns::start_api_server(&a.netns, NETCLAIM, api_dir.path(), &[]);
     let _forwarder = ApiForwarder::start(&b.netns, &a.netns);
     let kubeconfig = api_dir.path().join("kubeconfig");
     api(&a.netns, &kubeconfig, |client| async move { set_up_cluster(&client).await });

@@ -27,12 +27,6 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 #![allow(clippy::too_many_lines, reason = "one scenario told step by step")]
 
-mod claims_support;
-mod daemon_support;
-mod kustomize_support;
-mod rbac_support;
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,9 +43,11 @@ use netclaim::model::pod_network::{
     IpBlock, IpBlockClaim, IpBlockSpec, PodNetwork, device_class_name, shared_device_name,
 };
 use nri_rs::{NriRuntime, PodSandbox, RuntimeOptions};
-use rbac_support::Check;
 use serde_json::{Value, json};
-use support::{Netns, node_daemon_args, require_root};
+
+use crate::kit;
+use crate::kit::netns::{Netns, node_daemon_args, require_root};
+use crate::kit::rbac::Check;
 
 const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 const DRIVER: &str = "netclaim.dev";
@@ -87,7 +83,7 @@ impl ApiServer {
                 tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime
                 .block_on(netclaim::dev::api_only::run(
-                    support::NETNS_API_LISTEN.parse().unwrap(),
+                    kit::netns::NETNS_API_LISTEN.parse().unwrap(),
                     options,
                     Some(&kubeconfig),
                     |url| ready.send(url.to_owned()).unwrap(),
@@ -278,12 +274,12 @@ async fn allocated_claim(
     }))
     .unwrap();
     let uid = claims.create(&PostParams::default(), &claim).await.unwrap().metadata.uid.unwrap();
-    let network = claims_support::network_config(json!({"podNetwork": "net-a"}));
+    let network = kit::claims::network_config(json!({"podNetwork": "net-a"}));
     let mut config =
         vec![json!({"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": network}})];
     if let Some(own) = claim_config {
         config.push(json!({"source": "FromClaim", "opaque": {"driver": DRIVER,
-            "parameters": claims_support::network_config(own)}}));
+            "parameters": kit::claims::network_config(own)}}));
     }
     let status = json!({"status": {
         "allocation": {
@@ -306,7 +302,7 @@ async fn dra_call(
     claims: Vec<v1::Claim>,
     prepare: bool,
 ) -> BTreeMap<String, String> {
-    let mut dra = claims_support::dra_client_when_listening(&socket, PATIENCE).await;
+    let mut dra = kit::claims::dra_client_when_listening(&socket, PATIENCE).await;
     let names: HashMap<String, String> =
         claims.iter().map(|c| (c.uid.clone(), c.name.clone())).collect();
     let answers: Vec<(String, String)> = if prepare {
@@ -371,14 +367,14 @@ fn checks(records: &[RequestRecord], granular_status: bool) -> (BTreeSet<Check>,
 /// Fails listing the denied checks and the unused grants of `dir`'s rendering.
 fn assert_exact(dir: &str, checks: &BTreeSet<Check>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let objects = rbac_support::kustomize(&root.join(dir));
-    let grants = rbac_support::grants(&objects);
+    let objects = kit::kustomize::kustomize(&root.join(dir));
+    let grants = kit::rbac::grants(&objects);
     assert!(
         grants.iter().any(|g| g.user == NODE_USER)
             && grants.iter().any(|g| g.user == CONTROLLER_USER),
         "{dir}: no grants for the two service accounts"
     );
-    let verdict = rbac_support::evaluate(&grants, checks);
+    let verdict = kit::rbac::evaluate(&grants, checks);
     let denied: Vec<String> = verdict.denied.iter().map(ToString::to_string).collect();
     let unused: Vec<String> = verdict.unused.iter().map(ToString::to_string).collect();
     assert!(
@@ -519,7 +515,7 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         .zip(&pod_netns)
         .map(|(claim, ns)| PodSandbox {
             uid: format!("pod-uid-{claim}"),
-            ..daemon_support::pod(ns, &format!("pod-{claim}"))
+            ..kit::daemon::pod(ns, &format!("pod-{claim}"))
         })
         .collect();
     for sandbox in &sandboxes {

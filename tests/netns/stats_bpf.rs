@@ -4,27 +4,26 @@
 //! kernel's own link counters (`ip -s`), which count the same frames. Drops come from the link
 //! counters: a frame larger than the peer's MTU is dropped by veth after the egress hook saw
 //! it. Pins live in a private bpffs mounted for the test, so nothing touches the host's
-//! /sys/fs/bpf. The checks themselves are in `counters_support`, which the 6.1 VM suite
-//! (`tests/vm_stats.rs`) runs too.
-
-mod counters_support;
-mod support;
+//! /sys/fs/bpf. The checks themselves are in `kit::counters`, which the 6.1 VM suite
+//! (`tests/vm/vm_stats.rs`) runs too.
 
 use netclaim::host::bpf::HookKind;
-use support::require_root;
+
+use crate::kit;
+use crate::kit::netns::require_root;
 
 #[tokio::test]
 #[ignore = "needs root: run `make test` as root"]
 async fn tcx_counts_match_the_kernels_link_counters() {
     require_root("tcx_counts_match_the_kernels_link_counters");
-    counters_support::counts_match_the_kernel(HookKind::Tcx).await;
+    kit::counters::counts_match_the_kernel(HookKind::Tcx).await;
 }
 
 #[tokio::test]
 #[ignore = "needs root: run `make test` as root"]
 async fn clsact_counts_match_the_kernels_link_counters() {
     require_root("clsact_counts_match_the_kernels_link_counters");
-    counters_support::counts_match_the_kernel(HookKind::Clsact).await;
+    kit::counters::counts_match_the_kernel(HookKind::Clsact).await;
 }
 
 /// Frames larger than the peer's MTU leave the pod's egress hook and are dropped by veth: the
@@ -33,7 +32,7 @@ async fn clsact_counts_match_the_kernels_link_counters() {
 #[ignore = "needs root: run `make test` as root"]
 async fn drops_come_from_the_link_counters() {
     require_root("drops_come_from_the_link_counters");
-    counters_support::drops_come_from_the_link_counters(HookKind::for_running_kernel()).await;
+    kit::counters::drops_come_from_the_link_counters(HookKind::for_running_kernel()).await;
 }
 
 /// Another node's subtree on the same bpffs is never listed or removed; a pod's pins that
@@ -42,5 +41,5 @@ async fn drops_come_from_the_link_counters() {
 #[ignore = "needs root: run `make test` as root"]
 async fn a_node_sees_only_its_own_pins_and_removes_those_of_a_gone_netns() {
     require_root("a_node_sees_only_its_own_pins_and_removes_those_of_a_gone_netns");
-    counters_support::a_node_sees_only_its_own_pins(HookKind::for_running_kernel()).await;
+    kit::counters::a_node_sees_only_its_own_pins(HookKind::for_running_kernel()).await;
 }

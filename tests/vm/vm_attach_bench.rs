@@ -18,16 +18,17 @@
 #![allow(clippy::unwrap_used, reason = "a failed step fails the bench")]
 
 #[allow(dead_code, reason = "the macvlan floor and its CNI config are the host bench's")]
-#[path = "../benches/attach/baselines.rs"]
+#[path = "../../benches/attach/baselines.rs"]
 mod baselines;
-mod support;
-mod vm_support;
 
+use crate::kit;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::kit::netns::Netns;
+use crate::kit::vm::{Vfs, require_vm};
 use baselines::{POD_IF, link_index, run_cni};
 use netclaim::host::netlink::{HostNetlink, NetlinkOps, open_in_netns};
 use netclaim::model::network_config::{
@@ -39,8 +40,6 @@ use netclaim::podnet::{
 };
 use netlink_packet_route::link::IpVlanMode;
 use rtnetlink::{LinkIpVlan, LinkUnspec, RouteMessageBuilder};
-use support::Netns;
-use vm_support::{Vfs, require_vm};
 
 /// Rounds under CI (both kernels); `NETCLAIM_VM_BENCH_ROUNDS` overrides.
 const DEFAULT_ROUNDS: usize = 10;
@@ -110,7 +109,7 @@ impl Bench {
         peer_ns.ip(&["addr", "add", "10.77.0.1/24", "dev", &peer]);
         peer_ns.ip(&["link", "set", &peer, "up"]);
         let vf = vfs.names[0].clone();
-        vm_support::ip(&["link", "set", &vf, "netns", &host_ns.name]);
+        kit::vm::ip(&["link", "set", &vf, "netns", &host_ns.name]);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let host = runtime.block_on(HostNetlink::in_netns(&path(&host_ns))).unwrap();
         let (pod, parent_index, vf_index) = runtime.block_on(async {
@@ -299,7 +298,7 @@ struct Samples {
 
 impl Samples {
     fn report(&self, label: &str) {
-        vm_support::report(&format!(
+        kit::vm::report(&format!(
             "vm-bench {label}: {} rounds; medians podnet {:?}, bare rtnetlink {:?}, cni {:?}; \
              per-round ratio medians podnet/bare {:.2}, cni/podnet {:.1}, cni/bare {:.1}",
             self.podnet.len(),
@@ -361,7 +360,7 @@ fn ipvlan_and_vf_attach_against_the_bare_rtnetlink_floor_and_the_cni_plugins() {
         }
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    vm_support::report(&format!(
+    kit::vm::report(&format!(
         "vm-bench: kernel {}, {:?} for {rounds} rounds",
         kernel.trim(),
         started.elapsed()

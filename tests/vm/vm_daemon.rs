@@ -2,7 +2,7 @@
 //! `netclaim node` (the binary cargo built on the host, which the guest sees through the
 //! shared root) registers with a kubelet stand-in, publishes, prepares claims over `dra.sock`
 //! and attaches and detaches at our NRI runtime's sandbox events, with the harness of the
-//! root tests (`tests/daemon_support`: dev API server, allocator, daemon in a throwaway node
+//! root tests (`tests/kit/daemon.rs`: dev API server, allocator, daemon in a throwaway node
 //! netns, pods as throwaway netns). What the CI host's kernel cannot do is done here: an
 //! ipvlan claim on a veth parent, a VLAN claim through an 8021q sub-interface shared by two
 //! pods, and a VF of the first emulated igb PF moved into a pod as host-device. Traffic and
@@ -12,22 +12,20 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod claims_support;
-mod daemon_support;
-mod kubelet_support;
-mod support;
-mod vm_support;
-
 use std::time::{Duration, Instant};
 
-use daemon_support::{Node, PATIENCE, host_link, network_ips, pod, pod_ipv4, pod_links, published};
 use netclaim::kubelet::proto::pluginregistration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
 };
 use nri_rs::PodSandbox;
 use serde_json::{Value, json};
-use support::Netns;
-use vm_support::{Vfs, require_vm};
+
+use crate::kit;
+use crate::kit::daemon::{
+    Node, PATIENCE, host_link, network_ips, pod, pod_ipv4, pod_links, published,
+};
+use crate::kit::netns::Netns;
+use crate::kit::vm::{Vfs, require_vm};
 
 /// What kubelet's plugin watcher does with a new registration socket: `GetInfo`, then
 /// `NotifyRegistrationStatus` with success. Checks what the daemon reports.
@@ -40,7 +38,7 @@ fn register_as_kubelet(node: &Node) {
             assert!(Instant::now() < deadline, "no registration socket at {}", socket.display());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let channel = kubelet_support::tonic_channel(&socket).await;
+        let channel = kit::kubelet::tonic_channel(&socket).await;
         let mut client = RegistrationClient::new(channel);
         let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.r#type, "DRAPlugin");
@@ -229,18 +227,18 @@ fn the_daemon_registers_publishes_and_attaches_ipvlan_vlan_and_a_vf() {
     let (vf, vf_pci) = (vfs.names[0].clone(), vfs.pci[0].clone());
     let started = Instant::now();
     let node = Node::start();
-    vm_support::report(&format!("vm_daemon: API server up after {:?}", started.elapsed()));
+    kit::vm::report(&format!("vm_daemon: API server up after {:?}", started.elapsed()));
     let peer = node.netns.ifname("p1");
     node.netns.ip(&["addr", "add", "10.79.0.1/24", "dev", &peer]);
     let peer_vlan = node.netns.ifname("p1v");
     node.netns.ip(&["link", "add", "link", &peer, "name", &peer_vlan, "type", "vlan", "id", "7"]);
     node.netns.ip(&["addr", "add", "10.81.0.1/24", "dev", &peer_vlan]);
     node.netns.ip(&["link", "set", &peer_vlan, "up"]);
-    vm_support::ip(&["link", "set", &vf, "netns", &node.netns.name]);
+    kit::vm::ip(&["link", "set", &vf, "netns", &node.netns.name]);
 
     let started = Instant::now();
     let _daemon = node.start_daemon("node.log");
-    vm_support::report(&format!(
+    kit::vm::report(&format!(
         "vm_daemon: the daemon's NRI plugin registered after {:?}",
         started.elapsed()
     ));
@@ -256,7 +254,7 @@ fn the_daemon_registers_publishes_and_attaches_ipvlan_vlan_and_a_vf() {
     ] {
         let started = Instant::now();
         run();
-        vm_support::report(&format!("vm_daemon: {phase} passed in {:?}", started.elapsed()));
+        kit::vm::report(&format!("vm_daemon: {phase} passed in {:?}", started.elapsed()));
     }
     drop(node);
     drop(vfs);

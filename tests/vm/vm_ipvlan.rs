@@ -5,7 +5,7 @@
 //! `ip -j` and `ping`, and detach must leave nothing. The CI host has no ipvlan module, so
 //! these run only inside the VM, where `vmtests/guest.sh` sets `NETCLAIM_VM=1`; nextest leaves
 //! this binary out (`.config/nextest.toml`), and run on a host anyway they fail rather than
-//! pass. The macvlan equivalent on the host is `tests/podnet_netns.rs`.
+//! pass. The macvlan equivalent on the host is `tests/netns/podnet_netns.rs`.
 //!
 //! Addressing differs by mode because the kernel's does. In l2 the child answers ARP itself
 //! (with the parent's MAC), so the pods share the peer's subnet. In l3 and l3s the child is
@@ -15,8 +15,6 @@
 //! through the parent's address.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
-
-mod support;
 
 use std::path::PathBuf;
 
@@ -29,7 +27,8 @@ use netclaim::podnet::{
     AttachPlan, AttachRequest, HostDevice, PodNetns, VlanUsers, attach, detach, plan_attach,
 };
 use serde_json::Value;
-use support::Netns;
+
+use crate::kit::netns::Netns;
 
 /// Fails the test outside the VM: the host's kernel has no ipvlan.
 fn require_vm(test: &str) {

@@ -1,6 +1,6 @@
 //! A physical NIC moved into a pod and back on a real kernel (`make vmtest`, decision 0012,
 //! issue 14 item 5): the VM's second emulated Intel 82576 PF (driver `igb`, a PCI function,
-//! unlike the veth of `tests/podnet_netns.rs`) goes into a throwaway pod netns in host-device
+//! unlike the veth of `tests/netns/podnet_netns.rs`) goes into a throwaway pod netns in host-device
 //! mode through `podnet` and real rtnetlink: renamed, MTU, MAC, alias, address, up, and a ping
 //! to QEMU's user-network gateway through it; detach gives it back under its original name,
 //! MTU and MAC. A pod netns destroyed with the NIC inside returns it to the host under its
@@ -11,8 +11,6 @@
 //! inside the VM (`NETCLAIM_VM=1`); nextest leaves this binary out (`.config/nextest.toml`).
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
-
-mod support;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -28,7 +26,9 @@ use netclaim::podnet::{
     plan_attach,
 };
 use serde_json::Value;
-use support::Netns;
+
+use crate::kit;
+use crate::kit::netns::Netns;
 
 const CLAIM: &str = "claim-pf";
 const POD_MAC: &str = "02:00:00:00:10:01";
@@ -61,7 +61,7 @@ fn netdevs_of(driver: &str) -> Vec<String> {
 fn host_ip_json(args: &[&str]) -> Value {
     let mut full = vec!["-j"];
     full.extend_from_slice(args);
-    serde_json::from_slice(&support::run("ip", &full).stdout).unwrap()
+    serde_json::from_slice(&kit::netns::run("ip", &full).stdout).unwrap()
 }
 
 /// `ip -j -d link show` of the host link `name`, or `None`.

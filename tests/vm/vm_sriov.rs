@@ -15,8 +15,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,7 +36,8 @@ use netclaim::model::{ClaimRef, PodRef};
 use netclaim::store::Store;
 use nri_rs::{PluginHandler, PodSandbox};
 use serde_json::{Value, json};
-use support::Netns;
+
+use crate::kit::netns::Netns;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "vm-node";

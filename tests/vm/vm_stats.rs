@@ -3,17 +3,16 @@
 //! daemon consults before honouring `--stats-hook tcx`) must say clsact, a tcx attach must
 //! fail and leave nothing behind, and the counters must still match the kernel's link
 //! counters through clsact; on 6.12 both hooks count. The checks are those of
-//! the host's root tier (`counters_support`, also run by `tests/stats_bpf.rs`). They run only
+//! the host's root tier (`kit::counters`, also run by `tests/netns/stats_bpf.rs`). They run only
 //! inside the VM, where `vmtests/guest.sh` sets `NETCLAIM_VM=1`; nextest leaves this binary
 //! out (`.config/nextest.toml`), and run on a host anyway they fail rather than pass.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod counters_support;
-mod support;
-
 use netclaim::host::bpf::{BpfError, CounterPins, HookKind};
 use netclaim::stats::CounterHooks;
+
+use crate::kit;
 
 /// Fails the test outside the VM: these checks are about the VM's kernel.
 fn require_vm(test: &str) {
@@ -55,11 +54,11 @@ fn tcx_is_offered_from_6_6_only() {
 async fn tcx_fails_cleanly_before_6_6_and_counts_from_it() {
     require_vm("tcx_fails_cleanly_before_6_6_and_counts_from_it");
     if has_tcx() {
-        counters_support::counts_match_the_kernel(HookKind::Tcx).await;
+        kit::counters::counts_match_the_kernel(HookKind::Tcx).await;
         return;
     }
-    let bpffs = counters_support::Bpffs::mount();
-    let pair = counters_support::Pair::new(1500);
+    let bpffs = kit::counters::Bpffs::mount();
+    let pair = kit::counters::Pair::new(1500);
     let pins = CounterPins::new(bpffs.path(), "node-a", HookKind::Tcx);
     let err = pins.attach(&pair.pod_path(), "pod-uid", &pair.pod_if).unwrap_err();
     println!("tcx on this kernel: {}", netclaim::model::cause::chain(&err));
@@ -80,19 +79,19 @@ async fn tcx_fails_cleanly_before_6_6_and_counts_from_it() {
 #[ignore = "needs the VM: run `make vmtest`"]
 async fn clsact_counts_match_the_kernels_link_counters() {
     require_vm("clsact_counts_match_the_kernels_link_counters");
-    counters_support::counts_match_the_kernel(HookKind::Clsact).await;
+    kit::counters::counts_match_the_kernel(HookKind::Clsact).await;
 }
 
 #[tokio::test]
 #[ignore = "needs the VM: run `make vmtest`"]
 async fn drops_come_from_the_link_counters() {
     require_vm("drops_come_from_the_link_counters");
-    counters_support::drops_come_from_the_link_counters(HookKind::for_running_kernel()).await;
+    kit::counters::drops_come_from_the_link_counters(HookKind::for_running_kernel()).await;
 }
 
 #[tokio::test]
 #[ignore = "needs the VM: run `make vmtest`"]
 async fn a_node_sees_only_its_own_pins_and_removes_those_of_a_gone_netns() {
     require_vm("a_node_sees_only_its_own_pins_and_removes_those_of_a_gone_netns");
-    counters_support::a_node_sees_only_its_own_pins(HookKind::for_running_kernel()).await;
+    kit::counters::a_node_sees_only_its_own_pins(HookKind::for_running_kernel()).await;
 }

@@ -14,8 +14,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-mod support;
-
 use std::path::PathBuf;
 
 use netclaim::host::netlink::{HostNetlink, NetlinkOps};
@@ -29,7 +27,8 @@ use netclaim::podnet::{
 };
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
-use support::Netns;
+
+use crate::kit::netns::Netns;
 
 /// Fails the test outside the VM: the host's kernel has no 8021q.
 fn require_vm(test: &str) {

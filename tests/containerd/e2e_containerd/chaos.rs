@@ -267,10 +267,29 @@ fn an_api_server_that_hangs_then_refuses_mid_burst_stops_no_attach_and_statuses_
     });
 }
 
-/// What kubelet's pod sync does for a pod after a failure: a ready sandbox is kept (its
-/// netns opened); otherwise the pod's sandboxes that are not ready are stopped and removed,
-/// and a new one is run with the next attempt number. Returns the pod and whether its
-/// sandbox is one that existed already.
+/// The pod netns at `path`, or `None` when it is gone: deleted, or an empty file left by an
+/// unmount (not nsfs).
+fn open_live_netns(path: &str) -> Result<Option<File>, String> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(format!("opening {path}: {err}")),
+    };
+    let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| format!("fstatfs {path}: {e}"))?;
+    Ok((fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC).then_some(file))
+}
+
+/// What kubelet's pod sync does for a pod after a failure: a ready sandbox with its network
+/// is kept (its netns opened); otherwise the pod's sandboxes are stopped and removed, and a
+/// new one is run with the next attempt number. Returns the pod and whether its sandbox is
+/// one that existed already.
+///
+/// A ready sandbox can have lost its network: containerd 2.1 cancels a RunPodSandbox in
+/// flight when it is stopped, and the call's cleanup unmounts and deletes the netns while the
+/// pause task it already started lives on (2.1.9 has no rollback of that task), so after the
+/// restart the sandbox is recovered as READY with a netns path that is an empty file or gone
+/// (its status then reports no IP). kubelet replaces such a sandbox
+/// (`podSandboxChanged`: "Sandbox for pod has no IP address. Need to start a new one").
 async fn converge_pod(cluster: &Cluster, cri: &CriClient, pod: &PodSpec) -> (RunningPod, bool) {
     // kubelet retries a pod sync that failed; a runtime that just restarted may fail a call.
     let mut last_error = String::new();
@@ -305,8 +324,15 @@ async fn try_converge_pod(
         let path = netclaim::dev::cri::netns_path_from_verbose_info(&status)
             .ok_or("no netns path in the sandbox status")?;
         cluster.containerd.track_netns(&path);
-        let netns = File::open(&path).map_err(|e| e.to_string())?;
-        return Ok((RunningPod { spec: pod.clone(), id: ready.id.clone(), netns }, true));
+        match open_live_netns(&path)? {
+            Some(netns) => {
+                return Ok((RunningPod { spec: pod.clone(), id: ready.id.clone(), netns }, true));
+            }
+            None => eprintln!(
+                "{}: sandbox {} is ready but its netns {path} is gone; replacing it",
+                pod.name, ready.id
+            ),
+        }
     }
     let mut attempt = 0;
     for sandbox in &sandboxes {
@@ -519,7 +545,7 @@ impl Round<'_> {
 
     /// `NodePrepareResources` (or unprepare) for one claim until it succeeds.
     async fn kubelet_call(&mut self, phase: Phase, claim: &ResourceClaim) {
-        let refs = vec![claims_support::claim_ref(claim)];
+        let refs = vec![kit::claims::claim_ref(claim)];
         loop {
             let error = if phase == Phase::Prepare {
                 self.dra
@@ -716,7 +742,7 @@ fn pods_whose_network_namespace_is_deleted_under_us_stop_cleanly_and_come_back()
         Box::pin(async move {
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.23.0/24".parse().unwrap();
-            let pods: Vec<PodSpec> = (0..3).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
+            let pods: Vec<PodSpec> = (0..4).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
             let (claims, mut dra) =
                 cluster.prepared_claims(&pods, &class, &macvlan_config("10.77.23.0/24")).await;
             let cri = cluster.cri().await;
@@ -728,6 +754,7 @@ fn pods_whose_network_namespace_is_deleted_under_us_stop_cleanly_and_come_back()
                 wait_ready_status(cluster, &pod.spec.claim, &pool).await;
                 running.push((pod, link));
             }
+            let (zombie, zombie_link) = running.pop().unwrap();
             let (bystander, bystander_link) = running.pop().unwrap();
             let (unlinked, _) = running.pop().unwrap();
             let (destroyed, destroyed_link) = running.pop().unwrap();
@@ -767,6 +794,18 @@ fn pods_whose_network_namespace_is_deleted_under_us_stop_cleanly_and_come_back()
             wait_stopped_status(cluster, &unlinked.spec.claim).await;
             drop(unlinked);
 
+            // Pod 3: its netns file is removed while the sandbox stays READY (what containerd
+            // 2.1 leaves after a RunPodSandbox cut short by its restart): kubelet's pod sync
+            // replaces it instead of opening the missing path again and again.
+            let status = cri.pod_sandbox_status(&zombie.id, true).await.unwrap();
+            remove_netns_file(&netclaim::dev::cri::netns_path_from_verbose_info(&status).unwrap());
+            let spec = zombie.spec.clone();
+            drop(zombie);
+            let (replaced, existed) = converge_pod(cluster, &cri, &spec).await;
+            assert!(!existed, "a ready sandbox without its netns is replaced");
+            let link = wait_pod_link(cluster, &replaced).await;
+            assert_eq!(link.addresses, zombie_link.addresses, "the claim's address again");
+
             // The bystander kept its interface throughout.
             let now = wait_pod_link(cluster, &bystander).await;
             assert_eq!(
@@ -778,7 +817,8 @@ fn pods_whose_network_namespace_is_deleted_under_us_stop_cleanly_and_come_back()
 
             stop_and_remove(&cri, &again).await;
             stop_and_remove(&cri, &bystander).await;
-            drop((again, bystander));
+            stop_and_remove(&cri, &replaced).await;
+            drop((again, bystander, replaced));
             cluster.unprepare(&mut dra, &claims).await;
             assert!(host_children_of(&parent).is_empty(), "no leaked link");
             cluster.assert_state_empty();

@@ -1,0 +1,28 @@
+//! The API tier: the driver in process or as the built binary over loopback, against the
+//! in-process API server or `netclaim dev --api-only`, the kubelet sockets, the CLI, the
+//! manifests and the layout rules. Needs no root; a few tests need kubectl or the grpc-go
+//! kubelet client and are `#[ignore]`d for a plain run (docs/testing.md).
+
+#[path = "../kit/mod.rs"]
+mod kit;
+
+/// The kit's own unit tests, here only: see `kit/self_tests.rs`.
+#[path = "../kit/self_tests.rs"]
+mod kit_self_tests;
+
+mod admission_policies;
+mod claim_status;
+mod claims_grpc;
+mod cli;
+mod controller_api;
+mod controller_leader;
+mod core_imports;
+mod deploy_kustomize;
+mod dev_allocator;
+mod dev_api_crds;
+mod health_grpc;
+mod kubelet_grpc_go;
+mod kubelet_sockets;
+mod podnetwork_devices;
+mod podnetwork_ipam;
+mod status_cli;

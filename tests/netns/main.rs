@@ -1,0 +1,19 @@
+//! The root tier: the daemon, the dev cluster and the library against the host's kernel in
+//! throwaway network namespaces (iproute2, `ping`, a private bpffs), no container runtime but
+//! the one demo that starts its own. Every test is `#[ignore]`d: `make test` runs them as root.
+
+#[path = "../kit/mod.rs"]
+mod kit;
+
+mod dev_demo;
+mod dev_kubelet;
+mod dev_nodes;
+mod example_attach_macvlan;
+mod health_netns;
+mod inventory_netns;
+mod node_attach;
+mod node_publisher;
+mod podnet_netns;
+mod podnetwork_two_daemons;
+mod rbac_derived;
+mod stats_bpf;
