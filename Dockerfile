@@ -7,7 +7,7 @@
 # built with the builder's cargo flags, the Debian bookworm packages of RUNTIME_PACKAGES cut
 # down by scripts/image/rootfs.sh, and the config below) into an OCI image-layout archive,
 # target/image/netclaim-<version>.oci.tar (docs/decisions/0015-deploy.md).
-# tests/image.rs checks that archive against this file.
+# tests/containerd/image.rs checks that archive against this file.
 
 ARG RUST_VERSION=1.95
 # The Debian packages that ship what `ldd netclaim` lists: libc6 (libc.so.6, libm.so.6, the
