@@ -23,7 +23,7 @@ use super::{
 };
 use crate::model::network_config::Sharing;
 use crate::podnet::apply::completed_attach;
-use crate::podnet::ops::LinkState;
+use crate::podnet::ops::{LinkState, NetnsRefusal};
 use crate::podnet::plan::{Step, VlanOwner, parse_device_alias, vlan_owner};
 use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
 
@@ -320,8 +320,15 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
                 match self.attach_pod(&sandbox, &claims, Instant::now()).await {
                     Ok(()) => {}
                     // A sandbox the runtime still lists but whose netns is already gone
-                    // (stopped, not yet removed): nothing to attach and nothing to report.
-                    Err(AttachFailure::Netns { source: LinkOpError::NetnsGone { .. }, .. }) => {
+                    // (stopped, not yet removed), or unmounted with its file left (a run cut
+                    // short: containerd unmounts, then deletes): nothing to attach and
+                    // nothing to report.
+                    Err(AttachFailure::Netns {
+                        source:
+                            LinkOpError::NetnsGone { .. }
+                            | LinkOpError::NotPodNetns { reason: NetnsRefusal::NotNsfs, .. },
+                        ..
+                    }) => {
                         tracing::debug!(pod = %sandbox.uid, "listed sandbox without a netns; skipped");
                     }
                     // Reported on the claims and the Pod; CreateContainer retries.
@@ -425,8 +432,12 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
         let uid = uid.as_str();
         let ops = match self.netns.open(&record.netns).await {
             Ok(ops) => ops,
-            Err(LinkOpError::NetnsGone { .. }) => {
-                // Listed as running, but its netns is gone: treat it as gone.
+            Err(
+                LinkOpError::NetnsGone { .. }
+                | LinkOpError::NotPodNetns { reason: NetnsRefusal::NotNsfs, .. },
+            ) => {
+                // Listed as running, but its netns is gone (or unmounted, its file left):
+                // treat it as gone.
                 self.detach_record(&record).await;
                 self.drop_record(uid);
                 return;

@@ -49,6 +49,10 @@ impl NetnsAccess for FakeNetns {
     async fn open(&self, path: &Path) -> Result<FakeOps, LinkOpError> {
         if self.netns.lock().unwrap().contains(path) {
             Ok(self.ops())
+        } else if path == Path::new("/run/netns/unmounted") {
+            // The file a netns unmount leaves until the runtime deletes it.
+            let reason = crate::podnet::ops::NetnsRefusal::NotNsfs;
+            Err(LinkOpError::NotPodNetns { path: path.display().to_string(), reason })
         } else {
             Err(LinkOpError::NetnsGone { path: path.display().to_string() })
         }
@@ -761,13 +765,19 @@ async fn a_record_of_a_dead_pod_gives_the_nic_back_with_its_mtu() {
 async fn a_listed_sandbox_without_its_netns_is_skipped_quietly() {
     let world = World::new();
     world.add_claim(claim("a", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));
+    world.add_claim(claim("b", "p2", &[("nic", "eth1", macvlan("10.0.1.6/24"))]));
     let service = world.service();
+    service.start().await;
     let mut stopped = world.pod("p1");
     stopped.netns_path = Some(PathBuf::from("/run/netns/already-gone"));
-    synchronize(&service, vec![stopped]).await;
+    // Unmounted, its file not yet deleted (a run that containerd cut short at its restart).
+    let mut unmounted = world.pod("p2");
+    unmounted.netns_path = Some(PathBuf::from("/run/netns/unmounted"));
+    synchronize(&service, vec![stopped, unmounted]).await;
     assert!(world.status.statuses.lock().unwrap().is_empty());
     assert!(world.status.warnings.lock().unwrap().is_empty());
     assert!(service.attachment("p1").is_none());
+    assert!(service.attachment("p2").is_none());
 }
 
 #[tokio::test]

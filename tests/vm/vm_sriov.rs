@@ -27,9 +27,9 @@ use netclaim::claims::vf::VfPort;
 use netclaim::claims::{
     ClaimPreparer, ClaimReader, ClaimService, DeviceLookup, ReadError, ServiceIdentity,
 };
-use netclaim::inventory::device_lookup::DiscoveredDevices;
 use netclaim::host::netlink::HostNetlink;
 use netclaim::host::sriov::NetlinkVfSettings;
+use netclaim::host::discovery::{HostDevices, host_devices};
 use netclaim::inventory::{Selection, SharingMode};
 use netclaim::model::device::AttributeValue;
 use netclaim::model::{ClaimRef, PodRef};
@@ -226,12 +226,12 @@ impl StatusSink for NoStatus {
     }
 }
 
-type Service = ClaimService<Claims, DiscoveredDevices, Arc<Store>>;
+type Service = ClaimService<Claims, HostDevices, Arc<Store>>;
 
 /// The claim service as the daemon builds it: real store, inventory and VF port.
 fn service(claims: &Claims, state: &Path) -> Service {
     let selection = Selection::new(&[], &[], &[], SharingMode::Slots).unwrap();
-    let devices = DiscoveredDevices::new("/sys".into(), selection);
+    let devices = host_devices("/sys".into(), selection);
     let host = HostNetlink::current().unwrap();
     let port: Arc<dyn VfPort> = Arc::new(NetlinkVfSettings::new(&host));
     ClaimService::load(
@@ -291,7 +291,7 @@ fn a_pf_and_its_vfs_have_their_facts_from_sysfs() {
     let vfs = Vfs::create();
     runtime().block_on(async {
         let selection = Selection::new(&[], &[], &[], SharingMode::Slots).unwrap();
-        let devices = DiscoveredDevices::new("/sys".into(), selection.clone());
+        let devices = host_devices("/sys".into(), selection.clone());
         let pf_pci = std::fs::read_link(format!("/sys/class/net/{}/device", vfs.pf)).unwrap();
         let pf_pci = pf_pci.file_name().unwrap().to_string_lossy().into_owned();
         let attribute = |attributes: &BTreeMap<String, AttributeValue>, name: &str| {
@@ -314,7 +314,7 @@ fn a_pf_and_its_vfs_have_their_facts_from_sysfs() {
                 Err(err) if std::time::Instant::now() < deadline => {
                     println!("{pf_device} not discovered yet ({err:?}); again in 0.5 s");
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                    devices = DiscoveredDevices::new("/sys".into(), selection.clone());
+                    devices = host_devices("/sys".into(), selection.clone());
                 }
                 Err(err) => panic!(
                     "{pf_device} never discovered: {err:?}\nip -d link:\n{}\nip addr:\n{}\nroutes:\n{}{}\n/sys/class/net: {:?}",

@@ -1,6 +1,6 @@
 //! PodNetwork claims: addresses from blocks, static reservations, quarantine, restarts and
 //! block release, against an in-memory `IPBlock` API (the real API server's behaviour is
-//! covered by `tests/podnetwork_ipam.rs`), and the state dir of the release before them.
+//! covered by `tests/api/podnetwork_ipam.rs`), and the state dir of the release before them.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

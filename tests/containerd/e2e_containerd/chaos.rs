@@ -269,13 +269,14 @@ fn an_api_server_that_hangs_then_refuses_mid_burst_stops_no_attach_and_statuses_
 
 /// The pod netns at `path`, or `None` when it is gone: deleted, or an empty file left by an
 /// unmount (not nsfs).
-fn open_live_netns(path: &str) -> Result<Option<File>, String> {
+fn open_live_netns(path: &Path) -> Result<Option<File>, String> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(err) => return Err(format!("opening {path}: {err}")),
+        Err(err) => return Err(format!("opening {}: {err}", path.display())),
     };
-    let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| format!("fstatfs {path}: {e}"))?;
+    let fs = nix::sys::statfs::fstatfs(&file)
+        .map_err(|e| format!("fstatfs {}: {e}", path.display()))?;
     Ok((fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC).then_some(file))
 }
 
@@ -329,8 +330,10 @@ async fn try_converge_pod(
                 return Ok((RunningPod { spec: pod.clone(), id: ready.id.clone(), netns }, true));
             }
             None => eprintln!(
-                "{}: sandbox {} is ready but its netns {path} is gone; replacing it",
-                pod.name, ready.id
+                "{}: sandbox {} is ready but its netns {} is gone; replacing it",
+                pod.name,
+                ready.id,
+                path.display()
             ),
         }
     }
