@@ -27,9 +27,9 @@ use netclaim::claims::vf::VfPort;
 use netclaim::claims::{
     ClaimPreparer, ClaimReader, ClaimService, DeviceLookup, ReadError, ServiceIdentity,
 };
+use netclaim::host::discovery::{HostDevices, host_devices};
 use netclaim::host::netlink::HostNetlink;
 use netclaim::host::sriov::NetlinkVfSettings;
-use netclaim::host::discovery::{HostDevices, host_devices};
 use netclaim::inventory::{Selection, SharingMode};
 use netclaim::model::device::AttributeValue;
 use netclaim::model::{ClaimRef, PodRef};

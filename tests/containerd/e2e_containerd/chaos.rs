@@ -275,8 +275,8 @@ fn open_live_netns(path: &Path) -> Result<Option<File>, String> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(err) => return Err(format!("opening {}: {err}", path.display())),
     };
-    let fs = nix::sys::statfs::fstatfs(&file)
-        .map_err(|e| format!("fstatfs {}: {e}", path.display()))?;
+    let fs =
+        nix::sys::statfs::fstatfs(&file).map_err(|e| format!("fstatfs {}: {e}", path.display()))?;
     Ok((fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC).then_some(file))
 }
 
