@@ -2,7 +2,8 @@
 //! containers of chosen pods.
 //!
 //! Every event goes to stdout as one line starting with `EVENT` (the containerd e2e test reads
-//! them); diagnostics go to stderr.
+//! them); pod events end with `via=<entry>`, the runtime call that delivered them
+//! (`state_change` or `pod_sandbox_call`, [`nri_rs::EventEntry`]); diagnostics go to stderr.
 //!
 //! ```text
 //! nri_logger --socket /var/run/nri/nri.sock --index 10 --refuse-pod blocked-pod
@@ -48,6 +49,11 @@ fn emit(line: &str) {
     let _ = out.flush();
 }
 
+/// `state_change` or `pod_sandbox_call`: how the runtime delivered the event being handled.
+fn via() -> &'static str {
+    nri_rs::event_entry().map_or("unknown", nri_rs::EventEntry::as_str)
+}
+
 fn netns(pod: &PodSandbox) -> String {
     pod.netns_path.as_ref().map_or_else(String::new, |p| p.display().to_string())
 }
@@ -65,29 +71,37 @@ impl PluginHandler for Logger {
 
     async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
         emit(&format!(
-            "run_pod_sandbox pod={}/{} uid={} id={} netns={}",
+            "run_pod_sandbox pod={}/{} uid={} id={} netns={} via={}",
             pod.namespace,
             pod.name,
             pod.uid,
             pod.id,
-            netns(&pod)
+            netns(&pod),
+            via()
         ));
         Ok(())
     }
 
     async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
         emit(&format!(
-            "stop_pod_sandbox pod={}/{} uid={} netns={}",
+            "stop_pod_sandbox pod={}/{} uid={} netns={} via={}",
             pod.namespace,
             pod.name,
             pod.uid,
-            netns(&pod)
+            netns(&pod),
+            via()
         ));
         Ok(())
     }
 
     async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
-        emit(&format!("remove_pod_sandbox pod={}/{} uid={}", pod.namespace, pod.name, pod.uid));
+        emit(&format!(
+            "remove_pod_sandbox pod={}/{} uid={} via={}",
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            via()
+        ));
         Ok(())
     }
 

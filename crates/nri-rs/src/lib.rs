@@ -22,8 +22,8 @@ pub mod runtime;
 mod types;
 
 pub use plugin::{
-    HandlerError, Plugin, PluginError, PluginHandler, PluginOptions, PluginStatus, RuntimeInfo,
-    SessionEnd, call_deadline,
+    EventEntry, HandlerError, Plugin, PluginError, PluginHandler, PluginOptions, PluginStatus,
+    RuntimeInfo, SessionEnd, call_deadline, event_entry,
 };
 pub use runtime::{NriRuntime, RegisteredPlugin, RuntimeError, RuntimeOptions, RuntimeProtocol};
 pub use types::{Container, Event, EventMask, NriVersion, PodSandbox};

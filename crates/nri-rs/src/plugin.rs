@@ -8,7 +8,7 @@
 //!
 //! Runtimes with NRI 0.11 and older announce pod events only through `StateChange`; NRI 0.12
 //! runtimes call `RunPodSandbox`/`StopPodSandbox`/`RemovePodSandbox`. Both reach the same handler
-//! methods. The subscription sent in `Configure` is cut to the bits the runtime's NRI version
+//! methods; [`event_entry`] tells a handler which one delivered its event. The subscription sent in `Configure` is cut to the bits the runtime's NRI version
 //! knows, since older runtimes reject unknown bits.
 //!
 //! Every handler call has a deadline below the runtime's request timeout (the runtime drops a
@@ -428,6 +428,40 @@ fn duration_nanos(d: Duration) -> i64 {
 tokio::task_local! {
     /// When the running handler call's answer is due (see [`handler_deadline`]).
     static CALL_DEADLINE: tokio::time::Instant;
+    /// Which runtime call delivered the pod event the running handler call handles.
+    static EVENT_ENTRY: EventEntry;
+}
+
+/// Which runtime call delivered a pod event (run, stop, remove). Both reach the same handler
+/// methods; this tells them apart for a driver that wants to see when its runtime moves from
+/// one to the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventEntry {
+    /// `StateChange` carrying the event: all that runtimes with NRI 0.11 and older send
+    /// (containerd 1.7 and 2.1 among them). NRI 0.12 deprecates it.
+    StateChange,
+    /// The event's own call (`RunPodSandbox`, `StopPodSandbox`, `RemovePodSandbox`), NRI 0.12
+    /// and later.
+    PodSandboxCall,
+}
+
+impl EventEntry {
+    /// `state_change` or `pod_sandbox_call`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StateChange => "state_change",
+            Self::PodSandboxCall => "pod_sandbox_call",
+        }
+    }
+}
+
+/// Which runtime call delivered the pod event that the handler call running on this task
+/// handles; `None` outside [`PluginHandler::run_pod_sandbox`], [`PluginHandler::stop_pod_sandbox`]
+/// and [`PluginHandler::remove_pod_sandbox`].
+#[must_use]
+pub fn event_entry() -> Option<EventEntry> {
+    EVENT_ENTRY.try_with(|entry| *entry).ok()
 }
 
 /// When the answer of the handler call running on this task is due: the plugin answers the
@@ -513,18 +547,31 @@ impl<H: PluginHandler> Session<H> {
         }
     }
 
-    async fn pod_event(&self, event: Event, pod: PodSandbox) -> ttrpc::Result<()> {
-        tracing::debug!(?event, %pod, netns = ?pod.netns_path, "NRI pod event");
+    async fn pod_event(
+        &self,
+        event: Event,
+        entry: EventEntry,
+        pod: PodSandbox,
+    ) -> ttrpc::Result<()> {
+        tracing::debug!(?event, %pod, netns = ?pod.netns_path, via = entry.as_str(), "NRI pod event");
         match event {
             Event::RunPodSandbox => {
-                self.call("RunPodSandbox", |h| async move { h.run_pod_sandbox(pod).await }).await
+                self.call("RunPodSandbox", |h| {
+                    EVENT_ENTRY.scope(entry, async move { h.run_pod_sandbox(pod).await })
+                })
+                .await
             }
             Event::StopPodSandbox => {
-                self.call("StopPodSandbox", |h| async move { h.stop_pod_sandbox(pod).await }).await
+                self.call("StopPodSandbox", |h| {
+                    EVENT_ENTRY.scope(entry, async move { h.stop_pod_sandbox(pod).await })
+                })
+                .await
             }
             Event::RemovePodSandbox => {
-                self.call("RemovePodSandbox", |h| async move { h.remove_pod_sandbox(pod).await })
-                    .await
+                self.call("RemovePodSandbox", |h| {
+                    EVENT_ENTRY.scope(entry, async move { h.remove_pod_sandbox(pod).await })
+                })
+                .await
             }
             Event::CreateContainer | Event::UpdatePodSandbox => Ok(()),
         }
@@ -679,7 +726,7 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         _ctx: &TtrpcContext,
         req: api::RunPodSandboxRequest,
     ) -> ttrpc::Result<api::RunPodSandboxResponse> {
-        self.pod_event(Event::RunPodSandbox, pod_of(&req.pod)).await?;
+        self.pod_event(Event::RunPodSandbox, EventEntry::PodSandboxCall, pod_of(&req.pod)).await?;
         Ok(api::RunPodSandboxResponse::default())
     }
 
@@ -698,7 +745,7 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         _ctx: &TtrpcContext,
         req: api::StopPodSandboxRequest,
     ) -> ttrpc::Result<api::StopPodSandboxResponse> {
-        self.pod_event(Event::StopPodSandbox, pod_of(&req.pod)).await?;
+        self.pod_event(Event::StopPodSandbox, EventEntry::PodSandboxCall, pod_of(&req.pod)).await?;
         Ok(api::StopPodSandboxResponse::default())
     }
 
@@ -707,7 +754,8 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
         _ctx: &TtrpcContext,
         req: api::RemovePodSandboxRequest,
     ) -> ttrpc::Result<api::RemovePodSandboxResponse> {
-        self.pod_event(Event::RemovePodSandbox, pod_of(&req.pod)).await?;
+        self.pod_event(Event::RemovePodSandbox, EventEntry::PodSandboxCall, pod_of(&req.pod))
+            .await?;
         Ok(api::RemovePodSandboxResponse::default())
     }
 
@@ -736,7 +784,7 @@ impl<H: PluginHandler> api_ttrpc::Plugin for Session<H> {
             _ => None,
         };
         if let Some(event) = event {
-            self.pod_event(event, pod_of(&req.pod)).await?;
+            self.pod_event(event, EventEntry::StateChange, pod_of(&req.pod)).await?;
         } else {
             tracing::debug!(event = ?req.event, "ignoring NRI state change");
         }

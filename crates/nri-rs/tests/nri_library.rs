@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nri_rs::{
-    Container, Event, EventMask, HandlerError, NriRuntime, Plugin, PluginError, PluginHandler,
-    PluginOptions, PluginStatus, PodSandbox, RuntimeError, RuntimeOptions, RuntimeProtocol,
+    Container, Event, EventEntry, EventMask, HandlerError, NriRuntime, Plugin, PluginError,
+    PluginHandler, PluginOptions, PluginStatus, PodSandbox, RuntimeError, RuntimeOptions,
+    RuntimeProtocol,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
@@ -27,10 +28,19 @@ enum Seen {
     Create(String, String),
 }
 
-/// Records every call; refuses containers of pods named `refuse-*`; sleeps in
-/// `RunPodSandbox` for pods named `slow-*` and panics there for pods named `panic-*`.
+/// Records every call (and, for pod events, the runtime call that delivered them); refuses
+/// containers of pods named `refuse-*`; sleeps in `RunPodSandbox` for pods named `slow-*` and
+/// panics there for pods named `panic-*`.
 struct Recorder {
     seen: mpsc::UnboundedSender<Seen>,
+    via: mpsc::UnboundedSender<Option<EventEntry>>,
+}
+
+impl Recorder {
+    /// A recorder whose entry points nobody reads.
+    fn new(seen: mpsc::UnboundedSender<Seen>) -> Self {
+        Self { seen, via: mpsc::unbounded_channel().0 }
+    }
 }
 
 impl PluginHandler for Recorder {
@@ -43,14 +53,17 @@ impl PluginHandler for Recorder {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         assert!(!pod.name.starts_with("panic-"), "a handler that panics on {}", pod.name);
+        let _ = self.via.send(nri_rs::event_entry());
         let _ = self.seen.send(Seen::Run(pod));
         Ok(())
     }
     async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        let _ = self.via.send(nri_rs::event_entry());
         let _ = self.seen.send(Seen::Stop(pod.name));
         Ok(())
     }
     async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), HandlerError> {
+        let _ = self.via.send(nri_rs::event_entry());
         let _ = self.seen.send(Seen::Remove(pod.name));
         Ok(())
     }
@@ -74,6 +87,7 @@ struct Fixture {
     socket: PathBuf,
     runtime: Option<NriRuntime>,
     seen: mpsc::UnboundedReceiver<Seen>,
+    via: mpsc::UnboundedReceiver<Option<EventEntry>>,
     status: watch::Receiver<PluginStatus>,
     stop: CancellationToken,
     plugin_task: tokio::task::JoinHandle<()>,
@@ -85,19 +99,28 @@ impl Fixture {
         let socket = dir.path().join("nri.sock");
         let runtime = bind_runtime(&socket, protocol, Duration::from_secs(2));
         let (tx, seen) = mpsc::unbounded_channel();
+        let (via_tx, via) = mpsc::unbounded_channel();
         let options = PluginOptions::new("recorder", "10")
             .unwrap()
             .socket_path(&socket)
             .events(events)
             .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-        let plugin = Plugin::new(Arc::new(Recorder { seen: tx }), options);
+        let plugin = Plugin::new(Arc::new(Recorder { seen: tx, via: via_tx }), options);
         let status = plugin.status();
         let stop = CancellationToken::new();
         let token = stop.clone();
         let plugin_task = tokio::spawn(async move { plugin.run(token).await });
         runtime.wait_for_plugins(1, WAIT).await.unwrap();
-        let mut fixture =
-            Self { _dir: dir, socket, runtime: Some(runtime), seen, status, stop, plugin_task };
+        let mut fixture = Self {
+            _dir: dir,
+            socket,
+            runtime: Some(runtime),
+            seen,
+            via,
+            status,
+            stop,
+            plugin_task,
+        };
         assert_eq!(fixture.next().await, Seen::Sync(vec![]));
         fixture
     }
@@ -159,6 +182,16 @@ async fn sandbox_lifecycle_reaches_the_handler(protocol: RuntimeProtocol) {
     assert_eq!(f.next().await, Seen::Stop("web".into()));
     f.runtime().remove_pod_sandbox(&p).await.unwrap();
     assert_eq!(f.next().await, Seen::Remove("web".into()));
+    let entry = match protocol {
+        RuntimeProtocol::Legacy => EventEntry::StateChange,
+        RuntimeProtocol::V0_12 => EventEntry::PodSandboxCall,
+    };
+    let mut via = Vec::new();
+    while let Ok(seen) = f.via.try_recv() {
+        via.push(seen);
+    }
+    assert_eq!(via, [Some(entry); 3], "run, stop and remove came through {entry:?}");
+    assert_eq!(nri_rs::event_entry(), None, "outside a handler call there is none");
     // Not subscribed: CreateContainer is not sent, so nothing is refused or recorded.
     let refused = pod("refuse-me");
     f.runtime().create_container(&refused, &container(&refused, "app")).await.unwrap();
@@ -364,7 +397,7 @@ async fn a_registration_the_runtime_never_follows_up_is_abandoned_and_retried() 
         .socket_path(&socket)
         .confirmation_timeout(confirmation)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-    let plugin = Plugin::new(Arc::new(Recorder { seen: tx }), options);
+    let plugin = Plugin::new(Arc::new(Recorder::new(tx)), options);
     let mut status = plugin.status();
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -412,7 +445,7 @@ async fn slow_handler_is_answered_before_the_runtime_times_out() {
     let runtime = bind_runtime(&socket, RuntimeProtocol::V0_12, Duration::from_millis(400));
     let (tx, mut seen) = mpsc::unbounded_channel();
     let options = PluginOptions::new("slowpoke", "20").unwrap().socket_path(&socket);
-    let plugin = Plugin::new(Arc::new(Recorder { seen: tx }), options);
+    let plugin = Plugin::new(Arc::new(Recorder::new(tx)), options);
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move { plugin.run(token).await });
@@ -506,7 +539,7 @@ async fn runtime_dying_mid_frame_ends_the_connection_with_an_error() {
     });
     let (tx, _seen) = mpsc::unbounded_channel();
     let plugin = Plugin::new(
-        Arc::new(Recorder { seen: tx }),
+        Arc::new(Recorder::new(tx)),
         PluginOptions::new("victim", "30").unwrap().socket_path(&socket),
     );
     let result = tokio::time::timeout(WAIT, plugin.run_once(&CancellationToken::new()))
