@@ -117,7 +117,7 @@ pub struct RouteConfig {
 }
 
 /// `IFNAMSIZ` (16) minus the terminating NUL.
-const MAX_IFNAME_LEN: usize = 15;
+pub(crate) const MAX_IFNAME_LEN: usize = 15;
 
 /// The kernel's `dev_valid_name` rules, plus names a pod already has (`eth0` from its
 /// primary network, `lo`) and `%` (the kernel would treat `net%d` as a template).

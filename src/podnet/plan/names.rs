@@ -5,9 +5,7 @@
 use sha2::{Digest as _, Sha256};
 
 use super::VlanLink;
-
-/// `IFNAMSIZ` (16) minus the terminating NUL.
-pub(super) const MAX_IFNAME_LEN: usize = 15;
+use crate::model::link::MAX_IFNAME_LEN;
 
 /// Prefix of the `IFLA_IFALIAS` of a VLAN sub-interface this driver created: the mark that
 /// lets a restarted daemon tell its own sub-interfaces from an administrator's (which it never

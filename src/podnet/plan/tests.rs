@@ -2,8 +2,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-use super::names::MAX_IFNAME_LEN;
 use super::*;
+use crate::model::link::MAX_IFNAME_LEN;
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, PoolSpec, ResolvedInterface};
 
 pub(crate) fn config(
