@@ -19,6 +19,7 @@ use super::state::lock;
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;
+use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
 
 /// Directory under the kubelet plugin dir that holds the host side of the metadata files.
 pub const HOST_SUBDIR: &str = "dra-device-metadata";
@@ -30,11 +31,16 @@ pub const CONTAINER_ROOT: &str = "/var/run/kubernetes.io/dra-device-attributes";
 pub const CDI_VERSION: &str = "0.5.0";
 /// API versions written into each file, newest first: a consumer takes the first it knows.
 /// `v1beta1` is what Kubernetes 1.37 documents; `v1alpha1` is all that consumers built
-/// against the 1.36 helper read.
+/// against the 1.36 helper read. Both stay while 1.36 and 1.37 are supported.
 pub const API_VERSIONS: [&str; 2] =
     ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"];
 /// `v1beta1` validation allows at most this many attributes per device.
 pub const MAX_ATTRIBUTES: usize = 32;
+/// Standard attribute holding a PCI device's address in extended BDF notation
+/// (`dddd:bb:dd.f`): KubeVirt reads it from the metadata file to find the device a VM gets.
+pub const ATTRIBUTE_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// Domain of the standard attributes (`resource.kubernetes.io/pcieRoot`, `…/pciBusID`).
+const STANDARD_ATTRIBUTE_PREFIX: &str = "resource.kubernetes.io/";
 /// Annotation of a claim made from a template: the pod's `spec.resourceClaims[].name`.
 pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
@@ -232,12 +238,7 @@ impl RequestMetadata {
                 driver: driver.to_owned(),
                 pool: device.pool.clone(),
                 name: device.device.clone(),
-                attributes: device
-                    .attributes
-                    .iter()
-                    .take(MAX_ATTRIBUTES)
-                    .map(|(k, v)| (k.clone(), WireAttribute::from(v)))
-                    .collect(),
+                attributes: wire_attributes(&device.attributes),
                 network_data: device.network.clone(),
             };
             match requests.iter_mut().find(|r| r.name == device.request) {
@@ -269,6 +270,31 @@ impl RequestMetadata {
         }
         out
     }
+}
+
+/// The attributes of a device's entry: its published attributes, plus
+/// `resource.kubernetes.io/pciBusID` taken from our `pciAddress` when the pod gets the PCI
+/// device itself (not a sub-interface of a shared parent, whose address is the parent's) and
+/// the slice does not carry it already. At most [`MAX_ATTRIBUTES`]: the standard
+/// `resource.kubernetes.io/` ones first, so a consumer that looks for them finds them.
+fn wire_attributes(
+    attributes: &BTreeMap<String, AttributeValue>,
+) -> BTreeMap<String, WireAttribute> {
+    let get = |key: &str| {
+        attributes.get(&format!("{ATTRIBUTE_DOMAIN}/{key}")).or_else(|| attributes.get(key))
+    };
+    let mut all: BTreeMap<&str, WireAttribute> =
+        attributes.iter().map(|(k, v)| (k.as_str(), WireAttribute::from(v))).collect();
+    let shared = matches!(get(attr::SHARING), Some(AttributeValue::String(s)) if s == "shared");
+    if !shared
+        && !all.contains_key(ATTRIBUTE_PCI_BUS_ID)
+        && let Some(AttributeValue::String(address)) = get(attr::PCI_ADDRESS)
+    {
+        all.insert(ATTRIBUTE_PCI_BUS_ID, WireAttribute::String(address.clone()));
+    }
+    let (standard, own): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|(k, _)| k.starts_with(STANDARD_ATTRIBUTE_PREFIX));
+    standard.into_iter().chain(own).take(MAX_ATTRIBUTES).map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
 /// What a file on disk says, as far as a restart needs it: whose it is, its generation and
@@ -717,6 +743,106 @@ mod tests {
         assert_eq!((written.uid.as_str(), written.generation), ("u1", 7));
         assert_eq!(written.network[0].0, ("net/fast".into(), "node-a".into(), "eth2".into()));
         assert_eq!(WrittenMetadata::parse(b"not json\n"), None);
+    }
+
+    /// The lines of a metadata stream, parsed.
+    fn lines(encoded: &[u8]) -> Vec<serde_json::Value> {
+        encoded
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_stream_carries_v1beta1_then_v1alpha1_with_the_same_fields() {
+        let mut doc = document(2);
+        doc.pod_claim_name = Some("net-entry".into());
+        let lines = lines(&doc.encode("netclaim.dev"));
+        let versions: Vec<&str> = lines.iter().map(|l| l["apiVersion"].as_str().unwrap()).collect();
+        // 1.37 reads v1beta1, consumers built against the 1.36 helper only v1alpha1: both
+        // stay, newest first, while those releases are supported.
+        assert_eq!(
+            versions,
+            ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"]
+        );
+        assert_eq!(versions, API_VERSIONS);
+        for line in &lines {
+            assert_eq!(line["kind"], "DeviceMetadata");
+            assert_eq!(
+                line["metadata"],
+                serde_json::json!({"name": "web-net", "namespace": "team", "uid": "u1", "generation": 7})
+            );
+            assert_eq!(line["podClaimName"], "net-entry");
+            let device = &line["requests"][0]["devices"][0];
+            assert_eq!(line["requests"][0]["name"], "net/fast");
+            assert_eq!(
+                (&device["driver"], &device["pool"], &device["name"]),
+                (&"netclaim.dev".into(), &"node-a".into(), &"eth2".into())
+            );
+            assert_eq!(device["networkData"]["interfaceName"], "net1");
+            assert_eq!(device["networkData"]["ips"], serde_json::json!(["10.0.0.2/24"]));
+        }
+        // Apart from the version, the documents are the same.
+        let mut without_version = lines.clone();
+        for line in &mut without_version {
+            line.as_object_mut().unwrap().remove("apiVersion");
+        }
+        assert_eq!(without_version[0], without_version[1]);
+    }
+
+    fn with(attributes: &[(&str, AttributeValue)]) -> BTreeMap<String, AttributeValue> {
+        attributes.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
+    }
+
+    fn text(value: &str) -> AttributeValue {
+        AttributeValue::String(value.to_owned())
+    }
+
+    #[test]
+    fn a_pci_device_of_its_own_carries_pci_bus_id() {
+        let vf = with(&[
+            ("netclaim.dev/pciAddress", text("0000:3b:02.1")),
+            ("netclaim.dev/sharing", text("exclusive")),
+            ("netclaim.dev/type", text("sriov-vf")),
+        ]);
+        let wire = serde_json::to_value(wire_attributes(&vf)).unwrap();
+        assert_eq!(wire[ATTRIBUTE_PCI_BUS_ID], serde_json::json!({"string": "0000:3b:02.1"}));
+        assert_eq!(wire["netclaim.dev/pciAddress"], serde_json::json!({"string": "0000:3b:02.1"}));
+        // Unqualified keys (the 1.38 published form) are read too.
+        let unqualified = with(&[("pciAddress", text("0000:3b:02.2"))]);
+        let wire = serde_json::to_value(wire_attributes(&unqualified)).unwrap();
+        assert_eq!(wire[ATTRIBUTE_PCI_BUS_ID], serde_json::json!({"string": "0000:3b:02.2"}));
+        // Published by the slice itself: kept as it is.
+        let published = with(&[
+            ("netclaim.dev/pciAddress", text("0000:3b:02.1")),
+            (ATTRIBUTE_PCI_BUS_ID, text("0000:3b:02.3")),
+        ]);
+        let wire = serde_json::to_value(wire_attributes(&published)).unwrap();
+        assert_eq!(wire[ATTRIBUTE_PCI_BUS_ID], serde_json::json!({"string": "0000:3b:02.3"}));
+        // A sub-interface of a shared parent is not the parent's PCI device; a veth has none.
+        let shared = with(&[
+            ("netclaim.dev/pciAddress", text("0000:3b:00.0")),
+            ("netclaim.dev/sharing", text("shared")),
+        ]);
+        assert!(!wire_attributes(&shared).contains_key(ATTRIBUTE_PCI_BUS_ID));
+        let veth = with(&[("netclaim.dev/type", text("virtual"))]);
+        assert!(!wire_attributes(&veth).contains_key(ATTRIBUTE_PCI_BUS_ID));
+    }
+
+    #[test]
+    fn standard_attributes_survive_the_32_attribute_limit() {
+        let mut doc = document(40);
+        let attributes = &mut doc.devices[0].attributes;
+        attributes.insert("netclaim.dev/pciAddress".into(), text("0000:3b:02.1"));
+        attributes.insert("resource.kubernetes.io/pcieRoot".into(), text("pci0000:3a"));
+        let lines = lines(&doc.encode("netclaim.dev"));
+        for line in &lines {
+            let kept = line["requests"][0]["devices"][0]["attributes"].as_object().unwrap();
+            assert_eq!(kept.len(), MAX_ATTRIBUTES);
+            assert!(kept.contains_key(ATTRIBUTE_PCI_BUS_ID), "{kept:?}");
+            assert!(kept.contains_key("resource.kubernetes.io/pcieRoot"), "{kept:?}");
+        }
     }
 
     #[test]
