@@ -44,6 +44,12 @@ pub struct ContainerdSockets {
     pub cri: PathBuf,
     /// Its NRI socket (the node daemon's plugin connects there).
     pub nri: PathBuf,
+    /// A CDI spec directory this containerd reads (one of its `cdi_spec_dirs`, CDI on): the
+    /// node daemon writes its device metadata specs there and the dev kubelet passes the CDI
+    /// ids to the containers that use a claim, so they find their metadata file. `None`:
+    /// the specs stay in the run dir and containers get no CDI ids (the runtime could not
+    /// resolve them, and a runtime with CDI on would refuse the container).
+    pub cdi_spec_dir: Option<PathBuf>,
 }
 
 /// Settings of the dev cluster.
@@ -149,6 +155,13 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
     move |source| ClusterError::Io { action, path, source }
 }
 
+/// Where the node daemon writes its CDI specs: the containerd's CDI dir when one was given,
+/// else inside the run dir (a dev cluster never writes into the host's CDI dirs on its own).
+fn cdi_spec_dir(options: &ClusterOptions, run_dir: &Path) -> PathBuf {
+    let given = options.containerd.as_ref().and_then(|c| c.cdi_spec_dir.clone());
+    given.unwrap_or_else(|| run_dir.join("cdi"))
+}
+
 async fn stopped(mut receiver: watch::Receiver<bool>) {
     let _ignored = receiver.wait_for(|stop| *stop).await;
 }
@@ -235,7 +248,9 @@ impl Cluster {
             }
             Some(containerd) => {
                 let client = CriClient::connect(&containerd.cri, CRI_TIMEOUT).await?;
-                let backend = SandboxBackend::Cri { client, log_dir: run_dir.join("pods") };
+                let (log_dir, cdi_devices) =
+                    (run_dir.join("pods"), containerd.cdi_spec_dir.is_some());
+                let backend = SandboxBackend::Cri { client, log_dir, cdi_devices };
                 (None, containerd.nri.clone(), backend)
             }
         };
@@ -252,8 +267,7 @@ impl Cluster {
             kubelet_plugin_dir: plugin_dir.clone(),
             nri_socket,
             nri_plugin_index: "10".to_owned(),
-            // Inside the run dir: a dev cluster never writes into the host's CDI dirs.
-            cdi_spec_dir: Some(run_dir.join("cdi")),
+            cdi_spec_dir: Some(cdi_spec_dir(&options, &run_dir)),
             stats: options.stats_interval.and_then(|interval| private_stats(&run_dir, interval)),
             block_release_grace: crate::node::DEFAULT_BLOCK_RELEASE_GRACE,
         };

@@ -20,6 +20,8 @@ pub struct PreparedDevice {
     pub device: String,
     /// Share of a shared device.
     pub share_id: Option<String>,
+    /// CDI devices the runtime adds to the containers that use it (e.g. its metadata file).
+    pub cdi_device_ids: Vec<String>,
 }
 
 /// Errors of the DRA client.
@@ -120,6 +122,7 @@ impl DraClient {
                         pool: d.pool_name.clone(),
                         device: d.device_name.clone(),
                         share_id: d.share_id.clone(),
+                        cdi_device_ids: d.cdi_device_ids.clone(),
                     })
                     .collect())
             })

@@ -9,7 +9,9 @@
 //! added to their `reservedFor`, `NodePrepareResources` is called over the driver's real DRA
 //! socket ([`dra_client`]), and the sandbox runs ([`sandbox`]): a bare network namespace
 //! announced over the in-process NRI runtime (then `CreateContainer` for each container, which
-//! the plugin may refuse), or a real sandbox through CRI. Status goes `Pending` → `Running`, or
+//! the plugin may refuse), or a real sandbox through CRI, whose containers get the CDI devices
+//! the driver returned for the claims they use ([`cdi`]), as kubelet passes them, when the
+//! runtime reads the driver's CDI spec dir. Status goes `Pending` → `Running`, or
 //! `Failed` with a condition naming the failing step ([`pod_status`]); errors are retried with
 //! backoff (waits, e.g. for allocation, are not errors) and become Warning Events on the Pod.
 //!
@@ -19,6 +21,7 @@
 //! the Pod is deleted for good. On shutdown every pod is torn down the same way, so nothing is
 //! left on the host. Work on pods runs in parallel, bounded by a semaphore.
 
+pub mod cdi;
 pub mod dra_client;
 pub mod pod_claims;
 pub mod pod_status;

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container as PodContainer, Pod};
 
+use super::cdi::{self, PreparedClaim};
 use crate::dev::cri::{self, CriClient, CriError, proto};
 use crate::host::netns::{self, NetnsError};
 use nri_rs::{Container, NriRuntime, PodSandbox, RuntimeError};
@@ -71,6 +72,9 @@ pub enum SandboxBackend {
         client: CriClient,
         /// Parent of the sandboxes' log directories.
         log_dir: PathBuf,
+        /// Whether containers get the CDI ids of their claims: only when the runtime reads
+        /// the driver's CDI spec dir (else it would refuse the unresolvable ids).
+        cdi_devices: bool,
     },
 }
 
@@ -94,12 +98,28 @@ fn pod_field(
     field(&pod.metadata).cloned().unwrap_or_default()
 }
 
-fn container_names(pod: &Pod) -> Vec<(String, String)> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
-        .collect()
+fn containers(pod: &Pod) -> Vec<&PodContainer> {
+    pod.spec.iter().flat_map(|s| s.containers.iter()).collect()
+}
+
+/// The CRI config of `container`: with the CDI devices of the claims it uses, which the
+/// runtime resolves at `CreateContainer` (kubelet passes them the same way).
+fn cri_container_config(
+    container: &PodContainer,
+    claims: &[PreparedClaim],
+) -> proto::ContainerConfig {
+    let name = container.name.clone();
+    proto::ContainerConfig {
+        metadata: Some(proto::ContainerMetadata { name: name.clone(), attempt: 0 }),
+        image: Some(proto::ImageSpec { image: container.image.clone().unwrap_or_default() }),
+        log_path: format!("{name}.log"),
+        linux: Some(proto::LinuxContainerConfig::default()),
+        cdi_devices: cdi::container_cdi_devices(container, claims)
+            .into_iter()
+            .map(|name| proto::CdiDevice { name })
+            .collect(),
+        ..Default::default()
+    }
 }
 
 impl SandboxBackend {
@@ -107,18 +127,22 @@ impl SandboxBackend {
     pub async fn run(&self, pod: &Pod) -> Result<Sandbox, SandboxError> {
         match self {
             Self::Bare { runtime, netns_dir } => run_bare(runtime, netns_dir, pod).await,
-            Self::Cri { client, log_dir } => run_cri(client, log_dir, pod).await,
+            Self::Cri { client, log_dir, .. } => run_cri(client, log_dir, pod).await,
         }
     }
 
     /// Creates (CRI: and starts) every container of `pod` in `sandbox`; in bare mode this
-    /// asks the NRI plugins, which may refuse (a pod whose interfaces are missing).
+    /// asks the NRI plugins, which may refuse (a pod whose interfaces are missing). CRI
+    /// containers get the CDI devices of the prepared `claims` they use (when the backend
+    /// passes them); bare mode has no runtime to resolve them.
     pub async fn create_containers(
         &self,
         sandbox: &mut Sandbox,
         pod: &Pod,
+        claims: &[PreparedClaim],
     ) -> Result<(), SandboxError> {
-        for (name, image) in container_names(pod).into_iter().skip(sandbox.containers.len()) {
+        for container in containers(pod).into_iter().skip(sandbox.containers.len()) {
+            let name = container.name.clone();
             let id = match self {
                 Self::Bare { runtime, .. } => {
                     let Some(nri_pod) = &sandbox.nri_pod else { continue };
@@ -130,15 +154,10 @@ impl SandboxBackend {
                     runtime.create_container(nri_pod, &container).await?;
                     container.id
                 }
-                Self::Cri { client, .. } => {
+                Self::Cri { client, cdi_devices, .. } => {
                     let Some(sandbox_config) = &sandbox.cri_config else { continue };
-                    let config = proto::ContainerConfig {
-                        metadata: Some(proto::ContainerMetadata { name: name.clone(), attempt: 0 }),
-                        image: Some(proto::ImageSpec { image }),
-                        log_path: format!("{name}.log"),
-                        linux: Some(proto::LinuxContainerConfig::default()),
-                        ..Default::default()
-                    };
+                    let config =
+                        cri_container_config(container, if *cdi_devices { claims } else { &[] });
                     let id = client
                         .create_container(&sandbox.id, config, sandbox_config.clone())
                         .await?;
@@ -289,4 +308,50 @@ async fn run_cri(
         }
     };
     Ok(Sandbox { id, netns_path, nri_pod: None, cri_config: Some(config), containers: Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ResourceClaim as ClaimReference, ResourceRequirements};
+
+    use super::*;
+    use crate::dev::kubelet::cdi::ClaimUse;
+    use crate::dev::kubelet::dra_client::PreparedDevice;
+
+    #[test]
+    fn create_container_carries_the_cdi_ids_of_the_claims_the_container_uses() {
+        let prepared = [PreparedClaim {
+            usage: ClaimUse::Entry("net".into()),
+            devices: vec![PreparedDevice {
+                requests: vec!["net".into()],
+                pool: "node-a".into(),
+                device: "eth2".into(),
+                share_id: None,
+                cdi_device_ids: vec!["netclaim.dev/metadata=u1_net".into()],
+            }],
+        }];
+        let app = PodContainer {
+            name: "app".into(),
+            image: Some("pause".into()),
+            resources: Some(ResourceRequirements {
+                claims: Some(vec![ClaimReference { name: "net".into(), request: None }]),
+                ..ResourceRequirements::default()
+            }),
+            ..PodContainer::default()
+        };
+        let config = cri_container_config(&app, &prepared);
+        assert_eq!(
+            config.cdi_devices,
+            [proto::CdiDevice { name: "netclaim.dev/metadata=u1_net".into() }]
+        );
+        assert_eq!(config.metadata.map(|m| m.name).as_deref(), Some("app"));
+        assert_eq!(config.image.map(|i| i.image).as_deref(), Some("pause"));
+        // A container that does not list the claim does not get its devices.
+        let sidecar = PodContainer {
+            name: "sidecar".into(),
+            image: Some("pause".into()),
+            ..PodContainer::default()
+        };
+        assert!(cri_container_config(&sidecar, &prepared).cdi_devices.is_empty());
+    }
 }

@@ -15,6 +15,7 @@ use kube::{Api, Client, Resource as _};
 use serde_json::json;
 use tokio::sync::{Semaphore, watch};
 
+use super::cdi::{ClaimUse, PreparedClaim};
 use super::dra_client::DraClient;
 use super::pod_claims::{ClaimSource, object_key};
 use super::pod_status::{PodProgress, Step};
@@ -62,6 +63,16 @@ struct PodClaim {
     extended: Option<super::pod_claims::ExtendedResourceRequests>,
 }
 
+impl PodClaim {
+    /// How the pod's containers refer to it.
+    fn usage(&self) -> ClaimUse {
+        match &self.extended {
+            Some(requests) => ClaimUse::Extended(requests.mappings.clone()),
+            None => ClaimUse::Entry(self.entry.clone()),
+        }
+    }
+}
+
 /// What has been done for one pod (so a retry skips completed steps and teardown undoes
 /// exactly them).
 #[derive(Debug, Default)]
@@ -72,6 +83,8 @@ struct PodState {
     claims_recorded: bool,
     reserved: Vec<String>,
     prepared: bool,
+    /// What `NodePrepareResources` answered, by claim (containers get their CDI ids).
+    prepared_claims: Vec<PreparedClaim>,
     sandbox: Option<Sandbox>,
     /// `Some` once the pod is up or given up: only a deletion changes anything then.
     settled: Option<Settled>,
@@ -253,20 +266,7 @@ impl Context {
             state.reserved.push(claim.name.clone());
         }
         if !state.prepared && !state.claims.is_empty() {
-            if !self.config.dra_socket.exists() {
-                return Err(Blocked::Waiting(
-                    Step::Prepare,
-                    format!(
-                        "the driver's DRA socket {} does not exist yet",
-                        self.config.dra_socket.display()
-                    ),
-                ));
-            }
-            self.dra
-                .prepare(&claim_refs(&namespace, &state.claims))
-                .await
-                .map_err(|e| Blocked::Failed(Step::Prepare, e.to_string()))?;
-            state.prepared = true;
+            self.prepare(&namespace, state).await?;
         }
         if state.sandbox.is_none() {
             let sandbox = match self.config.backend.run(pod).await {
@@ -289,10 +289,36 @@ impl Context {
         if let Some(sandbox) = state.sandbox.as_mut() {
             self.config
                 .backend
-                .create_containers(sandbox, pod)
+                .create_containers(sandbox, pod, &state.prepared_claims)
                 .await
                 .map_err(|e| Blocked::Failed(Step::Containers, e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// `NodePrepareResources` for the pod's claims, keeping the answer for its containers.
+    async fn prepare(&self, namespace: &str, state: &mut PodState) -> Result<(), Blocked> {
+        if !self.config.dra_socket.exists() {
+            return Err(Blocked::Waiting(
+                Step::Prepare,
+                format!(
+                    "the driver's DRA socket {} does not exist yet",
+                    self.config.dra_socket.display()
+                ),
+            ));
+        }
+        let answers = self
+            .dra
+            .prepare(&claim_refs(namespace, &state.claims))
+            .await
+            .map_err(|e| Blocked::Failed(Step::Prepare, e.to_string()))?;
+        state.prepared_claims = state
+            .claims
+            .iter()
+            .zip(answers)
+            .map(|(claim, devices)| PreparedClaim { usage: claim.usage(), devices })
+            .collect();
+        state.prepared = true;
         Ok(())
     }
 
@@ -550,6 +576,7 @@ impl Context {
                 tracing::warn!(%err, "NodeUnprepareResources failed");
             }
             state.prepared = false;
+            state.prepared_claims.clear();
         }
         for claim in std::mem::take(&mut state.reserved) {
             let uid = state.pod_uid.clone();
