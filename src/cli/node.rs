@@ -4,6 +4,7 @@ use super::{NodeArgs, SharingModeArg, StatsHookArg};
 use crate::host::bpf::HookKind;
 use crate::inventory::publish::RequestedSharing;
 use crate::inventory::{InventoryError, Selection, SharingMode};
+use crate::kubelet::KubeletError;
 use crate::node::{self, NodeConfig, NodeError, StatsConfig};
 
 /// Why `netclaim node` could not start or stopped with an error.
@@ -18,6 +19,9 @@ pub enum NodeCommandError {
     /// Bad interface patterns.
     #[error(transparent)]
     Selection(#[from] InventoryError),
+    /// Unusable kubelet plugin settings (a socket path too long for `sun_path`).
+    #[error(transparent)]
+    Kubelet(#[from] KubeletError),
     /// The async runtime could not start.
     #[error("starting the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -30,7 +34,13 @@ impl NodeCommandError {
     /// Whether this is a usage error (exit code 2) rather than a runtime failure.
     #[must_use]
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::MissingNodeName | Self::InvalidNodeName(_) | Self::Selection(_))
+        matches!(
+            self,
+            Self::MissingNodeName
+                | Self::InvalidNodeName(_)
+                | Self::Selection(_)
+                | Self::Kubelet(_)
+        )
     }
 }
 
@@ -56,7 +66,7 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         &args.selection.shared_parents,
         SharingMode::Capacity,
     )?;
-    Ok(NodeConfig {
+    let config = NodeConfig {
         node_name,
         driver_name: args.driver_name.clone(),
         kubeconfig: args.kubeconfig.clone(),
@@ -83,7 +93,9 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
             }
         }),
         block_release_grace: args.block_release_grace,
-    })
+    };
+    config.kubelet_plugin().validate()?;
+    Ok(config)
 }
 
 /// Runs the daemon on a multi-threaded runtime until SIGTERM/SIGINT.
@@ -99,4 +111,42 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeCommandError> {
     // Background tasks (watch, netlink) end with the runtime; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node_config(extra: &[&str]) -> Result<NodeConfig, NodeCommandError> {
+        let args = ["netclaim", "node", "--node-name", "node-a"].iter().chain(extra);
+        let crate::cli::Parsed::Run(cli) = crate::cli::parse(args) else { panic!("parses") };
+        let crate::cli::Command::Node(node_args) = cli.command else { panic!("not node") };
+        config(&node_args)
+    }
+
+    #[test]
+    fn a_socket_path_too_long_for_sun_path_is_a_usage_error_naming_the_flag() {
+        // `<plugin-dir>/dra.sock`: 100 + 9 bytes.
+        let plugin_dir = format!("/{}", "p".repeat(99));
+        let err = node_config(&["--kubelet-plugin-dir", &plugin_dir]).unwrap_err();
+        assert!(err.is_usage(), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("--kubelet-plugin-dir: ") && text.contains(" 109 bytes"),
+            "{text}"
+        );
+
+        // `<registry-dir>/netclaim.dev-reg.sock`: 90 + 22 bytes.
+        let registry_dir = format!("/{}", "r".repeat(89));
+        let err = node_config(&["--kubelet-registry-dir", &registry_dir]).unwrap_err();
+        assert!(err.is_usage(), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("--kubelet-registry-dir: ") && text.contains(" 112 bytes"),
+            "{text}"
+        );
+
+        // The defaults fit.
+        node_config(&[]).unwrap();
+    }
 }

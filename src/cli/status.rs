@@ -86,6 +86,10 @@ pub fn render_table(status: &NodeStatus, out: &mut impl Write) -> io::Result<()>
     for (label, value) in summary {
         writeln!(out, "{:<11}{value}", format!("{label}:"))?;
     }
+    // Only when there is one: a sharing change held for prepared claims (operations.md).
+    for held in &status.held_sharing_changes {
+        writeln!(out, "{:<11}{held}", "Waiting:")?;
+    }
     devices_section(status, out)?;
     claims_section(status, out)?;
     pods_section(status, out)
@@ -314,6 +318,18 @@ mod tests {
             assert!(line.len() > column, "{line}");
             assert!(!line[column..].starts_with(' '), "HEALTH starts at column {column}: {line}");
         }
+    }
+
+    #[test]
+    fn held_sharing_changes_are_listed_in_the_summary() {
+        let mut status = sample();
+        assert!(!rendered(&status).contains("Waiting:"));
+        status.held_sharing_changes = vec!["shared device medianet-eth1 on eth1 keeps …".into()];
+        let text = rendered(&status);
+        assert!(
+            text.contains("\nWaiting:   shared device medianet-eth1 on eth1 keeps …\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -144,6 +144,49 @@ mod tests {
         );
     }
 
+    /// The class's selector, evaluated by the dev allocator's CEL environment over the
+    /// device as a slice of `driver` publishes it (unqualified attributes under the default
+    /// driver name, qualified under another; decision 0023).
+    fn selects(driver: &str, pod_network: Option<&str>) -> bool {
+        use crate::model::device::{AttributeValue, Device, DeviceKind, Sharing};
+        let mut attributes = std::collections::BTreeMap::from([(
+            format!("{ATTRIBUTE_DOMAIN}/{}", attr::IF_NAME),
+            AttributeValue::String("eth1".into()),
+        )]);
+        if let Some(network) = pod_network {
+            attributes.insert(
+                format!("{ATTRIBUTE_DOMAIN}/{}", attr::POD_NETWORK),
+                AttributeValue::String(network.into()),
+            );
+        }
+        let device = Device {
+            name: "medianet-eth1".into(),
+            if_name: "eth1".into(),
+            kind: DeviceKind::Physical,
+            sharing: Sharing::Shared,
+            shared_capacity: Some(8),
+            slot_index: None,
+            attributes,
+        };
+        let published = crate::inventory::slices::api_device(&device, driver);
+        let class = device_class(&network(), driver);
+        let expression =
+            &class.spec.selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
+        kube_inmemory::allocator::selector::Selector::compile(expression)
+            .unwrap()
+            .matches(driver, &published)
+            .unwrap()
+    }
+
+    #[test]
+    fn the_class_selects_the_networks_devices_under_any_driver_name() {
+        for driver in ["netclaim.dev", "net.example.com"] {
+            assert!(selects(driver, Some("medianet")), "{driver}");
+            assert!(!selects(driver, Some("other")), "{driver}");
+            assert!(!selects(driver, None), "{driver}: untagged, skipped without an error");
+        }
+    }
+
     #[test]
     fn currency_and_ownership_follow_labels_selectors_and_config() {
         let desired = device_class(&network(), "netclaim.dev");

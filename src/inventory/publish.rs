@@ -1,5 +1,6 @@
 //! Keeping a node's pool of ResourceSlices equal to its inventory: generations, stale slices,
-//! read-back of every write, the fallback to slot devices, and the node's PodNetworks.
+//! read-back of every write, the fallback to slot devices, the node's PodNetworks, and
+//! sharing changes held while claims prepared on a shared device exist.
 //!
 //! The publisher talks to the API through the [`SliceApi`] port, so this logic is tested
 //! against an in-memory fake; `k8s::resource_slices` is the real adapter. [`run`] is the
@@ -8,21 +9,25 @@
 mod run;
 
 pub use run::{
-    InterfaceSource, NETWORKS_PATIENCE, NodeWarnings, PublishEvents, Readiness, SliceEvent,
-    Triggers, run,
+    HOLD_RECHECK, InterfaceSource, NETWORKS_PATIENCE, NodeWarnings, PublishEvents, Readiness,
+    SliceEvent, Triggers, run,
 };
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio::sync::watch;
 
 use super::networks::{NetworkConflict, NetworkInputs, NodeNetworks};
-use super::slices::{PoolIdentity, build_slices, exclusive_device_from_api};
+use super::slices::{
+    PoolIdentity, build_slices, exclusive_device_from_api, shared_device_from_api,
+};
 use super::{Inventory, Selection, SharingMode};
-use crate::model::device::{Device, HostInterface};
+use crate::model::device::{Device, HostInterface, Sharing};
 use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
 
 /// A failed API call, as the port reports it.
@@ -50,6 +55,39 @@ pub trait SliceApi: Send + Sync {
     ) -> impl Future<Output = Result<ResourceSlice, SliceApiError>> + Send;
     /// Deletes one slice; deleting a missing slice succeeds.
     fn delete(&self, name: &str) -> impl Future<Output = Result<(), SliceApiError>> + Send;
+}
+
+/// The devices of this node's pool that claims prepared here use (from the claim service):
+/// a shared device among them keeps `allowMultipleAllocations` and its capacity.
+pub trait PreparedDevices: Send + Sync + fmt::Debug {
+    /// Names of this pool's devices with prepared claims.
+    fn prepared_devices(&self) -> BTreeSet<String>;
+}
+
+/// A shared device published as before although the inventory now has it otherwise (slot
+/// devices after the `--sharing-mode auto` fallback, an exclusive device after a PodNetwork
+/// or `--shared-parents` turned its NIC exclusive): claims prepared on it exist, and a
+/// device must not stop allowing multiple allocations while shared allocations of it exist
+/// (kubernetes #140798). Its whole host interface keeps its earlier devices until they are
+/// unprepared.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SharingHold {
+    /// The shared device.
+    pub device: String,
+    /// Its host interface (the parent).
+    pub if_name: String,
+}
+
+impl fmt::Display for SharingHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "shared device {} on {} keeps allowMultipleAllocations and its capacity while claims \
+             prepared on it exist; the change of how {} is published waits until they are \
+             unprepared",
+            self.device, self.if_name, self.if_name
+        )
+    }
 }
 
 /// What `--sharing-mode` asked for.
@@ -80,6 +118,10 @@ pub struct SyncReport {
     /// PodNetwork conflicts that appeared since the last sync (reported once each, again
     /// only after they were resolved and came back).
     pub new_conflicts: Vec<NetworkConflict>,
+    /// Sharing changes held since this sync (reported once each).
+    pub new_holds: Vec<SharingHold>,
+    /// Holds released by this sync: the change they held is published now.
+    pub released_holds: Vec<SharingHold>,
 }
 
 /// Publishes one node's pool.
@@ -110,6 +152,12 @@ pub struct Publisher<A> {
     conflicts: BTreeSet<NetworkConflict>,
     /// The devices of the pool as last computed (for device health).
     devices: watch::Sender<Vec<Device>>,
+    /// Where the devices with prepared claims come from; without one nothing is held.
+    prepared: Option<Arc<dyn PreparedDevices>>,
+    /// Shared devices of this pool as the API held them when the publisher started.
+    shared_at_start: Vec<Device>,
+    /// Sharing changes held now (for the status API).
+    holds: watch::Sender<BTreeSet<SharingHold>>,
 }
 
 impl<A: SliceApi> Publisher<A> {
@@ -143,7 +191,30 @@ impl<A: SliceApi> Publisher<A> {
             networks: NodeNetworks::default(),
             conflicts: BTreeSet::new(),
             devices: watch::Sender::new(Vec::new()),
+            prepared: None,
+            shared_at_start: Vec::new(),
+            holds: watch::Sender::new(BTreeSet::new()),
         }
+    }
+
+    /// The same publisher holding sharing changes of devices `prepared` names ([`SharingHold`]).
+    #[must_use]
+    pub fn with_prepared(mut self, prepared: Arc<dyn PreparedDevices>) -> Self {
+        self.prepared = Some(prepared);
+        self
+    }
+
+    /// The sharing changes held now, updated at each [`Self::sync`].
+    #[must_use]
+    pub fn holds(&self) -> watch::Receiver<BTreeSet<SharingHold>> {
+        self.holds.subscribe()
+    }
+
+    /// Whether a sharing change is held: the loop syncs again after a while to see whether
+    /// the claims holding it are gone.
+    #[must_use]
+    pub fn is_holding(&self) -> bool {
+        !self.holds.borrow().is_empty()
     }
 
     /// The devices this node publishes, updated at each [`Self::sync`] as soon as they are
@@ -251,24 +322,34 @@ impl<A: SliceApi> Publisher<A> {
             let existing = self.api.list().await?;
             let highest = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
             self.pool.generation = highest + 1;
-            self.found_at_start = existing
+            let latest: Vec<_> = existing
                 .iter()
                 .filter(|slice| slice.spec.pool.generation == highest)
                 .flat_map(|slice| slice.spec.devices.iter().flatten())
-                .filter_map(exclusive_device_from_api)
                 .collect();
+            let driver = &self.pool.driver;
+            self.found_at_start = latest
+                .iter()
+                .filter_map(|device| exclusive_device_from_api(device, driver))
+                .collect();
+            self.shared_at_start =
+                latest.iter().filter_map(|device| shared_device_from_api(device, driver)).collect();
             self.started = true;
             self.refresh_retained();
         }
-        let (devices, conflicts) = self.inventory_for(interfaces);
+        let prepared = self.prepared.as_ref().map(|p| p.prepared_devices()).unwrap_or_default();
+        let (devices, conflicts, holds) = self.inventory_for(interfaces, &prepared);
         let new_conflicts = self.note_conflicts(conflicts);
         self.announce(&devices);
         let changed = self.published_devices.as_ref() != Some(&devices);
         if !changed && !force {
+            let (new_holds, released_holds) = self.note_holds(holds);
             return Ok(SyncReport {
                 generation: self.pool.generation,
                 devices: devices.len(),
                 new_conflicts,
+                new_holds,
+                released_holds,
                 ..SyncReport::default()
             });
         }
@@ -277,12 +358,14 @@ impl<A: SliceApi> Publisher<A> {
         }
         let mut report = self.write(&devices).await?;
         report.new_conflicts = new_conflicts;
+        let mut holds = holds;
         if let Some(message) = report.capacity_dropped.clone()
             && self.requested == RequestedSharing::Auto
             && self.selection.sharing_mode() == SharingMode::Capacity
         {
             self.selection = self.selection.clone().with_sharing_mode(SharingMode::Slots);
-            let (devices, _) = self.inventory_for(interfaces);
+            let (devices, _, slot_holds) = self.inventory_for(interfaces, &prepared);
+            holds = slot_holds;
             self.announce(&devices);
             self.pool.generation += 1;
             let again = self.write(&devices).await?;
@@ -295,11 +378,17 @@ impl<A: SliceApi> Publisher<A> {
                      devices"
             ));
         }
+        (report.new_holds, report.released_holds) = self.note_holds(holds);
         Ok(report)
     }
 
-    /// The devices to publish and the PodNetwork conflicts met on the way.
-    fn inventory_for(&self, interfaces: &[HostInterface]) -> (Vec<Device>, Vec<NetworkConflict>) {
+    /// The devices to publish, the PodNetwork conflicts met on the way, and the sharing
+    /// changes held because devices in `prepared` are shared now ([`SharingHold`]).
+    fn inventory_for(
+        &self,
+        interfaces: &[HostInterface],
+        prepared: &BTreeSet<String>,
+    ) -> (Vec<Device>, Vec<NetworkConflict>, BTreeSet<SharingHold>) {
         let inventory = Inventory::build_with(interfaces, &self.selection, &self.networks);
         let mut devices = inventory.devices;
         let seen: BTreeSet<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
@@ -316,8 +405,66 @@ impl<A: SliceApi> Publisher<A> {
                 devices.push(device);
             }
         }
+        let holds = self.hold_shared(&mut devices, prepared);
         devices.sort_by(|a, b| a.name.cmp(&b.name));
-        (devices, inventory.conflicts)
+        (devices, inventory.conflicts, holds)
+    }
+
+    /// Puts back the earlier devices of every host interface whose shared device, with claims
+    /// prepared on it, the new inventory publishes as slot or exclusive devices (the
+    /// `--sharing-mode auto` fallback, a PodNetwork or `--shared-parents` turning the NIC
+    /// exclusive, also across a restart). An interface the new inventory publishes nothing
+    /// on (NIC gone, network disabled or deleted) is not held: that is no sharing change.
+    fn hold_shared(
+        &self,
+        devices: &mut Vec<Device>,
+        prepared: &BTreeSet<String>,
+    ) -> BTreeSet<SharingHold> {
+        let earlier: Vec<&Device> = match &self.published_devices {
+            Some(published) => published.iter().collect(),
+            None => self.shared_at_start.iter().collect(),
+        };
+        let holds: BTreeSet<SharingHold> = earlier
+            .iter()
+            .filter(|old| old.sharing == Sharing::Shared && prepared.contains(&old.name))
+            .filter(|old| {
+                let still_shared =
+                    devices.iter().any(|d| d.name == old.name && d.sharing == Sharing::Shared);
+                let unshared = devices
+                    .iter()
+                    .any(|d| d.if_name == old.if_name && d.sharing != Sharing::Shared);
+                unshared && !still_shared
+            })
+            .map(|old| SharingHold { device: old.name.clone(), if_name: old.if_name.clone() })
+            .collect();
+        let frozen: BTreeSet<&str> = holds.iter().map(|hold| hold.if_name.as_str()).collect();
+        if frozen.is_empty() {
+            return holds;
+        }
+        let kept: Vec<Device> = earlier
+            .into_iter()
+            .filter(|old| frozen.contains(old.if_name.as_str()))
+            .cloned()
+            .collect();
+        devices.retain(|d| {
+            !frozen.contains(d.if_name.as_str()) && !kept.iter().any(|old| old.name == d.name)
+        });
+        devices.extend(kept);
+        holds
+    }
+
+    /// Records the holds in effect and returns those new since the last sync and those
+    /// released by it.
+    fn note_holds(&mut self, holds: BTreeSet<SharingHold>) -> (Vec<SharingHold>, Vec<SharingHold>) {
+        let current = self.holds.borrow().clone();
+        let new = holds.difference(&current).cloned().collect();
+        let released = current.difference(&holds).cloned().collect();
+        self.holds.send_if_modified(|now| {
+            let changed = *now != holds;
+            *now = holds;
+            changed
+        });
+        (new, released)
     }
 
     /// Remembers `conflicts` and returns those not reported before; a conflict that is gone

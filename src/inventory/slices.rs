@@ -15,7 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::naming;
 use crate::model::device::{AttributeValue, Device, DeviceKind, Sharing};
-use crate::model::names::{ATTRIBUTE_DOMAIN, CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE, attr};
+use crate::model::names::{
+    ATTRIBUTE_DOMAIN, CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE, attr, published_name,
+    qualified_name,
+};
 
 /// Identity of the pool a node publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,18 +67,25 @@ pub fn build_slices(pool: &PoolIdentity, devices: &[Device]) -> Vec<ResourceSlic
                     generation: pool.generation,
                     resource_slice_count: count,
                 },
-                devices: Some(chunk.iter().map(|device| api_device(device)).collect()),
+                devices: Some(
+                    chunk.iter().map(|device| api_device(device, &pool.driver)).collect(),
+                ),
                 ..ResourceSliceSpec::default()
             },
         })
         .collect()
 }
 
-/// One device in API form.
+/// One device in API form, as a slice of `driver` carries it: attributes in the driver's own
+/// domain unqualified (`ifName`), others qualified (`resource.kubernetes.io/pcieRoot`), the
+/// capacity qualified (`netclaim.dev/interfaces`; decision 0023).
 #[must_use]
-pub fn api_device(device: &Device) -> ApiDevice {
-    let attributes: BTreeMap<String, DeviceAttribute> =
-        device.attributes.iter().map(|(key, value)| (key.clone(), api_attribute(value))).collect();
+pub fn api_device(device: &Device, driver: &str) -> ApiDevice {
+    let attributes: BTreeMap<String, DeviceAttribute> = device
+        .attributes
+        .iter()
+        .map(|(key, value)| (published_name(key, driver).to_owned(), api_attribute(value)))
+        .collect();
     let (allow_multiple_allocations, capacity) = match (device.sharing, device.shared_capacity) {
         (Sharing::Shared, Some(capacity)) => (
             Some(true),
@@ -108,37 +118,21 @@ pub fn api_device(device: &Device) -> ApiDevice {
 /// An exclusive device read back from a published slice, for keeping a NIC published while
 /// it sits in a pod across a daemon restart (discovery cannot see it in the host netns, and
 /// the publisher has no earlier publication of its own). `None` for shared or slot devices
-/// (they never move) and for devices without our `ifName` and `type` attributes.
+/// (they never move) and for devices without our `ifName` and `type` attributes. Attribute
+/// names are read in both forms (unqualified as this release writes them in the driver's own
+/// domain, qualified as earlier releases did) and keyed fully qualified, as the inventory
+/// keys them.
 #[must_use]
-pub fn exclusive_device_from_api(device: &ApiDevice) -> Option<Device> {
+pub fn exclusive_device_from_api(device: &ApiDevice, driver: &str) -> Option<Device> {
     if device.allow_multiple_allocations == Some(true) || device.capacity.is_some() {
         return None;
     }
-    let attributes: BTreeMap<String, AttributeValue> = device
-        .attributes
-        .as_ref()?
-        .iter()
-        .filter_map(|(key, value)| {
-            let value = match (&value.string, value.int, value.bool) {
-                (Some(text), None, None) => AttributeValue::String(text.clone()),
-                (None, Some(number), None) => AttributeValue::Int(number),
-                (None, None, Some(flag)) => AttributeValue::Bool(flag),
-                _ => return None,
-            };
-            Some((key.clone(), value))
-        })
-        .collect();
-    let string = |name: &str| match attributes.get(&format!("{ATTRIBUTE_DOMAIN}/{name}")) {
-        Some(AttributeValue::String(text)) => Some(text.clone()),
-        _ => None,
-    };
-    let kind = match string(attr::TYPE)?.as_str() {
-        "physical" => DeviceKind::Physical,
-        "sriov-pf" => DeviceKind::SriovPf,
-        "sriov-vf" => DeviceKind::SriovVf,
-        "virtual" => DeviceKind::Virtual,
+    let attributes = read_attributes(device, driver)?;
+    let string = |name: &str| string_attribute(&attributes, name);
+    let kind = match device_kind(&string(attr::TYPE)?)? {
         // Bonds and VLANs are only ever shared parents; a slot device names its parent.
-        _ => return None,
+        DeviceKind::Bond | DeviceKind::Vlan => return None,
+        kind => kind,
     };
     // Slot devices are exclusive in the API but stand for a shared parent.
     if string(attr::SHARING).as_deref() != Some("exclusive") {
@@ -153,6 +147,71 @@ pub fn exclusive_device_from_api(device: &ApiDevice) -> Option<Device> {
         slot_index: None,
         attributes,
     })
+}
+
+/// A shared device (`allowMultipleAllocations` with our `interfaces` capacity) read back
+/// from a published slice: what the node published before a restart, so a change of sharing
+/// mode made across the restart can wait while claims prepared on it exist. `None` for
+/// other devices. Attribute names are read in both forms, like
+/// [`exclusive_device_from_api`].
+#[must_use]
+pub fn shared_device_from_api(device: &ApiDevice, driver: &str) -> Option<Device> {
+    if device.allow_multiple_allocations != Some(true) {
+        return None;
+    }
+    let capacity = device.capacity.as_ref()?.get(CAPACITY_INTERFACES)?.value.0.parse().ok()?;
+    let attributes = read_attributes(device, driver)?;
+    let string = |name: &str| string_attribute(&attributes, name);
+    Some(Device {
+        name: device.name.clone(),
+        if_name: string(attr::IF_NAME)?,
+        kind: device_kind(&string(attr::TYPE)?)?,
+        sharing: Sharing::Shared,
+        shared_capacity: Some(capacity),
+        slot_index: None,
+        attributes,
+    })
+}
+
+/// The attributes of an API device keyed fully qualified (see [`qualified_name`]); values
+/// of other types than string, int and bool are left out.
+fn read_attributes(device: &ApiDevice, driver: &str) -> Option<BTreeMap<String, AttributeValue>> {
+    let attributes = device
+        .attributes
+        .as_ref()?
+        .iter()
+        .filter_map(|(key, value)| {
+            let value = match (&value.string, value.int, value.bool) {
+                (Some(text), None, None) => AttributeValue::String(text.clone()),
+                (None, Some(number), None) => AttributeValue::Int(number),
+                (None, None, Some(flag)) => AttributeValue::Bool(flag),
+                _ => return None,
+            };
+            Some((qualified_name(key, driver), value))
+        })
+        .collect();
+    Some(attributes)
+}
+
+fn string_attribute(attributes: &BTreeMap<String, AttributeValue>, name: &str) -> Option<String> {
+    match attributes.get(&format!("{ATTRIBUTE_DOMAIN}/{name}")) {
+        Some(AttributeValue::String(text)) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// The device type from its `type` attribute.
+fn device_kind(text: &str) -> Option<DeviceKind> {
+    [
+        DeviceKind::Physical,
+        DeviceKind::SriovPf,
+        DeviceKind::SriovVf,
+        DeviceKind::Virtual,
+        DeviceKind::Bond,
+        DeviceKind::Vlan,
+    ]
+    .into_iter()
+    .find(|kind| kind.as_str() == text)
 }
 
 fn api_attribute(value: &AttributeValue) -> DeviceAttribute {

@@ -272,7 +272,7 @@ fn slot_mode_publishes_numbered_exclusive_stand_ins() {
         assert!(device.sharing == Sharing::Slot && device.if_name == "ens1f1");
         assert!(naming::is_dns_label(&device.name), "{}", device.name);
     }
-    let api = slices::api_device(&inventory.devices[0]);
+    let api = slices::api_device(&inventory.devices[0], "netclaim.dev");
     assert_eq!(api.allow_multiple_allocations, None, "slots are plain exclusive devices");
     assert_eq!(api.capacity, None);
 }
@@ -300,7 +300,7 @@ fn colliding_names_get_distinct_stable_suffixes() {
 fn shared_devices_carry_consumable_capacity() {
     let inventory =
         Inventory::build(&[nic(3, "ens1f1", "0000:3b:00.1")], &selection(&[], &[], &["ens1f1"]));
-    let api = slices::api_device(&inventory.devices[0]);
+    let api = slices::api_device(&inventory.devices[0], "netclaim.dev");
     assert_eq!(api.allow_multiple_allocations, Some(true));
     let capacity = &api.capacity.unwrap()["netclaim.dev/interfaces"];
     assert_eq!(capacity.value.0, "256");
@@ -371,7 +371,7 @@ fn attributes_and_capacity_stay_within_the_api_limit() {
         };
     }
     let inventory = Inventory::build(&[vf], &selection(&[], &[], &["ens2f0v1"]));
-    let api = slices::api_device(&inventory.devices[0]);
+    let api = slices::api_device(&inventory.devices[0], "netclaim.dev");
     let total = api.attributes.unwrap().len() + api.capacity.unwrap().len();
     assert!(total <= 32, "{total} attributes + capacities");
 }
@@ -443,7 +443,7 @@ fn a_shared_network_publishes_one_device_per_parent_with_its_tag_vlan_and_capaci
     let nic_device = &inventory.devices[1];
     assert_eq!(nic_device.if_name, "ens1f0");
     assert_eq!(nic_device.string_attribute(&key("pciAddress")), Some("0000:3b:00.0"));
-    let api = slices::api_device(nic_device);
+    let api = slices::api_device(nic_device, "netclaim.dev");
     assert_eq!(api.allow_multiple_allocations, Some(true));
     assert_eq!(api.capacity.unwrap()["netclaim.dev/interfaces"].value.0, "64");
     assert!(inventory.skipped.is_empty(), "{:?}", inventory.skipped);
@@ -519,7 +519,7 @@ fn slots_mode_publishes_slot_devices_of_each_network() {
     assert_eq!(count("big"), names::DEFAULT_SLOT_COUNT as usize, "at most the slot count");
     let slot = inventory.devices.iter().find(|d| d.name == "small-pci-0000-3b-00-0-s2").unwrap();
     assert_eq!((slot.sharing, slot.slot_index), (Sharing::Slot, Some(2)));
-    assert_eq!(slices::api_device(slot).allow_multiple_allocations, None);
+    assert_eq!(slices::api_device(slot, "netclaim.dev").allow_multiple_allocations, None);
 }
 
 #[test]
@@ -681,4 +681,115 @@ async fn a_claims_devices_resolve_from_one_discovery_as_the_lookups_one_by_one_w
         1,
         "one discovery serves every lookup of the window"
     );
+}
+
+/// Every kind of device the inventory builds: a plain NIC, an SR-IOV PF and VF, a shared
+/// parent, slot devices, the devices of a shared and of an exclusive PodNetwork.
+fn every_kind_of_device() -> Vec<Device> {
+    use serde_json::json;
+    let mut pf = nic(4, "ens2f0", "0000:5e:00.0");
+    if let Some(pci) = pf.hardware.pci.as_mut() {
+        pci.sriov = SriovRole::PhysicalFunction { total_vfs: 64, num_vfs: 1 };
+    }
+    let mut vf = nic(9, "ens2f0v1", "0000:5e:02.1");
+    if let Some(pci) = vf.hardware.pci.as_mut() {
+        pci.sriov = SriovRole::VirtualFunction {
+            pf_address: "0000:5e:00.0".parse().unwrap(),
+            pf_name: Some("ens2f0".to_owned()),
+            vf_index: Some(1),
+        };
+    }
+    let interfaces = [
+        nic(2, "ens1f0", "0000:3b:00.0"),
+        nic(3, "ens1f1", "0000:3b:00.1"),
+        nic(5, "ens3", "0000:5f:00.0"),
+        nic(6, "ens4", "0000:60:00.0"),
+        pf,
+        vf,
+    ];
+    let networks = node_networks(&[
+        ("medianet", json!({"parents": ["ens1f0"], "vlan": 100})),
+        ("direct", json!({"parents": ["ens4"], "mode": "host-device"})),
+    ]);
+    let mut devices =
+        Inventory::build_with(&interfaces, &selection(&[], &[], &["ens3"]), &networks).devices;
+    let slots = selection(&[], &[], &["ens3"]).with_sharing_mode(SharingMode::Slots);
+    devices.extend(Inventory::build_with(&interfaces, &slots, &networks).devices);
+    devices
+}
+
+/// `QualifiedName` of resource.k8s.io/v1: a C identifier of at most 32 characters, or a
+/// DNS subdomain, one `/`, and such an identifier.
+fn is_qualified_name(name: &str) -> bool {
+    let identifier = |id: &str| {
+        id.len() <= 32
+            && id.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    match name.split_once('/') {
+        None => identifier(name),
+        Some((domain, id)) => {
+            naming::is_dns_subdomain(domain) && domain.len() <= 63 && identifier(id)
+        }
+    }
+}
+
+#[test]
+fn every_published_name_is_a_qualified_name_with_at_most_one_slash() {
+    let devices = every_kind_of_device();
+    let kinds: std::collections::HashSet<Sharing> = devices.iter().map(|d| d.sharing).collect();
+    assert_eq!(kinds.len(), 3, "exclusive, shared and slot devices: {kinds:?}");
+    for driver in ["netclaim.dev", "net.example.com"] {
+        let pool = PoolIdentity { driver: driver.to_owned(), ..pool(1) };
+        let mut capacities = 0;
+        for slice in build_slices(&pool, &devices) {
+            for device in slice.spec.devices.unwrap() {
+                let capacity = device.capacity.unwrap_or_default();
+                capacities += capacity.len();
+                for name in device.attributes.unwrap_or_default().keys().chain(capacity.keys()) {
+                    assert!(name.matches('/').count() <= 1, "{driver}: {name}");
+                    assert!(is_qualified_name(name), "{driver}: {name}");
+                }
+            }
+        }
+        assert!(capacities > 0, "the fixtures publish capacities");
+    }
+}
+
+#[test]
+fn attributes_of_the_drivers_own_domain_are_published_unqualified_capacities_stay_qualified() {
+    let devices = every_kind_of_device();
+    let shared = devices.iter().find(|d| d.sharing == Sharing::Shared).unwrap();
+    let api = slices::api_device(shared, "netclaim.dev");
+    let attributes = api.attributes.unwrap();
+    assert_eq!(attributes["ifName"].string.as_deref(), Some(shared.if_name.as_str()));
+    assert_eq!(attributes["sharing"].string.as_deref(), Some("shared"));
+    assert_eq!(attributes["resource.kubernetes.io/pcieRoot"].string.as_deref(), Some("pci0000:3a"));
+    assert!(attributes.keys().all(|k| !k.starts_with("netclaim.dev/")), "{attributes:?}");
+    let capacity = api.capacity.unwrap();
+    assert_eq!(capacity.keys().collect::<Vec<_>>(), ["netclaim.dev/interfaces"]);
+    // Under another driver name our domain is not the driver's: the names keep it, so CEL
+    // `device.attributes["netclaim.dev"]` selects the same devices.
+    let other = slices::api_device(shared, "net.example.com").attributes.unwrap();
+    assert_eq!(other["netclaim.dev/ifName"].string.as_deref(), Some(shared.if_name.as_str()));
+    assert!(!other.contains_key("ifName"));
+}
+
+#[test]
+fn exclusive_devices_read_back_from_both_name_forms_alike() {
+    let device = every_kind_of_device()
+        .into_iter()
+        .find(|d| d.sharing == Sharing::Exclusive && d.kind == DeviceKind::SriovVf)
+        .unwrap();
+    for driver in ["netclaim.dev", "net.example.com"] {
+        let published = slices::api_device(&device, driver);
+        assert_eq!(
+            slices::exclusive_device_from_api(&published, driver).as_ref(),
+            Some(&device),
+            "{driver}"
+        );
+    }
+    // A slice of an earlier release: qualified names in the driver's own domain.
+    let earlier = slices::api_device(&device, "net.example.com");
+    assert_eq!(slices::exclusive_device_from_api(&earlier, "netclaim.dev"), Some(device));
 }

@@ -61,6 +61,22 @@ pub enum KubeletError {
         /// The path.
         path: PathBuf,
     },
+    /// A socket path under a flag's directory does not fit in `sun_path`: checked before
+    /// anything is published or registered, so the flag is named.
+    #[error(
+        "{flag}: socket path {path} is {len} bytes, longer than the {max} a Unix socket path \
+         can hold (sun_path is 108 bytes with the NUL); choose a shorter directory"
+    )]
+    SocketPathTooLongForFlag {
+        /// The flag whose directory holds the socket.
+        flag: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The kernel's limit.
+        max: usize,
+    },
     /// The socket path does not fit in `sun_path`.
     #[error("socket path {path} is longer than {max} bytes")]
     SocketPathTooLong {
@@ -190,7 +206,10 @@ impl KubeletPluginConfig {
         self.plugin_dir.join(DRA_SOCKET_NAME)
     }
 
-    fn validate(&self) -> Result<(), KubeletError> {
+    /// Checks the settings, socket paths included: the daemon calls it before it publishes
+    /// anything, so a path kubelet could not dial (or that breaks kubelet's seamless
+    /// upgrade of the plugin near the limit, kubernetes #141815) stops it at once.
+    pub fn validate(&self) -> Result<(), KubeletError> {
         let name = &self.driver_name;
         // A DNS subdomain (the driver name is one in ResourceSlices), which also keeps it a
         // single path component.
@@ -214,6 +233,21 @@ impl KubeletPluginConfig {
                 return Err(KubeletError::InvalidConfig {
                     field,
                     reason: format!("{} is not an absolute path", dir.display()),
+                });
+            }
+        }
+        // `sun_path` holds 107 bytes and the NUL; the DRA socket also serves device health.
+        for (flag, path) in [
+            ("--kubelet-plugin-dir", self.dra_socket()),
+            ("--kubelet-registry-dir", self.registration_socket()),
+        ] {
+            let len = path.as_os_str().len();
+            if len > transport::MAX_SOCKET_PATH {
+                return Err(KubeletError::SocketPathTooLongForFlag {
+                    flag,
+                    path,
+                    len,
+                    max: transport::MAX_SOCKET_PATH,
                 });
             }
         }
@@ -406,6 +440,28 @@ mod tests {
     fn relative_directories_are_rejected() {
         let err = KubeletPluginConfig::new("netclaim.dev", "reg", "/p").validate().unwrap_err();
         assert!(err.to_string().contains("kubelet-registry-dir"), "{err}");
+    }
+
+    #[test]
+    fn socket_paths_longer_than_sun_path_are_refused_naming_the_flag_and_length() {
+        // `<dir>/dra.sock` at 107 bytes fits; one more byte does not.
+        let fits = format!("/{}", "p".repeat(107 - "/".len() - "/dra.sock".len()));
+        let config = KubeletPluginConfig::new("netclaim.dev", "/r", &fits);
+        assert_eq!(config.dra_socket().as_os_str().len(), 107);
+        config.validate().unwrap();
+        let long = format!("{fits}p");
+        let err = KubeletPluginConfig::new("netclaim.dev", "/r", &long).validate().unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("--kubelet-plugin-dir: "), "{text}");
+        assert!(text.contains(" is 108 bytes") && text.contains(&long), "{text}");
+
+        // `<dir>/<driver>-reg.sock`: the driver name counts too.
+        let registry = format!("/{}", "r".repeat(100));
+        let err = KubeletPluginConfig::new("netclaim.dev", &registry, "/p").validate().unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("--kubelet-registry-dir: "), "{text}");
+        let len = registry.len() + "/netclaim.dev-reg.sock".len();
+        assert!(text.contains(&format!(" is {len} bytes")), "{text}");
     }
 
     #[test]

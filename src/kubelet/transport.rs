@@ -18,7 +18,7 @@ use super::KubeletError;
 use super::authority::ClientStreamRewriter;
 
 /// Longest socket path the kernel accepts (`sun_path` is 108 bytes including the NUL).
-const MAX_SOCKET_PATH: usize = 107;
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// An accepted connection whose client-to-server bytes pass through a
 /// [`ClientStreamRewriter`]; the server-to-client direction is the inner stream's own.

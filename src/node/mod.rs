@@ -97,6 +97,19 @@ pub struct NodeConfig {
     pub block_release_grace: Duration,
 }
 
+impl NodeConfig {
+    /// The kubelet plugin's settings (sockets, driver name); [`KubeletPluginConfig::validate`]
+    /// on them checks the socket paths against `sun_path`, naming the flag.
+    #[must_use]
+    pub fn kubelet_plugin(&self) -> KubeletPluginConfig {
+        KubeletPluginConfig::new(
+            &self.driver_name,
+            &self.kubelet_registry_dir,
+            &self.kubelet_plugin_dir,
+        )
+    }
+}
+
 /// The default `--block-release-grace` (DESIGN §1).
 pub const DEFAULT_BLOCK_RELEASE_GRACE: Duration = Duration::from_mins(10);
 /// How long a prepare naming a `PodNetwork` waits for the daemon's first list of them.
@@ -185,6 +198,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
 
 /// Runs the daemon until `stop` turns true.
 pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Result<(), NodeError> {
+    // Before anything is published or registered: a socket path kubelet cannot use would
+    // otherwise leave slices of a node whose driver never registers.
+    config.kubelet_plugin().validate()?;
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let mut metrics_stop = stop.clone();
@@ -240,16 +256,12 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
         networks: network_inputs,
         stop: stop.clone(),
     };
-    let pool = PoolIdentity {
-        driver: config.driver_name.clone(),
-        node: config.node_name.clone(),
-        generation: 0,
-    };
-    let publisher = Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner);
+    let publisher = new_publisher(&config, slices, owner, &claims);
     let interfaces = HostInterfaces::new(Sysfs::new(&config.sysfs_root));
     let reports = start_device_health(&config, &interfaces, &publisher, &attach_service, &stop)?;
     // What `netclaim status` shows (DESIGN §5 item 9).
-    let parts = status_api::DaemonParts::new(&claims, &attach_service, &metrics, &health);
+    let holds = publisher.holds();
+    let parts = status_api::DaemonParts::new(&claims, &attach_service, &metrics, &health, holds);
     status_api::start(&config, publisher.devices(), reports.clone(), parts, &stop);
     let publishing = publish::run(publisher, &interfaces, &events, triggers, &*metrics, &*health);
     tokio::pin!(publishing);
@@ -299,6 +311,24 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let _ignored = tokio::time::timeout(Duration::from_secs(1), metrics_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The ResourceSlice publisher of this node's pool, holding sharing changes of devices that
+/// claims prepared here use (DESIGN §2).
+fn new_publisher(
+    config: &NodeConfig,
+    slices: KubeSlices,
+    owner: Option<OwnerReference>,
+    claims: &Arc<NodeClaims>,
+) -> Publisher<KubeSlices> {
+    let pool = PoolIdentity {
+        driver: config.driver_name.clone(),
+        node: config.node_name.clone(),
+        generation: 0,
+    };
+    let prepared = PreparedOnNode { claims: Arc::clone(claims), pool: pool.node.clone() };
+    Publisher::new(slices, pool, config.selection.clone(), config.sharing, owner)
+        .with_prepared(Arc::new(prepared))
 }
 
 /// Starts the IPBlock upkeep, which ends when `stop` turns true: adopt blocks created before
@@ -467,20 +497,39 @@ async fn start_kubelet_plugin(
         Arc::clone(metrics),
     ));
     let mut stopped = stop.clone();
-    let handle = KubeletPlugin::start(
-        KubeletPluginConfig::new(
-            &config.driver_name,
-            &config.kubelet_registry_dir,
-            &config.kubelet_plugin_dir,
-        )
-        .with_health(health),
-        preparer,
-        async move {
+    let handle =
+        KubeletPlugin::start(config.kubelet_plugin().with_health(health), preparer, async move {
             let _ignored = stopped.wait_for(|stopped| *stopped).await;
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(handle)
+}
+
+/// The devices of this node's pool that prepared claims use, read from the claim service at
+/// each publication: the publisher holds a sharing change of such a device (DESIGN §2).
+/// Claims allocated but not yet prepared are not seen here (docs/operations.md).
+struct PreparedOnNode {
+    claims: Arc<NodeClaims>,
+    /// This node's pool (the node name).
+    pool: String,
+}
+
+impl std::fmt::Debug for PreparedOnNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedOnNode").field("pool", &self.pool).finish_non_exhaustive()
+    }
+}
+
+impl publish::PreparedDevices for PreparedOnNode {
+    fn prepared_devices(&self) -> std::collections::BTreeSet<String> {
+        self.claims
+            .all_prepared()
+            .into_iter()
+            .flat_map(|claim| claim.devices)
+            .filter(|device| device.pool == self.pool)
+            .map(|device| device.device)
+            .collect()
+    }
 }
 
 /// A token cancelled when `stop` turns true (for tasks that stop on a token).

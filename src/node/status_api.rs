@@ -7,7 +7,7 @@
 //! (no I/O); [`serve`] answers it on the socket from a [`StatusSource`]; [`fetch`] is the
 //! client. The daemon serves it from snapshots of its running parts (`start`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use crate::attach::{AttachmentState, PodAttachment};
 use crate::claims::PreparedClaim;
 use crate::health::{HealthReport, HealthStatus};
+use crate::inventory::publish::SharingHold;
 use crate::metrics::{Health, InterfaceLabels, Metrics};
 use crate::model::device::Device;
 use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
@@ -68,6 +69,10 @@ pub struct NodeStatus {
     pub not_ready_reason: Option<String>,
     /// The pool's generation as last published.
     pub pool_generation: i64,
+    /// Sharing changes that wait until claims prepared on a shared device are unprepared
+    /// (`inventory::publish::SharingHold`), one sentence each; empty when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_sharing_changes: Vec<String>,
     /// Whether traffic counters are on.
     pub counters: bool,
     /// The published devices, by name.
@@ -229,6 +234,8 @@ pub struct DaemonFacts {
     pub readiness: Result<(), String>,
     /// The pool's generation.
     pub pool_generation: i64,
+    /// The sharing changes held now, one sentence each.
+    pub held_sharing_changes: Vec<String>,
     /// Whether counters are on.
     pub counters: bool,
     /// Now, RFC 3339.
@@ -269,6 +276,7 @@ impl NodeStatus {
             ready,
             not_ready_reason,
             pool_generation: facts.pool_generation,
+            held_sharing_changes: facts.held_sharing_changes,
             counters: facts.counters,
             devices: device_rows(devices, health),
             claims: claim_rows(claims),
@@ -399,6 +407,7 @@ pub(super) struct DaemonParts {
     attach: Arc<NodeAttach>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    holds: watch::Receiver<BTreeSet<SharingHold>>,
 }
 
 impl DaemonParts {
@@ -407,12 +416,14 @@ impl DaemonParts {
         attach: &Arc<NodeAttach>,
         metrics: &Arc<Metrics>,
         health: &Arc<Health>,
+        holds: watch::Receiver<BTreeSet<SharingHold>>,
     ) -> Self {
         Self {
             claims: Arc::clone(claims),
             attach: Arc::clone(attach),
             metrics: Arc::clone(metrics),
             health: Arc::clone(health),
+            holds,
         }
     }
 }
@@ -441,6 +452,7 @@ fn daemon_source(
             driver: driver.clone(),
             readiness: parts.health.readiness(),
             pool_generation: parts.metrics.pool_generation.get(),
+            held_sharing_changes: parts.holds.borrow().iter().map(ToString::to_string).collect(),
             counters: counters_on,
             collected_at: k8s_openapi::jiff::Timestamp::now().to_string(),
         };

@@ -196,7 +196,7 @@ fn named<'a>(devices: &'a [ApiDevice], name: &str) -> Option<&'a ApiDevice> {
 }
 
 fn attribute(device: &ApiDevice, name: &str) -> Option<Value> {
-    let value = device.attributes.as_ref()?.get(&format!("netclaim.dev/{name}"))?;
+    let value = device.attributes.as_ref()?.get(name)?;
     value.string.clone().map(Value::from).or(value.int.map(Value::from))
 }
 

@@ -544,7 +544,7 @@ async fn flow(
             .find(|d| {
                 d.attributes
                     .as_ref()
-                    .and_then(|a| a.get("netclaim.dev/ifName"))
+                    .and_then(|a| a.get("ifName"))
                     .and_then(|a| a.string.as_deref())
                     == Some(node.veth.a.as_str())
             })

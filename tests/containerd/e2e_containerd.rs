@@ -376,7 +376,7 @@ impl Cluster {
             .find(|d| {
                 d.attributes
                     .as_ref()
-                    .and_then(|a| a.get("netclaim.dev/ifName"))
+                    .and_then(|a| a.get("ifName"))
                     .and_then(|a| a.string.as_deref())
                     == Some(if_name)
             })

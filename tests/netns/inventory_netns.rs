@@ -40,7 +40,7 @@ fn devices(list: &Value) -> Vec<Value> {
 }
 
 fn device_for(list: &Value, if_name: &str) -> Option<Value> {
-    devices(list).into_iter().find(|d| d["attributes"]["netclaim.dev/ifName"]["string"] == if_name)
+    devices(list).into_iter().find(|d| d["attributes"]["ifName"]["string"] == if_name)
 }
 
 fn mac_of(netns: &Netns, if_name: &str) -> String {
@@ -76,11 +76,11 @@ fn a_veth_shared_parent_is_published_with_capacity() {
     assert_eq!(device["capacity"]["netclaim.dev/interfaces"]["value"], "256");
     assert_eq!(device["capacity"]["netclaim.dev/interfaces"]["requestPolicy"]["default"], "1");
     let attributes = &device["attributes"];
-    assert_eq!(attributes["netclaim.dev/mac"]["string"], mac_of(&netns, &parent).as_str());
-    assert_eq!(attributes["netclaim.dev/mtu"]["int"], 1400);
-    assert_eq!(attributes["netclaim.dev/type"]["string"], "virtual");
-    assert_eq!(attributes["netclaim.dev/sharing"]["string"], "shared");
-    assert!(attributes.get("netclaim.dev/pciAddress").is_none(), "a veth has no PCI address");
+    assert_eq!(attributes["mac"]["string"], mac_of(&netns, &parent).as_str());
+    assert_eq!(attributes["mtu"]["int"], 1400);
+    assert_eq!(attributes["type"]["string"], "virtual");
+    assert_eq!(attributes["sharing"]["string"], "shared");
+    assert!(attributes.get("pciAddress").is_none(), "a veth has no PCI address");
     assert!(device_for(&list, &peer).is_none(), "an unlisted veth is left to the node");
 }
 
@@ -131,7 +131,7 @@ fn exclusion_rules_hold_on_a_real_topology() {
 
     let list = inventory_json(&netns, &["--include-interfaces", &include]);
     let published = device_for(&list, &macvlan).expect("an included macvlan is published");
-    assert_eq!(published["attributes"]["netclaim.dev/sharing"]["string"], "exclusive");
+    assert_eq!(published["attributes"]["sharing"]["string"], "exclusive");
     assert!(published.get("allowMultipleAllocations").is_none());
     for excluded in [&bridge, &port, &uplink, &addressed] {
         assert!(device_for(&list, excluded).is_none(), "{excluded} must not be published");
@@ -157,16 +157,16 @@ fn changes_in_the_kernel_show_in_the_next_inventory() {
     netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
     let before = inventory_json(&netns, &["--shared-parents", &parent]);
     let device = device_for(&before, &parent).unwrap();
-    assert_eq!(device["attributes"]["netclaim.dev/mtu"]["int"], 1500);
-    assert_eq!(device["attributes"]["netclaim.dev/operState"]["string"], "down");
+    assert_eq!(device["attributes"]["mtu"]["int"], 1500);
+    assert_eq!(device["attributes"]["operState"]["string"], "down");
 
     netns.ip(&["link", "set", &parent, "mtu", "9000"]);
     netns.ip(&["link", "set", &parent, "up"]);
     netns.ip(&["link", "set", &peer, "up"]);
     let after = inventory_json(&netns, &["--shared-parents", &parent]);
     let device = device_for(&after, &parent).unwrap();
-    assert_eq!(device["attributes"]["netclaim.dev/mtu"]["int"], 9000);
-    assert_eq!(device["attributes"]["netclaim.dev/operState"]["string"], "up");
+    assert_eq!(device["attributes"]["mtu"]["int"], 9000);
+    assert_eq!(device["attributes"]["operState"]["string"], "up");
 
     netns.ip(&["link", "del", &parent]);
     let gone = inventory_json(&netns, &["--shared-parents", &parent]);

@@ -338,12 +338,15 @@ async fn create_objects(
     names: &TopologyNames,
 ) -> Result<(), String> {
     let driver = &options.cluster.driver_name;
+    // The attributes are in the `netclaim.dev` domain under any `--driver-name` (decision
+    // 0023), so the selector names that domain, not the driver.
     let class: DeviceClass = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": CLASS},
         "spec": {"selectors": [{"cel": {"expression": format!(
-            "device.driver == \"{driver}\" && device.attributes[\"{driver}\"].ifName == \"{}\"",
+            "device.driver == \"{driver}\" && device.attributes[\"{}\"].ifName == \"{}\"",
+            crate::model::names::ATTRIBUTE_DOMAIN,
             names.parent
         )}}]},
     }))

@@ -6,6 +6,11 @@
 //! [`NodeWarnings`] (Events on the Node), [`PublishEvents`] (what the metrics count) and
 //! [`Readiness`] (the daemon's `/readyz`).
 //!
+//! While a sharing change is held ([`super::SharingHold`]: claims prepared on a shared
+//! device) the loop publishes again every [`HOLD_RECHECK`], which publishes the change once
+//! the claims are unprepared (the claim service has no change feed; the check is a lookup in
+//! memory and a discovery, and writes nothing while the hold lasts).
+//!
 //! The first publication waits (at most [`NETWORKS_PATIENCE`]) until the PodNetworks have
 //! been listed and the Node read: a restarted daemon then publishes the network devices it
 //! published before in its first generation instead of dropping them and adding them back
@@ -40,6 +45,8 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// one list each on a reachable API server; kubelet registration waits 10 s for the first
 /// publication, so this stays well below.
 pub const NETWORKS_PATIENCE: Duration = Duration::from_secs(5);
+/// How often a held sharing change is looked at again.
+pub const HOLD_RECHECK: Duration = Duration::from_secs(5);
 
 /// What the watch of our slices reports.
 #[derive(Debug)]
@@ -168,6 +175,9 @@ pub async fn run<A, I, W, E, P, R>(
                         force = false;
                         retry_delay = RETRY_MIN;
                         readiness.mark_ready();
+                        if publisher.is_holding() && due.is_none() {
+                            due = Some(Instant::now() + HOLD_RECHECK);
+                        }
                     }
                     Err(err) => {
                         tracing::warn!(%err, retry_in = ?retry_delay, "publishing ResourceSlices failed");
@@ -291,6 +301,15 @@ async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings, P: Publ
     if let Some(message) = report.capacity_dropped {
         tracing::warn!("{message}");
         warnings.warn("ConsumableCapacityUnsupported", "PublishResourceSlices", message).await;
+    }
+    for hold in &report.new_holds {
+        tracing::warn!(device = %hold.device, interface = %hold.if_name, "{hold}");
+        warnings.warn("SharingChangeWaiting", "PublishResourceSlices", hold.to_string()).await;
+    }
+    for hold in &report.released_holds {
+        tracing::info!(device = %hold.device, interface = %hold.if_name,
+            "no claim is prepared on shared device {} any more; {} is published as the \
+             inventory says now", hold.device, hold.if_name);
     }
     if publisher.sharing_mode() == SharingMode::Slots {
         tracing::debug!("shared parents published as slots");

@@ -398,7 +398,7 @@ async fn a_nic_in_a_pod_loses_its_tag_when_its_network_is_disabled() {
             .values()
             .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
             .find(|d| d.name == "pci-0000-00-00-0")
-            .and_then(|d| d.attributes.unwrap().get("netclaim.dev/podNetwork").cloned())
+            .and_then(|d| d.attributes.unwrap().get("podNetwork").cloned())
             .and_then(|a| a.string)
     };
     assert_eq!(tag(&api).as_deref(), Some("dev"));
@@ -415,4 +415,195 @@ async fn a_nic_in_a_pod_loses_its_tag_when_its_network_is_disabled() {
     publisher.sync(&all[1..], false).await.unwrap();
     assert_eq!(api.device_count(), 2);
     assert_eq!(tag(&api), None);
+}
+
+/// Devices with prepared claims, as the claim service would report them.
+#[derive(Debug, Default)]
+struct Prepared(Mutex<BTreeSet<String>>);
+
+impl Prepared {
+    fn set(&self, names: &[&str]) {
+        *self.0.lock().unwrap() = names.iter().map(|n| (*n).to_owned()).collect();
+    }
+}
+
+impl PreparedDevices for Prepared {
+    fn prepared_devices(&self) -> BTreeSet<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// `(allowMultipleAllocations, has capacity)` of device `name` as the API stores it.
+fn stored_sharing(api: &FakeApi, name: &str) -> Option<(Option<bool>, bool)> {
+    api.slices
+        .lock()
+        .unwrap()
+        .values()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .find(|d| d.name == name)
+        .map(|d| (d.allow_multiple_allocations, d.capacity.is_some()))
+}
+
+#[tokio::test]
+async fn a_network_turning_exclusive_waits_while_claims_are_prepared_on_its_shared_device() {
+    use serde_json::json;
+    let api = FakeApi::default();
+    let prepared = std::sync::Arc::new(Prepared::default());
+    let mut publisher =
+        publisher(&api, &[], RequestedSharing::Auto).with_prepared(prepared.clone());
+    let all = nics(2);
+    publisher.set_networks(&network_inputs(&[("medianet", json!({"parents": ["ens0"]}))]));
+    publisher.sync(&all, false).await.unwrap();
+    let shared = "medianet-pci-0000-00-00-0";
+    assert_eq!(stored_sharing(&api, shared), Some((Some(true), true)));
+    // A claim on another device holds nothing.
+    prepared.set(&[shared, "pci-0000-00-00-1"]);
+
+    // The network turns the NIC exclusive while a claim is prepared on its shared device.
+    let exclusive =
+        network_inputs(&[("medianet", json!({"parents": ["ens0"], "mode": "host-device"}))]);
+    assert!(publisher.set_networks(&exclusive));
+    let report = publisher.sync(&all, false).await.unwrap();
+    let hold = SharingHold { device: shared.to_owned(), if_name: "ens0".to_owned() };
+    assert_eq!(report.new_holds, std::slice::from_ref(&hold));
+    assert!(hold.to_string().contains("waits until they are unprepared"), "{hold}");
+    assert_eq!(report.applied, 0, "nothing to write: the pool stays as it was");
+    assert_eq!(published_names(&api), [shared, "pci-0000-00-00-1"]);
+    assert_eq!(stored_sharing(&api, shared), Some((Some(true), true)));
+    assert!(publisher.is_holding());
+    assert_eq!(*publisher.holds().borrow(), BTreeSet::from([hold.clone()]));
+    // Said once.
+    let report = publisher.sync(&all, false).await.unwrap();
+    assert!(report.new_holds.is_empty() && report.released_holds.is_empty());
+
+    // Unprepared: the change goes out, in one generation.
+    let generation = publisher.generation();
+    prepared.set(&[]);
+    let report = publisher.sync(&all, false).await.unwrap();
+    assert_eq!(report.released_holds, [hold]);
+    assert!(!publisher.is_holding());
+    assert_eq!(report.generation, generation + 1);
+    assert_eq!(published_names(&api), ["pci-0000-00-00-0", "pci-0000-00-00-1"]);
+    assert_eq!(stored_sharing(&api, "pci-0000-00-00-0"), Some((None, false)));
+}
+
+#[tokio::test]
+async fn a_network_disabled_or_a_nic_gone_is_no_sharing_change_and_holds_nothing() {
+    use serde_json::json;
+    let api = FakeApi::default();
+    let prepared = std::sync::Arc::new(Prepared::default());
+    let mut publisher =
+        publisher(&api, &[], RequestedSharing::Auto).with_prepared(prepared.clone());
+    let all = nics(1);
+    publisher.set_networks(&network_inputs(&[("medianet", json!({"parents": ["ens0"]}))]));
+    publisher.sync(&all, false).await.unwrap();
+    prepared.set(&["medianet-pci-0000-00-00-0"]);
+    publisher.set_networks(&network_inputs(&[(
+        "medianet",
+        json!({"parents": ["ens0"], "enabled": false}),
+    )]));
+    let report = publisher.sync(&all, false).await.unwrap();
+    assert!(report.new_holds.is_empty());
+    assert!(published_names(&api).is_empty(), "{:?}", published_names(&api));
+}
+
+#[tokio::test]
+async fn the_auto_fallback_to_slots_waits_while_claims_are_prepared_on_a_shared_device() {
+    // Published with consumable capacity; then the API server loses the feature (a
+    // downgrade) and the daemon restarts while a claim is prepared on veth0.
+    let before = FakeApi::default();
+    publisher(&before, &["veth0", "veth1"], RequestedSharing::Auto)
+        .sync(&[veth("veth0"), veth("veth1")], false)
+        .await
+        .unwrap();
+    let api = FakeApi { drop_capacity: true, ..FakeApi::default() };
+    api.slices.lock().unwrap().clone_from(&before.slices.lock().unwrap());
+    let prepared = std::sync::Arc::new(Prepared::default());
+    prepared.set(&["veth0"]);
+    let mut publisher = publisher(&api, &["veth0", "veth1"], RequestedSharing::Auto)
+        .with_prepared(prepared.clone());
+    let devices = publisher.devices();
+    let interfaces = [veth("veth0"), veth("veth1")];
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert!(report.capacity_dropped.is_some());
+    assert_eq!(publisher.sharing_mode(), SharingMode::Slots);
+    let hold = SharingHold { device: "veth0".to_owned(), if_name: "veth0".to_owned() };
+    assert_eq!(report.new_holds, std::slice::from_ref(&hold));
+    // veth0 is still sent as one shared device; veth1, with no claim, became slots.
+    let sent = devices.borrow().clone();
+    let veth0: Vec<&Device> = sent.iter().filter(|d| d.if_name == "veth0").collect();
+    assert_eq!(veth0.len(), 1);
+    assert_eq!((veth0[0].sharing, veth0[0].shared_capacity), (Sharing::Shared, Some(256)));
+    assert_eq!(sent.iter().filter(|d| d.if_name == "veth1").count(), 32);
+
+    prepared.set(&[]);
+    let report = publisher.sync(&interfaces, false).await.unwrap();
+    assert_eq!(report.released_holds, [hold]);
+    assert_eq!(api.device_count(), 64, "both parents as slots now");
+}
+
+#[tokio::test]
+async fn a_parent_dropped_from_shared_parents_across_a_restart_waits_for_its_claims() {
+    let before = FakeApi::default();
+    publisher(&before, &["ens0"], RequestedSharing::Auto).sync(&nics(1), false).await.unwrap();
+    assert_eq!(stored_sharing(&before, "pci-0000-00-00-0"), Some((Some(true), true)));
+    // Restarted without --shared-parents: the NIC would become an exclusive device of the
+    // same name, allocatable whole while macvlan children of its claims sit on it.
+    let api = FakeApi::default();
+    api.slices.lock().unwrap().clone_from(&before.slices.lock().unwrap());
+    let prepared = std::sync::Arc::new(Prepared::default());
+    prepared.set(&["pci-0000-00-00-0"]);
+    let mut publisher =
+        publisher(&api, &[], RequestedSharing::Auto).with_prepared(prepared.clone());
+    let report = publisher.sync(&nics(1), false).await.unwrap();
+    assert_eq!(report.new_holds.len(), 1, "{report:?}");
+    assert_eq!(api.generations(), BTreeSet::from([2]));
+    assert_eq!(stored_sharing(&api, "pci-0000-00-00-0"), Some((Some(true), true)));
+
+    prepared.set(&[]);
+    publisher.sync(&nics(1), false).await.unwrap();
+    assert_eq!(stored_sharing(&api, "pci-0000-00-00-0"), Some((None, false)));
+}
+
+#[tokio::test]
+async fn existing_slices_are_rewritten_with_unqualified_attributes_in_one_generation() {
+    // A pool of an earlier release: attribute names qualified with our domain, two slices.
+    let before = FakeApi::default();
+    let all = nics(200);
+    publisher(&before, &[], RequestedSharing::Auto).sync(&all, false).await.unwrap();
+    let api = FakeApi::default();
+    for (name, mut slice) in before.slices.lock().unwrap().clone() {
+        for device in slice.spec.devices.iter_mut().flatten() {
+            let attributes = device.attributes.take().unwrap_or_default();
+            device.attributes = Some(
+                attributes
+                    .into_iter()
+                    .map(|(key, value)| {
+                        (crate::model::names::qualified_name(&key, "netclaim.dev"), value)
+                    })
+                    .collect(),
+            );
+        }
+        api.slices.lock().unwrap().insert(name, slice);
+    }
+    let names_before = published_names(&api);
+    assert!(names_before.len() == 200 && api.slices.lock().unwrap().len() == 2);
+    let qualified = |api: &FakeApi| {
+        api.slices
+            .lock()
+            .unwrap()
+            .values()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .flat_map(|d| d.attributes.unwrap_or_default().into_keys())
+            .filter(|key| key.starts_with("netclaim.dev/"))
+            .count()
+    };
+    assert!(qualified(&api) > 0);
+
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let report = publisher.sync(&all, false).await.unwrap();
+    assert_eq!(report.applied, 2);
+    assert_eq!(api.generations(), BTreeSet::from([2]), "every slice at the next generation");
+    assert_eq!(published_names(&api), names_before, "same device names");
+    assert_eq!(qualified(&api), 0);
 }

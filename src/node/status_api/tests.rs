@@ -24,6 +24,7 @@ fn facts(readiness: Result<(), String>) -> DaemonFacts {
         driver: "netclaim.dev".to_owned(),
         readiness,
         pool_generation: 7,
+        held_sharing_changes: Vec::new(),
         counters: true,
         collected_at: "2026-11-25T10:00:00Z".to_owned(),
     }
