@@ -112,7 +112,7 @@ fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
         containerd: args.containerd.as_ref().map(|cri| ContainerdSockets {
             cri: cri.clone(),
             nri: args.containerd_nri_socket.clone(),
-            cdi_spec_dir: None,
+            cdi_spec_dir: args.containerd_cdi_spec_dir.clone(),
         }),
         run_parent: args.run_dir.clone(),
         // Zero keeps the counters out of the status, but the demo still reads them there:

@@ -367,6 +367,13 @@ pub struct DevArgs {
     )]
     pub containerd_nri_socket: PathBuf,
 
+    /// With --containerd: a CDI spec dir that containerd reads (one of its `cdi_spec_dirs`,
+    /// CDI on). The node daemon writes its device metadata specs there and containers that
+    /// use a claim get its CDI ids, so they read their metadata file (KEP-5304). Unset: the
+    /// specs stay in the run dir and containers get no CDI ids.
+    #[arg(long, env = "NETCLAIM_CONTAINERD_CDI_SPEC_DIR", value_name = "DIR")]
+    pub containerd_cdi_spec_dir: Option<PathBuf>,
+
     /// Node name, also the pool name (default: the host name if it is a DNS subdomain, else
     /// dev-node); with --nodes, the base of the node names.
     #[arg(long, env = "NETCLAIM_NODE_NAME", value_parser = parse_node_name)]
