@@ -20,8 +20,7 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../tests/kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,11 +28,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kit::ipam::{Cluster, Node, claim_ref, prepare_all};
+use kit::testing::leases::MemoryLeases;
 use netclaim::claims::ClaimPreparer;
 use netclaim::ipam::blocks::Candidates;
-use netclaim::ipam::{
-    Clock, Ipam, Lease, LeaseOwner, LeaseStore, ManualClock, OwnedBlock, ReleasedAddress,
-};
+use netclaim::ipam::{Clock, Ipam, LeaseOwner, ManualClock, OwnedBlock};
 use netclaim::model::ClaimRef;
 use netclaim::model::network_config::NetworkAddressing;
 use serde_json::{Value, json};
@@ -66,33 +64,6 @@ async fn prepare(node: &Node, claims: Vec<ClaimRef>) -> Duration {
     let elapsed = started.elapsed();
     assert!(results.values().all(Result::is_ok), "{results:?}");
     elapsed
-}
-
-/// Leases kept nowhere (the allocator's floor).
-#[derive(Debug)]
-struct Nowhere;
-
-#[derive(Debug, thiserror::Error)]
-#[error("never")]
-struct Never;
-
-impl LeaseStore for Nowhere {
-    type Error = Never;
-    fn load_leases(&self) -> Result<Vec<Lease>, Never> {
-        Ok(Vec::new())
-    }
-    fn load_released(&self) -> Result<Vec<ReleasedAddress>, Never> {
-        Ok(Vec::new())
-    }
-    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, Never> {
-        Ok(Vec::new())
-    }
-    fn save_lease(&self, _: &Lease) -> Result<(), Never> {
-        Ok(())
-    }
-    fn remove_lease(&self, _: &Lease, _: &ReleasedAddress) -> Result<(), Never> {
-        Ok(())
-    }
 }
 
 /// Pods kept on the node while the benchmark runs: a busy node's steady state (every
@@ -149,8 +120,11 @@ fn allocation(c: &mut Criterion) {
         block_v6: 120,
         addresses: Vec::new(),
     };
-    let mut ipam =
-        Ipam::load_with_clock(Nowhere, Arc::new(ManualClock::at(0)) as Arc<dyn Clock>).unwrap();
+    let mut ipam = Ipam::load_with_clock(
+        MemoryLeases::forgetful(),
+        Arc::new(ManualClock::at(0)) as Arc<dyn Clock>,
+    )
+    .unwrap();
     for cidr in Candidates::new(&plan, true, "node-a").take(8) {
         ipam.add_block(
             OwnedBlock {

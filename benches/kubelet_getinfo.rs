@@ -6,8 +6,7 @@
 //! kubelet's percent-encoded socket path (accepted only behind the adapter, so the plain server
 //! is measured with `localhost` from the same client).
 
-#[path = "../tests/kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

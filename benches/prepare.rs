@@ -10,8 +10,7 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../tests/kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 use std::io::Write as _;
 use std::path::Path;

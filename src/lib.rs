@@ -39,3 +39,5 @@ pub mod podnet;
 pub mod stats;
 pub mod store;
 pub mod telemetry;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testing;

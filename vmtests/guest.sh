@@ -5,7 +5,7 @@
 # tests included, one thread at a time. An argument `<binary>::<suite>` (what build.sh
 # prints) runs only the tests of that module, in a process of its own: the suites run one
 # after the other in the order given, each starting from the NIC state the previous one left
-# (the VF guard of tests/kit/vm.rs gives it back). Exit status: 0 when every run passed, else
+# (the VF guard of testkit/src/vm.rs gives it back). Exit status: 0 when every run passed, else
 # the first failing run's.
 set -uo pipefail
 

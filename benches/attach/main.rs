@@ -16,8 +16,7 @@
 #![allow(missing_docs, reason = "a bench binary has no public API")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
 
-#[path = "../../tests/kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 mod baselines;
 mod node;

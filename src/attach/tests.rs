@@ -24,6 +24,7 @@ use crate::podnet::failing::{FailingOps, FailurePlan};
 use crate::podnet::fake::FakeKernel;
 use crate::podnet::ops::{EEXIST, LinkState};
 use crate::podnet::{LinkOpError, LinkOps, Side};
+use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 /// [`LinkOps`] over a shared fake kernel (the service owns its ops).
 /// The fake kernel behind the world's failure plan (which fails nothing unless a test sets
@@ -238,18 +239,7 @@ impl World {
 }
 
 fn facts(if_name: &str, sharing: Sharing, mtu: u32) -> DeviceFacts {
-    DeviceFacts {
-        sharing,
-        kind: DeviceKind::Physical,
-        if_name: if_name.to_owned(),
-        mtu,
-        min_mtu: 68,
-        max_mtu: 9000,
-        pf_mtu: None,
-        passthru_children: 0,
-        other_children: 0,
-        ipvlan_children: 0,
-    }
+    physical_nic(if_name).sharing(sharing).mtu(mtu)
 }
 
 /// A prepared claim `name` (uid `uid-<name>`) for pod `pod`, one device per

@@ -2,9 +2,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{
@@ -22,9 +20,12 @@ use super::state::lock;
 use super::*;
 use crate::ipam::{Ipam, LeaseOwner};
 use crate::model::ClaimRef;
-use crate::model::network_config::{Addressing, DeviceFacts, DeviceKind, ResolvedMode, Sharing};
+use crate::model::network_config::{Addressing, DeviceKind, ResolvedMode, Sharing};
 use crate::model::support::KernelSupport;
 use crate::store::{Record, Store};
+use crate::testing::claims::MapClaims;
+use crate::testing::devices::{FixedDevices, if_name_attribute};
+use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 mod metadata;
 mod networks;
@@ -33,103 +34,29 @@ mod vf;
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";
 
-/// Claims by namespace/name; counts GETs; an optional delay makes overlap observable.
-#[derive(Default)]
-struct FakeApi {
-    claims: Mutex<HashMap<(String, String), ResourceClaim>>,
-    /// Pods by namespace/name: their claim names in `spec.resourceClaims` order.
-    pods: Mutex<HashMap<(String, String), Vec<String>>>,
-    gets: AtomicUsize,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-    delay: Option<Duration>,
-}
-
-impl FakeApi {
-    fn put(&self, claim: ResourceClaim) {
-        let key = (claim.metadata.namespace.clone().unwrap(), claim.metadata.name.clone().unwrap());
-        self.claims.lock().unwrap().insert(key, claim);
-    }
-}
-
-impl ClaimReader for Arc<FakeApi> {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        if let Some(delay) = self.delay {
-            tokio::time::sleep(delay).await;
-        }
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.claims
-            .lock()
-            .unwrap()
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
-            .ok_or(ReadError::NotFound)
-    }
-
-    async fn pod_claim_names(
-        &self,
-        namespace: &str,
-        pod: &str,
-    ) -> Result<Option<Vec<String>>, ReadError> {
-        Ok(self.pods.lock().unwrap().get(&(namespace.to_owned(), pod.to_owned())).cloned())
-    }
-}
-
 /// `eth1` exclusive, `eth2` shared parent, `eth2-s0` a slot of `eth2`, `eth9v1` VF 1 of the
-/// PF `eth9`.
-struct FixedDevices;
-
-impl DeviceLookup for FixedDevices {
-    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
-        let (sharing, if_name) = match name {
-            "eth1" => (Sharing::Exclusive, "eth1"),
-            "eth2" => (Sharing::Shared, "eth2"),
-            "eth2-s0" => (Sharing::Slot, "eth2"),
-            "eth9v1" => (Sharing::Exclusive, "eth9v1"),
-            _ => return Err(LookupError::NotFound(name.to_owned())),
-        };
-        let vf = name == "eth9v1";
-        Ok(DeviceFacts {
-            sharing,
-            kind: if vf { DeviceKind::SriovVf } else { DeviceKind::Physical },
-            if_name: if_name.into(),
-            mtu: 1500,
-            min_mtu: 68,
-            max_mtu: 9000,
-            pf_mtu: vf.then_some(9000),
-            passthru_children: 0,
-            other_children: 0,
-            ipvlan_children: 0,
-        })
-    }
-
-    async fn attributes(
-        &self,
-        name: &str,
-    ) -> Result<std::collections::BTreeMap<String, crate::model::device::AttributeValue>, LookupError>
-    {
-        use crate::model::device::AttributeValue;
-        let mut attributes: std::collections::BTreeMap<String, AttributeValue> =
-            [("netclaim.dev/ifName".to_owned(), AttributeValue::String(name.to_owned()))].into();
-        if name == "eth9v1" {
-            attributes.insert("netclaim.dev/pfName".into(), AttributeValue::String("eth9".into()));
-            attributes.insert("netclaim.dev/vfIndex".into(), AttributeValue::Int(1));
-        }
-        Ok(attributes)
-    }
+/// PF `eth9` (PF MTU 9000); each published with its name as `ifName`, the VF with its PF and
+/// index.
+fn fixed_devices() -> FixedDevices {
+    use crate::model::device::AttributeValue;
+    let mut vf_attributes = if_name_attribute("eth9v1");
+    vf_attributes.insert("netclaim.dev/pfName".into(), AttributeValue::String("eth9".into()));
+    vf_attributes.insert("netclaim.dev/vfIndex".into(), AttributeValue::Int(1));
+    FixedDevices::new()
+        .device("eth1", physical_nic("eth1"), if_name_attribute("eth1"))
+        .device("eth2", physical_nic("eth2").shared(), if_name_attribute("eth2"))
+        .device("eth2-s0", physical_nic("eth2").slot(), if_name_attribute("eth2-s0"))
+        .device("eth9v1", physical_nic("eth9v1").vf(9000), vf_attributes)
 }
 
-type Service = ClaimService<Arc<FakeApi>, FixedDevices, Arc<Store>>;
+type Service = ClaimService<Arc<MapClaims>, FixedDevices, Arc<Store>>;
 
-fn service(api: &Arc<FakeApi>, dir: &std::path::Path) -> Service {
+fn service(api: &Arc<MapClaims>, dir: &std::path::Path) -> Service {
     let store = Arc::new(Store::open(dir).unwrap());
     ClaimService::load(
         ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
         Arc::clone(api),
-        FixedDevices,
+        fixed_devices(),
         store,
     )
     .unwrap()
@@ -137,7 +64,7 @@ fn service(api: &Arc<FakeApi>, dir: &std::path::Path) -> Service {
 
 /// [`service`] on `clock` (quarantines end when a test moves it).
 fn clocked_service(
-    api: &Arc<FakeApi>,
+    api: &Arc<MapClaims>,
     dir: &std::path::Path,
     clock: &Arc<crate::ipam::ManualClock>,
 ) -> Service {
@@ -145,7 +72,7 @@ fn clocked_service(
     ClaimService::load_with_clock(
         ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
         Arc::clone(api),
-        FixedDevices,
+        fixed_devices(),
         store,
         Arc::clone(clock) as Arc<dyn crate::ipam::Clock>,
     )
@@ -259,7 +186,7 @@ async fn prepare_one(service: &Service, claim: &ClaimRef) -> Result<Vec<Prepared
 
 #[tokio::test]
 async fn only_our_driver_and_pool_results_are_prepared_and_share_id_is_kept() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let mut shared = result("shared", DRIVER, NODE, "eth2");
     shared.share_id = Some("3f1c0c3e-0000-4000-8000-000000000001".into());
     api.put(claim(
@@ -302,7 +229,7 @@ async fn only_our_driver_and_pool_results_are_prepared_and_share_id_is_kept() {
 
 #[tokio::test]
 async fn a_claim_without_results_for_this_node_is_refused() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim("other", "u1", vec![result("nic", DRIVER, "node-b", "eth1")], vec![]));
     let dir = tempfile::tempdir().unwrap();
     let err = prepare_one(&service(&api, dir.path()), &reference("other", "u1")).await.unwrap_err();
@@ -312,7 +239,7 @@ async fn a_claim_without_results_for_this_node_is_refused() {
 
 #[tokio::test]
 async fn reserved_for_two_pods_is_refused_with_the_reason() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let mut shared = simple_claim("two", "u2");
     shared.status.as_mut().unwrap().reserved_for = Some(vec![consumer("a"), consumer("b")]);
     api.put(shared);
@@ -326,7 +253,7 @@ async fn reserved_for_two_pods_is_refused_with_the_reason() {
 
 #[tokio::test]
 async fn uid_mismatch_and_missing_claims_are_named_errors() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(simple_claim("foo", "new-uid"));
     let dir = tempfile::tempdir().unwrap();
     let service = service(&api, dir.path());
@@ -349,7 +276,7 @@ async fn uid_mismatch_and_missing_claims_are_named_errors() {
 
 #[tokio::test]
 async fn config_merges_class_then_claim_entries_for_the_matching_request_only() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim(
         "cfg",
         "u1",
@@ -407,7 +334,7 @@ fn claim_with_too_long_interface_name(uid: &str) -> ResourceClaim {
 
 #[tokio::test]
 async fn invalid_config_names_the_field_and_reserves_nothing() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim_with_too_long_interface_name("u1"));
     let dir = tempfile::tempdir().unwrap();
     let service = service(&api, dir.path());
@@ -431,7 +358,7 @@ async fn invalid_config_names_the_field_and_reserves_nothing() {
 
 #[tokio::test]
 async fn passthru_takes_the_parent_alone_across_claims() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let passthru = params(json!({"mode": "macvlan", "macvlan": {"mode": "passthru"}}));
     api.put(claim(
         "p1",
@@ -456,7 +383,7 @@ async fn passthru_takes_the_parent_alone_across_claims() {
 async fn a_passthru_child_on_a_vlan_sub_interface_leaves_the_parent_itself_free() {
     // `eth2.7` is a netdev of its own, with its own receive handler: passthru on it does not
     // take `eth2`, but it does take `eth2.7` from a later claim on the same VLAN.
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let on = |name: &str, uid: &str, body: Value| {
         api.put(claim(
             name,
@@ -479,7 +406,7 @@ async fn a_passthru_child_on_a_vlan_sub_interface_leaves_the_parent_itself_free(
 #[tokio::test]
 async fn a_mode_the_node_cannot_attach_fails_the_prepare_naming_mode_and_reserves_nothing() {
     use crate::model::support::Probe;
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let on = |name: &str, uid: &str, device: &str, body: Value| {
         api.put(claim(
             name,
@@ -522,7 +449,7 @@ async fn a_mode_the_node_cannot_attach_fails_the_prepare_naming_mode_and_reserve
 
 #[tokio::test]
 async fn repeated_prepare_returns_the_stored_answer_without_an_api_call() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim(
         "ip",
         "u1",
@@ -535,19 +462,19 @@ async fn repeated_prepare_returns_the_stored_answer_without_an_api_call() {
     let address = service.prepared("u1").unwrap().devices[0].addresses.clone();
     assert_eq!(address, vec!["10.9.0.1/24".parse().unwrap()]);
     // Even a changed claim in the API does not change a prepared answer.
-    api.claims.lock().unwrap().clear();
+    api.clear();
     let second = prepare_one(&service, &reference("ip", "u1")).await.unwrap();
     assert_eq!(first, second);
-    assert_eq!(api.gets.load(Ordering::SeqCst), 1);
+    assert_eq!(api.gets(), 1);
     // Same UID twice in one request (and concurrently): one GET, both answered.
     let twice = service.prepare(vec![reference("ip", "u1"), reference("ip", "u1")]).await;
     assert_eq!(twice["u1"].as_ref().unwrap(), &first);
-    assert_eq!(api.gets.load(Ordering::SeqCst), 1);
+    assert_eq!(api.gets(), 1);
 }
 
 #[tokio::test]
 async fn a_restarted_service_knows_its_claims_and_their_addresses() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim(
         "ip",
         "u1",
@@ -562,13 +489,13 @@ async fn a_restarted_service_knows_its_claims_and_their_addresses() {
     let service = service(&api, dir.path());
     assert_eq!(service.prepared_uids(), vec!["u1".to_owned()]);
     assert_eq!(prepare_one(&service, &reference("ip", "u1")).await.unwrap(), first);
-    assert_eq!(api.gets.load(Ordering::SeqCst), 1, "the restarted service made no API call");
+    assert_eq!(api.gets(), 1, "the restarted service made no API call");
     assert_eq!(lock(&service.state).ipam.leases().count(), 1);
 }
 
 #[tokio::test]
 async fn leases_without_a_prepared_claim_are_released_at_load() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let dir = tempfile::tempdir().unwrap();
     {
         // A crash after the lease write and before the claim write leaves this behind.
@@ -595,7 +522,7 @@ async fn leases_without_a_prepared_claim_are_released_at_load() {
 
 #[tokio::test]
 async fn unprepare_releases_addresses_and_unknown_claims_succeed() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim(
         "ip",
         "u1",
@@ -634,7 +561,7 @@ async fn unprepare_releases_addresses_and_unknown_claims_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_claims_in_one_request_run_concurrently_with_distinct_addresses() {
-    let api = Arc::new(FakeApi { delay: Some(Duration::from_millis(20)), ..FakeApi::default() });
+    let api = Arc::new(MapClaims::default().with_delay(Duration::from_millis(20)));
     let mut refs = Vec::new();
     for i in 0..50 {
         let name = format!("c{i}");
@@ -652,7 +579,7 @@ async fn fifty_claims_in_one_request_run_concurrently_with_distinct_addresses() 
     let results = service.prepare(refs).await;
     assert_eq!(results.len(), 50);
     assert!(results.values().all(Result::is_ok), "{results:?}");
-    let max = api.max_in_flight.load(Ordering::SeqCst);
+    let max = api.max_in_flight();
     assert!(max > 1 && max <= MAX_CONCURRENT_CLAIMS, "GETs in flight at once: {max}");
     let mut addresses: Vec<IpNetwork> = (0..50)
         .flat_map(|i| service.prepared(&format!("u{i}")).unwrap().devices[0].addresses.clone())
@@ -679,7 +606,7 @@ fn prepared_claims_per_commit(journal: &std::path::Path) -> Vec<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_commits_its_claims_at_once_and_a_bad_claim_fails_alone() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let mut refs = Vec::new();
     for i in 0..20 {
         let (name, uid) = (format!("c{i}"), format!("u{i}"));
@@ -721,7 +648,7 @@ async fn a_call_commits_its_claims_at_once_and_a_bad_claim_fails_alone() {
 
 #[tokio::test]
 async fn the_pod_of_reserved_for_is_recorded_and_finds_its_claims_after_a_restart() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     for (name, uid) in [("b", "ub"), ("a", "ua")] {
         let mut found = claim(
             name,
@@ -775,18 +702,7 @@ fn a_record_written_before_reserved_for_was_kept_still_loads() {
                         parameters: params(json!({"mode": "macvlan"})),
                     }],
                     "nic",
-                    &DeviceFacts {
-                        sharing: Sharing::Shared,
-                        kind: DeviceKind::Physical,
-                        if_name: "eth2".into(),
-                        mtu: 1500,
-                        min_mtu: 68,
-                        max_mtu: 9000,
-                        pf_mtu: None,
-                        passthru_children: 0,
-                        other_children: 0,
-                        ipvlan_children: 0,
-                    },
+                    &physical_nic("eth2").shared(),
                     &crate::model::network_config::NodeSupport::everything(),
                 )
                 .unwrap(),
@@ -806,7 +722,7 @@ fn static_config(addresses: &[&str]) -> Value {
 #[tokio::test]
 async fn a_static_address_is_a_lease_no_pool_and_no_other_claim_gets() {
     let dir = tempfile::tempdir().unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let on_eth2 = |name: &str, uid: &str, parameters: Value| {
         claim(
             name,
@@ -871,7 +787,7 @@ fn claim_with_pool(name: &str, uid: &str, pool: &Value) -> ResourceClaim {
 #[tokio::test]
 async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
 
     api.put(claim_with_pool("a", "u-a", &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
     api.put(claim_with_pool(
@@ -901,7 +817,7 @@ async fn two_claims_naming_one_subnet_with_other_gateways_or_excludes_are_refuse
 #[tokio::test]
 async fn the_claims_a_new_claim_is_checked_against_follow_unprepare_and_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(claim_with_pool("a", "u-a", &json!({"subnet": "10.9.0.0/24", "gateway": "10.9.0.1"})));
     api.put(claim_with_pool(
         "b",
@@ -936,7 +852,7 @@ async fn the_claims_a_new_claim_is_checked_against_follow_unprepare_and_restart(
 #[tokio::test]
 async fn overlapping_pools_that_could_hand_out_each_others_gateway_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
 
     api.put(claim_with_pool(
         "wide",
@@ -983,7 +899,7 @@ async fn a_state_dir_of_the_previous_release_loads_and_is_migrated() {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/state-0e47c90/journal");
     std::fs::copy(&fixture, dir.path().join("journal")).unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let service = service(&api, dir.path());
     let mut names: Vec<(String, Option<u32>)> =
         service.all_prepared().into_iter().map(|c| (c.name, c.pod_claim_index)).collect();
@@ -1014,7 +930,7 @@ async fn a_state_dir_of_the_previous_release_loads_and_is_migrated() {
 #[tokio::test]
 async fn prepare_records_the_claims_position_in_its_pods_spec() {
     let dir = tempfile::tempdir().unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     for (name, uid) in [("first", "u1"), ("second", "u2"), ("other", "u3")] {
         api.put(claim(
             name,
@@ -1024,10 +940,7 @@ async fn prepare_records_the_claims_position_in_its_pods_spec() {
         ));
     }
     // The pod lists `second` before `first`; `other` is not in its spec.
-    api.pods.lock().unwrap().insert(
-        ("default".to_owned(), "pod-1".to_owned()),
-        vec!["second".to_owned(), "first".to_owned()],
-    );
+    api.put_pod("default", "pod-1", vec!["second".to_owned(), "first".to_owned()]);
     let service = service(&api, dir.path());
     for (name, uid) in [("first", "u1"), ("second", "u2"), ("other", "u3")] {
         prepare_one(&service, &reference(name, uid)).await.unwrap();

@@ -1,6 +1,5 @@
 //! IPAM tests: unit cases, and property tests of the allocator against an independent oracle.
 
-use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -10,57 +9,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::model::network_config::PoolSpec;
-
-/// In-memory lease store that counts writes and can be told to fail.
-#[derive(Debug, Default)]
-struct FakeLeaseStore {
-    leases: RefCell<BTreeMap<IpAddr, Lease>>,
-    released: RefCell<Vec<ReleasedAddress>>,
-    saves: Cell<usize>,
-    fail: Cell<bool>,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("injected store failure")]
-struct InjectedFailure;
-
-impl LeaseStore for FakeLeaseStore {
-    type Error = InjectedFailure;
-
-    fn load_leases(&self) -> Result<Vec<Lease>, InjectedFailure> {
-        Ok(self.leases.borrow().values().cloned().collect())
-    }
-
-    fn load_released(&self) -> Result<Vec<ReleasedAddress>, InjectedFailure> {
-        Ok(self.released.borrow().clone())
-    }
-
-    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, InjectedFailure> {
-        Ok(Vec::new())
-    }
-
-    fn save_lease(&self, lease: &Lease) -> Result<(), InjectedFailure> {
-        if self.fail.get() {
-            return Err(InjectedFailure);
-        }
-        self.saves.set(self.saves.get() + 1);
-        self.leases.borrow_mut().insert(lease.address, lease.clone());
-        Ok(())
-    }
-
-    fn remove_lease(
-        &self,
-        lease: &Lease,
-        released: &ReleasedAddress,
-    ) -> Result<(), InjectedFailure> {
-        if self.fail.get() {
-            return Err(InjectedFailure);
-        }
-        self.leases.borrow_mut().remove(&lease.address);
-        self.released.borrow_mut().push(released.clone());
-        Ok(())
-    }
-}
+use crate::testing::leases::MemoryLeases;
 
 fn owner(i: usize) -> LeaseOwner {
     LeaseOwner {
@@ -86,15 +35,14 @@ fn spec(subnet: &str, start: &str, end: &str, gateway: Option<&str>, exclude: &[
 }
 
 /// An empty IPAM on a clock that moves only when a test says so.
-fn empty_ipam() -> Ipam<FakeLeaseStore> {
+fn empty_ipam() -> Ipam<MemoryLeases> {
     clocked_ipam().0
 }
 
-fn clocked_ipam() -> (Ipam<FakeLeaseStore>, Arc<ManualClock>) {
+fn clocked_ipam() -> (Ipam<MemoryLeases>, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::at(1_000_000));
     let ipam =
-        Ipam::load_with_clock(FakeLeaseStore::default(), Arc::clone(&clock) as Arc<dyn Clock>)
-            .unwrap();
+        Ipam::load_with_clock(MemoryLeases::new(), Arc::clone(&clock) as Arc<dyn Clock>).unwrap();
     (ipam, clock)
 }
 
@@ -129,10 +77,10 @@ fn same_owner_gets_the_same_address_without_a_second_write() {
     let pool = spec("fd00:10::/64", "fd00:10::10", "fd00:10::ff", Some("fd00:10::1"), &[]);
     let mut ipam = empty_ipam();
     let first = ipam.reserve(&owner(7), &pool).unwrap();
-    let saves = ipam.store().saves.get();
+    let saves = ipam.store().saves();
     let again = ipam.reserve(&owner(7), &pool).unwrap();
     assert_eq!(first, again);
-    assert_eq!(ipam.store().saves.get(), saves, "an idempotent reserve writes nothing");
+    assert_eq!(ipam.store().saves(), saves, "an idempotent reserve writes nothing");
     let other_device = LeaseOwner { device: "eth2".into(), ..owner(7) };
     assert_ne!(ipam.reserve(&other_device, &pool).unwrap().address, first.address);
 }
@@ -166,7 +114,7 @@ fn release_claim_frees_every_lease_of_the_claim_and_only_those() {
     let released = ipam.release_claim("uid-1").unwrap();
     assert_eq!(released.len(), 3);
     assert_eq!(ipam.leases().count(), 1);
-    assert_eq!(ipam.store().leases.borrow().len(), 1);
+    assert_eq!(ipam.store().leases().len(), 1);
     assert!(ipam.release_claim("uid-1").unwrap().is_empty(), "releasing again is a no-op");
     assert_eq!(ipam.leased_per_pool(), BTreeMap::from([(a.subnet, 1)]));
 }
@@ -175,13 +123,13 @@ fn release_claim_frees_every_lease_of_the_claim_and_only_those() {
 fn a_failed_write_changes_nothing() {
     let pool = spec("10.2.0.0/24", "10.2.0.1", "10.2.0.254", None, &[]);
     let mut ipam = empty_ipam();
-    ipam.store().fail.set(true);
+    ipam.store().set_failing(true);
     let err = ipam.reserve(&owner(0), &pool).expect_err("store fails");
     assert!(matches!(err, IpamError::Persist { op: "save", .. }), "{err}");
     assert_eq!(ipam.leases().count(), 0);
-    ipam.store().fail.set(false);
+    ipam.store().set_failing(false);
     let lease = ipam.reserve(&owner(0), &pool).unwrap();
-    ipam.store().fail.set(true);
+    ipam.store().set_failing(true);
     assert!(ipam.release(&owner(0)).is_err());
     assert_eq!(
         ipam.lease_of(&owner(0), pool.subnet),
@@ -202,36 +150,19 @@ fn overlapping_pools_never_share_an_address() {
 
 #[test]
 fn load_rebuilds_state_and_refuses_a_double_lease() {
-    struct Doubled;
-    impl LeaseStore for Doubled {
-        type Error = InjectedFailure;
-        fn load_leases(&self) -> Result<Vec<Lease>, InjectedFailure> {
-            let a = Lease::new("10.0.0.0/24".parse().unwrap(), ip("10.0.0.5"), owner(0));
-            Ok(vec![a.clone(), Lease { owner: owner(1), ..a }])
-        }
-        fn load_released(&self) -> Result<Vec<ReleasedAddress>, InjectedFailure> {
-            Ok(Vec::new())
-        }
-        fn load_blocks(&self) -> Result<Vec<OwnedBlock>, InjectedFailure> {
-            Ok(Vec::new())
-        }
-        fn save_lease(&self, _: &Lease) -> Result<(), InjectedFailure> {
-            Ok(())
-        }
-        fn remove_lease(&self, _: &Lease, _: &ReleasedAddress) -> Result<(), InjectedFailure> {
-            Ok(())
-        }
-    }
+    // One address leased twice, as a broken release could have written it.
+    let doubled = {
+        let a = Lease::new("10.0.0.0/24".parse().unwrap(), ip("10.0.0.5"), owner(0));
+        MemoryLeases::with_leases(vec![a.clone(), Lease { owner: owner(1), ..a }])
+    };
     let pool = spec("10.4.0.0/24", "10.4.0.1", "10.4.0.254", None, &[]);
     let mut ipam = empty_ipam();
     let lease = ipam.reserve(&owner(0), &pool).unwrap();
-    let store = FakeLeaseStore::default();
-    store.leases.borrow_mut().insert(lease.address, lease.clone());
-    let mut reloaded = Ipam::load(store).unwrap();
+    let mut reloaded = Ipam::load(MemoryLeases::with_leases(vec![lease.clone()])).unwrap();
     assert_eq!(reloaded.reserve(&owner(0), &pool).unwrap(), lease, "same address after restart");
     assert_ne!(reloaded.reserve(&owner(1), &pool).unwrap().address, lease.address);
 
-    assert!(matches!(Ipam::load(Doubled), Err(IpamError::Conflict { .. })));
+    assert!(matches!(Ipam::load(doubled), Err(IpamError::Conflict { .. })));
 }
 
 #[test]
@@ -396,14 +327,12 @@ proptest! {
             }
             // Memory and store agree after every step: nothing is handed out unpersisted.
             let stored: BTreeMap<IpAddr, LeaseOwner> =
-                ipam.store().leases.borrow().values().map(|l| (l.address, l.owner.clone())).collect();
+                ipam.store().leases().iter().map(|l| (l.address, l.owner.clone())).collect();
             let expected: BTreeMap<IpAddr, LeaseOwner> = held.iter().map(|(i, a)| (*a, owner(*i))).collect();
             prop_assert_eq!(stored, expected);
         }
         // A restart sees the same leases and the same quarantine.
-        let store = FakeLeaseStore::default();
-        *store.leases.borrow_mut() = ipam.store().leases.borrow().clone();
-        *store.released.borrow_mut() = ipam.store().released.borrow().clone();
+        let store = ipam.store().snapshot();
         let mut reloaded = Ipam::load_with_clock(store, Arc::clone(&clock) as Arc<dyn Clock>).unwrap();
         prop_assert_eq!(reloaded.leases().cloned().collect::<Vec<_>>(), ipam.leases().cloned().collect::<Vec<_>>());
         let now = clock.now_ms();

@@ -1,6 +1,13 @@
-//! A recording in-memory kernel implementing `LinkOps` for unit tests: it keeps links per
-//! netns, addresses and routes, answers with the errno the kernel would, logs every mutating
-//! call, and fails the call whose log line starts with an injected prefix.
+//! A recording in-memory kernel implementing `LinkOps` for unit tests (and netclaim-testkit,
+//! with the `testkit` feature): it keeps links per netns, addresses and routes, answers with
+//! the errno the kernel would, logs every mutating call, and fails the call whose log line
+//! starts with an injected prefix.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "a test double: its lock is poisoned only after a test panicked, failing it anyway"
+)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -45,7 +52,7 @@ fn key(side: Side) -> SideKey {
 
 /// The fake kernel.
 #[derive(Debug, Default)]
-pub(crate) struct FakeKernel {
+pub struct FakeKernel {
     inner: Mutex<Kernel>,
 }
 
@@ -54,14 +61,16 @@ fn kernel_error(op: &str, side: Side, errno: i32) -> LinkOpError {
 }
 
 impl FakeKernel {
-    pub(crate) fn new() -> Self {
+    /// An empty kernel: no links, no addresses, no routes.
+    #[must_use]
+    pub fn new() -> Self {
         let fake = Self::default();
         fake.inner.lock().unwrap().next_index = 10;
         fake
     }
 
     /// Adds a host link (a parent or an exclusive device).
-    pub(crate) fn add_host_link(&self, name: &str, mtu: u32, alias: Option<&str>) {
+    pub fn add_host_link(&self, name: &str, mtu: u32, alias: Option<&str>) {
         let mut k = self.inner.lock().unwrap();
         let index = k.next_index;
         k.next_index += 1;
@@ -78,7 +87,7 @@ impl FakeKernel {
     }
 
     /// Adds a pod link (a name collision).
-    pub(crate) fn add_pod_link(&self, name: &str) {
+    pub fn add_pod_link(&self, name: &str) {
         let mut k = self.inner.lock().unwrap();
         let index = k.next_index;
         k.next_index += 1;
@@ -89,22 +98,22 @@ impl FakeKernel {
     }
 
     /// Adds a route that already exists in the pod.
-    pub(crate) fn add_pod_route(&self, route: Route) {
+    pub fn add_pod_route(&self, route: Route) {
         self.inner.lock().unwrap().routes.push((1, route));
     }
 
     /// Fails the first call whose log line starts with `prefix` with `errno`.
-    pub(crate) fn fail_on(&self, prefix: &str, errno: i32) {
+    pub fn fail_on(&self, prefix: &str, errno: i32) {
         self.inner.lock().unwrap().fail = Some((prefix.to_owned(), errno));
     }
 
     /// Makes every pod-side link lookup fail with `errno` (`None`: lookups work again).
-    pub(crate) fn fail_lookups(&self, errno: Option<i32>) {
+    pub fn fail_lookups(&self, errno: Option<i32>) {
         self.inner.lock().unwrap().fail_lookups = errno;
     }
 
     /// Makes every pod-side call fail as if the pod's netns were destroyed.
-    pub(crate) fn destroy_pod_netns(&self) {
+    pub fn destroy_pod_netns(&self) {
         let mut k = self.inner.lock().unwrap();
         k.netns_gone = true;
         let pod: Vec<_> = k.links.keys().filter(|(s, _)| *s == SideKey::Pod).cloned().collect();
@@ -114,23 +123,23 @@ impl FakeKernel {
     }
 
     /// The mutating calls so far.
-    pub(crate) fn log(&self) -> Vec<String> {
+    pub fn log(&self) -> Vec<String> {
         self.inner.lock().unwrap().log.clone()
     }
 
     /// Names of the links on `side`.
-    pub(crate) fn links(&self, side: Side) -> Vec<String> {
+    pub fn links(&self, side: Side) -> Vec<String> {
         let k = self.inner.lock().unwrap();
         k.links.keys().filter(|(s, _)| *s == key(side)).map(|(_, n)| n.clone()).collect()
     }
 
     /// The link named `name` on `side`.
-    pub(crate) fn get(&self, side: Side, name: &str) -> Option<LinkState> {
+    pub fn get(&self, side: Side, name: &str) -> Option<LinkState> {
         self.inner.lock().unwrap().links.get(&(key(side), name.to_owned())).cloned()
     }
 
     /// Addresses and routes still configured (excluding pre-seeded routes on index 1).
-    pub(crate) fn leftovers(&self) -> (usize, usize) {
+    pub fn leftovers(&self) -> (usize, usize) {
         let k = self.inner.lock().unwrap();
         (k.addresses.len(), k.routes.iter().filter(|(i, _)| *i != 1).count())
     }
@@ -268,7 +277,7 @@ impl LinkOps for FakeKernel {
             k.links.insert((SideKey::Pod, moved.name.clone()), moved);
             return Err(refuse(&mut k, &line, Side::Host, EEXIST));
         }
-        moved.name = name.to_owned();
+        name.clone_into(&mut moved.name);
         moved.mtu = mtu;
         moved.mac = mac.or(moved.mac);
         moved.alias = Some(alias.to_owned());
@@ -292,7 +301,7 @@ impl LinkOps for FakeKernel {
         k.addresses.retain(|(i, _)| *i != index);
         k.routes.retain(|(i, _)| *i != index);
         moved.index -= 100;
-        moved.name = name.to_owned();
+        name.clone_into(&mut moved.name);
         moved.mtu = mtu;
         moved.mac = mac.or(moved.mac);
         moved.alias = None;
@@ -313,7 +322,7 @@ impl LinkOps for FakeKernel {
             .ok_or(ENODEV)
             .map_err(|errno| refuse(&mut k, &line, Side::Host, errno))?;
         let mut moved = k.links.remove(&host_key).unwrap();
-        moved.name = name.to_owned();
+        name.clone_into(&mut moved.name);
         moved.mtu = mtu;
         moved.mac = mac.or(moved.mac);
         moved.alias = None;

@@ -13,9 +13,12 @@
 //!   [`apply::DetachReport`]'s failed steps.
 
 pub mod apply;
+// The fake kernel and the failure-injecting wrapper are test doubles: compiled for the unit
+// tests and, with the `testkit` feature, for netclaim-testkit; never in a release build.
+#[cfg(any(test, feature = "testkit"))]
 pub mod failing;
-#[cfg(test)]
-pub(crate) mod fake;
+#[cfg(any(test, feature = "testkit"))]
+pub mod fake;
 pub mod ops;
 pub mod plan;
 

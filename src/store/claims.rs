@@ -82,80 +82,45 @@ mod tests {
 
     use super::*;
     use crate::claims::ClaimPreparer;
-    use crate::claims::{
-        ClaimReader, ClaimService, DeviceLookup, LookupError, ReadError, ServiceIdentity,
-    };
+    use crate::claims::{ClaimService, ServiceIdentity};
     use crate::model::ClaimRef;
-    use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing};
     use crate::store::tests::{KillAt, run_child_and_kill};
+    use crate::testing::claims::MapClaims;
+    use crate::testing::devices::{FixedDevices, if_name_attribute};
+    use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
     /// Every claim is allocated `eth2` (a shared parent) with a pool; its UID is its name.
-    struct AnyClaim;
-
-    impl ClaimReader for AnyClaim {
-        async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
-            Ok(serde_json::from_value(json!({
-                "metadata": {"namespace": namespace, "name": name, "uid": name},
-                "spec": {},
-                "status": {"allocation": {"devices": {
-                    "results": [{"request": "nic", "driver": "netclaim.dev", "pool": "n", "device": "eth2"}],
-                    "config": [{"source": "FromClaim", "opaque": {"driver": "netclaim.dev", "parameters": {
-                        "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig", "mode": "macvlan",
-                        "ipam": {"pool": {"subnet": "10.88.0.0/16"}}
-                    }}}]
-                }}}
-            }))
-            .expect("a valid claim"))
-        }
-
-        async fn pod_claim_names(
-            &self,
-            _namespace: &str,
-            _pod: &str,
-        ) -> Result<Option<Vec<String>>, ReadError> {
-            Ok(None)
-        }
+    fn any_claim(namespace: &str, name: &str) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": namespace, "name": name, "uid": name},
+            "spec": {},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "nic", "driver": "netclaim.dev", "pool": "n", "device": "eth2"}],
+                "config": [{"source": "FromClaim", "opaque": {"driver": "netclaim.dev", "parameters": {
+                    "apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig", "mode": "macvlan",
+                    "ipam": {"pool": {"subnet": "10.88.0.0/16"}}
+                }}}]
+            }}}
+        }))
+        .expect("a valid claim")
     }
 
-    struct Eth2;
-
-    impl DeviceLookup for Eth2 {
-        async fn facts(&self, _: &str) -> Result<DeviceFacts, LookupError> {
-            Ok(DeviceFacts {
-                sharing: Sharing::Shared,
-                kind: DeviceKind::Physical,
-                if_name: "eth2".into(),
-                mtu: 1500,
-                min_mtu: 68,
-                max_mtu: 9000,
-                pf_mtu: None,
-                passthru_children: 0,
-                other_children: 0,
-                ipvlan_children: 0,
-            })
-        }
-
-        async fn attributes(
-            &self,
-            name: &str,
-        ) -> Result<
-            std::collections::BTreeMap<String, crate::model::device::AttributeValue>,
-            LookupError,
-        > {
-            Ok([(
-                "netclaim.dev/ifName".to_owned(),
-                crate::model::device::AttributeValue::String(name.to_owned()),
-            )]
-            .into())
-        }
+    /// Whatever the device, `eth2`: a shared parent.
+    fn eth2() -> FixedDevices {
+        FixedDevices::any(physical_nic("eth2").shared(), if_name_attribute("eth2"))
     }
 
-    type Service = ClaimService<AnyClaim, Eth2, Arc<Store>>;
+    type Service = ClaimService<MapClaims, FixedDevices, Arc<Store>>;
 
     fn load(dir: &str) -> Service {
         let identity = ServiceIdentity { driver: "netclaim.dev".into(), node: "n".into() };
-        ClaimService::load(identity, AnyClaim, Eth2, Arc::new(Store::open(dir).expect("open")))
-            .expect("load")
+        ClaimService::load(
+            identity,
+            MapClaims::made_by(|namespace, name| Some(any_claim(namespace, name))),
+            eth2(),
+            Arc::new(Store::open(dir).expect("open")),
+        )
+        .expect("load")
     }
 
     fn reference(uid: &str) -> ClaimRef {

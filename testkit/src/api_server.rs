@@ -14,14 +14,14 @@ use netclaim::model::pod_network::{IpBlock, PodNetwork};
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A client of `server` (plain HTTP on loopback, no credentials).
-pub(crate) fn client_for(server: &ApiServer) -> kube::Client {
+pub fn client_for(server: &ApiServer) -> kube::Client {
     kube::Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap()
 }
 
 /// Applies `deploy/crds` (PodNetworks, IPBlocks) when the server installs CRDs, then waits
 /// until both kinds are served; a server that serves them from a fixed table answers 404 for
 /// the CRD kind and is used as it is, one that has them already answers AlreadyExists.
-pub(crate) async fn install_crds(client: &kube::Client) {
+pub async fn install_crds(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for file in ["podnetworks.yaml", "ipblocks.yaml"] {
         let path = super::repo().join("deploy/crds").join(file);

@@ -11,35 +11,34 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use netclaim::claims::metadata::DeviceMetadata;
-use netclaim::claims::{ClaimService, DeviceLookup, LookupError, ServiceIdentity};
+use netclaim::claims::{ClaimService, ServiceIdentity};
 use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::kubelet::{KubeletPlugin, KubeletPluginConfig, KubeletPluginHandle};
-use netclaim::model::network_config::{DeviceFacts, Sharing};
 use netclaim::store::Store;
+use netclaim::testing::devices::{FixedDevices, if_name_attribute};
+use netclaim::testing::facts::{FactsBuilder as _, physical_nic};
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
 
-use super::devices::physical_nic;
 use super::kubelet::tonic_channel;
 
-pub(crate) use super::DRIVER;
-pub(crate) const NODE: &str = "node-a";
-pub(crate) const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
+pub use super::DRIVER;
+pub const NODE: &str = "node-a";
 
 /// `netclaim dev --api-only` as a child process, killed on drop.
-pub(crate) struct DevApi {
+pub struct DevApi {
     child: Child,
-    pub(crate) dir: tempfile::TempDir,
-    pub(crate) client: kube::Client,
+    pub dir: tempfile::TempDir,
+    pub client: kube::Client,
 }
 
 impl DevApi {
-    pub(crate) async fn start() -> Self {
+    pub async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         let log = std::fs::File::create(dir.path().join("api.log")).unwrap();
-        let child = Command::new(NETCLAIM)
+        let child = Command::new(super::netclaim_bin())
             .args(["dev", "--api-only", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
             .arg(&kubeconfig)
             .stdout(Stdio::null())
@@ -59,7 +58,7 @@ impl DevApi {
     /// and reservation as the scheduler does (`status` subresource). `results` are
     /// `(request, device, shareID)`; `config` is the claim's own NetworkConfig (applied to
     /// every request) on top of a class entry setting macvlan mode.
-    pub(crate) async fn allocated_claim(
+    pub async fn allocated_claim(
         &self,
         name: &str,
         results: &[(&str, &str, Option<&str>)],
@@ -116,7 +115,7 @@ impl DevApi {
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap()
     }
 
-    pub(crate) async fn delete_claim(&self, name: &str) {
+    pub async fn delete_claim(&self, name: &str) {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
         api.delete(name, &DeleteParams::default()).await.unwrap();
     }
@@ -130,46 +129,28 @@ impl Drop for DevApi {
 }
 
 /// `parameters` with our apiVersion and kind.
-pub(crate) fn network_config(fields: Value) -> Value {
+pub fn network_config(fields: Value) -> Value {
     let mut config = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
     let Value::Object(fields) = fields else { panic!("a NetworkConfig is an object") };
     config.as_object_mut().unwrap().extend(fields);
     config
 }
 
-/// This node's devices: `eth1` exclusive, `eth2` a shared parent.
-pub(crate) struct FixedDevices;
-
-impl DeviceLookup for FixedDevices {
-    async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
-        let sharing = match name {
-            "eth1" => Sharing::Exclusive,
-            "eth2" => Sharing::Shared,
-            _ => return Err(LookupError::NotFound(name.to_owned())),
-        };
-        Ok(physical_nic(name, sharing))
-    }
-
-    async fn attributes(
-        &self,
-        name: &str,
-    ) -> Result<
-        std::collections::BTreeMap<String, netclaim::model::device::AttributeValue>,
-        LookupError,
-    > {
-        Ok([(
-            "netclaim.dev/ifName".to_owned(),
-            netclaim::model::device::AttributeValue::String(name.to_owned()),
-        )]
-        .into())
-    }
+/// This node's devices: `eth1` exclusive, `eth2` a shared parent, each published with its
+/// name as `ifName`.
+pub fn fixed_devices() -> FixedDevices {
+    FixedDevices::new().device("eth1", physical_nic("eth1"), if_name_attribute("eth1")).device(
+        "eth2",
+        physical_nic("eth2").shared(),
+        if_name_attribute("eth2"),
+    )
 }
 
-pub(crate) type Service = ClaimService<KubeClaims, FixedDevices, Arc<Store>>;
+pub type Service = ClaimService<KubeClaims, FixedDevices, Arc<Store>>;
 
-/// The claim service on `state_dir` (reading claims from `api`, devices [`FixedDevices`],
+/// The claim service on `state_dir` (reading claims from `api`, devices [`fixed_devices`],
 /// device metadata written when `metadata` is given) and its store.
-pub(crate) fn claim_service(
+pub fn claim_service(
     api: &DevApi,
     state_dir: &Path,
     metadata: Option<Arc<DeviceMetadata>>,
@@ -178,7 +159,7 @@ pub(crate) fn claim_service(
     let mut service = ClaimService::load(
         ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
         KubeClaims::new(api.client.clone()),
-        FixedDevices,
+        fixed_devices(),
         Arc::clone(&store),
     )
     .unwrap();
@@ -189,13 +170,13 @@ pub(crate) fn claim_service(
 }
 
 /// The kubelet plugin serving a claim service on `state_dir`, sockets under `sockets`.
-pub(crate) struct Plugin {
-    pub(crate) handle: KubeletPluginHandle,
-    pub(crate) service: Arc<Service>,
+pub struct Plugin {
+    pub handle: KubeletPluginHandle,
+    pub service: Arc<Service>,
 }
 
 impl Plugin {
-    pub(crate) async fn start(api: &DevApi, state_dir: &Path, sockets: &Path) -> Self {
+    pub async fn start(api: &DevApi, state_dir: &Path, sockets: &Path) -> Self {
         let (service, _store) = claim_service(api, state_dir, None);
         let config =
             KubeletPluginConfig::new(DRIVER, sockets.join("registry"), sockets.join("plugin"));
@@ -205,18 +186,18 @@ impl Plugin {
         Self { handle, service }
     }
 
-    pub(crate) fn dra_socket(&self) -> PathBuf {
+    pub fn dra_socket(&self) -> PathBuf {
         self.handle.dra_socket().to_owned()
     }
 
-    pub(crate) async fn stop(self) {
+    pub async fn stop(self) {
         self.handle.stop();
         self.handle.wait().await.unwrap();
     }
 }
 
 /// A DRA v1 client on `socket`, as kubelet connects.
-pub(crate) async fn dra_client(
+pub async fn dra_client(
     socket: &Path,
 ) -> v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
     v1::dra_plugin_client::DraPluginClient::new(tonic_channel(socket).await)
@@ -224,7 +205,7 @@ pub(crate) async fn dra_client(
 
 /// A DRA client once the plugin's socket accepts connections (a restarted daemon's socket
 /// file may still be the dead one's until it registers again), waiting at most `patience`.
-pub(crate) async fn dra_client_when_listening(
+pub async fn dra_client_when_listening(
     socket: &Path,
     patience: Duration,
 ) -> v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
@@ -237,7 +218,7 @@ pub(crate) async fn dra_client_when_listening(
 }
 
 /// kubelet's reference to a claim.
-pub(crate) fn claim_ref(claim: &ResourceClaim) -> v1::Claim {
+pub fn claim_ref(claim: &ResourceClaim) -> v1::Claim {
     v1::Claim {
         namespace: "default".into(),
         name: claim.metadata.name.clone().unwrap(),

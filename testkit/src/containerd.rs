@@ -18,28 +18,32 @@ use std::time::{Duration, Instant};
 use netclaim::dev::cri::{CriClient, netns_path_from_verbose_info, proto};
 
 /// The pause image `scripts/setup/containerd.sh` builds (imported into each containerd).
-pub(crate) const IMAGE: &str = "localhost/netclaim/pause:1.0";
-/// Bound for containerd to come up.
-const STARTUP: Duration = Duration::from_secs(30);
+pub const IMAGE: &str = "localhost/netclaim/pause:1.0";
+/// Bound for containerd to come up. A restarted containerd recovers every sandbox through its
+/// shim before it serves CRI, and a shim still busy with a RunPodSandbox cut short by the stop
+/// can hold that up: under a loaded CI machine one restart in the chaos test's 20-run stress
+/// logged nothing for 30 s after "connecting to shim" of such a sandbox. kubelet keeps waiting
+/// for its runtime; so does the harness, for longer than that.
+const STARTUP: Duration = Duration::from_secs(90);
 
 /// The containerd binaries and the image archive.
-pub(crate) struct Tools {
-    pub(crate) containerd: PathBuf,
-    pub(crate) ctr: PathBuf,
-    pub(crate) bin_dir: PathBuf,
-    pub(crate) pause_tar: PathBuf,
+pub struct Tools {
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    pub bin_dir: PathBuf,
+    pub pause_tar: PathBuf,
 }
 
 /// Fails when something the test needs is missing: these tests are `#[ignore]`d and run
 /// only when asked for (`make test` as root installs what they need first), so a missing
 /// tool is a failure, never a silent pass.
-pub(crate) fn require<T>(what: &str) -> Option<T> {
+pub fn require<T>(what: &str) -> Option<T> {
     panic!("{what}: run scripts/setup/containerd.sh as root (make test does)");
 }
 
 /// A containerd release the e2e tests run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Runtime {
+pub enum Runtime {
     /// containerd 1.7.24 (Debian trixie): NRI before 0.12, StateChange events.
     Containerd17,
     /// containerd 2.1.9 (Debian forky): NRI on by default, split Synchronize.
@@ -62,12 +66,12 @@ impl Runtime {
 }
 
 /// The tools of containerd 1.7 (see [`find_tools_for`]).
-pub(crate) fn find_tools() -> Option<Tools> {
+pub fn find_tools() -> Option<Tools> {
     find_tools_for(Runtime::Containerd17)
 }
 
 /// The tools to run `runtime`; fails naming what is missing.
-pub(crate) fn find_tools_for(runtime: Runtime) -> Option<Tools> {
+pub fn find_tools_for(runtime: Runtime) -> Option<Tools> {
     let is_root = fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
     if !is_root {
         return require("not running as root");
@@ -103,8 +107,8 @@ fn unique_suffix() -> String {
 }
 
 /// A private containerd and everything it started; dropping it stops and removes all of it.
-pub(crate) struct Containerd {
-    pub(crate) dir: tempfile::TempDir,
+pub struct Containerd {
+    pub dir: tempfile::TempDir,
     tools: Tools,
     bridge: String,
     child: Option<Child>,
@@ -115,7 +119,7 @@ pub(crate) struct Containerd {
 impl Containerd {
     /// Writes the configuration; `nri_request_timeout` bounds each NRI call to a plugin
     /// (containerd's default is 2 s; a plugin that misses it is disconnected).
-    pub(crate) fn new(tools: Tools, nri_request_timeout: Duration) -> Self {
+    pub fn new(tools: Tools, nri_request_timeout: Duration) -> Self {
         let dir = tempfile::Builder::new().prefix("ncctrd").tempdir_in("/tmp").unwrap();
         let bridge = format!("ncbr{}", unique_suffix());
         let containerd =
@@ -125,22 +129,22 @@ impl Containerd {
     }
 
     /// A path inside the temp dir.
-    pub(crate) fn path(&self, rel: &str) -> PathBuf {
+    pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
     /// The CRI (gRPC) socket.
-    pub(crate) fn cri_socket(&self) -> PathBuf {
+    pub fn cri_socket(&self) -> PathBuf {
         self.path("run/containerd.sock")
     }
 
     /// The only directory this containerd reads CDI specs from.
-    pub(crate) fn cdi_dir(&self) -> PathBuf {
+    pub fn cdi_dir(&self) -> PathBuf {
         self.path("cdi")
     }
 
     /// The NRI socket plugins connect to.
-    pub(crate) fn nri_socket(&self) -> PathBuf {
+    pub fn nri_socket(&self) -> PathBuf {
         self.path("run/nri.sock")
     }
 
@@ -243,7 +247,7 @@ state = "{state}"
     }
 
     /// Starts containerd (logging to `containerd.log`).
-    pub(crate) fn start(&mut self) {
+    pub fn start(&mut self) {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -263,27 +267,27 @@ state = "{state}"
     }
 
     /// Whether containerd was started and not stopped.
-    pub(crate) fn is_running(&self) -> bool {
+    pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
 
     /// Sends `signal` to containerd without waiting (a test may still have calls in flight);
     /// [`Self::stop`] reaps it.
-    pub(crate) fn signal(&self, signal: nix::sys::signal::Signal) {
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let child = self.child.as_ref().expect("containerd runs");
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
         nix::sys::signal::kill(pid, signal).unwrap();
     }
 
     /// SIGTERM, as a service manager restarting containerd would send, then wait.
-    pub(crate) fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             terminate(&mut child);
         }
     }
 
     /// A CRI client once containerd answers `Version`; calls time out after `call_timeout`.
-    pub(crate) async fn cri(&self, call_timeout: Duration) -> CriClient {
+    pub async fn cri(&self, call_timeout: Duration) -> CriClient {
         let deadline = Instant::now() + STARTUP;
         loop {
             if let Ok(client) = CriClient::connect(&self.cri_socket(), call_timeout).await
@@ -297,7 +301,7 @@ state = "{state}"
     }
 
     /// Imports the pause image into the `k8s.io` namespace (the sandbox image).
-    pub(crate) fn import_image(&self) {
+    pub fn import_image(&self) {
         let status = Command::new(&self.tools.ctr)
             .arg("--address")
             .arg(self.cri_socket())
@@ -310,12 +314,12 @@ state = "{state}"
     }
 
     /// Remembers a pod's netns so that drop removes it if the pod is left over.
-    pub(crate) fn track_netns(&self, path: &Path) {
+    pub fn track_netns(&self, path: &Path) {
         self.netns_paths.lock().unwrap().push(path.to_owned());
     }
 
     /// The netns path containerd reports for a sandbox (tracked for cleanup).
-    pub(crate) async fn sandbox_netns(&self, cri: &CriClient, id: &str) -> PathBuf {
+    pub async fn sandbox_netns(&self, cri: &CriClient, id: &str) -> PathBuf {
         let status = cri.pod_sandbox_status(id, true).await.unwrap();
         let netns =
             netns_path_from_verbose_info(&status).expect("containerd reports the netns path");
@@ -324,13 +328,13 @@ state = "{state}"
     }
 
     /// A sandbox config for pod `default/<name>` with `uid` (logs under our temp dir).
-    pub(crate) fn sandbox_config(&self, name: &str, uid: &str) -> proto::PodSandboxConfig {
+    pub fn sandbox_config(&self, name: &str, uid: &str) -> proto::PodSandboxConfig {
         sandbox_config_with_attempt(self, name, uid, 0)
     }
 
     /// Stops and removes every sandbox of our containerd (ends the shims and pause processes
     /// the normal way).
-    pub(crate) async fn remove_all_sandboxes(&self) {
+    pub async fn remove_all_sandboxes(&self) {
         if self.child.is_none() {
             return;
         }
@@ -352,7 +356,7 @@ state = "{state}"
 
     /// Prints the NRI lines of containerd's log, then the tails of `logs` (file names in the
     /// temp dir; `containerd.log` is always included).
-    pub(crate) fn print_logs(&self, logs: &[&str]) {
+    pub fn print_logs(&self, logs: &[&str]) {
         let containerd_log = fs::read_to_string(self.path("containerd.log")).unwrap_or_default();
         println!("--- NRI lines of containerd.log ---");
         for line in containerd_log.lines().filter(|l| l.contains("NRI") || l.contains("nri")) {
@@ -371,7 +375,7 @@ state = "{state}"
 
 /// A sandbox config for pod `default/<name>` with `uid`, as kubelet sends it for `attempt`
 /// (kubelet bumps the attempt when it recreates a pod's sandbox).
-pub(crate) fn sandbox_config_with_attempt(
+pub fn sandbox_config_with_attempt(
     containerd: &Containerd,
     name: &str,
     uid: &str,
@@ -405,7 +409,7 @@ pub(crate) fn sandbox_config_with_attempt(
 }
 
 /// A container config running the pause image.
-pub(crate) fn container_config(name: &str) -> proto::ContainerConfig {
+pub fn container_config(name: &str) -> proto::ContainerConfig {
     proto::ContainerConfig {
         metadata: Some(proto::ContainerMetadata { name: name.to_owned(), attempt: 0 }),
         image: Some(proto::ImageSpec { image: IMAGE.to_owned() }),
@@ -440,7 +444,7 @@ impl Drop for Containerd {
 }
 
 /// SIGTERM, then SIGKILL after 10 s; reaps the child.
-pub(crate) fn terminate(child: &mut Child) {
+pub fn terminate(child: &mut Child) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pids fit in i32"));
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -15,18 +15,18 @@ use serde_json::Value;
 use super::netns::{Netns, run};
 
 /// A private bpffs, unmounted (and its directory removed) on drop.
-pub(crate) struct Bpffs {
+pub struct Bpffs {
     dir: tempfile::TempDir,
 }
 
 impl Bpffs {
-    pub(crate) fn mount() -> Self {
+    pub fn mount() -> Self {
         let dir = tempfile::tempdir().unwrap();
         run("mount", &["-t", "bpf", "bpf", dir.path().to_str().unwrap()]);
         Self { dir }
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         self.dir.path()
     }
 }
@@ -38,15 +38,15 @@ impl Drop for Bpffs {
 }
 
 /// The pod end `pod_if` (10.78.0.2/24) in `pod`, its peer (10.78.0.1/24, MTU 1500) in `peer`.
-pub(crate) struct Pair {
-    pub(crate) pod: Netns,
-    pub(crate) peer: Netns,
-    pub(crate) pod_if: String,
-    pub(crate) peer_if: String,
+pub struct Pair {
+    pub pod: Netns,
+    pub peer: Netns,
+    pub pod_if: String,
+    pub peer_if: String,
 }
 
 impl Pair {
-    pub(crate) fn new(pod_mtu: u32) -> Self {
+    pub fn new(pod_mtu: u32) -> Self {
         let (pod, peer) = (Netns::new(), Netns::new());
         let (pod_if, peer_if) = (pod.ifname("p0"), pod.ifname("p1"));
         pod.ip(&[
@@ -69,12 +69,12 @@ impl Pair {
         Self { pod, peer, pod_if, peer_if }
     }
 
-    pub(crate) fn pod_path(&self) -> PathBuf {
+    pub fn pod_path(&self) -> PathBuf {
         PathBuf::from(format!("/run/netns/{}", self.pod.name))
     }
 
     /// `(rx_packets, rx_bytes, tx_packets, tx_bytes, tx_dropped)` of the pod end, from `ip -s`.
-    pub(crate) fn kernel_counters(&self) -> [u64; 5] {
+    pub fn kernel_counters(&self) -> [u64; 5] {
         let out = self.pod.ip(&["-j", "-s", "link", "show", &self.pod_if]);
         let links: Value = serde_json::from_slice(&out.stdout).unwrap();
         let stats = &links[0]["stats64"];
@@ -88,7 +88,7 @@ impl Pair {
         ]
     }
 
-    pub(crate) fn ping(&self, args: &[&str]) {
+    pub fn ping(&self, args: &[&str]) {
         let mut full = vec!["-q"];
         full.extend_from_slice(args);
         full.push("10.78.0.1");
@@ -97,7 +97,7 @@ impl Pair {
     }
 
     /// The names of the tc filters on the pod end in `direction` (`ingress`, `egress`).
-    pub(crate) fn filters(&self, direction: &str) -> String {
+    pub fn filters(&self, direction: &str) -> String {
         let out = self.pod.exec("tc", &["filter", "show", "dev", &self.pod_if, direction]);
         assert!(out.status.success(), "tc filter show failed: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -117,7 +117,7 @@ async fn read(pins: &CounterPins, pair: &Pair) -> InterfaceStats {
 
 /// Hooks `kind` on the pod end, floods 2000 echo requests and holds the counts against the
 /// link's own; then unhooks and checks the pins and the filters are gone.
-pub(crate) async fn counts_match_the_kernel(kind: HookKind) {
+pub async fn counts_match_the_kernel(kind: HookKind) {
     let bpffs = Bpffs::mount();
     let pair = Pair::new(1500);
     let pins = CounterPins::new(bpffs.path(), "node-a", kind);
@@ -180,7 +180,7 @@ pub(crate) async fn counts_match_the_kernel(kind: HookKind) {
 
 /// Frames larger than the peer's MTU leave the pod's egress hook and are dropped by veth: the
 /// counters see them sent, and the drop shows in `tx_dropped` from the link counters.
-pub(crate) async fn drops_come_from_the_link_counters(kind: HookKind) {
+pub async fn drops_come_from_the_link_counters(kind: HookKind) {
     let bpffs = Bpffs::mount();
     let pair = Pair::new(9000);
     let pins = CounterPins::new(bpffs.path(), "node-a", kind);
@@ -214,7 +214,7 @@ pub(crate) async fn drops_come_from_the_link_counters(kind: HookKind) {
 
 /// Another node's subtree on the same bpffs is never listed or removed; a pod's pins that
 /// outlive their netns (the pod went while the daemon was down) are removed without it.
-pub(crate) async fn a_node_sees_only_its_own_pins(kind: HookKind) {
+pub async fn a_node_sees_only_its_own_pins(kind: HookKind) {
     let bpffs = Bpffs::mount();
     let ours = CounterPins::new(bpffs.path(), "node-a", kind);
     let theirs = CounterPins::new(bpffs.path(), "node-b", kind);

@@ -18,40 +18,38 @@ use serde_json::json;
 use super::claims;
 use super::netns::{Child, Netns, node_daemon_args, scrape_metric, start_api_server};
 
-/// The daemon binary cargo built (the VM's guest sees it at the same path).
-pub(crate) const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
-
-/// The binary `netclaim node` runs from: [`NETCLAIM`], or in the VM the release build
-/// `make test` made just before (`NETCLAIM_VM_DAEMON_BIN`, which `vmtests/run.sh` passes into
-/// the guest from `NETCLAIM_RELEASE_BIN`): the daemon the image ships, and under TCG the
-/// debug build takes ~20 s to start. That build has no `dev` subcommand (the image's
-/// `--no-default-features`), so the API server always runs from [`NETCLAIM`]. Host tests
-/// always run the debug build (their crash points need `--features failpoints`).
-pub(crate) fn netclaim() -> String {
+/// The binary `netclaim node` runs from: the one cargo built ([`super::netclaim_bin`]; the
+/// VM's guest sees it at the same path), or in the VM the release build `make test` made just
+/// before (`NETCLAIM_VM_DAEMON_BIN`, which `vmtests/run.sh` passes into the guest from
+/// `NETCLAIM_RELEASE_BIN`): the daemon the image ships, and under TCG the debug build takes
+/// ~20 s to start. That build has no `dev` subcommand (the image's `--no-default-features`),
+/// so the API server always runs from the one cargo built. Host tests always run the debug
+/// build (their crash points need `--features failpoints`).
+pub fn netclaim() -> String {
     match std::env::var("NETCLAIM_VM_DAEMON_BIN") {
         Ok(path) if !path.is_empty() && std::env::var("NETCLAIM_VM").as_deref() == Ok("1") => path,
-        _ => NETCLAIM.to_owned(),
+        _ => super::netclaim_bin().to_owned(),
     }
 }
 /// Bound for "eventually": the daemon reacts within milliseconds (but its debug build takes
 /// 10–20 s to start under the VM tests' TCG); the bound only keeps a broken build from hanging.
-pub(crate) const PATIENCE: Duration = Duration::from_mins(1);
+pub const PATIENCE: Duration = Duration::from_mins(1);
 
 /// The node: API server, veth parent, NRI runtime socket, state and kubelet dirs.
-pub(crate) struct Node {
-    pub(crate) netns: Netns,
-    pub(crate) dir: tempfile::TempDir,
-    pub(crate) parent: String,
-    pub(crate) runtime: tokio::runtime::Runtime,
+pub struct Node {
+    pub netns: Netns,
+    pub dir: tempfile::TempDir,
+    pub parent: String,
+    pub runtime: tokio::runtime::Runtime,
     nri: Option<NriRuntime>,
     _api: Child,
 }
 
 impl Node {
-    pub(crate) fn start() -> Self {
+    pub fn start() -> Self {
         let netns = Netns::new();
         let dir = tempfile::tempdir().unwrap();
-        let api = start_api_server(&netns, NETCLAIM, dir.path(), &[]);
+        let api = start_api_server(&netns, super::netclaim_bin(), dir.path(), &[]);
         let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
         netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
         netns.ip(&["link", "set", &parent, "up"]);
@@ -68,28 +66,23 @@ impl Node {
         Self { netns, dir, parent, runtime, nri: Some(nri), _api: api }
     }
 
-    pub(crate) fn nri(&self) -> &NriRuntime {
+    pub fn nri(&self) -> &NriRuntime {
         self.nri.as_ref().unwrap()
     }
 
-    pub(crate) fn kubeconfig(&self) -> PathBuf {
+    pub fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
     }
 
-    pub(crate) fn start_daemon(&self, log: &str) -> Child {
+    pub fn start_daemon(&self, log: &str) -> Child {
         self.start_daemon_with(log, &[])
     }
 
-    pub(crate) fn start_daemon_with(&self, log: &str, extra: &[&str]) -> Child {
+    pub fn start_daemon_with(&self, log: &str, extra: &[&str]) -> Child {
         self.start_daemon_env(log, extra, &[])
     }
 
-    pub(crate) fn start_daemon_env(
-        &self,
-        log: &str,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Child {
+    pub fn start_daemon_env(&self, log: &str, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let mut args = node_daemon_args(self.dir.path());
         args.extend([
             "--nri-socket".to_owned(),
@@ -119,12 +112,12 @@ impl Node {
         child
     }
 
-    pub(crate) fn log(&self, name: &str) -> String {
+    pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
 
     /// Runs `work` with an API client, inside the node netns.
-    pub(crate) fn api<F, Fut, T>(&self, work: F) -> T
+    pub fn api<F, Fut, T>(&self, work: F) -> T
     where
         F: FnOnce(kube::Client) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = T>,
@@ -139,14 +132,14 @@ impl Node {
 
     /// A macvlan claim on the parent with a pool, allocated and reserved for `pod` as the
     /// scheduler does; returns its UID once the daemon published the parent.
-    pub(crate) fn allocated_claim(&self, name: &str, pod: &PodSandbox, subnet: &str) -> String {
+    pub fn allocated_claim(&self, name: &str, pod: &PodSandbox, subnet: &str) -> String {
         let config = json!({"mode": "macvlan", "ipam": {"pool": {"subnet": subnet}}});
         self.allocated_claim_on(name, pod, &self.parent.clone(), config)
     }
 
     /// A claim of the device with interface `if_name` and `config` (a `NetworkConfig`
     /// without apiVersion/kind), allocated and reserved for `pod`; returns its UID.
-    pub(crate) fn allocated_claim_on(
+    pub fn allocated_claim_on(
         &self,
         name: &str,
         pod: &PodSandbox,
@@ -202,7 +195,7 @@ impl Node {
     }
 
     /// NodePrepareResources for one claim, as kubelet calls it.
-    pub(crate) fn prepare(&self, name: &str, uid: &str) -> v1::NodePrepareResourceResponse {
+    pub fn prepare(&self, name: &str, uid: &str) -> v1::NodePrepareResourceResponse {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
@@ -216,7 +209,7 @@ impl Node {
 
     /// NodePrepareResources and NodeUnprepareResources for one claim that may meet a daemon
     /// dying mid-call: `Err` with the transport error, else the per-claim error text.
-    pub(crate) fn try_dra(&self, prepare: bool, name: &str, uid: &str) -> Result<String, String> {
+    pub fn try_dra(&self, prepare: bool, name: &str, uid: &str) -> Result<String, String> {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
@@ -237,7 +230,7 @@ impl Node {
     }
 
     /// NodeUnprepareResources for one claim; returns the per-claim error text.
-    pub(crate) fn unprepare(&self, name: &str, uid: &str) -> String {
+    pub fn unprepare(&self, name: &str, uid: &str) -> String {
         let socket = self.dir.path().join("plugin").join("dra.sock");
         let (name, uid) = (name.to_owned(), uid.to_owned());
         self.netns.block_on(move || async move {
@@ -251,7 +244,7 @@ impl Node {
         })
     }
 
-    pub(crate) fn claim(&self, name: &str) -> ResourceClaim {
+    pub fn claim(&self, name: &str) -> ResourceClaim {
         let name = name.to_owned();
         self.api(move |client| async move {
             Api::<ResourceClaim>::namespaced(client, "default").get(&name).await.unwrap()
@@ -259,7 +252,7 @@ impl Node {
     }
 
     /// Waits until the claim's status entry has condition Ready with `status`/`reason`.
-    pub(crate) fn wait_for_status(
+    pub fn wait_for_status(
         &self,
         name: &str,
         status: &str,
@@ -290,7 +283,7 @@ impl Node {
     }
 
     /// One metric's value from the daemon's /metrics.
-    pub(crate) fn metric(&self, name: &str) -> f64 {
+    pub fn metric(&self, name: &str) -> f64 {
         let name = name.to_owned();
         self.netns.block_on(move || async move { scrape_metric(&name).await })
     }
@@ -305,7 +298,7 @@ impl Drop for Node {
 }
 
 /// A pod: a throwaway netns announced as a sandbox.
-pub(crate) fn pod(netns: &Netns, name: &str) -> PodSandbox {
+pub fn pod(netns: &Netns, name: &str) -> PodSandbox {
     PodSandbox {
         id: format!("sandbox-{}", netns.prefix),
         uid: format!("uid-{}-{name}", netns.prefix),
@@ -318,7 +311,7 @@ pub(crate) fn pod(netns: &Netns, name: &str) -> PodSandbox {
 
 /// `ip -j addr show dev net1` in the pod: the IPv4 address with prefix, or `None` when
 /// there is no net1 or it is administratively down.
-pub(crate) fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
+pub fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
     let output = std::process::Command::new("ip")
         .args(["-n", &pod_netns.name, "-j", "addr", "show", "dev", name])
         .output()
@@ -345,7 +338,7 @@ pub(crate) fn pod_ipv4(pod_netns: &Netns, name: &str) -> Option<String> {
 }
 
 /// `ip -j link show` in the pod.
-pub(crate) fn pod_links(pod_netns: &Netns) -> Vec<serde_json::Value> {
+pub fn pod_links(pod_netns: &Netns) -> Vec<serde_json::Value> {
     let output = std::process::Command::new("ip")
         .args(["-n", &pod_netns.name, "-j", "link", "show"])
         .output()
@@ -353,7 +346,7 @@ pub(crate) fn pod_links(pod_netns: &Netns) -> Vec<serde_json::Value> {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-pub(crate) fn network_ips(claim: &ResourceClaim) -> Vec<String> {
+pub fn network_ips(claim: &ResourceClaim) -> Vec<String> {
     claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0]
         .network_data
         .as_ref()
@@ -362,7 +355,7 @@ pub(crate) fn network_ips(claim: &ResourceClaim) -> Vec<String> {
 }
 
 /// The published device names of interface `if_name`.
-pub(crate) fn published(node: &Node, if_name: &str) -> bool {
+pub fn published(node: &Node, if_name: &str) -> bool {
     let if_name = if_name.to_owned();
     node.api(move |client| async move {
         let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client);
@@ -377,7 +370,7 @@ pub(crate) fn published(node: &Node, if_name: &str) -> bool {
     })
 }
 
-pub(crate) fn host_link(netns: &Netns, name: &str) -> Option<serde_json::Value> {
+pub fn host_link(netns: &Netns, name: &str) -> Option<serde_json::Value> {
     let output = std::process::Command::new("ip")
         .args(["-n", &netns.name, "-j", "-d", "link", "show", "dev", name])
         .output()

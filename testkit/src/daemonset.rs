@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use super::repo;
 
 /// The `netclaim-node` DaemonSet as `kubectl kustomize deploy/base` renders it.
-pub(crate) fn rendered_node_daemonset() -> Value {
+pub fn rendered_node_daemonset() -> Value {
     super::kustomize::kustomize(&repo().join("deploy/base"))
         .into_iter()
         .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "netclaim-node")
@@ -34,7 +34,7 @@ pub(crate) fn rendered_node_daemonset() -> Value {
 /// A change to the rendered manifest, as a broken manifest would have it.
 #[derive(Debug, Clone, Copy)]
 #[allow(clippy::enum_variant_names, reason = "each variant names what it removes")]
-pub(crate) enum Mutation {
+pub enum Mutation {
     /// The container's volumeMount of this volume removed.
     RemoveVolumeMount(&'static str),
     /// This capability removed from `securityContext.capabilities.add`.
@@ -45,7 +45,7 @@ pub(crate) enum Mutation {
 
 /// Applies `mutation` to the DaemonSet's only container; fails if there was nothing to change
 /// (a mutation that changes nothing proves nothing).
-pub(crate) fn mutate(daemonset: &mut Value, mutation: Mutation) {
+pub fn mutate(daemonset: &mut Value, mutation: Mutation) {
     let container = &mut daemonset["spec"]["template"]["spec"]["containers"][0];
     let changed = match mutation {
         Mutation::RemoveVolumeMount(volume) => {
@@ -74,12 +74,12 @@ pub(crate) fn mutate(daemonset: &mut Value, mutation: Mutation) {
 /// Where the test's instance of a node path is. Keyed by the hostPath the manifest names;
 /// each entry says why the test may (or must) use another path for it.
 #[derive(Debug)]
-pub(crate) struct HostPathMap {
+pub struct HostPathMap {
     entries: BTreeMap<String, PathBuf>,
 }
 
 impl HostPathMap {
-    pub(crate) fn new(entries: impl IntoIterator<Item = (&'static str, PathBuf)>) -> Self {
+    pub fn new(entries: impl IntoIterator<Item = (&'static str, PathBuf)>) -> Self {
         Self { entries: entries.into_iter().map(|(k, v)| (k.to_owned(), v)).collect() }
     }
 
@@ -98,20 +98,20 @@ impl HostPathMap {
 /// What kubelet knows that the manifest does not: the pod's identity and node, the API
 /// server's service address, where it keeps the pod's files.
 #[derive(Debug)]
-pub(crate) struct KubeletContext {
-    pub(crate) pod_name: String,
-    pub(crate) pod_namespace: String,
-    pub(crate) pod_uid: String,
-    pub(crate) node_name: String,
+pub struct KubeletContext {
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub pod_uid: String,
+    pub node_name: String,
     /// `KUBERNETES_SERVICE_HOST` / `_PORT`: the `kubernetes` Service, here the TLS front.
-    pub(crate) api_host: String,
-    pub(crate) api_port: u16,
+    pub api_host: String,
+    pub api_port: u16,
     /// The service-account volume's files (token, ca.crt, namespace).
-    pub(crate) service_account_dir: PathBuf,
+    pub service_account_dir: PathBuf,
     /// kubelet's per-pod dir (`/var/lib/kubelet/pods/<uid>`): termination-log files.
-    pub(crate) pod_dir: PathBuf,
+    pub pod_dir: PathBuf,
     /// `/var/log/pods/<ns>_<name>_<uid>`.
-    pub(crate) log_dir: PathBuf,
+    pub log_dir: PathBuf,
 }
 
 /// kubelet's defaults for `procMount: Default` (pkg/securitycontext): the paths masked and
@@ -136,7 +136,7 @@ const CRITICAL_OOM_SCORE_ADJ: i64 = -997;
 
 /// The sandbox kubelet asks for: host network when `hostNetwork`, host PID when `hostPID`,
 /// no DNS config (kubelet without `clusterDNS` falls back to the node's resolv.conf).
-pub(crate) fn sandbox_config(template: &Value, ctx: &KubeletContext) -> proto::PodSandboxConfig {
+pub fn sandbox_config(template: &Value, ctx: &KubeletContext) -> proto::PodSandboxConfig {
     let spec = &template["spec"];
     let host = |field: &str| spec[field].as_bool().unwrap_or(false);
     let mode = |on: bool, off: proto::NamespaceMode| {
@@ -177,15 +177,15 @@ pub(crate) fn sandbox_config(template: &Value, ctx: &KubeletContext) -> proto::P
 
 /// One mount of the container config and where it came from.
 #[derive(Debug, Clone)]
-pub(crate) struct MountRecord {
+pub struct MountRecord {
     /// The volume's name, or `kubelet:<what>` for kubelet's own.
-    pub(crate) source: String,
-    pub(crate) mount: proto::Mount,
+    pub source: String,
+    pub mount: proto::Mount,
 }
 
 /// A Kubernetes quantity (`50m`, `64Mi`, `1G`, `2`) in its base unit times `scale`
 /// (`scale` 1000 for CPU millicores, 1 for bytes).
-pub(crate) fn quantity(text: &str, scale: i64) -> i64 {
+pub fn quantity(text: &str, scale: i64) -> i64 {
     let suffixes: [(&str, i64); 10] = [
         ("Ki", 1 << 10),
         ("Mi", 1 << 20),
@@ -213,7 +213,7 @@ pub(crate) fn quantity(text: &str, scale: i64) -> i64 {
     clippy::too_many_lines,
     reason = "one field of the CRI config after the other, as kubelet fills it"
 )]
-pub(crate) fn container_config(
+pub fn container_config(
     template: &Value,
     ctx: &KubeletContext,
     paths: &HostPathMap,
@@ -424,7 +424,7 @@ pub(crate) fn container_config(
 }
 
 /// The port a probe's `httpGet.port` names: a number, or the name of a container port.
-pub(crate) fn probe_port(container: &Value, probe: &str) -> (String, u16) {
+pub fn probe_port(container: &Value, probe: &str) -> (String, u16) {
     let get = &container[probe]["httpGet"];
     let path = get["path"].as_str().unwrap().to_owned();
     let port = match &get["port"] {
@@ -445,7 +445,7 @@ pub(crate) fn probe_port(container: &Value, probe: &str) -> (String, u16) {
 }
 
 /// An HTTP GET as kubelet's prober sends it; the status code, or the error.
-pub(crate) async fn http_get(port: u16, path: &str) -> Result<u16, String> {
+pub async fn http_get(port: u16, path: &str) -> Result<u16, String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream =
         TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| format!("connect: {e}"))?;
@@ -466,7 +466,7 @@ pub(crate) async fn http_get(port: u16, path: &str) -> Result<u16, String> {
 /// A cluster CA and the API server's certificate for `127.0.0.1` signed by it (openssl), as
 /// `(CA PEM, cert PEM, key PEM)` paths. Two certificates, not one self-signed: rustls (the
 /// daemon's TLS) refuses a CA certificate as the server's own.
-pub(crate) fn serving_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+pub fn serving_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let file = |name: &str| dir.join(name);
     let openssl = |args: &[&str]| {
         let output = Command::new("openssl")
@@ -524,7 +524,7 @@ pub(crate) fn serving_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 /// A TLS listener on `127.0.0.1:0` forwarding each connection to `backend` (the plain-HTTP
 /// dev API server), as the `kubernetes` Service's HTTPS endpoint. Returns its port; the
 /// task ends with the test's runtime.
-pub(crate) async fn tls_front(cert: &Path, key: &Path, backend: String) -> u16 {
+pub async fn tls_front(cert: &Path, key: &Path, backend: String) -> u16 {
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::pem::PemObject as _;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -575,7 +575,7 @@ async fn unix_channel(path: &Path) -> Result<tonic::transport::Channel, tonic::t
 
 /// kubelet's plugin watcher for one socket: `GetInfo`, then `NotifyRegistrationStatus`
 /// (registered). Returns the plugin's info, or why it failed.
-pub(crate) async fn register(socket: &Path) -> Result<PluginInfo, String> {
+pub async fn register(socket: &Path) -> Result<PluginInfo, String> {
     let channel = unix_channel(socket).await.map_err(|e| format!("connect: {e}"))?;
     let mut client = reg::registration_client::RegistrationClient::new(channel);
     let info =
@@ -591,7 +591,7 @@ pub(crate) async fn register(socket: &Path) -> Result<PluginInfo, String> {
 }
 
 /// The messages of a container's CRI log file (`<time> <stream> <tag> <message>` lines).
-pub(crate) fn cri_log_messages(path: &Path) -> String {
+pub fn cri_log_messages(path: &Path) -> String {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()

@@ -9,56 +9,56 @@ use super::repo;
 
 /// `target/image/netclaim-<version>.oci.tar`; fails naming `make image` when it is missing
 /// (the tests that need it are `#[ignore]`d and run by `make test`, which builds it).
-pub(crate) fn archive() -> PathBuf {
-    let path = repo().join(format!("target/image/netclaim-{}.oci.tar", env!("CARGO_PKG_VERSION")));
+pub fn archive() -> PathBuf {
+    let path = repo().join(format!("target/image/netclaim-{}.oci.tar", netclaim::testing::VERSION));
     assert!(path.exists(), "{} is missing: run `make image` (make test does)", path.display());
     path
 }
 
 /// The name the archive carries (`io.containerd.image.name`) and the manifests use.
-pub(crate) fn image_ref() -> String {
-    format!("localhost/netclaim:{}", env!("CARGO_PKG_VERSION"))
+pub fn image_ref() -> String {
+    format!("localhost/netclaim:{}", netclaim::testing::VERSION)
 }
 
 /// One stage of a Dockerfile.
 #[derive(Debug, Default)]
-pub(crate) struct Stage {
+pub struct Stage {
     /// `AS <name>`.
-    pub(crate) name: String,
+    pub name: String,
     /// The image it starts from.
-    pub(crate) from: String,
+    pub from: String,
     /// `ARG`s in scope, substituted.
-    pub(crate) args: BTreeMap<String, String>,
+    pub args: BTreeMap<String, String>,
     /// `RUN` lines, continuations joined.
-    pub(crate) runs: Vec<String>,
+    pub runs: Vec<String>,
     /// `ENTRYPOINT` (exec form).
-    pub(crate) entrypoint: Option<Vec<String>>,
+    pub entrypoint: Option<Vec<String>>,
     /// `CMD` (exec form).
-    pub(crate) cmd: Option<Vec<String>>,
+    pub cmd: Option<Vec<String>>,
     /// `ENV`, in order, later ones replacing earlier ones.
-    pub(crate) env: Vec<(String, String)>,
+    pub env: Vec<(String, String)>,
     /// `LABEL`s.
-    pub(crate) labels: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
     /// `EXPOSE`d ports as `<port>/<proto>`.
-    pub(crate) ports: Vec<String>,
+    pub ports: Vec<String>,
     /// `USER`.
-    pub(crate) user: Option<String>,
+    pub user: Option<String>,
     /// `WORKDIR`.
-    pub(crate) workdir: Option<String>,
+    pub workdir: Option<String>,
 }
 
 /// A parsed Dockerfile.
 #[derive(Debug, Default)]
-pub(crate) struct Dockerfile {
+pub struct Dockerfile {
     /// ARGs before the first FROM, with their defaults.
-    pub(crate) global_args: BTreeMap<String, String>,
+    pub global_args: BTreeMap<String, String>,
     /// The stages in order.
-    pub(crate) stages: Vec<Stage>,
+    pub stages: Vec<Stage>,
 }
 
 impl Dockerfile {
     /// Parses `path`; `build_args` override ARG defaults (as `--build-arg`).
-    pub(crate) fn read(path: &Path, build_args: &[(&str, &str)]) -> Self {
+    pub fn read(path: &Path, build_args: &[(&str, &str)]) -> Self {
         let text = std::fs::read_to_string(path).unwrap();
         let build_args: BTreeMap<String, String> =
             build_args.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
@@ -125,7 +125,7 @@ impl Dockerfile {
     }
 
     /// The stage named `name`.
-    pub(crate) fn stage(&self, name: &str) -> &Stage {
+    pub fn stage(&self, name: &str) -> &Stage {
         self.stages
             .iter()
             .find(|s| s.name == name)

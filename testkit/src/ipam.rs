@@ -18,44 +18,44 @@ use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
 use netclaim::claims::networks::{
     BlockApiError, Created, Deleted, IpBlockApi, NetworkPorts, PodNetworkSource,
 };
-use netclaim::claims::{
-    ClaimPreparer, ClaimReader, ClaimService, DeviceLookup, LookupError, ReadError, ServiceIdentity,
-};
+use netclaim::claims::{ClaimPreparer, ClaimService, ServiceIdentity};
 use netclaim::ipam::{Clock, ManualClock};
 use netclaim::k8s::ip_blocks::{KubeIpBlocks, WatchedPodNetworks};
 use netclaim::model::ClaimRef;
-use netclaim::model::device::AttributeValue;
-use netclaim::model::network_config::{DeviceFacts, Sharing};
 use netclaim::model::pod_network::{IpBlock, PodNetwork};
 use netclaim::store::Store;
+use netclaim::testing::claims::MapClaims;
+use netclaim::testing::devices::FixedDevices;
+use netclaim::testing::facts::{FactsBuilder as _, physical_nic};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::api_server::client_for;
-pub(crate) use super::api_server::install_crds;
-use super::devices::physical_nic;
+pub use super::api_server::install_crds;
 
-pub(crate) use super::DRIVER;
-pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
+pub use super::DRIVER;
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Each claim's own NetworkConfig by claim name (none: `{}`), for [`made_up_claims`].
+pub type Configs = Arc<std::sync::Mutex<HashMap<String, Value>>>;
 
 /// Claims made up from their names: `<node>--<claim>` allocated `medianet-eth2` (a share of
 /// `eth2`) on `<node>`, its class naming `medianet`, its own config from `configs` by claim
-/// name (none: `{}`).
-#[derive(Default, Clone)]
-pub(crate) struct Claims {
-    pub(crate) configs: Arc<std::sync::Mutex<HashMap<String, Value>>>,
+/// name (none: `{}`); a name without `--` is not found.
+pub fn made_up_claims(configs: Configs) -> Arc<MapClaims> {
+    Arc::new(MapClaims::made_by(move |namespace, name| made_up_claim(&configs, namespace, name)))
 }
 
-impl ClaimReader for Claims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
-        let (node, claim) = name.split_once("--").ok_or(ReadError::NotFound)?;
-        let own = self.configs.lock().unwrap().get(claim).cloned().unwrap_or_else(|| json!({}));
-        let params = |body: Value| {
-            let mut v = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-            v.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
-            v
-        };
-        Ok(serde_json::from_value(json!({
+fn made_up_claim(configs: &Configs, namespace: &str, name: &str) -> Option<ResourceClaim> {
+    let (node, claim) = name.split_once("--")?;
+    let own = configs.lock().unwrap().get(claim).cloned().unwrap_or_else(|| json!({}));
+    let params = |body: Value| {
+        let mut v = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+        v.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+        v
+    };
+    Some(
+        serde_json::from_value(json!({
             "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}")},
             "spec": {},
             "status": {"allocation": {"devices": {
@@ -67,40 +67,28 @@ impl ClaimReader for Claims {
                 ]
             }}}
         }))
-        .unwrap())
-    }
-
-    async fn pod_claim_names(&self, _: &str, _: &str) -> Result<Option<Vec<String>>, ReadError> {
-        Ok(None)
-    }
+        .unwrap(),
+    )
 }
 
-/// `medianet-eth2`: a shared parent.
-pub(crate) struct Parent;
-
-impl DeviceLookup for Parent {
-    async fn facts(&self, _: &str) -> Result<DeviceFacts, LookupError> {
-        Ok(physical_nic("eth2", Sharing::Shared))
-    }
-
-    async fn attributes(&self, _: &str) -> Result<BTreeMap<String, AttributeValue>, LookupError> {
-        Ok(BTreeMap::new())
-    }
+/// Every device is `medianet-eth2`'s parent: `eth2`, shared, published without attributes.
+pub fn parent() -> FixedDevices {
+    FixedDevices::any(physical_nic("eth2").shared(), BTreeMap::new())
 }
 
 /// The real adapter, counting its calls.
-pub(crate) struct Counted {
+pub struct Counted {
     inner: KubeIpBlocks,
-    pub(crate) creates: AtomicUsize,
-    pub(crate) lost_races: AtomicUsize,
-    pub(crate) lists: AtomicUsize,
-    pub(crate) deletes: AtomicUsize,
+    pub creates: AtomicUsize,
+    pub lost_races: AtomicUsize,
+    pub lists: AtomicUsize,
+    pub deletes: AtomicUsize,
 }
 
 impl Counted {
     /// Every request this node made to the API for its blocks (a lost race is a create and a
     /// get).
-    pub(crate) fn requests(&self) -> usize {
+    pub fn requests(&self) -> usize {
         [&self.creates, &self.lost_races, &self.lists, &self.deletes]
             .iter()
             .map(|c| c.load(Ordering::SeqCst))
@@ -140,25 +128,27 @@ impl IpBlockApi for Counted {
     }
 }
 
-pub(crate) type Service = ClaimService<Claims, Parent, Arc<Store>>;
+pub type Service = ClaimService<Arc<MapClaims>, FixedDevices, Arc<Store>>;
 
-pub(crate) struct Cluster {
-    pub(crate) server: ApiServer,
-    pub(crate) client: kube::Client,
-    pub(crate) networks: Arc<WatchedPodNetworks>,
-    pub(crate) claims: Claims,
-    pub(crate) clock: Arc<ManualClock>,
-    pub(crate) stop: CancellationToken,
+pub struct Cluster {
+    pub server: ApiServer,
+    pub client: kube::Client,
+    pub networks: Arc<WatchedPodNetworks>,
+    pub claims: Arc<MapClaims>,
+    /// The claims' own configs ([`made_up_claims`]).
+    pub configs: Configs,
+    pub clock: Arc<ManualClock>,
+    pub stop: CancellationToken,
 }
 
-pub(crate) struct Node {
-    pub(crate) name: String,
-    pub(crate) service: Arc<Service>,
-    pub(crate) blocks: Arc<Counted>,
+pub struct Node {
+    pub name: String,
+    pub service: Arc<Service>,
+    pub blocks: Arc<Counted>,
 }
 
 impl Cluster {
-    pub(crate) async fn start(network: Value) -> Cluster {
+    pub async fn start(network: Value) -> Cluster {
         let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
         let client = client_for(&server);
         install_crds(&client).await;
@@ -171,17 +161,19 @@ impl Cluster {
         networks.create(&PostParams::default(), &object).await.unwrap();
         let stop = CancellationToken::new();
         let receiver = netclaim::k8s::pod_networks::spawn_watch(client.clone(), stop.clone());
+        let configs = Configs::default();
         Cluster {
             server,
             client,
             networks: Arc::new(WatchedPodNetworks::new(receiver, PATIENCE)),
-            claims: Claims::default(),
+            claims: made_up_claims(Arc::clone(&configs)),
+            configs,
             clock: Arc::new(ManualClock::at(1_700_000_000_000)),
             stop,
         }
     }
 
-    pub(crate) fn node(&self, name: &str, state_dir: &Path) -> Node {
+    pub fn node(&self, name: &str, state_dir: &Path) -> Node {
         let blocks = Arc::new(Counted {
             inner: KubeIpBlocks::new(self.client.clone()),
             creates: AtomicUsize::new(0),
@@ -191,8 +183,8 @@ impl Cluster {
         });
         let service = ClaimService::load_with_clock(
             ServiceIdentity { driver: DRIVER.into(), node: name.into() },
-            self.claims.clone(),
-            Parent,
+            Arc::clone(&self.claims),
+            parent(),
             Arc::new(Store::open(state_dir).unwrap()),
             Arc::clone(&self.clock) as Arc<dyn Clock>,
         )
@@ -205,25 +197,25 @@ impl Cluster {
         Node { name: name.into(), service: Arc::new(service), blocks }
     }
 
-    pub(crate) async fn blocks(&self) -> Vec<IpBlock> {
+    pub async fn blocks(&self) -> Vec<IpBlock> {
         let api: Api<IpBlock> = Api::all(self.client.clone());
         api.list(&ListParams::default()).await.unwrap().items
     }
 
-    pub(crate) async fn stop(self) {
+    pub async fn stop(self) {
         self.stop.cancel();
         self.server.shutdown().await.unwrap();
     }
 }
 
-pub(crate) fn claim_ref(node: &str, claim: &str) -> ClaimRef {
+pub fn claim_ref(node: &str, claim: &str) -> ClaimRef {
     let name = format!("{node}--{claim}");
     ClaimRef { namespace: "default".into(), uid: format!("uid-{name}"), name }
 }
 
 /// Prepares `claims` on `node` in batches of 8 (as kubelet sends a pod's claims); the
 /// addresses each got.
-pub(crate) async fn prepare_all(node: &Node, claims: &[String]) -> Vec<(String, Vec<IpNetwork>)> {
+pub async fn prepare_all(node: &Node, claims: &[String]) -> Vec<(String, Vec<IpNetwork>)> {
     let mut out = Vec::new();
     for batch in claims.chunks(8) {
         let refs: Vec<ClaimRef> = batch.iter().map(|c| claim_ref(&node.name, c)).collect();

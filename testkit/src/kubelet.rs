@@ -14,7 +14,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How one raw request ended.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// The server reset the stream with this HTTP/2 error code (1 = `PROTOCOL_ERROR`).
     Reset(u32),
     /// The server closed the connection with GOAWAY and this error code.
@@ -24,7 +24,7 @@ pub(crate) enum Outcome {
 }
 
 /// A hand-driven HTTP/2 client connection speaking just enough gRPC for unary calls.
-pub(crate) struct RawGrpcClient {
+pub struct RawGrpcClient {
     stream: UnixStream,
     encoder: Encoder<'static>,
     decoder: Decoder<'static>,
@@ -44,7 +44,7 @@ fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
 
 impl RawGrpcClient {
     /// Connects and sends the preface and an empty SETTINGS frame.
-    pub(crate) async fn connect(path: &Path) -> Self {
+    pub async fn connect(path: &Path) -> Self {
         let mut stream = UnixStream::connect(path).await.unwrap();
         let mut hello = PREFACE.to_vec();
         hello.extend(frame(0x4, 0, 0, &[]));
@@ -60,7 +60,7 @@ impl RawGrpcClient {
 
     /// One unary call with the given `:authority`. The client's HPACK encoder indexes fields,
     /// so later calls on the same connection reference its dynamic table, like grpc-go.
-    pub(crate) async fn call(&mut self, authority: &str, path: &str, message: &[u8]) -> Outcome {
+    pub async fn call(&mut self, authority: &str, path: &str, message: &[u8]) -> Outcome {
         let stream_id = self.send_request(authority, path, message).await;
         tokio::time::timeout(Duration::from_secs(10), self.read_outcome(stream_id))
             .await
@@ -69,7 +69,7 @@ impl RawGrpcClient {
 
     /// Opens a server-streaming call with the given `:authority` and returns its first
     /// message (the stream stays open), or how the call ended without one.
-    pub(crate) async fn first_streamed(
+    pub async fn first_streamed(
         &mut self,
         authority: &str,
         path: &str,
@@ -227,20 +227,20 @@ impl RawGrpcClient {
 }
 
 /// The two authorities grpc-go may derive from a bare socket path.
-pub(crate) fn weird_authorities(socket: &Path) -> [String; 2] {
+pub fn weird_authorities(socket: &Path) -> [String; 2] {
     let raw = socket.to_str().unwrap().to_owned();
     [raw.replace('/', "%2F"), raw]
 }
 
 /// A temp dir with `registry` and `plugins/<driver>` paths (not yet created).
-pub(crate) struct PluginDirs {
-    pub(crate) tmp: tempfile::TempDir,
-    pub(crate) registry: PathBuf,
-    pub(crate) plugin: PathBuf,
+pub struct PluginDirs {
+    pub tmp: tempfile::TempDir,
+    pub registry: PathBuf,
+    pub plugin: PathBuf,
 }
 
 impl PluginDirs {
-    pub(crate) fn new(driver: &str) -> Self {
+    pub fn new(driver: &str) -> Self {
         // Short base path: socket paths must fit in 107 bytes.
         let tmp = tempfile::Builder::new().prefix("nck").tempdir_in("/tmp").unwrap();
         let registry = tmp.path().join("registry");
@@ -251,7 +251,7 @@ impl PluginDirs {
 
 /// The plugin's config for `dirs` with the driver [`DRIVER`](super::DRIVER), checking its
 /// sockets and registering again fast enough for a test (20 ms, 50 ms).
-pub(crate) fn fast_config(dirs: &PluginDirs) -> KubeletPluginConfig {
+pub fn fast_config(dirs: &PluginDirs) -> KubeletPluginConfig {
     let mut config = KubeletPluginConfig::new(super::DRIVER, &dirs.registry, &dirs.plugin);
     config.socket_check_interval = Duration::from_millis(20);
     config.reregister_delay = Duration::from_millis(50);
@@ -259,7 +259,7 @@ pub(crate) fn fast_config(dirs: &PluginDirs) -> KubeletPluginConfig {
 }
 
 /// A tonic channel over a Unix socket (authority "localhost", what tonic sends).
-pub(crate) async fn tonic_channel(path: &Path) -> tonic::transport::Channel {
+pub async fn tonic_channel(path: &Path) -> tonic::transport::Channel {
     let path = path.to_owned();
     tonic::transport::Endpoint::try_from("http://localhost")
         .unwrap()
@@ -276,7 +276,7 @@ pub(crate) async fn tonic_channel(path: &Path) -> tonic::transport::Channel {
 }
 
 /// Waits up to 5 s for `check` to hold.
-pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..500 {
         if check() {
             return;

@@ -9,7 +9,7 @@ use serde::Deserialize as _;
 use serde_json::Value;
 
 /// `$KUBECTL`, else `/usr/bin/kubectl`, else what scripts/setup/kubectl.sh unpacked.
-pub(crate) fn kubectl() -> PathBuf {
+pub fn kubectl() -> PathBuf {
     let candidates: Vec<PathBuf> = match std::env::var_os("KUBECTL") {
         Some(path) => vec![PathBuf::from(path)],
         None => {
@@ -23,7 +23,7 @@ pub(crate) fn kubectl() -> PathBuf {
 
 /// `kubectl kustomize <dir>` as JSON objects (empty documents left out); fails with
 /// kustomize's message.
-pub(crate) fn kustomize(dir: &Path) -> Vec<Value> {
+pub fn kustomize(dir: &Path) -> Vec<Value> {
     let output = Command::new(kubectl()).arg("kustomize").arg(dir).output().unwrap();
     assert!(
         output.status.success(),

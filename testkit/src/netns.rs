@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Checks that the privileged tier can run. Root-tier tests are `#[ignore = "needs root"]`,
 /// so a plain `cargo nextest run` reports them as skipped; `make test` as root runs them
 /// with `--run-ignored all`. A root-tier test run without root is a failure, never a pass.
-pub(crate) fn require_root(test: &str) -> bool {
+pub fn require_root(test: &str) -> bool {
     // The effective uid, from procfs (no libc call needed).
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let is_root = status
@@ -23,7 +23,7 @@ pub(crate) fn require_root(test: &str) -> bool {
 }
 
 /// A short unique prefix for names in this process (interface names are ≤ 15 bytes).
-pub(crate) fn unique_prefix() -> String {
+pub fn unique_prefix() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -34,7 +34,7 @@ pub(crate) fn unique_prefix() -> String {
 }
 
 /// Runs a command and returns its output, panicking with stderr when it fails.
-pub(crate) fn run(program: &str, args: &[&str]) -> Output {
+pub fn run(program: &str, args: &[&str]) -> Output {
     let output = Command::new(program)
         .args(args)
         .output()
@@ -48,16 +48,20 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Output {
 }
 
 /// A network namespace created for one test and deleted (with every link in it) on drop.
-pub(crate) struct Netns {
+pub struct Netns {
     /// Its name under /run/netns.
-    pub(crate) name: String,
+    pub name: String,
     /// Prefix for interface names created inside it.
-    pub(crate) prefix: String,
+    pub prefix: String,
 }
 
 impl Netns {
     /// Creates a fresh namespace with loopback up.
-    pub(crate) fn new() -> Self {
+    #[allow(
+        clippy::new_without_default,
+        reason = "new() creates a network namespace: not a default value"
+    )]
+    pub fn new() -> Self {
         let prefix = unique_prefix();
         let name = format!("{prefix}-ns");
         run("ip", &["netns", "add", &name]);
@@ -67,21 +71,21 @@ impl Netns {
     }
 
     /// An interface name inside this namespace: `<prefix><suffix>`.
-    pub(crate) fn ifname(&self, suffix: &str) -> String {
+    pub fn ifname(&self, suffix: &str) -> String {
         let name = format!("{}{suffix}", self.prefix);
         assert!(name.len() <= 15, "interface name {name} too long");
         name
     }
 
     /// `ip -n <ns> <args>`.
-    pub(crate) fn ip(&self, args: &[&str]) -> Output {
+    pub fn ip(&self, args: &[&str]) -> Output {
         let mut full = vec!["-n", self.name.as_str()];
         full.extend_from_slice(args);
         run("ip", &full)
     }
 
     /// Runs `program args` inside the namespace with its own sysfs (`ip netns exec`).
-    pub(crate) fn exec(&self, program: &str, args: &[&str]) -> Output {
+    pub fn exec(&self, program: &str, args: &[&str]) -> Output {
         let mut full = vec!["netns", "exec", self.name.as_str(), program];
         full.extend_from_slice(args);
         Command::new("ip")
@@ -95,7 +99,7 @@ impl Netns {
     /// Runs `work` on a dedicated OS thread that has entered this namespace, on a
     /// current-thread tokio runtime: every socket it opens (API clients, HTTP probes) lives in
     /// the namespace, and no other thread's namespace changes.
-    pub(crate) fn block_on<F, Fut, T>(&self, work: F) -> T
+    pub fn block_on<F, Fut, T>(&self, work: F) -> T
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: std::future::Future<Output = T>,
@@ -122,12 +126,12 @@ impl Netns {
 
     /// Starts `program args` inside the namespace (with its own sysfs) as a child that is
     /// killed when the returned guard drops.
-    pub(crate) fn spawn(&self, program: &str, args: &[&str], log: &std::path::Path) -> Child {
+    pub fn spawn(&self, program: &str, args: &[&str], log: &std::path::Path) -> Child {
         self.spawn_with_env(program, args, &[], log)
     }
 
     /// [`Netns::spawn`] with extra environment variables.
-    pub(crate) fn spawn_with_env(
+    pub fn spawn_with_env(
         &self,
         program: &str,
         args: &[&str],
@@ -150,20 +154,20 @@ impl Netns {
 }
 
 /// A child process killed (SIGKILL) and reaped on drop.
-pub(crate) struct Child {
+pub struct Child {
     /// The process (`ip netns exec` replaces itself with the program, so this is its pid).
-    pub(crate) child: std::process::Child,
+    pub child: std::process::Child,
 }
 
 impl Child {
     /// Its pid.
-    pub(crate) fn pid(&self) -> i32 {
+    pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("pids fit in i32")
     }
 
     /// Sends SIGTERM and waits up to `limit` for the exit; returns how long it took, or
     /// `None` if it did not exit.
-    pub(crate) fn terminate(&mut self, limit: std::time::Duration) -> Option<std::time::Duration> {
+    pub fn terminate(&mut self, limit: std::time::Duration) -> Option<std::time::Duration> {
         let started = std::time::Instant::now();
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::SIGTERM)
             .expect("sending SIGTERM");
@@ -193,13 +197,13 @@ impl Drop for Netns {
 
 /// Where the API server and the daemon's metrics listen inside a test's own netns (each test
 /// has its own loopback, so fixed ports cannot collide).
-pub(crate) const NETNS_API_LISTEN: &str = "127.0.0.1:16443";
+pub const NETNS_API_LISTEN: &str = "127.0.0.1:16443";
 /// See [`NETNS_API_LISTEN`].
-pub(crate) const NETNS_METRICS_LISTEN: &str = "127.0.0.1:19178";
+pub const NETNS_METRICS_LISTEN: &str = "127.0.0.1:19178";
 
 /// Starts `netclaim dev --api-only` (`binary`) inside `netns` on [`NETNS_API_LISTEN`], writing
 /// `<dir>/kubeconfig` and logging to `<dir>/api.log`; returns once the kubeconfig exists.
-pub(crate) fn start_api_server(
+pub fn start_api_server(
     netns: &Netns,
     binary: &str,
     dir: &std::path::Path,
@@ -232,7 +236,7 @@ pub(crate) fn start_api_server(
 
 /// The flags every `netclaim node` of a netns test gets: node `test-node`, the kubeconfig,
 /// metrics on [`NETNS_METRICS_LISTEN`], and state and kubelet dirs under `dir`.
-pub(crate) fn node_daemon_args(dir: &std::path::Path) -> Vec<String> {
+pub fn node_daemon_args(dir: &std::path::Path) -> Vec<String> {
     let path = |name: &str| dir.join(name).to_str().expect("temp paths are UTF-8").to_owned();
     vec![
         "node".to_owned(),
@@ -257,7 +261,7 @@ pub(crate) fn node_daemon_args(dir: &std::path::Path) -> Vec<String> {
 
 /// One metric's value from the daemon's `/metrics` on [`NETNS_METRICS_LISTEN`] (0 when
 /// absent); must run inside the netns (see [`Netns::block_on`]).
-pub(crate) async fn scrape_metric(name: &str) -> f64 {
+pub async fn scrape_metric(name: &str) -> f64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(NETNS_METRICS_LISTEN)
         .await

@@ -13,19 +13,19 @@ use serde_json::Value;
 
 /// One authorization check (the attributes of `authorizer.AttributesRecord` RBAC reads).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Check {
-    pub(crate) user: String,
-    pub(crate) verb: String,
-    pub(crate) api_group: String,
-    pub(crate) resource: String,
-    pub(crate) subresource: String,
-    pub(crate) namespace: String,
-    pub(crate) name: String,
+pub struct Check {
+    pub user: String,
+    pub verb: String,
+    pub api_group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
 }
 
 impl Check {
     /// `resource` or `resource/subresource`, as RBAC rules name it.
-    pub(crate) fn resource_path(&self) -> String {
+    pub fn resource_path(&self) -> String {
         if self.subresource.is_empty() {
             self.resource.clone()
         } else {
@@ -50,19 +50,19 @@ impl fmt::Display for Check {
 
 /// One (rule, verb, resource) grant of a role bound to a subject.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Grant {
+pub struct Grant {
     /// `ClusterRole/<name>` or `Role/<namespace>/<name>`.
-    pub(crate) role: String,
+    pub role: String,
     /// Index of the rule in the role.
-    pub(crate) rule: usize,
+    pub rule: usize,
     /// The subject (`system:serviceaccount:<ns>:<name>`).
-    pub(crate) user: String,
+    pub user: String,
     /// Namespace the grant is limited to (a RoleBinding's), `None` cluster-wide.
-    pub(crate) namespace: Option<String>,
-    pub(crate) api_group: String,
-    pub(crate) resource: String,
-    pub(crate) verb: String,
-    pub(crate) resource_names: Vec<String>,
+    pub namespace: Option<String>,
+    pub api_group: String,
+    pub resource: String,
+    pub verb: String,
+    pub resource_names: Vec<String>,
 }
 
 impl fmt::Display for Grant {
@@ -76,13 +76,9 @@ impl fmt::Display for Grant {
     }
 }
 
-fn matches(list: &[String], value: &str) -> bool {
-    list.iter().any(|item| item == "*" || item == value)
-}
-
 impl Grant {
     /// Whether this grant allows `check`.
-    pub(crate) fn allows(&self, check: &Check) -> bool {
+    pub fn allows(&self, check: &Check) -> bool {
         self.user == check.user
             && self.namespace.as_deref().is_none_or(|ns| ns == check.namespace)
             && (self.api_group == "*" || self.api_group == check.api_group)
@@ -110,7 +106,7 @@ fn kind_name(object: &Value) -> (&str, &str) {
 /// subject of the bindings. Panics on what the evaluator does not model (a rule with
 /// nonResourceURLs, a subject that is not a service account, a binding to a missing role),
 /// so the test never silently under-checks.
-pub(crate) fn grants(objects: &[Value]) -> Vec<Grant> {
+pub fn grants(objects: &[Value]) -> Vec<Grant> {
     let mut grants = Vec::new();
     for binding in objects {
         let (kind, binding_name) = kind_name(binding);
@@ -173,15 +169,15 @@ pub(crate) fn grants(objects: &[Value]) -> Vec<Grant> {
 
 /// The outcome of evaluating checks against grants.
 #[derive(Debug, Default)]
-pub(crate) struct Verdict {
+pub struct Verdict {
     /// Checks no grant allows.
-    pub(crate) denied: BTreeSet<Check>,
+    pub denied: BTreeSet<Check>,
     /// Grants that allowed no check.
-    pub(crate) unused: Vec<Grant>,
+    pub unused: Vec<Grant>,
 }
 
 /// Evaluates every check; a grant counts as used when it allows at least one.
-pub(crate) fn evaluate(grants: &[Grant], checks: &BTreeSet<Check>) -> Verdict {
+pub fn evaluate(grants: &[Grant], checks: &BTreeSet<Check>) -> Verdict {
     let mut used = vec![false; grants.len()];
     let mut verdict = Verdict::default();
     for check in checks {

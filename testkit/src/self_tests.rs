@@ -7,7 +7,7 @@ mod rbac {
 
     use serde_json::{Value, json};
 
-    use crate::kit::rbac::{Check, evaluate, grants};
+    use crate::rbac::{Check, evaluate, grants};
 
     fn check(verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Check {
         Check {
@@ -79,9 +79,9 @@ mod rbac {
 mod daemonset {
     #[test]
     fn quantities() {
-        assert_eq!(crate::kit::daemonset::quantity("50m", 1000), 50);
-        assert_eq!(crate::kit::daemonset::quantity("2", 1000), 2000);
-        assert_eq!(crate::kit::daemonset::quantity("256Mi", 1), 256 << 20);
-        assert_eq!(crate::kit::daemonset::quantity("1G", 1), 1_000_000_000);
+        assert_eq!(crate::daemonset::quantity("50m", 1000), 50);
+        assert_eq!(crate::daemonset::quantity("2", 1000), 2000);
+        assert_eq!(crate::daemonset::quantity("256Mi", 1), 256 << 20);
+        assert_eq!(crate::daemonset::quantity("1G", 1), 1_000_000_000);
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// Fails the test outside the VM (`vmtests/guest.sh` sets `NETCLAIM_VM=1`): the host's
 /// kernel has no ipvlan and no SR-IOV NIC.
-pub(crate) fn require_vm(test: &str) {
+pub fn require_vm(test: &str) {
     assert_eq!(
         std::env::var("NETCLAIM_VM").as_deref(),
         Ok("1"),
@@ -24,7 +24,7 @@ pub(crate) fn require_vm(test: &str) {
 }
 
 /// The netdevs of the current netns bound to `driver` (`igb`, `igbvf`), sorted.
-pub(crate) fn netdevs_of(driver: &str) -> Vec<String> {
+pub fn netdevs_of(driver: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
         .unwrap()
         .map(|entry| entry.unwrap().path())
@@ -41,20 +41,20 @@ pub(crate) fn netdevs_of(driver: &str) -> Vec<String> {
 /// VFs created on the first igb PF (in the VM's root netns), removed on drop; the PF is up
 /// while they exist (igb answers its VFs' mailbox only while the PF is open, and igbvf's
 /// open waits for that answer) and set back down on drop if it was down.
-pub(crate) struct Vfs {
+pub struct Vfs {
     /// The PF's netdev name.
-    pub(crate) pf: String,
+    pub pf: String,
     /// The VFs' netdev names, by VF index.
-    pub(crate) names: Vec<String>,
+    pub names: Vec<String>,
     /// The VFs' PCI addresses, by VF index.
-    pub(crate) pci: Vec<String>,
+    pub pci: Vec<String>,
     numvfs: PathBuf,
     pf_was_up: bool,
 }
 
 impl Vfs {
     /// Creates `count` VFs on the first igb PF and waits for their igbvf netdevs.
-    pub(crate) fn create(count: u32) -> Self {
+    pub fn create(count: u32) -> Self {
         let pfs = netdevs_of("igb");
         let pf = pfs.first().expect("an igb PF (the VM has two)").clone();
         let device = PathBuf::from(format!("/sys/class/net/{pf}/device"));
@@ -104,14 +104,14 @@ impl Drop for Vfs {
 
 /// Prints `line` past libtest's capture (which keeps a passing test's `println!`): the
 /// figures of a VM run must reach its log.
-pub(crate) fn report(line: &str) {
+pub fn report(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ignored = writeln!(out, "{line}");
 }
 
 /// `ip <args>` in the current netns, failing the test when it fails.
-pub(crate) fn ip(args: &[&str]) {
+pub fn ip(args: &[&str]) {
     let output = Command::new("ip").args(args).output().unwrap();
     assert!(output.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&output.stderr));
 }

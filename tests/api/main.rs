@@ -3,12 +3,7 @@
 //! manifests and the layout rules. Needs no root; a few tests need kubectl or the grpc-go
 //! kubelet client and are `#[ignore]`d for a plain run (docs/testing.md).
 
-#[path = "../kit/mod.rs"]
-mod kit;
-
-/// The kit's own unit tests, here only: see `kit/self_tests.rs`.
-#[path = "../kit/self_tests.rs"]
-mod kit_self_tests;
+use netclaim_testkit as kit;
 
 mod admission_policies;
 mod claim_status;

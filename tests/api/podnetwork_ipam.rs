@@ -27,8 +27,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::kit::ipam::{
-    Claims, Cluster, DRIVER, Node, PATIENCE, Parent, Service, claim_ref, prepare_all,
+    Cluster, Configs, DRIVER, Node, PATIENCE, Service, claim_ref, made_up_claims, parent,
+    prepare_all,
 };
+use crate::kit::testing::claims::MapClaims;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_nodes_racing_for_blocks_own_each_block_once_and_never_share_an_address() {
@@ -157,7 +159,6 @@ async fn a_static_address_reserved_on_one_node_is_refused_on_another() {
     }))
     .await;
     cluster
-        .claims
         .configs
         .lock()
         .unwrap()
@@ -199,7 +200,7 @@ const CRASH_TEST: &str =
 fn crash_node(
     url: &str,
     dir: &Path,
-    claims: &Claims,
+    claims: &Arc<MapClaims>,
     ahead: Duration,
 ) -> (Service, CancellationToken, Arc<ManualClock>) {
     let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
@@ -209,8 +210,8 @@ fn crash_node(
     let clock = Arc::new(ManualClock::at(now));
     let service = ClaimService::load_with_clock(
         ServiceIdentity { driver: DRIVER.into(), node: "node-a".into() },
-        claims.clone(),
-        Parent,
+        Arc::clone(claims),
+        parent(),
         Arc::new(Store::open(dir).unwrap()),
         Arc::clone(&clock) as Arc<dyn Clock>,
     )
@@ -228,7 +229,7 @@ fn crash_node(
 /// releasing empty blocks now and then; prints `ack`/`rel` after each call returned.
 async fn crash_child(url: String, dir: String, round: String) {
     let (service, _stop, clock) =
-        crash_node(&url, Path::new(&dir), &Claims::default(), Duration::ZERO);
+        crash_node(&url, Path::new(&dir), &made_up_claims(Configs::default()), Duration::ZERO);
     service.reconcile_blocks().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut i = 0u64;
@@ -325,8 +326,12 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
         // unprepare in flight is done or not, no address is held twice, every lease lies in a
         // block this node owns in the API, and every block the API has for this node is
         // recorded (adopted) after the reconcile.
-        let (service, stop, _) =
-            crash_node(&cluster.server.url(), dir.path(), &Claims::default(), Duration::ZERO);
+        let (service, stop, _) = crash_node(
+            &cluster.server.url(),
+            dir.path(),
+            &made_up_claims(Configs::default()),
+            Duration::ZERO,
+        );
         let summary =
             service.reconcile_blocks().await.unwrap_or_else(|e| panic!("round {round}: {e}"));
         reconciled.adopted += summary.adopted;
@@ -386,7 +391,7 @@ async fn kill_9_anywhere_never_gives_one_address_twice_nor_leaks_a_block() {
     // not shorten it), so the node starts that far ahead plus the quarantine.
     let ahead = Duration::from_secs(most_claims_of_a_child) + QUARANTINE + Duration::from_secs(1);
     let (service, stop, clock) =
-        crash_node(&cluster.server.url(), dir.path(), &Claims::default(), ahead);
+        crash_node(&cluster.server.url(), dir.path(), &made_up_claims(Configs::default()), ahead);
     service.reconcile_blocks().await.unwrap();
     let refs: Vec<ClaimRef> = service
         .all_prepared()

@@ -3,8 +3,7 @@
 //! the image archive (`make test` installs and builds them); the chaos, scale and DaemonSet
 //! tests run one at a time (`.config/nextest.toml`, group `heavy`).
 
-#[path = "../kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 mod daemonset_containerd;
 mod e2e_containerd;

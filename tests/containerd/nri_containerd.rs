@@ -352,7 +352,7 @@ fn pod_events_come_through_state_change(runtime: Runtime) {
             "{runtime:?} delivered {event} through {via}, no longer through StateChange: this \
              runtime moved to the per-event NRI calls (NRI 0.12; StateChange is deprecated \
              there). nri-rs serves both and pods still attach (the e2e tests show it); update \
-             this expectation, the runtime's notes (Runtime in tests/kit/containerd.rs, \
+             this expectation, the runtime's notes (Runtime in testkit/src/containerd.rs, \
              decision 0016) and check the runtime's other NRI 0.12 changes (NRI_version in \
              Configure, new event bits)"
         );

@@ -6,7 +6,7 @@
 //! run dir, no process left). It prints the demo's wall time and peak RSS.
 //!
 //! The containerd variant runs the same demo through a private containerd 1.7 with NRI
-//! (`tests/kit/containerd.rs`), with `--containerd` pointing at its CRI socket.
+//! (`testkit/src/containerd.rs`), with `--containerd` pointing at its CRI socket.
 //!
 //! Needs root (bare network namespaces, links), and containerd from
 //! `scripts/setup/containerd.sh` for the second test: `#[ignore]`d, run by `make test` as

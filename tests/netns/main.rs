@@ -2,8 +2,7 @@
 //! throwaway network namespaces (iproute2, `ping`, a private bpffs), no container runtime but
 //! the one demo that starts its own. Every test is `#[ignore]`d: `make test` runs them as root.
 
-#[path = "../kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 mod dev_demo;
 mod dev_kubelet;

@@ -2,7 +2,7 @@
 //! `netclaim dev --api-only` and the daemon run in a throwaway "node" netns with a veth
 //! parent; claims are allocated by the dev allocator as the scheduler would, prepared over
 //! kubelet's DRA socket, and pod sandboxes are announced by our in-process NRI runtime on a
-//! temp socket, each pod being another throwaway netns (the harness: `tests/kit/daemon.rs`,
+//! temp socket, each pod being another throwaway netns (the harness: `testkit/src/daemon.rs`,
 //! shared with the VM suite `tests/vm/vm_daemon.rs`).
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]

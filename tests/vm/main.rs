@@ -3,8 +3,7 @@
 //! tests fail outside the VM; nextest leaves this binary out (`.config/nextest.toml`) and
 //! `vmtests/guest.sh` runs each suite in a process of its own, in the order of `VM_TESTS`.
 
-#[path = "../kit/mod.rs"]
-mod kit;
+use netclaim_testkit as kit;
 
 mod vm_attach_bench;
 mod vm_daemon;

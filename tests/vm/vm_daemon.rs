@@ -2,7 +2,7 @@
 //! `netclaim node` (the binary cargo built on the host, which the guest sees through the
 //! shared root) registers with a kubelet stand-in, publishes, prepares claims over `dra.sock`
 //! and attaches and detaches at our NRI runtime's sandbox events, with the harness of the
-//! root tests (`tests/kit/daemon.rs`: dev API server, allocator, daemon in a throwaway node
+//! root tests (`testkit/src/daemon.rs`: dev API server, allocator, daemon in a throwaway node
 //! netns, pods as throwaway netns). What the CI host's kernel cannot do is done here: an
 //! ipvlan claim on a veth parent, a VLAN claim through an 8021q sub-interface shared by two
 //! pods, and a VF of the first emulated igb PF moved into a pod as host-device. Traffic and

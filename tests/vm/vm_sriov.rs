@@ -18,15 +18,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use netclaim::attach::{AttachService, StatusSink};
 use netclaim::claims::vf::VfPort;
-use netclaim::claims::{
-    ClaimPreparer, ClaimReader, ClaimService, DeviceLookup, ReadError, ServiceIdentity,
-};
+use netclaim::claims::{ClaimPreparer, ClaimService, DeviceLookup, ServiceIdentity};
 use netclaim::host::discovery::{HostDevices, host_devices};
 use netclaim::host::netlink::HostNetlink;
 use netclaim::host::sriov::NetlinkVfSettings;
@@ -38,6 +36,7 @@ use nri_rs::{PluginHandler, PodSandbox};
 use serde_json::{Value, json};
 
 use crate::kit::netns::Netns;
+use crate::kit::testing::claims::MapClaims;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "vm-node";
@@ -173,47 +172,36 @@ impl Drop for Vfs {
 }
 
 /// Claims by name, as the scheduler leaves them.
-#[derive(Default, Clone)]
-struct Claims(Arc<Mutex<BTreeMap<String, ResourceClaim>>>);
+type Claims = Arc<MapClaims>;
 
-impl Claims {
-    /// A claim for `device` with `config`, allocated on this node and reserved for `pod`.
-    fn put(&self, name: &str, device: &str, config: Value, pod: &PodSandbox) -> ClaimRef {
-        let uid = format!("uid-{name}");
-        let mut parameters =
-            json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-        let Value::Object(config) = config else { panic!("a NetworkConfig is an object") };
-        parameters.as_object_mut().unwrap().extend(config);
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "spec": {},
-            "status": {
-                "allocation": {"devices": {
-                    "results": [{"request": "vf", "driver": DRIVER, "pool": NODE, "device": device}],
-                    "config": [{"source": "FromClaim",
-                        "opaque": {"driver": DRIVER, "parameters": parameters}}]
-                }},
-                "reservedFor": [{"resource": "pods", "name": pod.name, "uid": pod.uid}]
-            }
-        }))
-        .unwrap();
-        self.0.lock().unwrap().insert(name.to_owned(), claim);
-        ClaimRef { namespace: "default".into(), name: name.into(), uid }
-    }
-}
-
-impl ClaimReader for Claims {
-    async fn get(&self, _namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
-        self.0.lock().unwrap().get(name).cloned().ok_or(ReadError::NotFound)
-    }
-
-    async fn pod_claim_names(
-        &self,
-        _namespace: &str,
-        _pod: &str,
-    ) -> Result<Option<Vec<String>>, ReadError> {
-        Ok(None)
-    }
+/// Puts a claim `name` for `device` with `config` in `claims`, allocated on this node and
+/// reserved for `pod`.
+fn put_claim(
+    claims: &Claims,
+    name: &str,
+    device: &str,
+    config: Value,
+    pod: &PodSandbox,
+) -> ClaimRef {
+    let uid = format!("uid-{name}");
+    let mut parameters = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+    let Value::Object(config) = config else { panic!("a NetworkConfig is an object") };
+    parameters.as_object_mut().unwrap().extend(config);
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "vf", "driver": DRIVER, "pool": NODE, "device": device}],
+                "config": [{"source": "FromClaim",
+                    "opaque": {"driver": DRIVER, "parameters": parameters}}]
+            }},
+            "reservedFor": [{"resource": "pods", "name": pod.name, "uid": pod.uid}]
+        }
+    }))
+    .unwrap();
+    claims.put(claim);
+    ClaimRef { namespace: "default".into(), name: name.into(), uid }
 }
 
 /// Statuses and events go nowhere (no API server in the VM).
@@ -236,7 +224,7 @@ fn service(claims: &Claims, state: &Path) -> Service {
     let port: Arc<dyn VfPort> = Arc::new(NetlinkVfSettings::new(&host));
     ClaimService::load(
         ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
-        claims.clone(),
+        Arc::clone(claims),
         devices,
         Arc::new(Store::open(state).unwrap()),
     )
@@ -386,7 +374,8 @@ fn each_setting_igb_supports_is_applied_on_the_pf_and_read_back() {
         let service = service(&claims, state.path());
         let before = vfs.settings(1);
         println!("VF 1 before: {before}");
-        let claim = claims.put(
+        let claim = put_claim(
+            &claims,
             "all-set",
             &vfs.device(1),
             json!({"interface": {"hardwareAddress": "02:00:00:00:11:01"}, "vlan": 100,
@@ -435,7 +424,7 @@ fn link_state_min_rate_and_802_1ad_fail_the_prepare_naming_the_field() {
             ),
         ];
         for (name, config, message) in cases {
-            let claim = claims.put(name, &vfs.device(0), config, &no_pod());
+            let claim = put_claim(&claims, name, &vfs.device(0), config, &no_pod());
             let err = prepare(&service, &claim).await.unwrap_err();
             println!("{name}: {err}");
             assert!(err.contains(message), "{message:?} missing in {err}");
@@ -465,7 +454,8 @@ fn unprepare_restores_every_vf_setting_found_before_the_claim() {
     let claims = Claims::default();
     runtime().block_on(async {
         let service = service(&claims, state.path());
-        let claim = claims.put(
+        let claim = put_claim(
+            &claims,
             "changes-each",
             &vfs.device(1),
             json!({"interface": {"hardwareAddress": "02:00:00:00:09:09"}, "vlan": 9,
@@ -504,7 +494,8 @@ fn a_vf_moves_into_the_pod_and_returns_from_a_netns_destroyed_while_the_daemon_w
     let claims = Claims::default();
     let pod_netns = Netns::new();
     let pod = sandbox(&pod_netns, "vf-pod");
-    let claim = claims.put(
+    let claim = put_claim(
+        &claims,
         "vf-net",
         &vfs.device(0),
         json!({"interface": {"mtu": 1400, "hardwareAddress": "02:00:00:00:05:05"},

@@ -59,7 +59,7 @@ fn layout(dirs: &Dirs) -> MetadataLayout {
 }
 
 fn service_with_metadata(
-    api: &Arc<FakeApi>,
+    api: &Arc<MapClaims>,
     dirs: &Dirs,
     files: impl MetadataFiles,
 ) -> (Service, Arc<DeviceMetadata>) {
@@ -97,7 +97,7 @@ fn ready(device: &str, share_id: Option<&str>, ip: &str) -> AllocatedDeviceStatu
 
 #[tokio::test]
 async fn prepare_writes_one_file_and_spec_per_top_level_request_and_returns_their_cdi_ids() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(template_claim());
     let dirs = dirs();
     let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
@@ -156,7 +156,7 @@ async fn prepare_writes_one_file_and_spec_per_top_level_request_and_returns_thei
 
 #[tokio::test]
 async fn a_claim_named_by_the_pod_is_mounted_under_resourceclaims() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(simple_claim("db", "u-db"));
     let dirs = dirs();
     let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
@@ -175,7 +175,7 @@ async fn a_claim_named_by_the_pod_is_mounted_under_resourceclaims() {
 
 #[tokio::test]
 async fn statuses_rewrite_the_file_in_place_with_a_growing_generation() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(template_claim());
     let dirs = dirs();
     let (service, metadata) = service_with_metadata(&api, &dirs, LocalFiles);
@@ -211,7 +211,7 @@ async fn statuses_rewrite_the_file_in_place_with_a_growing_generation() {
 
 #[tokio::test]
 async fn unprepare_removes_the_files_and_specs_and_a_retry_removes_what_is_left() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(template_claim());
     let dirs = dirs();
     let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
@@ -231,7 +231,7 @@ async fn unprepare_removes_the_files_and_specs_and_a_retry_removes_what_is_left(
 
 #[tokio::test]
 async fn a_new_claim_of_the_same_name_keeps_its_files_when_the_old_one_is_unprepared() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(simple_claim("db", "u-old"));
     let dirs = dirs();
     let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
@@ -251,7 +251,7 @@ async fn a_new_claim_of_the_same_name_keeps_its_files_when_the_old_one_is_unprep
 #[tokio::test]
 async fn a_restart_keeps_generation_and_network_data_rewrites_what_is_missing_and_removes_leftovers()
  {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(template_claim());
     let dirs = dirs();
     let (service, metadata) = service_with_metadata(&api, &dirs, LocalFiles);
@@ -315,7 +315,7 @@ impl MetadataFiles for ReadOnlyCdiDir {
 
 #[tokio::test]
 async fn a_metadata_write_failure_fails_prepare_and_leaves_nothing_behind() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(template_claim());
     let dirs = dirs();
     let (service, _metadata) = service_with_metadata(&api, &dirs, ReadOnlyCdiDir(dirs.cdi.clone()));
@@ -332,7 +332,7 @@ async fn a_metadata_write_failure_fails_prepare_and_leaves_nothing_behind() {
 
 #[tokio::test]
 async fn without_metadata_request_names_are_still_top_level_and_there_are_no_cdi_ids() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(template_claim());
     let dir = tempfile::tempdir().unwrap();
     let service = service(&api, dir.path());
@@ -345,7 +345,7 @@ async fn without_metadata_request_names_are_still_top_level_and_there_are_no_cdi
 
 #[tokio::test]
 async fn a_claim_reserved_for_a_pod_group_is_refused_naming_the_group() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let mut claim = simple_claim("gang", "u-gang");
     claim.status.as_mut().unwrap().reserved_for = Some(vec![ResourceClaimConsumerReference {
         api_group: Some("scheduling.k8s.io".into()),
@@ -366,7 +366,7 @@ async fn a_claim_reserved_for_a_pod_group_is_refused_naming_the_group() {
 
 #[tokio::test]
 async fn config_with_an_empty_requests_list_applies_to_every_request() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let mut empty = config("FromClass", DRIVER, &[], params(json!({"interface": {"mtu": 1400}})));
     // Kubernetes 1.37 writes an explicit empty list when a config covers every request.
     empty.requests = Some(vec![]);
@@ -389,7 +389,7 @@ async fn config_with_an_empty_requests_list_applies_to_every_request() {
 
 #[tokio::test]
 async fn an_implicit_extended_resource_claim_prepares_with_class_config_only() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     // What the scheduler makes for `resources.limits: {netclaim.dev/macvlan: 1}` (KEP-5004):
     // a request per container and resource, config only from the DeviceClass.
     let mut claim = claim(
@@ -435,7 +435,7 @@ async fn a_state_dir_of_release_58860b2_loads_with_its_claims_unchanged_and_with
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/state-58860b2/journal");
     std::fs::copy(&fixture, dirs.state.join("journal")).unwrap();
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
     let web = service.prepared(UID).unwrap();
     assert_eq!((web.pod_claim_index, web.pod_claim_name.as_deref()), (Some(1), None));

@@ -127,7 +127,7 @@ pub(super) fn medianet(extra: Value) -> PodNetwork {
 
 /// The claim service of `node` on `dir`, serving `networks` with `blocks`, on `clock`.
 fn node_service(
-    api: &Arc<FakeApi>,
+    api: &Arc<MapClaims>,
     dir: &std::path::Path,
     node: &str,
     blocks: &Arc<FakeBlocks>,
@@ -138,7 +138,7 @@ fn node_service(
     ClaimService::load_with_clock(
         ServiceIdentity { driver: DRIVER.into(), node: node.into() },
         Arc::clone(api),
-        FixedDevices,
+        fixed_devices(),
         store,
         Arc::clone(clock) as Arc<dyn Clock>,
     )
@@ -169,7 +169,7 @@ struct Node {
 }
 
 struct World {
-    api: Arc<FakeApi>,
+    api: Arc<MapClaims>,
     blocks: Arc<FakeBlocks>,
     networks: Arc<FakeNetworks>,
     clock: Arc<ManualClock>,
@@ -180,7 +180,7 @@ impl World {
         let networks = Arc::new(FakeNetworks::default());
         networks.put(medianet(json!({})));
         World {
-            api: Arc::new(FakeApi::default()),
+            api: Arc::new(MapClaims::default()),
             blocks: Arc::new(FakeBlocks::default()),
             networks,
             clock: Arc::new(ManualClock::at(1_700_000_000_000)),

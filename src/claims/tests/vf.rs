@@ -34,7 +34,7 @@ async fn a_vf_claim_defaults_to_sriov_vf_and_unprepare_sets_back_what_it_found()
         ..fresh()
     };
     let pf = Arc::new(FakePf::new(found));
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(vf_claim(json!({"interface": {"hardwareAddress": "02:00:00:00:00:bb"}, "vlan": 42,
         "sriov": {"qos": 5, "maxTxRateMbps": 200}})));
     let dir = tempfile::tempdir().unwrap();
@@ -86,7 +86,7 @@ async fn a_field_the_nic_cannot_set_fails_the_prepare_naming_it_and_holds_nothin
         ),
     ] {
         let pf = Arc::new(FakePf::new(fresh()));
-        let api = Arc::new(FakeApi::default());
+        let api = Arc::new(MapClaims::default());
         api.put(vf_claim(body));
         let dir = tempfile::tempdir().unwrap();
         let service = with_pf(service(&api, dir.path()), &pf);
@@ -100,7 +100,7 @@ async fn a_field_the_nic_cannot_set_fails_the_prepare_naming_it_and_holds_nothin
 
 #[tokio::test]
 async fn a_vf_claim_without_vf_settings_access_or_moved_as_host_device() {
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(vf_claim(json!({})));
     let dir = tempfile::tempdir().unwrap();
     let err =
@@ -128,7 +128,7 @@ async fn a_state_dir_of_release_6f05957_loads_and_its_vf_claim_unprepares_withou
     )
     .unwrap();
     assert!(prepared_claim_versions(&dir.path().join("journal")).iter().all(|v| *v == 4));
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let pf = Arc::new(FakePf::new(fresh()));
     let service = with_pf(service(&api, dir.path()), &pf);
     let mut names: Vec<String> = service.all_prepared().into_iter().map(|c| c.name).collect();
@@ -171,7 +171,7 @@ fn vf_snapshots(service: &Service) -> Vec<crate::claims::vf_snapshots::VfSnapsho
 #[tokio::test]
 async fn the_vf_snapshot_goes_with_the_claims_commit_and_with_a_failed_prepare() {
     let pf = Arc::new(FakePf::new(fresh()));
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     let dir = tempfile::tempdir().unwrap();
     let service = with_pf(service(&api, dir.path()), &pf);
     api.put(vf_claim(json!({"sriov": {"trust": true, "linkState": "enable"}})));
@@ -219,13 +219,13 @@ mod killed_after_vf_apply {
         VfState { mac: "02:00:00:00:00:aa".parse().unwrap(), vlan: 7, ..fresh() }
     }
 
-    fn start(api: &Arc<FakeApi>, dir: &std::path::Path, pf: &Arc<FakePf>) -> Service {
+    fn start(api: &Arc<MapClaims>, dir: &std::path::Path, pf: &Arc<FakePf>) -> Service {
         with_pf(service(api, dir), pf)
     }
 
-    async fn crash(dir: &std::path::Path) -> (Arc<FakeApi>, Arc<FakePf>) {
+    async fn crash(dir: &std::path::Path) -> (Arc<MapClaims>, Arc<FakePf>) {
         let pf = Arc::new(FakePf::new(found()));
-        let api = Arc::new(FakeApi::default());
+        let api = Arc::new(MapClaims::default());
         api.put(vf_claim(json!({"interface": {"hardwareAddress": "02:00:00:00:00:bb"},
             "vlan": 42, "sriov": {"trust": true}})));
         prepare_killed(start(&api, dir, &pf), reference("vf-net", VF_UID)).await;
@@ -312,7 +312,7 @@ impl crate::claims::vf::VfPort for StallingPf {
 #[tokio::test]
 async fn a_prepare_dropped_while_staged_gives_its_address_back_and_leaves_the_vf_to_its_snapshot() {
     let pf = Arc::new(FakePf::new(fresh()));
-    let api = Arc::new(FakeApi::default());
+    let api = Arc::new(MapClaims::default());
     api.put(vf_claim(json!({"vlan": 42, "ipam": {"addresses": ["10.9.1.7/24"]}})));
     let dir = tempfile::tempdir().unwrap();
     let stalling = Arc::new(StallingPf(Arc::clone(&pf)));

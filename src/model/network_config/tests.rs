@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::model::support::{KernelSupport, Probe};
 use crate::podnet::plan::node_support;
+use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 /// [`super::resolve`] on a node that can attach everything: these tests are about the
 /// config's own rules.
@@ -20,42 +21,31 @@ fn resolve(
 }
 
 fn shared() -> DeviceFacts {
-    DeviceFacts {
-        sharing: Sharing::Shared,
-        kind: DeviceKind::Physical,
-        if_name: "eth1".into(),
-        mtu: 1500,
-        min_mtu: 68,
-        max_mtu: 9000,
-        pf_mtu: None,
-        passthru_children: 0,
-        other_children: 0,
-        ipvlan_children: 0,
-    }
+    physical_nic("eth1").shared()
 }
 
 fn slot() -> DeviceFacts {
-    DeviceFacts { sharing: Sharing::Slot, ..shared() }
+    physical_nic("eth1").slot()
 }
 
 fn exclusive() -> DeviceFacts {
-    DeviceFacts { sharing: Sharing::Exclusive, ..shared() }
+    physical_nic("eth1")
 }
 
 fn vf() -> DeviceFacts {
-    DeviceFacts { kind: DeviceKind::SriovVf, pf_mtu: Some(1500), ..exclusive() }
+    exclusive().vf(1500)
 }
 
 fn bond() -> DeviceFacts {
-    DeviceFacts { kind: DeviceKind::Bond, ..exclusive() }
+    exclusive().kind(DeviceKind::Bond)
 }
 
 fn with_children(passthru: u32, other: u32) -> DeviceFacts {
-    DeviceFacts { passthru_children: passthru, other_children: other, ..shared() }
+    shared().macvlan_children(passthru, other)
 }
 
 fn with_ipvlan_children(count: u32) -> DeviceFacts {
-    DeviceFacts { ipvlan_children: count, ..shared() }
+    shared().ipvlan_children(count)
 }
 
 /// Adds `apiVersion` and `kind` to a parameters object.
@@ -200,7 +190,7 @@ fn cases() -> Vec<Case> {
         ),
         reject(
             "host-device MTU below device min",
-            DeviceFacts { min_mtu: 576, ..exclusive() },
+            exclusive().mtu_range(576, 9000),
             json!({"interface": {"mtu": 575}}),
             "interface.mtu",
         ),
@@ -219,7 +209,7 @@ fn cases() -> Vec<Case> {
         ),
         reject(
             "IPv6 pool on a parent with MTU 1000",
-            DeviceFacts { mtu: 1000, ..shared() },
+            shared().mtu(1000),
             with_pool(json!({"subnet": "fd00:10::/64"})),
             "interface.mtu",
         ),

@@ -7,26 +7,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
 
 use super::super::{
-    Addressing, ConfigEntry, ConfigSource, DeviceFacts, DeviceKind, IpvlanFlag, IpvlanMode,
-    MacvlanMode, NetworkConfig, NodeSupport, ResolvedMode, ResolvedNetworkConfig, Sharing,
-    merge_for_request,
+    Addressing, ConfigEntry, ConfigSource, DeviceFacts, IpvlanFlag, IpvlanMode, MacvlanMode,
+    NetworkConfig, NodeSupport, ResolvedMode, ResolvedNetworkConfig, merge_for_request,
 };
 use super::check_network_serves;
 use crate::model::pod_network::PodNetwork;
+use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 fn parent() -> DeviceFacts {
-    DeviceFacts {
-        sharing: Sharing::Shared,
-        kind: DeviceKind::Physical,
-        if_name: "eth1".into(),
-        mtu: 9000,
-        min_mtu: 68,
-        max_mtu: 9000,
-        pf_mtu: None,
-        passthru_children: 0,
-        other_children: 0,
-        ipvlan_children: 0,
-    }
+    physical_nic("eth1").shared().mtu(9000)
 }
 
 fn network(spec: Value) -> PodNetwork {
