@@ -1,6 +1,5 @@
-//! The kit's own unit tests (the RBAC evaluator, the DaemonSet's quantities). Declared by the
-//! `api` binary only (`tests/api/main.rs`): every binary includes the kit, and a `#[cfg(test)]`
-//! module inside it would run these once per binary.
+//! The kit's own unit tests (the RBAC evaluator, the DaemonSet's quantities): the crate's
+//! `#[cfg(test)]` module, run once as `netclaim-testkit`'s tests.
 
 mod rbac {
     use std::collections::BTreeSet;
