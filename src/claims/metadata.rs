@@ -7,6 +7,7 @@
 //! [`DeviceMetadata`] keeps each prepared claim's documents and their generations and writes
 //! them through the [`MetadataFiles`] port, the only way this module touches a filesystem.
 
+pub use super::ports::MetadataFiles;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -382,26 +383,6 @@ impl From<&AttributeValue> for WireAttribute {
             AttributeValue::Bool(b) => Self::Bool(*b),
         }
     }
-}
-
-/// The filesystem as device metadata needs it. Calls block on I/O.
-pub trait MetadataFiles: Send + Sync + 'static {
-    /// Writes `contents` into the file at `path` in place: the same inode when the file
-    /// exists (a container's bind mount follows the inode, so a replaced file would not be
-    /// seen), written from offset 0 and then cut to length, so a reader never sees an empty
-    /// file. Creates the file and its directories when missing.
-    fn write_in_place(&self, path: &Path, contents: &[u8]) -> Result<(), Cause>;
-    /// Replaces the file at `path` atomically (a runtime watching the directory never reads
-    /// half a spec). Creates its directory when missing.
-    fn replace(&self, path: &Path, contents: &[u8]) -> Result<(), Cause>;
-    /// The file's contents; `None` when it does not exist.
-    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, Cause>;
-    /// Removes a file; a missing one is fine.
-    fn remove_file(&self, path: &Path) -> Result<(), Cause>;
-    /// Removes a directory tree; a missing one is fine.
-    fn remove_dir_all(&self, path: &Path) -> Result<(), Cause>;
-    /// Names of the entries of a directory; a missing directory has none.
-    fn list(&self, dir: &Path) -> Result<Vec<String>, Cause>;
 }
 
 /// Why device metadata could not be written or removed.

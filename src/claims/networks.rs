@@ -12,11 +12,10 @@
 //! crash before that leaves a block in the API with this node's name, adopted at the next
 //! start from the list of this node's blocks. Decision 0014 has every crash case.
 
+pub use super::ports::{IpBlockApi, PodNetworkSource};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-
-use futures::future::BoxFuture;
 
 use super::state::lock;
 use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup};
@@ -36,15 +35,6 @@ pub enum NetworkReadError {
     /// Reading failed.
     #[error("reading the PodNetwork: {0}")]
     Failed(#[source] Cause),
-}
-
-/// The `PodNetwork`s as the node last saw them (a watch on the daemon).
-pub trait PodNetworkSource: Send + Sync + 'static {
-    /// The network named `name`; `None` when it does not exist.
-    fn get(&self, name: &str) -> BoxFuture<'_, Result<Option<PodNetwork>, NetworkReadError>>;
-    /// Resolves when the networks may have changed since the last call (the block release
-    /// loop wakes on it, so a network being deleted gives its empty blocks back at once).
-    fn changed(&self) -> BoxFuture<'_, ()>;
 }
 
 /// A failed `IPBlock` call.
@@ -78,24 +68,6 @@ pub enum Deleted {
     Gone,
     /// An object of that name with another UID exists (not ours: left alone).
     NotOurs,
-}
-
-/// The `IPBlock` API (adapter: `k8s::ip_blocks`).
-pub trait IpBlockApi: Send + Sync + 'static {
-    /// Every block whose `spec.nodeName` is `node`.
-    fn list_node(&self, node: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>>;
-    /// Every block of `pod_network`.
-    fn list_network(&self, pod_network: &str)
-    -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>>;
-    /// Creates `block` (named by its metadata); an existing object of that name is returned as
-    /// [`Created::Exists`].
-    fn create(&self, block: IpBlock) -> BoxFuture<'_, Result<Created, BlockApiError>>;
-    /// Deletes `name` if its UID is `uid` (a precondition: never someone else's object).
-    fn delete<'a>(
-        &'a self,
-        name: &'a str,
-        uid: &'a str,
-    ) -> BoxFuture<'a, Result<Deleted, BlockApiError>>;
 }
 
 /// What the claim service needs for `PodNetwork` claims.

@@ -1,19 +1,26 @@
-//! The claim service's ports: the API ([`ClaimReader`]), the node's inventory
-//! ([`DeviceLookup`]) and durable state ([`ClaimStore`]), with their errors.
+//! The claim service's ports, with their errors: the API ([`ClaimReader`]), the node's
+//! inventory ([`DeviceLookup`]), durable state ([`ClaimStore`], with the VF snapshots of
+//! [`VfSnapshotStore`]), the pod's device metadata files ([`MetadataFiles`]), the PodNetworks
+//! and their IPBlocks ([`PodNetworkSource`], [`IpBlockApi`]) and a VF's settings on its PF
+//! ([`VfPort`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::Path;
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
+use super::networks::{BlockApiError, Created, Deleted, NetworkReadError};
 use super::record::PreparedClaim;
-use super::vf::VfRef;
-use super::vf_snapshots;
+use super::vf::{VfChange, VfPortError, VfRef, VfState};
+use super::vf_snapshots::VfSnapshot;
 use crate::ipam::{IpamCommit, LeaseStore};
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;
 use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
-use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing};
+use crate::model::network_config::{DeviceFacts, DeviceKind, MacAddr, Sharing};
+use crate::model::pod_network::{IpBlock, PodNetwork};
 
 /// Why the API could not give a claim.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -158,9 +165,7 @@ pub fn vf_of(attributes: &BTreeMap<String, AttributeValue>) -> Option<VfRef> {
 /// Durable state of prepared claims; the same store keeps the IPAM's leases, release
 /// records and owned blocks. Calls block on disk I/O (the service runs them on the blocking
 /// pool, without its state lock).
-pub trait ClaimStore:
-    LeaseStore + vf_snapshots::VfSnapshotStore + Clone + Send + Sync + 'static
-{
+pub trait ClaimStore: LeaseStore + VfSnapshotStore + Clone + Send + Sync + 'static {
     /// Every prepared claim.
     fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
     /// Persists prepared claims and IPAM changes (their leases, the blocks they come from,
@@ -175,4 +180,79 @@ pub trait ClaimStore:
     fn remove_prepared(&self, uid: &str, ipam: &IpamCommit) -> Result<(), Self::Error>;
     /// Commits IPAM changes alone (blocks adopted or released, records pruned).
     fn commit_ipam(&self, ipam: &IpamCommit) -> Result<(), Self::Error>;
+}
+
+/// Reads and sets VF settings on the PF (`host::sriov` over rtnetlink; a fake in tests).
+pub trait VfPort: Send + Sync + 'static {
+    /// The VF's current settings.
+    fn read<'a>(&'a self, vf: &'a VfRef) -> BoxFuture<'a, Result<VfState, VfPortError>>;
+    /// One change on the PF.
+    fn set<'a>(&'a self, vf: &'a VfRef, change: VfChange)
+    -> BoxFuture<'a, Result<(), VfPortError>>;
+    /// Sets the MAC of the VF's own netdev `if_name` in the host netns (`IFLA_ADDRESS`).
+    fn set_netdev_mac<'a>(
+        &'a self,
+        if_name: &'a str,
+        mac: MacAddr,
+    ) -> BoxFuture<'a, Result<(), VfPortError>>;
+}
+
+/// The filesystem as device metadata needs it. Calls block on I/O.
+pub trait MetadataFiles: Send + Sync + 'static {
+    /// Writes `contents` into the file at `path` in place: the same inode when the file
+    /// exists (a container's bind mount follows the inode, so a replaced file would not be
+    /// seen), written from offset 0 and then cut to length, so a reader never sees an empty
+    /// file. Creates the file and its directories when missing.
+    fn write_in_place(&self, path: &Path, contents: &[u8]) -> Result<(), Cause>;
+    /// Replaces the file at `path` atomically (a runtime watching the directory never reads
+    /// half a spec). Creates its directory when missing.
+    fn replace(&self, path: &Path, contents: &[u8]) -> Result<(), Cause>;
+    /// The file's contents; `None` when it does not exist.
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, Cause>;
+    /// Removes a file; a missing one is fine.
+    fn remove_file(&self, path: &Path) -> Result<(), Cause>;
+    /// Removes a directory tree; a missing one is fine.
+    fn remove_dir_all(&self, path: &Path) -> Result<(), Cause>;
+    /// Names of the entries of a directory; a missing directory has none.
+    fn list(&self, dir: &Path) -> Result<Vec<String>, Cause>;
+}
+
+/// The `PodNetwork`s as the node last saw them (a watch on the daemon).
+pub trait PodNetworkSource: Send + Sync + 'static {
+    /// The network named `name`; `None` when it does not exist.
+    fn get(&self, name: &str) -> BoxFuture<'_, Result<Option<PodNetwork>, NetworkReadError>>;
+    /// Resolves when the networks may have changed since the last call (the block release
+    /// loop wakes on it, so a network being deleted gives its empty blocks back at once).
+    fn changed(&self) -> BoxFuture<'_, ()>;
+}
+
+/// The `IPBlock` API (adapter: `k8s::ip_blocks`).
+pub trait IpBlockApi: Send + Sync + 'static {
+    /// Every block whose `spec.nodeName` is `node`.
+    fn list_node(&self, node: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>>;
+    /// Every block of `pod_network`.
+    fn list_network(&self, pod_network: &str)
+    -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>>;
+    /// Creates `block` (named by its metadata); an existing object of that name is returned as
+    /// [`Created::Exists`].
+    fn create(&self, block: IpBlock) -> BoxFuture<'_, Result<Created, BlockApiError>>;
+    /// Deletes `name` if its UID is `uid` (a precondition: never someone else's object).
+    fn delete<'a>(
+        &'a self,
+        name: &'a str,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Deleted, BlockApiError>>;
+}
+
+/// Durable [`VfSnapshot`]s, one per VF; part of the claims' store ([`ClaimStore`]). Calls
+/// block on disk I/O.
+pub trait VfSnapshotStore: LeaseStore {
+    /// Every snapshot.
+    fn load_vf_snapshots(&self) -> Result<Vec<VfSnapshot>, Self::Error>;
+    /// The snapshot of `vf`, if there is one (no disk I/O).
+    fn vf_snapshot(&self, vf: &VfRef) -> Result<Option<VfSnapshot>, Self::Error>;
+    /// Creates or replaces the snapshot of its VF in one synced commit.
+    fn save_vf_snapshot(&self, snapshot: &VfSnapshot) -> Result<(), Self::Error>;
+    /// Removes the snapshots of `vfs` in one synced commit; without any, writes nothing.
+    fn remove_vf_snapshots(&self, vfs: &[VfRef]) -> Result<(), Self::Error>;
 }

@@ -11,9 +11,9 @@
 //! value equals the current one is not sent at all: a NIC without link-state control (igb)
 //! then still takes a claim that leaves `linkState` at `auto`.
 
+pub use super::ports::VfPort;
 use std::fmt;
 
-use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::model::network_config::{
@@ -225,21 +225,6 @@ pub struct VfPortError {
     pub errno: Option<i32>,
     /// The kernel's or the socket's message.
     pub message: String,
-}
-
-/// Reads and sets VF settings on the PF (`host::sriov` over rtnetlink; a fake in tests).
-pub trait VfPort: Send + Sync + 'static {
-    /// The VF's current settings.
-    fn read<'a>(&'a self, vf: &'a VfRef) -> BoxFuture<'a, Result<VfState, VfPortError>>;
-    /// One change on the PF.
-    fn set<'a>(&'a self, vf: &'a VfRef, change: VfChange)
-    -> BoxFuture<'a, Result<(), VfPortError>>;
-    /// Sets the MAC of the VF's own netdev `if_name` in the host netns (`IFLA_ADDRESS`).
-    fn set_netdev_mac<'a>(
-        &'a self,
-        if_name: &'a str,
-        mac: MacAddr,
-    ) -> BoxFuture<'a, Result<(), VfPortError>>;
 }
 
 /// Why VF settings could not be applied or restored; names the config field and the VF.

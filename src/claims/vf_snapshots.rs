@@ -16,12 +16,12 @@
 //!
 //! Only `sriov-vf` prepares pay the extra `fdatasync`; other modes never touch these records.
 
+pub use super::ports::VfSnapshotStore;
 use serde::{Deserialize, Serialize};
 
 use super::state::lock;
 use super::vf::{self, VfRef, VfState};
 use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup};
-use crate::ipam::LeaseStore;
 
 /// A VF's settings as read before a prepare changed them, and the claim that prepare was for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,19 +34,6 @@ pub struct VfSnapshot {
     pub claim_uid: String,
     /// The settings before the claim.
     pub before: VfState,
-}
-
-/// Durable [`VfSnapshot`]s, one per VF; part of the claims' store ([`ClaimStore`]). Calls
-/// block on disk I/O.
-pub trait VfSnapshotStore: LeaseStore {
-    /// Every snapshot.
-    fn load_vf_snapshots(&self) -> Result<Vec<VfSnapshot>, Self::Error>;
-    /// The snapshot of `vf`, if there is one (no disk I/O).
-    fn vf_snapshot(&self, vf: &VfRef) -> Result<Option<VfSnapshot>, Self::Error>;
-    /// Creates or replaces the snapshot of its VF in one synced commit.
-    fn save_vf_snapshot(&self, snapshot: &VfSnapshot) -> Result<(), Self::Error>;
-    /// Removes the snapshots of `vfs` in one synced commit; without any, writes nothing.
-    fn remove_vf_snapshots(&self, vfs: &[VfRef]) -> Result<(), Self::Error>;
 }
 
 /// Why the VFs of unrecorded prepares could not be checked at start.

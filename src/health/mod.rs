@@ -7,8 +7,10 @@
 //! (through its port [`PodLinks`]). The kubelet adapter streams the report to kubelet.
 
 pub mod monitor;
+mod ports;
 
-pub use monitor::{LinkReporter, MonitorInputs, MonitorSettings, MovedNic, PodLinks, run};
+pub use monitor::{LinkReporter, MonitorInputs, MonitorSettings, MovedNic, run};
+pub use ports::PodLinks;
 
 use crate::model::device::{Device, DeviceKind, HostInterface, OperState};
 

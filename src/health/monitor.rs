@@ -8,14 +8,13 @@
 //! verdict or message changes (the kubelet adapter re-sends it on its own schedule).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{DeviceHealth, HealthReport, LinkFacts, LinkObservation, Placement, assess};
+use super::{DeviceHealth, HealthReport, LinkFacts, LinkObservation, Placement, PodLinks, assess};
 use crate::inventory::publish::InterfaceSource;
 use crate::model::cause::Chain;
 use crate::model::device::Device;
@@ -64,22 +63,6 @@ impl LinkReporter {
     pub async fn closed(&self) {
         self.value.closed().await;
     }
-}
-
-/// Watching one link inside a pod's network namespace.
-pub trait PodLinks: Send + Sync {
-    /// Why a watch could not start.
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// Starts watching interface `nic.if_name` in `nic.netns`. Returns after the first
-    /// observation was reported; then reports every change until `reporter` is closed (the
-    /// watch's socket is released then) or the watch fails (reported as
-    /// [`LinkObservation::Unreadable`] before it ends).
-    fn watch(
-        &self,
-        nic: &MovedNic,
-        reporter: LinkReporter,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// The monitor's settings.

@@ -6,16 +6,17 @@
 //! against an in-memory fake; `k8s::resource_slices` is the real adapter. [`run`] is the
 //! loop that publishes on the node's triggers.
 
+mod ports;
 mod run;
 
-pub use run::{
-    HOLD_RECHECK, InterfaceSource, NETWORKS_PATIENCE, NodeWarnings, PublishEvents, Readiness,
-    SliceEvent, Triggers, run,
+pub use ports::{
+    InterfaceSource, NodeWarnings, PreparedDevices, PublishEvents, Readiness, SliceApi,
+    SliceApiError,
 };
+pub use run::{HOLD_RECHECK, NETWORKS_PATIENCE, SliceEvent, Triggers, run};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
@@ -29,40 +30,6 @@ use super::slices::{
 use super::{Inventory, Selection, SharingMode};
 use crate::model::device::{Device, HostInterface, Sharing};
 use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
-
-/// A failed API call, as the port reports it.
-#[derive(Debug, thiserror::Error)]
-#[error("{operation} ResourceSlice {name}: {message}")]
-pub struct SliceApiError {
-    /// `list`, `apply` or `delete`.
-    pub operation: &'static str,
-    /// Slice name (empty for list).
-    pub name: String,
-    /// HTTP status code, when the server answered.
-    pub code: Option<u16>,
-    /// What went wrong.
-    pub message: String,
-}
-
-/// The API operations the publisher needs: this node's and driver's slices only.
-pub trait SliceApi: Send + Sync {
-    /// Lists the slices of this node and driver.
-    fn list(&self) -> impl Future<Output = Result<Vec<ResourceSlice>, SliceApiError>> + Send;
-    /// Server-side applies one slice and returns it as the server stored it.
-    fn apply(
-        &self,
-        slice: &ResourceSlice,
-    ) -> impl Future<Output = Result<ResourceSlice, SliceApiError>> + Send;
-    /// Deletes one slice; deleting a missing slice succeeds.
-    fn delete(&self, name: &str) -> impl Future<Output = Result<(), SliceApiError>> + Send;
-}
-
-/// The devices of this node's pool that claims prepared here use (from the claim service):
-/// a shared device among them keeps `allowMultipleAllocations` and its capacity.
-pub trait PreparedDevices: Send + Sync + fmt::Debug {
-    /// Names of this pool's devices with prepared claims.
-    fn prepared_devices(&self) -> BTreeSet<String>;
-}
 
 /// A shared device published as before although the inventory now has it otherwise (slot
 /// devices after the `--sharing-mode auto` fallback, an exclusive device after a PodNetwork

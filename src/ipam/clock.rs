@@ -3,12 +3,7 @@
 
 use std::time::Duration;
 
-/// Wall-clock time in milliseconds since the Unix epoch: release times must survive a
-/// restart, which a monotonic clock does not.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// Now, in milliseconds since the Unix epoch.
-    fn now_ms(&self) -> u64;
-}
+use super::ports::Clock;
 
 /// The system's wall clock.
 #[derive(Debug, Default, Clone, Copy)]

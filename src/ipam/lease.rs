@@ -160,21 +160,3 @@ impl IpamCommit {
         *self == IpamCommit::default()
     }
 }
-
-/// Durable storage of leases (implemented by `store::Store`).
-pub trait LeaseStore {
-    /// The store's error.
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// Every persisted lease.
-    fn load_leases(&self) -> Result<Vec<Lease>, Self::Error>;
-    /// Every persisted release (quarantine) record.
-    fn load_released(&self) -> Result<Vec<ReleasedAddress>, Self::Error>;
-    /// Every persisted owned block.
-    fn load_blocks(&self) -> Result<Vec<OwnedBlock>, Self::Error>;
-    /// Persists a lease durably before returning.
-    fn save_lease(&self, lease: &Lease) -> Result<(), Self::Error>;
-    /// Removes a lease and records its release in one durable commit; removing a missing
-    /// lease succeeds.
-    fn remove_lease(&self, lease: &Lease, released: &ReleasedAddress) -> Result<(), Self::Error>;
-}

@@ -32,14 +32,16 @@ mod error;
 mod lease;
 mod occupancy;
 pub mod pool;
+mod ports;
 
 #[cfg(test)]
 mod tests;
 
 pub use allocator::Ipam;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{ManualClock, SystemClock};
 pub use error::IpamError;
 use lease::QUARANTINE_MS;
 pub use lease::{
-    BlockState, IpamCommit, Lease, LeaseOwner, LeaseStore, OwnedBlock, QUARANTINE, ReleasedAddress,
+    BlockState, IpamCommit, Lease, LeaseOwner, OwnedBlock, QUARANTINE, ReleasedAddress,
 };
+pub use ports::{Clock, LeaseStore};

@@ -2,6 +2,7 @@
 //! counters of an earlier run are adopted or removed, and the status gets only changes, once
 //! per interval. Time is tokio's paused clock.
 
+use std::path::Path;
 use std::sync::Mutex;
 
 use super::*;

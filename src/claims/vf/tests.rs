@@ -7,6 +7,7 @@
 use std::sync::Mutex;
 
 use futures::FutureExt as _;
+use futures::future::BoxFuture;
 
 use super::*;
 use crate::model::network_config::{

@@ -19,7 +19,6 @@
 //! warning, and adds the network devices when the inputs arrive.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -27,11 +26,12 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::{Publisher, SliceApi, SliceApiError, SyncReport};
+use super::{
+    InterfaceSource, NodeWarnings, PublishEvents, Publisher, Readiness, SliceApi, SliceApiError,
+};
 use crate::inventory::SharingMode;
 use crate::inventory::networks::NetworkInputs;
 use crate::model::cause::{Cause, Chain};
-use crate::model::device::HostInterface;
 
 /// Quiet time after the last trigger before rediscovering: a burst of link changes (a bond
 /// coming up, SR-IOV VFs being created) settles into one publication.
@@ -61,35 +61,6 @@ pub enum SliceEvent {
     Relisted,
     /// The watch failed (it retries by itself).
     Error(Cause),
-}
-
-/// The node's network interfaces as discovery sees them now.
-pub trait InterfaceSource: Send + Sync {
-    /// Why discovery failed.
-    type Error: std::error::Error + Send + Sync + 'static;
-    /// Every interface of the host netns with its facts.
-    fn discover(&self) -> impl Future<Output = Result<Vec<HostInterface>, Self::Error>> + Send;
-}
-
-/// Warning Events on this node's Node object.
-pub trait NodeWarnings: Send + Sync {
-    /// Records a Warning (`reason`, `action`, `note`); failures are the adapter's to log.
-    fn warn(&self, reason: &str, action: &str, note: String) -> impl Future<Output = ()> + Send;
-}
-
-/// The outcome of each publication round, for whoever counts them (the daemon's metrics).
-pub trait PublishEvents: Send + Sync {
-    /// A round succeeded and left the pool as `report` says: slices written, devices and
-    /// generation published, consumable capacity dropped by the server (the first time).
-    fn round_published(&self, report: &SyncReport);
-    /// A round failed (discovery or the API); it is retried with backoff.
-    fn round_failed(&self);
-}
-
-/// The daemon's readiness, which the first successful round establishes.
-pub trait Readiness: Send + Sync {
-    /// A round succeeded: the node's devices are published.
-    fn mark_ready(&self);
 }
 
 /// What makes the loop publish again, and when it stops.
