@@ -361,10 +361,7 @@ pub fn published(node: &Node, if_name: &str) -> bool {
         let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client);
         let slices = api.list(&kube::api::ListParams::default()).await.unwrap().items;
         slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).any(|d| {
-            d.attributes
-                .as_ref()
-                .and_then(|a| a.get("netclaim.dev/ifName"))
-                .and_then(|a| a.string.as_deref())
+            d.attributes.as_ref().and_then(|a| a.get("ifName")).and_then(|a| a.string.as_deref())
                 == Some(if_name.as_str())
         })
     })
