@@ -21,7 +21,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kit::claims::{DevApi, Plugin, claim_ref, dra_client, network_config};
-use netclaim::claims::{ClaimReader, MAX_CONCURRENT_CLAIMS};
+use netclaim::claims::{ClaimSource, MAX_CONCURRENT_CLAIMS};
 use netclaim::k8s::claims::KubeClaims;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use serde_json::{Value, json};

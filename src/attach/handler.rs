@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use nri_rs::{Container, Event, EventMask, HandlerError, PluginHandler, PodSandbox};
 
 use super::shared::{AttachService, Sandbox};
-use super::{AttachmentStore, NetnsAccess, PodAttachment, PodClaims, StatusSink, lock};
+use super::{AttachmentStore, NetnsPort, PodAttachment, PodClaimSource, StatusSink, lock};
 use crate::claims::PreparedClaim;
 
 /// How long a `CreateContainer` waits for its pod's reconcile: until just before the call's
@@ -38,7 +38,7 @@ pub(super) fn same_sandbox(record: &PodAttachment, pod: &PodSandbox) -> bool {
     pod.id.is_empty() || record.sandbox_id == pod.id
 }
 
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     /// RunPodSandbox and CreateContainer's attach, with status and events on failure.
     async fn attach_and_report(
         &self,
@@ -52,7 +52,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
     }
 }
 
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> PluginHandler
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> PluginHandler
     for AttachService<C, N, S, W>
 {
     async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), HandlerError> {

@@ -3,8 +3,8 @@
 //! sandbox stop, reconciles the kernel and the store with the runtime's pods after a
 //! restart, and reports each claim's status.
 //!
-//! The service reaches the world through four ports ([`ports`]): [`PodClaims`] (the prepared
-//! claims), [`NetnsAccess`] (netlink in the host and pod netns), [`AttachmentStore`] (durable
+//! The service reaches the world through four ports ([`ports`]): [`PodClaimSource`] (the prepared
+//! claims), [`NetnsPort`] (netlink in the host and pod netns), [`AttachmentStore`] (durable
 //! pod records) and [`StatusSink`] (claim status and Pod events, written off the critical
 //! path). Calls for one pod are serialised; different pods run concurrently.
 //!
@@ -33,7 +33,7 @@ mod tests;
 
 pub use handler::plugin_events;
 pub use ports::{
-    AttachmentStore, ClaimPresence, NetnsAccess, PodClaims, StatusSink, WithDeviceMetadata,
+    AttachmentStore, ClaimPresence, NetnsPort, PodClaimSource, StatusSink, WithDeviceMetadata,
 };
 pub use preparer::{ClaimDetacher, DetachingPreparer};
 pub use record::{AttachedDevice, AttachmentState, PodAttachment};

@@ -1,13 +1,13 @@
 //! Planning a pod's attachment: which interface each prepared device becomes (names in the
 //! pod's claim order) and the plan of each interface not attached yet, from the host facts
-//! read through the pod's [`LinkOps`].
+//! read through the pod's [`LinkPort`].
 
 use super::{AttachFailure, AttachedDevice, PodAttachment};
 use crate::claims::{PreparedClaim, PreparedClaimDevice};
 use crate::model::network_config::{Addressing, DeviceKind, ResolvedMode, Sharing};
 use crate::podnet::plan::NameError;
 use crate::podnet::{
-    AttachRequest, HostDevice, InterfaceSlot, LinkOpError, LinkOps, PodNetns, Side,
+    AttachRequest, HostDevice, InterfaceSlot, LinkOpError, LinkPort, PodNetns, Side,
     assign_interface_names, plan_attach,
 };
 
@@ -71,7 +71,7 @@ pub(super) fn assign_slots<'a>(
 }
 
 /// Plans the slots that `existing` does not have yet.
-pub(super) async fn plan_new<O: LinkOps>(
+pub(super) async fn plan_new<O: LinkPort>(
     ops: &O,
     pod: &PodNetns,
     slots: &[Slot<'_>],
@@ -117,7 +117,7 @@ pub(super) async fn plan_new<O: LinkOps>(
 
 /// The host facts of a slot's device: a moved device's MTU and MAC are read now (they are
 /// restored on detach); a shared parent needs only its name.
-async fn host_device<O: LinkOps>(ops: &O, slot: &Slot<'_>) -> Result<HostDevice, AttachFailure> {
+async fn host_device<O: LinkPort>(ops: &O, slot: &Slot<'_>) -> Result<HostDevice, AttachFailure> {
     let device = slot.device;
     let sharing = device.sharing.unwrap_or(match device.config.mode {
         ResolvedMode::HostDevice | ResolvedMode::SriovVf => Sharing::Exclusive,

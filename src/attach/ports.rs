@@ -1,5 +1,5 @@
-//! The attach service's ports: the prepared claims ([`PodClaims`]), netlink in the host and
-//! pod namespaces ([`NetnsAccess`]), durable pod records ([`AttachmentStore`]) and where claim
+//! The attach service's ports: the prepared claims ([`PodClaimSource`]), netlink in the host and
+//! pod namespaces ([`NetnsPort`]), durable pod records ([`AttachmentStore`]) and where claim
 //! statuses and Pod events go ([`StatusSink`]). Each speaks model types only.
 
 use std::future::Future;
@@ -11,11 +11,11 @@ use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use super::PodAttachment;
 use crate::claims::metadata::DeviceMetadata;
 use crate::claims::{
-    ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup, PreparedClaim,
+    ClaimError, ClaimService, ClaimSource, ClaimStore, DeviceSource, PreparedClaim,
 };
 use crate::model::{ClaimRef, PodRef};
-use crate::podnet::ops::LinkState;
-use crate::podnet::{LinkOpError, LinkOps};
+use crate::podnet::ports::LinkState;
+use crate::podnet::{LinkOpError, LinkPort};
 
 /// Whether a prepared claim still exists in the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub enum ClaimPresence {
 }
 
 /// The prepared claims, as the attach step needs them.
-pub trait PodClaims: Send + Sync + 'static {
+pub trait PodClaimSource: Send + Sync + 'static {
     /// Prepared claims reserved for the pod `pod_uid`, in attach order (claim name).
     fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim>;
     /// Every prepared claim.
@@ -41,10 +41,10 @@ pub trait PodClaims: Send + Sync + 'static {
     -> impl Future<Output = Result<(), ClaimError>> + Send;
 }
 
-/// Netlink access: per-pod [`LinkOps`] and a view of the host's links.
-pub trait NetnsAccess: Send + Sync + 'static {
+/// Netlink access: per-pod [`LinkPort`] and a view of the host's links.
+pub trait NetnsPort: Send + Sync + 'static {
     /// Kernel operations on the host netns and one pod netns.
-    type Ops: LinkOps + Send + Sync + 'static;
+    type Ops: LinkPort + Send + Sync + 'static;
     /// Ops for an attach into `path` (the netns must exist).
     fn open(&self, path: &Path) -> impl Future<Output = Result<Self::Ops, LinkOpError>> + Send;
     /// Ops for a detach from `path` (a netns that is gone is fine).
@@ -112,10 +112,10 @@ impl<W: StatusSink> StatusSink for WithDeviceMetadata<W> {
     }
 }
 
-impl<R, D, S> PodClaims for Arc<ClaimService<R, D, S>>
+impl<R, D, S> PodClaimSource for Arc<ClaimService<R, D, S>>
 where
-    R: ClaimReader,
-    D: DeviceLookup,
+    R: ClaimSource,
+    D: DeviceSource,
     S: ClaimStore,
 {
     fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {

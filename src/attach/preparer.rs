@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::{AttachService, AttachmentStore, NetnsAccess, PodClaims, StatusSink};
+use super::{AttachService, AttachmentStore, NetnsPort, PodClaimSource, StatusSink};
 use crate::claims::{ClaimPreparer, PrepareResults, UnprepareResults};
 use crate::model::ClaimRef;
 
@@ -18,8 +18,8 @@ pub trait ClaimDetacher: Send + Sync + 'static {
 
 impl<C, N, S, W> ClaimDetacher for Arc<AttachService<C, N, S, W>>
 where
-    C: PodClaims,
-    N: NetnsAccess,
+    C: PodClaimSource,
+    N: NetnsPort,
     S: AttachmentStore,
     W: StatusSink,
 {

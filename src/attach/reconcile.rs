@@ -18,14 +18,14 @@ use nri_rs::PodSandbox;
 
 use super::shared::{AttachService, Sandbox, log_detach};
 use super::{
-    AttachFailure, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence, NetnsAccess,
-    PodAttachment, PodClaims, StatusSink, lock,
+    AttachFailure, AttachedDevice, AttachmentState, AttachmentStore, ClaimPresence, NetnsPort,
+    PodAttachment, PodClaimSource, StatusSink, lock,
 };
 use crate::model::network_config::Sharing;
 use crate::podnet::apply::completed_attach;
-use crate::podnet::ops::{LinkState, NetnsRefusal};
 use crate::podnet::plan::{Step, VlanOwner, parse_device_alias, vlan_owner};
-use crate::podnet::{LinkOpError, LinkOps, Side, attach, detach};
+use crate::podnet::ports::{LinkState, NetnsRefusal};
+use crate::podnet::{LinkOpError, LinkPort, Side, attach, detach};
 
 /// Pods reconciled at the same time (each holds a netns thread and socket).
 const MAX_CONCURRENT_RECONCILES: usize = 8;
@@ -62,7 +62,7 @@ pub(super) fn record_action(
     }
 }
 
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     /// Start-up work before any NRI event: counts the VLAN sub-interface users of attached
     /// pods and restores devices that came back to the host from destroyed pod netns.
     pub async fn start(&self) {

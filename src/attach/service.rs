@@ -16,21 +16,21 @@ use super::plan::{assign_slots, plan_new};
 use super::shared::{AttachService, Gates, Inner, Reconciles, Sandbox, log_detach};
 use super::{
     AttachFailure, AttachedDevice, AttachmentState, AttachmentStore, MAX_CONCURRENT_ATTACHES,
-    NetnsAccess, PodAttachment, PodClaims, StatusSink, lock,
+    NetnsPort, PodAttachment, PodClaimSource, StatusSink, lock,
 };
 use crate::claims::PreparedClaim;
 use crate::health::MovedNic;
 use crate::metrics::{Metrics, ModeLabel, NriEventLabels};
 use crate::model::cause::{Cause, cause};
 use crate::podnet::{PodNetns, VlanUsers, attach, detach, quiesce};
-use crate::stats::{AttachedInterfaces, WatchedInterface};
+use crate::stats::{AttachedInterfaceSource, WatchedInterface};
 
 /// How long an attach's completion waits before it runs, so that the answer goes first. The
 /// pod's gate is held meanwhile: a `CreateContainer` that came sooner waits this long more.
 const COMPLETION_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The stats service follows the attached interfaces through the service.
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachedInterfaces
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachedInterfaceSource
     for Arc<AttachService<C, N, S, W>>
 {
     fn changes(&self) -> watch::Receiver<u64> {
@@ -42,7 +42,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachedIn
     }
 }
 
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     /// Loads the pod records from `store` (blocking).
     ///
     /// # Errors

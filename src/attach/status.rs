@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use super::shared::{AttachService, Inner, Sandbox};
 use super::{
-    AttachFailure, AttachedDevice, AttachmentStore, NetnsAccess, PodAttachment, PodClaims,
+    AttachFailure, AttachedDevice, AttachmentStore, NetnsPort, PodAttachment, PodClaimSource,
     REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
 };
 use crate::claims::PreparedClaim;
@@ -397,7 +397,7 @@ pub(super) fn submit_ready<W: StatusSink>(
     submit_entries(inner, sink, &AttachedClaim::from_prepared(claim), &outcomes);
 }
 
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     fn submit(&self, claim: &AttachedClaim, outcomes: &[(DeviceKey, DeviceOutcome)]) {
         submit_entries(&self.inner, &*self.status, claim, outcomes);
     }
@@ -522,7 +522,7 @@ impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> AttachServ
 
 /// Collected counters go to Prometheus (every collection) and, when changed, to the claim
 /// statuses.
-impl<C: PodClaims, N: NetnsAccess, S: AttachmentStore, W: StatusSink> StatsSink
+impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> StatsSink
     for std::sync::Arc<AttachService<C, N, S, W>>
 {
     fn collected(&self, samples: &[(WatchedInterface, InterfaceStats)]) {

@@ -22,11 +22,11 @@ use crate::model::network_config::{
 use crate::model::{ClaimRef, PodRef};
 use crate::podnet::failing::{FailingOps, FailurePlan};
 use crate::podnet::fake::FakeKernel;
-use crate::podnet::ops::{EEXIST, LinkState};
-use crate::podnet::{LinkOpError, LinkOps, Side};
+use crate::podnet::ports::{EEXIST, LinkState};
+use crate::podnet::{LinkOpError, LinkPort, Side};
 use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
-/// [`LinkOps`] over a shared fake kernel (the service owns its ops).
+/// [`LinkPort`] over a shared fake kernel (the service owns its ops).
 /// The fake kernel behind the world's failure plan (which fails nothing unless a test sets
 /// one).
 type FakeOps = FailingOps<Arc<FakeKernel>>;
@@ -44,7 +44,7 @@ impl FakeNetns {
     }
 }
 
-impl NetnsAccess for FakeNetns {
+impl NetnsPort for FakeNetns {
     type Ops = FakeOps;
 
     async fn open(&self, path: &Path) -> Result<FakeOps, LinkOpError> {
@@ -52,7 +52,7 @@ impl NetnsAccess for FakeNetns {
             Ok(self.ops())
         } else if path == Path::new("/run/netns/unmounted") {
             // The file a netns unmount leaves until the runtime deletes it.
-            let reason = crate::podnet::ops::NetnsRefusal::NotNsfs;
+            let reason = crate::podnet::ports::NetnsRefusal::NotNsfs;
             Err(LinkOpError::NotPodNetns { path: path.display().to_string(), reason })
         } else {
             Err(LinkOpError::NetnsGone { path: path.display().to_string() })
@@ -84,7 +84,7 @@ struct FakeClaims {
     released: Mutex<Vec<String>>,
 }
 
-impl PodClaims for Arc<FakeClaims> {
+impl PodClaimSource for Arc<FakeClaims> {
     fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {
         let mut claims: Vec<PreparedClaim> = self
             .claims
@@ -916,7 +916,7 @@ async fn default_names_follow_the_pods_claim_order_not_claim_names() {
 #[tokio::test]
 async fn attached_interfaces_carry_their_stats_setting_and_counters_reach_status_and_metrics() {
     use crate::model::stats::{DirectionCounters, InterfaceStats};
-    use crate::stats::{AttachedInterfaces as _, StatsSink as _};
+    use crate::stats::{AttachedInterfaceSource as _, StatsSink as _};
 
     let world = World::new();
     world.add_claim(claim("counted", "p1", &[("nic", "eth1", macvlan("10.0.1.5/24"))]));

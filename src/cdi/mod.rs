@@ -1,4 +1,4 @@
-//! The [`MetadataFiles`] port on the local filesystem: device metadata files that containers
+//! The [`MetadataStore`] port on the local filesystem: device metadata files that containers
 //! bind-mount (rewritten in place) and the CDI specs that the container runtime reads from
 //! its CDI spec directory (replaced atomically).
 //!
@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::claims::metadata::MetadataFiles;
+use crate::claims::metadata::MetadataStore;
 use crate::model::cause::{Cause, cause};
 
 /// Metadata files are world-readable (containers of any user read them); the runtime reads
@@ -48,7 +48,7 @@ impl LocalFiles {
     }
 }
 
-impl MetadataFiles for LocalFiles {
+impl MetadataStore for LocalFiles {
     fn write_in_place(&self, path: &Path, contents: &[u8]) -> Result<(), Cause> {
         Self::create_parent(path)?;
         // No O_TRUNC: a reader between the truncate and the write would see an empty file.

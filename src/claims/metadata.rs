@@ -5,9 +5,9 @@
 //!
 //! [`MetadataLayout`] knows the paths, the CDI spec and the CDI device id (pure);
 //! [`DeviceMetadata`] keeps each prepared claim's documents and their generations and writes
-//! them through the [`MetadataFiles`] port, the only way this module touches a filesystem.
+//! them through the [`MetadataStore`] port, the only way this module touches a filesystem.
 
-pub use super::ports::MetadataFiles;
+pub use super::ports::MetadataStore;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -421,7 +421,7 @@ pub enum MetadataError {
 /// changes an interface's `networkData`, removed at unprepare, put right at start.
 pub struct DeviceMetadata {
     layout: MetadataLayout,
-    files: Box<dyn MetadataFiles>,
+    files: Box<dyn MetadataStore>,
     /// The current documents by claim UID (with the generation last written).
     documents: Mutex<HashMap<String, Vec<RequestMetadata>>>,
 }
@@ -434,7 +434,7 @@ impl std::fmt::Debug for DeviceMetadata {
 
 impl DeviceMetadata {
     /// Metadata in `layout`, written through `files`.
-    pub fn new(layout: MetadataLayout, files: impl MetadataFiles) -> Self {
+    pub fn new(layout: MetadataLayout, files: impl MetadataStore) -> Self {
         Self { layout, files: Box::new(files), documents: Mutex::new(HashMap::new()) }
     }
 

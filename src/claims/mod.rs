@@ -2,8 +2,8 @@
 //! claim, checks it, resolves its `NetworkConfig` against the allocated device, reserves its
 //! addresses, and persists the prepared claim that the attach step executes later.
 //!
-//! The service talks to the world through three ports ([`ports`]): [`ClaimReader`] (the
-//! API), [`DeviceLookup`] (the node's inventory) and [`ClaimStore`] (durable state, also the
+//! The service talks to the world through three ports ([`ports`]): [`ClaimSource`] (the
+//! API), [`DeviceSource`] (the node's inventory) and [`ClaimStore`] (durable state, also the
 //! IPAM's lease store). Claims of one request run concurrently (at most
 //! [`MAX_CONCURRENT_CLAIMS`]); calls for the same claim UID are serialised, so a repeated
 //! prepare waits for the first and returns its stored answer without an API call.
@@ -34,7 +34,7 @@ pub mod vf_snapshots;
 
 pub use error::{ClaimError, LoadError};
 pub use ports::{
-    ClaimReader, ClaimStore, DeviceLookup, LookupError, ReadError, ResolvedDevice, vf_of,
+    ClaimSource, ClaimStore, DeviceSource, LookupError, ReadError, ResolvedDevice, vf_of,
 };
 pub use preparer::{
     ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnavailablePreparer,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::state::lock;
-use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup};
+use super::{ClaimError, ClaimService, ClaimSource, ClaimStore, DeviceSource};
 use crate::ipam::blocks::Candidates;
 use crate::ipam::{IpamCommit, IpamError, Lease, OwnedBlock};
 use crate::model::ClaimRef;
@@ -147,7 +147,7 @@ pub struct BlockUpkeep {
     pub pruned: usize,
 }
 
-impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
+impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// Serves `PodNetwork` claims through `ports` (without them, a claim naming a network
     /// fails its prepare naming `podNetwork`).
     #[must_use]

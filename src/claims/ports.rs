@@ -1,6 +1,6 @@
-//! The claim service's ports, with their errors: the API ([`ClaimReader`]), the node's
-//! inventory ([`DeviceLookup`]), durable state ([`ClaimStore`], with the VF snapshots of
-//! [`VfSnapshotStore`]), the pod's device metadata files ([`MetadataFiles`]), the PodNetworks
+//! The claim service's ports, with their errors: the API ([`ClaimSource`]), the node's
+//! inventory ([`DeviceSource`]), durable state ([`ClaimStore`], with the VF snapshots of
+//! [`VfSnapshotStore`]), the pod's device metadata files ([`MetadataStore`]), the PodNetworks
 //! and their IPBlocks ([`PodNetworkSource`], [`IpBlockApi`]) and a VF's settings on its PF
 //! ([`VfPort`]).
 
@@ -35,7 +35,7 @@ pub enum ReadError {
 
 /// Reads `ResourceClaim`s by namespace and name (a direct GET; DESIGN §10: no claim watch
 /// on nodes).
-pub trait ClaimReader: Send + Sync + 'static {
+pub trait ClaimSource: Send + Sync + 'static {
     /// The claim as the API server has it now.
     fn get(
         &self,
@@ -64,7 +64,7 @@ pub enum LookupError {
 }
 
 /// Finds an allocated device in this node's current inventory.
-pub trait DeviceLookup: Send + Sync + 'static {
+pub trait DeviceSource: Send + Sync + 'static {
     /// Facts of device `name` (a slot maps to its parent); child counts left at 0.
     fn facts(&self, name: &str) -> impl Future<Output = Result<DeviceFacts, LookupError>> + Send;
     /// The attributes device `name` is published with (for the device metadata file).
@@ -139,11 +139,11 @@ pub struct ResolvedDevice {
     /// Its facts (a slot maps to its parent); child counts left at 0.
     pub facts: DeviceFacts,
     /// How many sub-interfaces its host interface may carry across every device published
-    /// on it ([`DeviceLookup::parent_limit`]); `None` for an exclusive device or no limit.
+    /// on it ([`DeviceSource::parent_limit`]); `None` for an exclusive device or no limit.
     pub parent_limit: Option<u32>,
     /// The attributes it is published with; empty unless asked for.
     pub attributes: BTreeMap<String, AttributeValue>,
-    /// The VF of a `sriov-vf` device ([`DeviceLookup::virtual_function`]).
+    /// The VF of a `sriov-vf` device ([`DeviceSource::virtual_function`]).
     pub vf: Option<VfRef>,
 }
 
@@ -198,7 +198,7 @@ pub trait VfPort: Send + Sync + 'static {
 }
 
 /// The filesystem as device metadata needs it. Calls block on I/O.
-pub trait MetadataFiles: Send + Sync + 'static {
+pub trait MetadataStore: Send + Sync + 'static {
     /// Writes `contents` into the file at `path` in place: the same inode when the file
     /// exists (a container's bind mount follows the inode, so a replaced file would not be
     /// seen), written from offset 0 and then cut to length, so a reader never sees an empty

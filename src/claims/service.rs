@@ -15,7 +15,7 @@ use super::commit::{
 use super::error::{ClaimError, LoadError};
 use super::metadata::DeviceMetadata;
 use super::networks::{self, NetworkPorts};
-use super::ports::{ClaimReader, ClaimStore, DeviceLookup, ReadError, ResolvedDevice};
+use super::ports::{ClaimSource, ClaimStore, DeviceSource, ReadError, ResolvedDevice};
 use super::preparer::{
     ClaimFailure, ClaimPreparer, PrepareResults, PreparedDevice, UnprepareResults,
 };
@@ -74,7 +74,7 @@ impl<R, D, S: LeaseStore> std::fmt::Debug for ClaimService<R, D, S> {
     }
 }
 
-impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
+impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// Loads the leases and prepared claims from `store` (blocking) and releases leases no
     /// prepared claim holds (a crash between the lease write and the claim write).
     pub fn load(
@@ -534,7 +534,7 @@ pub(super) fn failure(claim: &ClaimRef, err: &ClaimError) -> ClaimFailure {
     ClaimFailure::new(format!("claim {}/{}: {err}", claim.namespace, claim.name))
 }
 
-impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimPreparer for ClaimService<R, D, S> {
+impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimPreparer for ClaimService<R, D, S> {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
         self.prepare_claims(&claims)
             .await

@@ -4,7 +4,7 @@
 //! prepared.
 
 use super::commit::{ReadyClaim, Reserved};
-use super::ports::{ClaimReader, ClaimStore, DeviceLookup};
+use super::ports::{ClaimSource, ClaimStore, DeviceSource};
 use super::record::PreparedClaim;
 use super::service::ClaimService;
 use super::state::lock;
@@ -36,7 +36,7 @@ pub(super) struct StagedClaim<'s, R, D, S: ClaimStore> {
     armed: bool,
 }
 
-impl<'s, R: ClaimReader, D: DeviceLookup, S: ClaimStore> StagedClaim<'s, R, D, S> {
+impl<'s, R: ClaimSource, D: DeviceSource, S: ClaimStore> StagedClaim<'s, R, D, S> {
     /// Takes over a claim whose addresses `reserved` holds (the claim is pending).
     pub(super) fn new(
         service: &'s ClaimService<R, D, S>,

@@ -2,13 +2,13 @@
 //! replace, set back at unprepare or when a prepare is undone (DESIGN §6).
 
 use super::error::ClaimError;
-use super::ports::{ClaimReader, ClaimStore, DeviceLookup};
+use super::ports::{ClaimSource, ClaimStore, DeviceSource};
 use super::record::{PreparedClaim, PreparedVf};
 use super::service::ClaimService;
 use super::vf::{self, VfError, VfRef};
 use crate::model::network_config::ResolvedMode;
 
-impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
+impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// Applies the settings of each `sriov-vf` device of `prepared` on its PF and records
     /// what they replaced in the device. On a failure every VF whose snapshot is durable
     /// (the failing one too) is left recorded in its device for the caller's undo

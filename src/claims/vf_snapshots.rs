@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::state::lock;
 use super::vf::{self, VfRef, VfState};
-use super::{ClaimError, ClaimReader, ClaimService, ClaimStore, DeviceLookup};
+use super::{ClaimError, ClaimService, ClaimSource, ClaimStore, DeviceSource};
 
 /// A VF's settings as read before a prepare changed them, and the claim that prepare was for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ pub enum VfSnapshotError {
     Task(#[source] tokio::task::JoinError),
 }
 
-impl<R: ClaimReader, D: DeviceLookup, S: ClaimStore> ClaimService<R, D, S> {
+impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// Makes the settings `found` on `vf` durable before a prepare of `claim_uid` changes
     /// them, and returns the settings to keep as "before": those of a snapshot still there
     /// (an earlier prepare changed the VF and was killed before recording its claim, so the

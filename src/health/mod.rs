@@ -4,13 +4,13 @@
 //! [`assess`] is the pure mapping (link facts → Healthy / Unhealthy / Unknown and the
 //! message); [`monitor`] keeps the node's [`HealthReport`] current from the published devices,
 //! the host's interfaces and, for NICs moved into pods, a link watch inside each pod's netns
-//! (through its port [`PodLinks`]). The kubelet adapter streams the report to kubelet.
+//! (through its port [`PodLinkSource`]). The kubelet adapter streams the report to kubelet.
 
 pub mod monitor;
 mod ports;
 
 pub use monitor::{LinkReporter, MonitorInputs, MonitorSettings, MovedNic, run};
-pub use ports::PodLinks;
+pub use ports::PodLinkSource;
 
 use crate::model::device::{Device, DeviceKind, HostInterface, OperState};
 

@@ -3,7 +3,7 @@
 //! Inputs: the devices the publisher publishes, the host's interfaces (a discovery through
 //! [`InterfaceSource`] after each netlink change, debounced, and every `refresh` as a safety
 //! net against lost notifications), and the NICs the attach service moved into pods, each
-//! watched inside its pod's netns through the [`PodLinks`] port from the moment it is marked
+//! watched inside its pod's netns through the [`PodLinkSource`] port from the moment it is marked
 //! moved until it leaves the pod. Output: a `watch` of the report, changed only when a
 //! verdict or message changes (the kubelet adapter re-sends it on its own schedule).
 
@@ -14,7 +14,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{DeviceHealth, HealthReport, LinkFacts, LinkObservation, Placement, PodLinks, assess};
+use super::{
+    DeviceHealth, HealthReport, LinkFacts, LinkObservation, Placement, PodLinkSource, assess,
+};
 use crate::inventory::publish::InterfaceSource;
 use crate::model::cause::Chain;
 use crate::model::device::Device;
@@ -108,7 +110,7 @@ pub struct MonitorInputs {
 }
 
 /// Runs the monitor until `inputs.stop`, publishing each changed report on `out`.
-pub async fn run<I: InterfaceSource, P: PodLinks>(
+pub async fn run<I: InterfaceSource, P: PodLinkSource>(
     settings: MonitorSettings,
     interfaces: I,
     pods: P,
@@ -248,7 +250,7 @@ impl State {
         self.devices = devices;
     }
 
-    async fn watch_pods<P: PodLinks>(
+    async fn watch_pods<P: PodLinkSource>(
         &mut self,
         pods: &P,
         moved: BTreeMap<String, MovedNic>,
@@ -264,7 +266,7 @@ impl State {
         }
     }
 
-    async fn retry_pods<P: PodLinks>(&mut self, pods: &P, dirty: &mpsc::Sender<()>) {
+    async fn retry_pods<P: PodLinkSource>(&mut self, pods: &P, dirty: &mpsc::Sender<()>) {
         let broken: Vec<(String, MovedNic)> = self
             .pods
             .iter()
@@ -331,7 +333,7 @@ impl State {
     }
 }
 
-async fn start_watch<P: PodLinks>(
+async fn start_watch<P: PodLinkSource>(
     pods: &P,
     host_name: &str,
     nic: MovedNic,

@@ -1,12 +1,12 @@
 //! The health monitor's port: watching a link inside a pod's network namespace
-//! ([`PodLinks`]); the host's links come through the inventory's `InterfaceSource`.
+//! ([`PodLinkSource`]); the host's links come through the inventory's `InterfaceSource`.
 
 use std::future::Future;
 
 use super::monitor::{LinkReporter, MovedNic};
 
 /// Watching one link inside a pod's network namespace.
-pub trait PodLinks: Send + Sync {
+pub trait PodLinkSource: Send + Sync {
     /// Why a watch could not start.
     type Error: std::error::Error + Send + Sync + 'static;
 

@@ -198,7 +198,7 @@ impl FakePods {
     }
 }
 
-impl PodLinks for FakePods {
+impl PodLinkSource for FakePods {
     type Error = FakeError;
 
     async fn watch(&self, nic: &MovedNic, reporter: LinkReporter) -> Result<(), FakeError> {

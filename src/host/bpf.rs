@@ -25,7 +25,7 @@ use aya::util::KernelVersion;
 
 use crate::model::stats::{DirectionCounters, InterfaceStats};
 use crate::podnet::LinkOpError;
-use crate::stats::CounterHooks;
+use crate::stats::CounterPort;
 
 /// The object `build.rs` compiled from `bpf/counters.c`, aligned as aya's ELF parser needs.
 static COUNTERS_OBJECT: &[u8] =
@@ -617,7 +617,7 @@ pub enum CounterPortError {
 }
 
 /// The stats service's kernel port: pins on bpffs, drops from the pod's link counters.
-impl CounterHooks for CounterPins {
+impl CounterPort for CounterPins {
     type Error = CounterPortError;
 
     async fn hook(&self, netns: &Path, pod_uid: &str, interface: &str) -> Result<(), Self::Error> {

@@ -1,4 +1,4 @@
-//! `podnet::LinkOps` over rtnetlink: one NETLINK_ROUTE socket in the host netns and one in the
+//! `podnet::LinkPort` over rtnetlink: one NETLINK_ROUTE socket in the host netns and one in the
 //! pod netns, the latter created on a dedicated OS thread that entered the pod netns (a socket
 //! stays bound to the netns it was created in, so no tokio worker ever calls `setns`).
 
@@ -24,10 +24,10 @@ use rtnetlink::{
 };
 
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
-use crate::podnet::ops::{
-    ENODEV, LinkOpError, LinkOps, LinkState, NetnsRefusal, PodLinkConfig, Side,
-};
 use crate::podnet::plan::ChildKind;
+use crate::podnet::ports::{
+    ENODEV, LinkOpError, LinkPort, LinkState, NetnsRefusal, PodLinkConfig, Side,
+};
 
 /// `ENOENT`: the netns path does not exist (the sandbox is gone).
 const ENOENT: i32 = 2;
@@ -233,7 +233,7 @@ async fn open_pod_netns(host: &HostNetlink, path: &Path) -> Result<(Handle, File
     Ok((handle, netns))
 }
 
-/// [`LinkOps`] for one pod: the host socket plus a socket in the pod's netns.
+/// [`LinkPort`] for one pod: the host socket plus a socket in the pod's netns.
 #[derive(Debug)]
 pub struct NetlinkOps {
     host: HostNetlink,
@@ -435,7 +435,7 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
     }
 }
 
-impl LinkOps for NetlinkOps {
+impl LinkPort for NetlinkOps {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         let handle = self.handle(side)?;
         match link_by_name(handle, name, &[]).await {

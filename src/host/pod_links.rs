@@ -1,4 +1,4 @@
-//! Device health's watch of a NIC inside a pod ([`PodLinks`]): a NETLINK_ROUTE socket
+//! Device health's watch of a NIC inside a pod ([`PodLinkSource`]): a NETLINK_ROUTE socket
 //! subscribed to link notifications, created on a dedicated OS thread that entered the pod's
 //! netns (the socket stays bound to that netns; no tokio worker calls `setns`), reading the
 //! link by its pod-side name at start, after every link notification and every
@@ -17,7 +17,7 @@ use rtnetlink::{Handle, MulticastGroup};
 
 use super::discovery::interface_from_link;
 use super::netlink::{open_netns_file, same_namespace};
-use crate::health::{LinkFacts, LinkObservation, LinkReporter, MovedNic, PodLinks};
+use crate::health::{LinkFacts, LinkObservation, LinkReporter, MovedNic, PodLinkSource};
 use crate::podnet::LinkOpError;
 
 /// Re-read of the watched link without a notification.
@@ -64,7 +64,7 @@ pub enum PodLinkError {
     },
 }
 
-/// [`PodLinks`] over rtnetlink; remembers the daemon's netns to refuse it as a pod's.
+/// [`PodLinkSource`] over rtnetlink; remembers the daemon's netns to refuse it as a pod's.
 #[derive(Debug, Clone)]
 pub struct PodLinkWatcher {
     own_netns: Arc<File>,
@@ -79,7 +79,7 @@ impl PodLinkWatcher {
     }
 }
 
-impl PodLinks for PodLinkWatcher {
+impl PodLinkSource for PodLinkWatcher {
     type Error = PodLinkError;
 
     async fn watch(&self, nic: &MovedNic, reporter: LinkReporter) -> Result<(), PodLinkError> {

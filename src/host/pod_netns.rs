@@ -1,14 +1,14 @@
-//! The attach service's kernel port ([`NetnsAccess`]) over rtnetlink: per-pod
+//! The attach service's kernel port ([`NetnsPort`]) over rtnetlink: per-pod
 //! [`NetlinkOps`] and a dump of the host's links.
 
 use std::path::Path;
 
 use super::netlink::{HostNetlink, NetlinkOps};
-use crate::attach::NetnsAccess;
+use crate::attach::NetnsPort;
 use crate::podnet::LinkOpError;
-use crate::podnet::ops::LinkState;
+use crate::podnet::ports::LinkState;
 
-impl NetnsAccess for HostNetlink {
+impl NetnsPort for HostNetlink {
     type Ops = NetlinkOps;
 
     async fn open(&self, path: &Path) -> Result<NetlinkOps, LinkOpError> {

@@ -1,7 +1,7 @@
-//! [`DeviceLookup`] over the node's interfaces as an [`InterfaceSource`] discovers them: one
+//! [`DeviceSource`] over the node's interfaces as an [`InterfaceSource`] discovers them: one
 //! recent discovery shared by the lookups of one kubelet request, checked against the
 //! operator's selection and the node's PodNetworks. A claim's devices resolve from one
-//! snapshot in one call ([`DeviceLookup::resolve`]). The host's source is `host::discovery`.
+//! snapshot in one call ([`DeviceSource::resolve`]). The host's source is `host::discovery`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::claims::{DeviceLookup, LookupError, ResolvedDevice};
+use crate::claims::{DeviceSource, LookupError, ResolvedDevice};
 use crate::inventory::Selection;
 use crate::inventory::facts::{self, BuiltInventories, LookupContext};
 use crate::inventory::networks::{NetworkInputs, NodeNetworks};
@@ -130,7 +130,7 @@ impl<I: InterfaceSource> DiscoveredDevices<I> {
     }
 }
 
-impl<I: InterfaceSource + 'static> DeviceLookup for DiscoveredDevices<I> {
+impl<I: InterfaceSource + 'static> DeviceSource for DiscoveredDevices<I> {
     async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
         self.with_context(|context| facts::device_facts(context, name))
             .await?

@@ -10,8 +10,8 @@ mod ports;
 mod run;
 
 pub use ports::{
-    InterfaceSource, NodeWarnings, PreparedDevices, PublishEvents, Readiness, SliceApi,
-    SliceApiError,
+    InterfaceSource, PreparedDeviceSource, PublishSink, ReadinessSink, SliceApi, SliceApiError,
+    WarningSink,
 };
 pub use run::{HOLD_RECHECK, NETWORKS_PATIENCE, SliceEvent, Triggers, run};
 
@@ -120,7 +120,7 @@ pub struct Publisher<A> {
     /// The devices of the pool as last computed (for device health).
     devices: watch::Sender<Vec<Device>>,
     /// Where the devices with prepared claims come from; without one nothing is held.
-    prepared: Option<Arc<dyn PreparedDevices>>,
+    prepared: Option<Arc<dyn PreparedDeviceSource>>,
     /// Shared devices of this pool as the API held them when the publisher started.
     shared_at_start: Vec<Device>,
     /// Sharing changes held now (for the status API).
@@ -166,7 +166,7 @@ impl<A: SliceApi> Publisher<A> {
 
     /// The same publisher holding sharing changes of devices `prepared` names ([`SharingHold`]).
     #[must_use]
-    pub fn with_prepared(mut self, prepared: Arc<dyn PreparedDevices>) -> Self {
+    pub fn with_prepared(mut self, prepared: Arc<dyn PreparedDeviceSource>) -> Self {
         self.prepared = Some(prepared);
         self
     }

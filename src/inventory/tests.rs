@@ -613,7 +613,7 @@ impl publish::InterfaceSource for CountedInterfaces {
 /// The port's default `resolve` (one method call per fact) over the same lookup.
 struct OneByOne<L>(L);
 
-impl<L: crate::claims::DeviceLookup> crate::claims::DeviceLookup for OneByOne<L> {
+impl<L: crate::claims::DeviceSource> crate::claims::DeviceSource for OneByOne<L> {
     async fn facts(
         &self,
         name: &str,
@@ -636,7 +636,7 @@ impl<L: crate::claims::DeviceLookup> crate::claims::DeviceLookup for OneByOne<L>
 
 #[tokio::test]
 async fn a_claims_devices_resolve_from_one_discovery_as_the_lookups_one_by_one_would() {
-    use crate::claims::DeviceLookup as _;
+    use crate::claims::DeviceSource as _;
     let mut pf = nic(4, "ens2f0", "0000:5e:00.0");
     if let Some(pci) = pf.hardware.pci.as_mut() {
         pci.sriov = SriovRole::PhysicalFunction { total_vfs: 64, num_vfs: 1 };

@@ -1,11 +1,11 @@
-//! [`ClaimReader`] over the Kubernetes API: a direct GET of `resource.k8s.io/v1`
+//! [`ClaimSource`] over the Kubernetes API: a direct GET of `resource.k8s.io/v1`
 //! ResourceClaims (DESIGN §10: no claim watch on nodes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
-use crate::claims::{ClaimReader, ReadError, allocation};
+use crate::claims::{ClaimSource, ReadError, allocation};
 use crate::model::cause::cause;
 
 /// Reads claims with a shared client.
@@ -28,7 +28,7 @@ impl KubeClaims {
     }
 }
 
-impl ClaimReader for KubeClaims {
+impl ClaimSource for KubeClaims {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
         match api.get_opt(name).await {

@@ -42,7 +42,7 @@ impl NodeEvents {
     }
 }
 
-impl crate::inventory::publish::NodeWarnings for NodeEvents {
+impl crate::inventory::publish::WarningSink for NodeEvents {
     async fn warn(&self, reason: &str, action: &str, note: String) {
         NodeEvents::warn(self, reason, action, note).await;
     }

@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-use crate::inventory::publish::Readiness;
+use crate::inventory::publish::ReadinessSink;
 
 /// The metric families a process serves on `/metrics`.
 pub trait MetricsRegistry: Send + Sync + 'static {
@@ -101,7 +101,7 @@ impl Health {
 }
 
 /// The node daemon is ready once its first publication succeeded.
-impl Readiness for Health {
+impl ReadinessSink for Health {
     fn mark_ready(&self) {
         self.set_ready(true);
     }

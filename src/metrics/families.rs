@@ -1,6 +1,6 @@
 //! The node daemon's metric families (DESIGN §1): what the driver, the kubelet plugin, the
 //! NRI handler, IPAM and the stats service count, and the publisher's rounds as reported
-//! through its port ([`PublishEvents`]).
+//! through its port ([`PublishSink`]).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::endpoint::{MetricsRegistry, encode};
-use crate::inventory::publish::{PublishEvents, SyncReport};
+use crate::inventory::publish::{PublishSink, SyncReport};
 use crate::model::stats::{Direction, InterfaceStats, PROTOCOLS};
 
 /// Label set `{result}`.
@@ -238,7 +238,7 @@ impl MetricsRegistry for Metrics {
 /// The publisher's rounds: `netclaim_slice_writes_total`, `netclaim_slice_syncs_total`,
 /// `netclaim_devices_published`, `netclaim_pool_generation` and
 /// `netclaim_consumable_capacity_dropped`.
-impl PublishEvents for Metrics {
+impl PublishSink for Metrics {
     fn round_published(&self, report: &SyncReport) {
         self.slice_writes
             .get_or_create(&ResultLabel { result: "success" })

@@ -520,7 +520,7 @@ impl std::fmt::Debug for PreparedOnNode {
     }
 }
 
-impl publish::PreparedDevices for PreparedOnNode {
+impl publish::PreparedDeviceSource for PreparedOnNode {
     fn prepared_devices(&self) -> std::collections::BTreeSet<String> {
         self.claims
             .all_prepared()

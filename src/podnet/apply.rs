@@ -1,4 +1,4 @@
-//! Executes attach plans through [`LinkOps`]: runs the steps in order, undoes every completed
+//! Executes attach plans through [`LinkPort`]: runs the steps in order, undoes every completed
 //! step in reverse order when one fails, and detaches (never failing) at sandbox stop.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,13 +8,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::network_config::{MacAddr, Mode, Route};
 
-use super::ops::{
-    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState,
-    PodLinkConfig, Side,
-};
 use super::plan::{
     AttachPlan, RouteDisplay, Step, UndoStep, VlanLink, VlanOwner, parse_device_alias,
     parse_vlan_alias, vlan_alias, vlan_owner,
+};
+use super::ports::{
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkPort, LinkState,
+    PodLinkConfig, Side,
 };
 
 #[cfg(test)]
@@ -228,7 +228,7 @@ impl VlanUsers {
     /// user here: at start, after reconcile adopted the users of every stored pod, these are
     /// left over by a crash between a pod's last detach and the deletion. Links without our
     /// alias are never touched. Returns each deleted name with its outcome.
-    pub async fn remove_unused<O: LinkOps>(
+    pub async fn remove_unused<O: LinkPort>(
         &self,
         ops: &O,
         links: &[LinkState],
@@ -248,7 +248,7 @@ impl VlanUsers {
         removed
     }
 
-    async fn ensure<O: LinkOps>(
+    async fn ensure<O: LinkPort>(
         &self,
         ops: &O,
         vlan: &VlanLink,
@@ -289,7 +289,7 @@ impl VlanUsers {
         Ok(())
     }
 
-    async fn release<O: LinkOps>(
+    async fn release<O: LinkPort>(
         &self,
         ops: &O,
         vlan: &VlanLink,
@@ -320,7 +320,7 @@ impl VlanUsers {
     }
 }
 
-async fn require_link<O: LinkOps>(
+async fn require_link<O: LinkPort>(
     ops: &O,
     side: Side,
     name: &str,
@@ -330,7 +330,7 @@ async fn require_link<O: LinkOps>(
         .ok_or_else(|| LinkOpError::NoSuchLink { side, name: name.to_owned() })
 }
 
-async fn delete_tolerant<O: LinkOps>(
+async fn delete_tolerant<O: LinkPort>(
     ops: &O,
     side: Side,
     index: u32,
@@ -344,7 +344,7 @@ async fn delete_tolerant<O: LinkOps>(
 
 /// Attaches one pod interface: executes `plan`'s steps in order; on a failure, undoes every
 /// completed step in reverse order and returns the failure (with any undo that failed too).
-pub async fn attach<O: LinkOps>(
+pub async fn attach<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
     plan: &AttachPlan,
@@ -392,7 +392,7 @@ pub async fn attach<O: LinkOps>(
     })
 }
 
-async fn run_step<O: LinkOps>(
+async fn run_step<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
     plan: &AttachPlan,
@@ -460,7 +460,7 @@ async fn run_step<O: LinkOps>(
 /// current name (the new name is only a fallback pattern when the current one is taken in the
 /// target), applies the MTU, and renames last; a taken pod-side name fails that rename after
 /// the move. Find the device in the pod under its host name (same MAC) and send it back.
-async fn recover_partial_move<O: LinkOps>(
+async fn recover_partial_move<O: LinkPort>(
     ops: &O,
     device: &LinkState,
     requested_mac: Option<MacAddr>,
@@ -495,7 +495,7 @@ fn name_taken(name: &str, source: LinkOpError) -> StepError {
 }
 
 /// Undoes `done` in reverse order; returns the undo steps that failed.
-async fn rollback<O: LinkOps>(
+async fn rollback<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
     plan: &AttachPlan,
@@ -537,7 +537,7 @@ fn ignore_missing(result: Result<(), LinkOpError>) -> Result<(), LinkOpError> {
 ///
 /// # Errors
 /// The first failed lookup or address removal (an address already gone is fine).
-pub async fn quiesce<O: LinkOps>(ops: &O, plan: &AttachPlan) -> Result<(), LinkOpError> {
+pub async fn quiesce<O: LinkPort>(ops: &O, plan: &AttachPlan) -> Result<(), LinkOpError> {
     if !plan.creates_child() {
         return Ok(());
     }
@@ -551,7 +551,7 @@ pub async fn quiesce<O: LinkOps>(ops: &O, plan: &AttachPlan) -> Result<(), LinkO
 }
 
 /// Executes one link-level undo step, looking links up by name.
-async fn run_undo<O: LinkOps>(
+async fn run_undo<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
     plan: &AttachPlan,
@@ -588,7 +588,7 @@ async fn run_undo<O: LinkOps>(
 /// The device is not in the pod (any more): when its netns was destroyed, the kernel gave a
 /// physical NIC back to the host under its pod-side name (a veth is destroyed instead). Our
 /// alias identifies it; restore name, MTU and MAC.
-async fn restore_returned<O: LinkOps>(
+async fn restore_returned<O: LinkPort>(
     ops: &O,
     plan: &AttachPlan,
     pod_name: &str,
@@ -650,7 +650,7 @@ pub fn completed_attach(
 
 /// Detaches one pod interface (StopPodSandbox): runs [`AttachPlan::teardown`] and never fails;
 /// every step is attempted and reported. Works when the pod netns is already gone.
-pub async fn detach<O: LinkOps>(ops: &O, vlans: &VlanUsers, plan: &AttachPlan) -> DetachReport {
+pub async fn detach<O: LinkPort>(ops: &O, vlans: &VlanUsers, plan: &AttachPlan) -> DetachReport {
     let mut report = DetachReport::default();
     for undo in plan.teardown() {
         let outcome = match run_undo(ops, vlans, plan, &undo).await {

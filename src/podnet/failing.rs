@@ -1,4 +1,4 @@
-//! A [`LinkOps`] that fails one chosen call: the failure-injection seam for everything that
+//! A [`LinkPort`] that fails one chosen call: the failure-injection seam for everything that
 //! applies plans. Wrapped around the real kernel (root tests in a throwaway netns) or the
 //! fake one, it fails the n-th mutating call with an errno as the kernel would, so a test
 //! can walk a failure through every step of an attach and check what is left behind.
@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ipnetwork::IpNetwork;
 
-use super::ops::{LinkOpError, LinkOps, LinkState, PodLinkConfig, Side};
 use super::plan::ChildKind;
+use super::ports::{LinkOpError, LinkPort, LinkState, PodLinkConfig, Side};
 use crate::model::network_config::{MacAddr, Route};
 
 /// Which mutating call fails, shared by every [`FailingOps`] made from it (one per netns
@@ -22,7 +22,7 @@ pub struct FailurePlan {
 }
 
 impl FailurePlan {
-    /// Fails the `fail_at`-th mutating call (1 = the first; lookups with [`LinkOps::link`]
+    /// Fails the `fail_at`-th mutating call (1 = the first; lookups with [`LinkPort::link`]
     /// do not count) with `errno`; `fail_at = 0` never fails (a clean run that counts the
     /// calls, read with [`FailurePlan::calls`]).
     #[must_use]
@@ -59,7 +59,7 @@ pub struct FailingOps<O> {
     plan: Arc<FailurePlan>,
 }
 
-impl<O: LinkOps> FailingOps<O> {
+impl<O: LinkPort> FailingOps<O> {
     /// `inner` with failures from `plan`.
     pub fn new(inner: O, plan: Arc<FailurePlan>) -> Self {
         FailingOps { inner, plan }
@@ -70,7 +70,7 @@ impl<O: LinkOps> FailingOps<O> {
     }
 }
 
-impl<O: LinkOps + Send> LinkOps for FailingOps<O> {
+impl<O: LinkPort + Send> LinkPort for FailingOps<O> {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         self.inner.link(side, name).await
     }

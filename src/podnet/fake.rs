@@ -1,4 +1,4 @@
-//! A recording in-memory kernel implementing `LinkOps` for unit tests (and netclaim-testkit,
+//! A recording in-memory kernel implementing `LinkPort` for unit tests (and netclaim-testkit,
 //! with the `testkit` feature): it keeps links per netns, addresses and routes, answers with
 //! the errno the kernel would, logs every mutating call, and fails the call whose log line
 //! starts with an injected prefix.
@@ -17,11 +17,11 @@ use ipnetwork::IpNetwork;
 
 use crate::model::network_config::{MacAddr, Route};
 
-use super::ops::{
-    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkOps, LinkState,
+use super::plan::{ChildKind, RouteDisplay};
+use super::ports::{
+    EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkPort, LinkState,
     PodLinkConfig, Side,
 };
-use super::plan::{ChildKind, RouteDisplay};
 
 #[derive(Debug, Default)]
 struct Kernel {
@@ -181,7 +181,7 @@ fn mac_text(mac: Option<MacAddr>) -> String {
     mac.map_or_else(|| "-".to_owned(), |m| m.to_string())
 }
 
-impl LinkOps for FakeKernel {
+impl LinkPort for FakeKernel {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         let k = self.inner.lock().unwrap();
         if side == Side::Pod && k.netns_gone {

@@ -1,4 +1,4 @@
-//! Pod interfaces: planning (pure) and applying (through `LinkOps`) the attach and detach of
+//! Pod interfaces: planning (pure) and applying (through `LinkPort`) the attach and detach of
 //! the network interfaces a pod's claims ask for.
 //!
 //! How the NRI handlers use it (one `host::netlink::HostNetlink` and one [`VlanUsers`] per
@@ -19,12 +19,12 @@ pub mod apply;
 pub mod failing;
 #[cfg(any(test, feature = "testkit"))]
 pub mod fake;
-pub mod ops;
 pub mod plan;
+pub mod ports;
 
 pub use apply::{AttachError, AttachedInterface, DetachReport, VlanUsers, attach, detach, quiesce};
-pub use ops::{LinkOpError, LinkOps, Side};
 pub use plan::{
     AttachPlan, AttachRequest, HostDevice, InterfaceSlot, PlanError, PodNetns,
     assign_interface_names, plan_attach,
 };
+pub use ports::{LinkOpError, LinkPort, Side};

@@ -1,5 +1,5 @@
 //! The one capability `podnet::apply` needs from the kernel: link, address and route
-//! operations in the host netns and in one pod netns ([`LinkOps`]), with errors that keep the
+//! operations in the host netns and in one pod netns ([`LinkPort`]), with errors that keep the
 //! errno. The real implementation is `host::netlink::NetlinkOps`.
 
 use std::future::Future;
@@ -157,8 +157,8 @@ pub struct PodLinkConfig {
 }
 
 /// Kernel operations on the host netns and one pod netns. Links are addressed by index once
-/// known; names are resolved with [`LinkOps::link`].
-pub trait LinkOps: Sync {
+/// known; names are resolved with [`LinkPort::link`].
+pub trait LinkPort: Sync {
     /// The link named `name` on `side`, or `None` when there is none.
     fn link(
         &self,
@@ -266,7 +266,7 @@ pub trait LinkOps: Sync {
 }
 
 /// A shared kernel handle is one too (the attach service hands out one per pod netns).
-impl<T: LinkOps + Send> LinkOps for Arc<T> {
+impl<T: LinkPort + Send> LinkPort for Arc<T> {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         (**self).link(side, name).await
     }

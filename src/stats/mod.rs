@@ -4,8 +4,8 @@
 //! timer for Prometheus, and hands the ones that changed to the claim status every
 //! `--stats-interval`.
 //!
-//! It reaches the kernel through [`CounterHooks`] and the rest of the daemon through
-//! [`AttachedInterfaces`] (the attach service bumps a counter on every change, and the
+//! It reaches the kernel through [`CounterPort`] and the rest of the daemon through
+//! [`AttachedInterfaceSource`] (the attach service bumps a counter on every change, and the
 //! snapshot is taken here, off the sandbox's path) and [`StatsSink`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,7 @@ use crate::model::stats::InterfaceStats;
 
 mod ports;
 
-pub use ports::{AttachedInterfaces, CounterHooks, StatsSink};
+pub use ports::{AttachedInterfaceSource, CounterPort, StatsSink};
 
 /// One attached pod interface, as the attach service reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +92,7 @@ pub struct StatsService<H> {
     submitted: BTreeMap<InterfaceKey, InterfaceStats>,
 }
 
-impl<H: CounterHooks> StatsService<H> {
+impl<H: CounterPort> StatsService<H> {
     /// A service over `hooks`.
     pub fn new(hooks: H, settings: StatsSettings) -> Self {
         Self {
@@ -109,7 +109,7 @@ impl<H: CounterHooks> StatsService<H> {
     /// (the programs kept counting while the daemon was down), and removed otherwise.
     pub async fn run(
         mut self,
-        source: impl AttachedInterfaces,
+        source: impl AttachedInterfaceSource,
         sink: impl StatsSink,
         mut shutdown: watch::Receiver<bool>,
     ) {

@@ -1,5 +1,5 @@
-//! The stats service's ports: the kernel's counters ([`CounterHooks`]), the attached
-//! interfaces to count ([`AttachedInterfaces`]) and where collected counters go ([`StatsSink`]).
+//! The stats service's ports: the kernel's counters ([`CounterPort`]), the attached
+//! interfaces to count ([`AttachedInterfaceSource`]) and where collected counters go ([`StatsSink`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -10,7 +10,7 @@ use super::WatchedInterface;
 use crate::model::stats::InterfaceStats;
 
 /// The kernel side: counters hooked onto pod interfaces.
-pub trait CounterHooks: Send + Sync + 'static {
+pub trait CounterPort: Send + Sync + 'static {
     /// The adapter's error.
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -47,7 +47,7 @@ pub trait CounterHooks: Send + Sync + 'static {
 }
 
 /// The attached interfaces: a change counter, and a snapshot taken when it moved.
-pub trait AttachedInterfaces: Send + Sync + 'static {
+pub trait AttachedInterfaceSource: Send + Sync + 'static {
     /// Bumped whenever the set of attached interfaces may have changed.
     fn changes(&self) -> watch::Receiver<u64>;
     /// Every interface attached now.

@@ -30,7 +30,7 @@ impl FakeKernel {
 #[error("fake kernel")]
 struct FakeError;
 
-impl CounterHooks for Arc<FakeKernel> {
+impl CounterPort for Arc<FakeKernel> {
     type Error = FakeError;
 
     async fn hook(&self, _netns: &Path, pod_uid: &str, interface: &str) -> Result<(), FakeError> {
@@ -128,7 +128,7 @@ impl Attached {
     }
 }
 
-impl AttachedInterfaces for Arc<Attached> {
+impl AttachedInterfaceSource for Arc<Attached> {
     fn changes(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }

@@ -1,4 +1,4 @@
-//! `ResourceClaim`s behind the [`ClaimReader`] port without an API server: claims and pods
+//! `ResourceClaim`s behind the [`ClaimSource`] port without an API server: claims and pods
 //! put in a map, or made up from the names asked for; GETs counted, and optionally slowed
 //! down so that overlapping calls can be seen.
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::claims::{ClaimReader, ReadError};
+use crate::claims::{ClaimSource, ReadError};
 
 /// Makes up the claim `(namespace, name)` when it is not in the map; `None`: not found.
 type MadeUp = Box<dyn Fn(&str, &str) -> Option<ResourceClaim> + Send + Sync>;
@@ -101,7 +101,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl ClaimReader for MapClaims {
+impl ClaimSource for MapClaims {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -125,7 +125,7 @@ impl ClaimReader for MapClaims {
     }
 }
 
-impl ClaimReader for Arc<MapClaims> {
+impl ClaimSource for Arc<MapClaims> {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ReadError> {
         MapClaims::get(self, namespace, name).await
     }

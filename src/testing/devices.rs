@@ -1,9 +1,9 @@
-//! A fixed device inventory behind the [`DeviceLookup`] port: the devices a test names, with
+//! A fixed device inventory behind the [`DeviceSource`] port: the devices a test names, with
 //! their facts, attributes and parent limits, instead of the host's discovery.
 
 use std::collections::BTreeMap;
 
-use crate::claims::{DeviceLookup, LookupError};
+use crate::claims::{DeviceSource, LookupError};
 use crate::model::device::AttributeValue;
 use crate::model::network_config::DeviceFacts;
 
@@ -50,7 +50,7 @@ impl FixedDevices {
     }
 
     /// Host interface `if_name` may carry at most `limit` sub-interfaces
-    /// ([`DeviceLookup::parent_limit`]; unlisted: no limit).
+    /// ([`DeviceSource::parent_limit`]; unlisted: no limit).
     #[must_use]
     pub fn parent_limit(mut self, if_name: &str, limit: u32) -> Self {
         self.parent_limits.insert(if_name.to_owned(), limit);
@@ -71,7 +71,7 @@ pub fn if_name_attribute(if_name: &str) -> BTreeMap<String, AttributeValue> {
     [("netclaim.dev/ifName".to_owned(), AttributeValue::String(if_name.to_owned()))].into()
 }
 
-impl DeviceLookup for FixedDevices {
+impl DeviceSource for FixedDevices {
     async fn facts(&self, name: &str) -> Result<DeviceFacts, LookupError> {
         Ok(self.find(name)?.facts.clone())
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use netclaim::host::bpf::{CounterPins, HookKind};
 use netclaim::model::stats::InterfaceStats;
-use netclaim::stats::CounterHooks;
+use netclaim::stats::CounterPort;
 use serde_json::Value;
 
 use super::netns::{Netns, run};

@@ -17,12 +17,12 @@ use k8s_openapi::api::resource::v1::{Device as ApiDevice, ResourceClaim, Resourc
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
-use netclaim::claims::{ClaimService, DeviceLookup, ServiceIdentity};
+use netclaim::claims::{ClaimService, DeviceSource, ServiceIdentity};
 use netclaim::inventory::device_lookup::DiscoveredDevices;
 use netclaim::inventory::networks::NetworkInputs;
 use netclaim::inventory::publish::{
-    self, InterfaceSource, NodeWarnings, Publisher, RequestedSharing, SliceApi, SliceApiError,
-    Triggers,
+    self, InterfaceSource, Publisher, RequestedSharing, SliceApi, SliceApiError, Triggers,
+    WarningSink,
 };
 use netclaim::inventory::slices::PoolIdentity;
 use netclaim::inventory::{Selection, SharingMode};
@@ -90,7 +90,7 @@ impl SliceApi for Recording {
 #[derive(Clone, Default)]
 struct Warnings(Arc<Mutex<Vec<(String, String)>>>);
 
-impl NodeWarnings for Warnings {
+impl WarningSink for Warnings {
     async fn warn(&self, reason: &str, _action: &str, note: String) {
         self.0.lock().unwrap().push((reason.to_owned(), note));
     }

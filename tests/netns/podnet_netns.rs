@@ -16,7 +16,7 @@ use netclaim::podnet::apply::{StepError, UndoOutcome, completed_attach};
 use netclaim::podnet::{
     AttachPlan, AttachRequest, HostDevice, PodNetns, VlanUsers, attach, detach, plan_attach,
 };
-use netclaim::podnet::{LinkOps, Side};
+use netclaim::podnet::{LinkPort, Side};
 use serde_json::Value;
 
 use crate::kit;
@@ -488,7 +488,7 @@ async fn detach_of_a_host_device_whose_pod_netns_is_gone_succeeds() {
 #[tokio::test]
 #[ignore = "needs root: run `make test` as root"]
 async fn a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name() {
-    use netclaim::podnet::ops::{LinkOpError, NetnsRefusal};
+    use netclaim::podnet::ports::{LinkOpError, NetnsRefusal};
     if !require_root("a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name") {
         return;
     }

@@ -5,7 +5,7 @@
 //! to QEMU's user-network gateway through it; detach gives it back under its original name,
 //! MTU and MAC. A pod netns destroyed with the NIC inside returns it to the host under its
 //! pod-side name with our alias; detach (daemon up) and the restore start-up runs (daemon
-//! down: `attach::reconcile::restore_returned`, `LinkOps::restore_in_host`) name it back.
+//! down: `attach::reconcile::restore_returned`, `LinkPort::restore_in_host`) name it back.
 //!
 //! The NIC is the VM's, so a failing test still gives it back (see [`Borrowed`]). Runs only
 //! inside the VM (`NETCLAIM_VM=1`); nextest leaves this binary out (`.config/nextest.toml`).
@@ -22,7 +22,7 @@ use netclaim::model::network_config::{
 };
 use netclaim::podnet::plan::parse_device_alias;
 use netclaim::podnet::{
-    AttachPlan, AttachRequest, HostDevice, LinkOps, PodNetns, VlanUsers, attach, detach,
+    AttachPlan, AttachRequest, HostDevice, LinkPort, PodNetns, VlanUsers, attach, detach,
     plan_attach,
 };
 use serde_json::Value;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use netclaim::attach::{AttachService, StatusSink};
 use netclaim::claims::vf::VfPort;
-use netclaim::claims::{ClaimPreparer, ClaimService, DeviceLookup, ServiceIdentity};
+use netclaim::claims::{ClaimPreparer, ClaimService, DeviceSource, ServiceIdentity};
 use netclaim::host::discovery::{HostDevices, host_devices};
 use netclaim::host::netlink::HostNetlink;
 use netclaim::host::sriov::NetlinkVfSettings;

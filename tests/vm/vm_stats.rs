@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
 use netclaim::host::bpf::{BpfError, CounterPins, HookKind};
-use netclaim::stats::CounterHooks;
+use netclaim::stats::CounterPort;
 
 use crate::kit;
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
 use super::*;
 use crate::cdi::LocalFiles;
 use crate::claims::metadata::{
-    DeviceMetadata, MetadataFiles, MetadataLayout, POD_CLAIM_NAME_ANNOTATION, WrittenMetadata,
+    DeviceMetadata, MetadataLayout, MetadataStore, POD_CLAIM_NAME_ANNOTATION, WrittenMetadata,
 };
 use crate::model::cause::Cause;
 
@@ -61,7 +61,7 @@ fn layout(dirs: &Dirs) -> MetadataLayout {
 fn service_with_metadata(
     api: &Arc<MapClaims>,
     dirs: &Dirs,
-    files: impl MetadataFiles,
+    files: impl MetadataStore,
 ) -> (Service, Arc<DeviceMetadata>) {
     let metadata = Arc::new(DeviceMetadata::new(layout(dirs), files));
     let service = service(api, &dirs.state).with_metadata(Arc::clone(&metadata)).unwrap();
@@ -291,7 +291,7 @@ async fn a_restart_keeps_generation_and_network_data_rewrites_what_is_missing_an
 /// Local files, except that CDI specs cannot be written.
 struct ReadOnlyCdiDir(PathBuf);
 
-impl MetadataFiles for ReadOnlyCdiDir {
+impl MetadataStore for ReadOnlyCdiDir {
     fn write_in_place(&self, path: &Path, contents: &[u8]) -> Result<(), Cause> {
         LocalFiles.write_in_place(path, contents)
     }

@@ -1,7 +1,7 @@
 //! The publisher's ports: the slice API ([`SliceApi`]), the node's interfaces
-//! ([`InterfaceSource`]), the devices claims prepared here use ([`PreparedDevices`]), and
-//! what it reports: Warning Events ([`NodeWarnings`]), each round's outcome
-//! ([`PublishEvents`]) and readiness ([`Readiness`]).
+//! ([`InterfaceSource`]), the devices claims prepared here use ([`PreparedDeviceSource`]), and
+//! what it reports: Warning Events ([`WarningSink`]), each round's outcome
+//! ([`PublishSink`]) and readiness ([`ReadinessSink`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -41,7 +41,7 @@ pub trait SliceApi: Send + Sync {
 
 /// The devices of this node's pool that claims prepared here use (from the claim service):
 /// a shared device among them keeps `allowMultipleAllocations` and its capacity.
-pub trait PreparedDevices: Send + Sync + fmt::Debug {
+pub trait PreparedDeviceSource: Send + Sync + fmt::Debug {
     /// Names of this pool's devices with prepared claims.
     fn prepared_devices(&self) -> BTreeSet<String>;
 }
@@ -55,13 +55,13 @@ pub trait InterfaceSource: Send + Sync {
 }
 
 /// Warning Events on this node's Node object.
-pub trait NodeWarnings: Send + Sync {
+pub trait WarningSink: Send + Sync {
     /// Records a Warning (`reason`, `action`, `note`); failures are the adapter's to log.
     fn warn(&self, reason: &str, action: &str, note: String) -> impl Future<Output = ()> + Send;
 }
 
 /// The outcome of each publication round, for whoever counts them (the daemon's metrics).
-pub trait PublishEvents: Send + Sync {
+pub trait PublishSink: Send + Sync {
     /// A round succeeded and left the pool as `report` says: slices written, devices and
     /// generation published, consumable capacity dropped by the server (the first time).
     fn round_published(&self, report: &SyncReport);
@@ -70,7 +70,7 @@ pub trait PublishEvents: Send + Sync {
 }
 
 /// The daemon's readiness, which the first successful round establishes.
-pub trait Readiness: Send + Sync {
+pub trait ReadinessSink: Send + Sync {
     /// A round succeeded: the node's devices are published.
     fn mark_ready(&self);
 }

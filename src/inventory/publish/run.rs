@@ -3,8 +3,8 @@
 //! or deleted behind our back, a PodNetwork or the Node's labels changed), debounced so a
 //! burst settles into one publication, retried with backoff when the API fails. It reaches
 //! the world through ports only: [`SliceApi`], [`InterfaceSource`] (the node's interfaces),
-//! [`NodeWarnings`] (Events on the Node), [`PublishEvents`] (what the metrics count) and
-//! [`Readiness`] (the daemon's `/readyz`).
+//! [`WarningSink`] (Events on the Node), [`PublishSink`] (what the metrics count) and
+//! [`ReadinessSink`] (the daemon's `/readyz`).
 //!
 //! While a sharing change is held ([`super::SharingHold`]: claims prepared on a shared
 //! device) the loop publishes again every [`HOLD_RECHECK`], which publishes the change once
@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::{
-    InterfaceSource, NodeWarnings, PublishEvents, Publisher, Readiness, SliceApi, SliceApiError,
+    InterfaceSource, PublishSink, Publisher, ReadinessSink, SliceApi, SliceApiError, WarningSink,
 };
 use crate::inventory::SharingMode;
 use crate::inventory::networks::NetworkInputs;
@@ -98,10 +98,10 @@ pub async fn run<A, I, W, E, P, R>(
 ) where
     A: SliceApi,
     I: InterfaceSource,
-    W: NodeWarnings,
+    W: WarningSink,
     E: Stream<Item = SliceEvent> + Unpin,
-    P: PublishEvents,
-    R: Readiness,
+    P: PublishSink,
+    R: ReadinessSink,
 {
     if !wait_for_networks(&mut triggers.networks, &mut triggers.stop).await {
         return;
@@ -239,7 +239,7 @@ fn slice_name(slice: &ResourceSlice) -> String {
 }
 
 /// One publication: discover, keep moved NICs, write, report.
-async fn publish_round<A: SliceApi, I: InterfaceSource, W: NodeWarnings, P: PublishEvents>(
+async fn publish_round<A: SliceApi, I: InterfaceSource, W: WarningSink, P: PublishSink>(
     publisher: &mut Publisher<A>,
     interfaces: &I,
     force: bool,

@@ -427,7 +427,7 @@ impl Prepared {
     }
 }
 
-impl PreparedDevices for Prepared {
+impl PreparedDeviceSource for Prepared {
     fn prepared_devices(&self) -> BTreeSet<String> {
         self.0.lock().unwrap().clone()
     }
