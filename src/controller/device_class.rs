@@ -46,7 +46,7 @@ pub fn device_class(network: &PodNetwork, driver: &str) -> DeviceClass {
             owner_references: owner.map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             selectors: Some(vec![DeviceSelector {
                 cel: Some(CELDeviceSelector { expression: selector_expression(driver, &name) }),
             }]),
@@ -61,7 +61,7 @@ pub fn device_class(network: &PodNetwork, driver: &str) -> DeviceClass {
                 }),
             }]),
             extended_resource_name: None,
-        },
+        }),
     }
 }
 
@@ -77,8 +77,17 @@ pub fn is_current(existing: &DeviceClass, desired: &DeviceClass) -> bool {
     });
     labels_match
         && owner_matches
-        && existing.spec.selectors == desired.spec.selectors
-        && existing.spec.config == desired.spec.config
+        && spec_of(existing).selectors == spec_of(desired).selectors
+        && spec_of(existing).config == spec_of(desired).config
+}
+
+/// A class's spec; `spec` is optional in the 1.37 API types (a class without one selects
+/// every device), so a missing one reads as the empty spec.
+fn spec_of(class: &DeviceClass) -> std::borrow::Cow<'_, DeviceClassSpec> {
+    class.spec.as_ref().map_or_else(
+        || std::borrow::Cow::Owned(DeviceClassSpec::default()),
+        std::borrow::Cow::Borrowed,
+    )
 }
 
 /// Whether `class` is the one the controller manages for `pod_network` (its label says so):
@@ -170,8 +179,11 @@ mod tests {
         };
         let published = crate::inventory::slices::api_device(&device, driver);
         let class = device_class(&network(), driver);
-        let expression =
-            &class.spec.selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
+        let expression = &class.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0]
+            .cel
+            .as_ref()
+            .unwrap()
+            .expression;
         kube_inmemory::allocator::selector::Selector::compile(expression)
             .unwrap()
             .matches(driver, &published)
@@ -194,7 +206,7 @@ mod tests {
         existing.metadata.resource_version = Some("7".into());
         assert!(is_current(&existing, &desired));
         assert!(is_managed_for(&existing, "medianet") && !is_managed_for(&existing, "other"));
-        existing.spec.selectors = None;
+        existing.spec.as_mut().unwrap().selectors = None;
         assert!(!is_current(&existing, &desired));
         let mut unlabelled = desired.clone();
         unlabelled.metadata.labels = None;

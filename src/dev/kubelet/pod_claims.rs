@@ -169,7 +169,8 @@ pub fn claim_from_template(
     entry: &str,
     template: &ResourceClaimTemplate,
 ) -> ResourceClaim {
-    let template_meta = template.spec.metadata.clone().unwrap_or_default();
+    let template_meta =
+        template.spec.as_ref().and_then(|spec| spec.metadata.clone()).unwrap_or_default();
     let mut annotations: BTreeMap<String, String> = template_meta.annotations.unwrap_or_default();
     annotations.insert(POD_CLAIM_NAME_ANNOTATION.to_owned(), entry.to_owned());
     ResourceClaim {
@@ -184,7 +185,7 @@ pub fn claim_from_template(
             owner_references: Some(vec![pod_owner_reference(pod)]),
             ..ObjectMeta::default()
         },
-        spec: template.spec.spec.clone(),
+        spec: template.spec.as_ref().and_then(|spec| spec.spec.clone()),
         status: None,
     }
 }
@@ -211,8 +212,10 @@ pub fn with_claim_status(
 /// `spec.extendedResourceName`, or `<class>` of `deviceclass.resource.kubernetes.io/<class>`.
 #[must_use]
 pub fn class_for_resource(resource: &str, classes: &[DeviceClass]) -> Option<String> {
-    let named =
-        classes.iter().find(|class| class.spec.extended_resource_name.as_deref() == Some(resource));
+    let named = classes.iter().find(|class| {
+        class.spec.as_ref().and_then(|spec| spec.extended_resource_name.as_deref())
+            == Some(resource)
+    });
     named.and_then(|class| class.metadata.name.clone()).or_else(|| {
         let class = resource.strip_prefix(IMPLICIT_EXTENDED_RESOURCE_PREFIX)?;
         classes.iter().any(|c| c.metadata.name.as_deref() == Some(class)).then(|| class.to_owned())
@@ -324,12 +327,12 @@ pub fn implicit_extended_resource_claim(
             owner_references: Some(vec![pod_owner_reference(pod)]),
             ..ObjectMeta::default()
         },
-        spec: ResourceClaimSpec {
+        spec: Some(ResourceClaimSpec {
             devices: Some(DeviceClaim {
                 requests: Some(requests.requests.clone()),
                 ..DeviceClaim::default()
             }),
-        },
+        }),
         status: None,
     }
 }
@@ -435,7 +438,7 @@ mod tests {
         assert_eq!(annotations[POD_CLAIM_NAME_ANNOTATION], "net");
         assert_eq!(annotations["note"], "x");
         assert_eq!(claim.metadata.labels.as_ref().unwrap()["app"], "web");
-        assert_eq!(claim.spec, template().spec.spec);
+        assert_eq!(claim.spec, template().spec.unwrap().spec);
         assert!(is_generated_for(&claim, &pod, "net"));
         assert!(!is_generated_for(&claim, &pod, "shared"));
         assert!(is_owned_by(&claim, "pod-uid-1"));
@@ -494,7 +497,8 @@ mod tests {
         let claim = implicit_extended_resource_claim(&pod, &found);
         assert_eq!(claim.metadata.generate_name.as_deref(), Some("web-1-extended-resources-"));
         assert!(is_extended_resource_claim_of(&claim, &pod));
-        assert!(claim.spec.devices.as_ref().unwrap().config.is_none(), "class config only");
+        let devices = claim.spec.as_ref().unwrap().devices.as_ref().unwrap();
+        assert!(devices.config.is_none(), "class config only");
         let status = extended_resource_claim_status("web-1-extended-resources-abcde", &found);
         assert_eq!(status.request_mappings.len(), 2);
     }

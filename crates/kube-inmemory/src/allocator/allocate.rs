@@ -524,7 +524,7 @@ fn alternative(
     let class_selectors = compile(
         &shape.name,
         &format!("DeviceClass {:?}", shape.class),
-        class.spec.selectors.as_ref(),
+        class.spec.as_ref().and_then(|spec| spec.selectors.as_ref()),
     )?;
     let request_selectors = compile(&shape.name, "request selector", shape.selectors)?;
     let count = match shape.mode.unwrap_or("ExactCount") {
@@ -651,7 +651,8 @@ fn allocation_config(
             }
             let class =
                 classes.iter().find(|c| c.metadata.name.as_deref() == Some(alt.class.as_str()));
-            for entry in class.and_then(|c| c.spec.config.as_ref()).into_iter().flatten() {
+            for entry in class.and_then(|c| c.spec.as_ref()?.config.as_ref()).into_iter().flatten()
+            {
                 config.push(DeviceAllocationConfiguration {
                     source: "FromClass".to_owned(),
                     requests: Some(vec![alt.name.clone()]),
@@ -677,7 +678,7 @@ pub fn allocate(
     claim: &ResourceClaim,
     new_share_id: &mut dyn FnMut() -> String,
 ) -> Result<AllocationResult, AllocationError> {
-    let devices = &claim.spec.devices;
+    let devices = claim.spec.as_ref().and_then(|spec| spec.devices.as_ref());
     let Some(devices) = devices else {
         return Ok(AllocationResult::default());
     };

@@ -204,7 +204,7 @@ fn claim_from_template(pod: &Pod, entry: &str, template: &ResourceClaimTemplate)
             uid: Some(format!("assumed:{pod_uid}:{entry}")),
             ..ObjectMeta::default()
         },
-        spec: template.spec.spec.clone(),
+        spec: template.spec.as_ref().and_then(|spec| spec.spec.clone()),
         status: None,
     }
 }

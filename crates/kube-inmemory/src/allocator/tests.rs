@@ -74,10 +74,10 @@ fn slice(name: &str, generation: i64, count: i64, devices: Vec<Device>) -> Resou
 fn class(name: &str, expressions: &[&str]) -> DeviceClass {
     DeviceClass {
         metadata: ObjectMeta { name: Some(name.to_owned()), ..ObjectMeta::default() },
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             selectors: Some(expressions.iter().map(|e| selector(e)).collect()),
             ..DeviceClassSpec::default()
-        },
+        }),
     }
 }
 
@@ -101,9 +101,9 @@ fn claim(uid: &str, requests: Vec<DeviceRequest>) -> ResourceClaim {
             uid: Some(uid.to_owned()),
             ..ObjectMeta::default()
         },
-        spec: ResourceClaimSpec {
+        spec: Some(ResourceClaimSpec {
             devices: Some(DeviceClaim { requests: Some(requests), ..DeviceClaim::default() }),
-        },
+        }),
         status: None,
     }
 }
@@ -407,14 +407,14 @@ fn class_config_comes_before_claim_config() {
         parameters: RawExtension(serde_json::json!({ "tag": tag })),
     };
     let mut cls = class("nics", &["true"]);
-    cls.spec.config = Some(vec![
+    cls.spec.as_mut().unwrap().config = Some(vec![
         DeviceClassConfiguration { opaque: Some(opaque("class-1")) },
         DeviceClassConfiguration { opaque: Some(opaque("class-2")) },
     ]);
     let mut world =
         World::new(vec![exclusive("a", "physical"), exclusive("b", "physical")], vec![cls]);
     let mut c = claim("c1", vec![request("one", exact("nics")), request("two", exact("nics"))]);
-    c.spec.devices.as_mut().unwrap().config = Some(vec![
+    c.spec.as_mut().unwrap().devices.as_mut().unwrap().config = Some(vec![
         DeviceClaimConfiguration {
             requests: Some(vec!["two".to_owned()]),
             opaque: Some(opaque("claim-two")),
