@@ -114,14 +114,14 @@ fn device<'a>(
     slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).find(|d| {
         d.attributes
             .as_ref()
-            .and_then(|a| a.get("netclaim.dev/ifName"))
+            .and_then(|a| a.get("ifName"))
             .and_then(|a| a.string.as_deref())
             == Some(if_name)
     })
 }
 
 fn mtu(slices: &[ResourceSlice], if_name: &str) -> Option<i64> {
-    device(slices, if_name)?.attributes.as_ref()?.get("netclaim.dev/mtu")?.int
+    device(slices, if_name)?.attributes.as_ref()?.get("mtu")?.int
 }
 
 fn generations(slices: &[ResourceSlice]) -> Vec<i64> {
