@@ -40,7 +40,10 @@ else
         # cores finish well before two guests one after the other would.
         # NETCLAIM_VM_SERIAL=1 boots them one after the other.
         kernels=(6.1 6.12)
-        timeout_s=${NETCLAIM_VM_TIMEOUT:-600}
+        # One guest runs every suite of its kernel: 6-10 min with both kernels at once on two
+        # cores (vmtests/README.md has the per-suite times). 900 s leaves room on a slow day;
+        # splitting the suites over more guests per kernel is the lasting fix.
+        timeout_s=${NETCLAIM_VM_TIMEOUT:-900}
         run_kernel() {
             local kernel=$1 rc
             NETCLAIM_VM_TIMEOUT=$timeout_s bash vmtests/run.sh "$kernel" \
