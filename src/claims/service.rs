@@ -306,7 +306,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             }
         }
         if !ready.is_empty() {
-            let to_commit: Vec<ReadyClaim> = ready.iter().map(StagedClaim::ready).collect();
+            let to_commit: Vec<ReadyClaim> = ready.iter_mut().map(StagedClaim::ready).collect();
             let state = Arc::clone(&self.state);
             let store = self.store.clone();
             let metadata = self.metadata.clone();

@@ -34,6 +34,10 @@ pub(super) struct StagedClaim<'s, R, D, S: ClaimStore> {
     reservations: Vec<ipam::OwnedBlock>,
     /// Whether anything is still held.
     armed: bool,
+    /// Handed to the call's commit, which runs on a blocking thread and may record the claim
+    /// even when the call's future is dropped meanwhile: then nothing may be given back in
+    /// memory, or the recorded leases would be handed out again.
+    committing: bool,
 }
 
 impl<'s, R: ClaimSource, D: DeviceSource, S: ClaimStore> StagedClaim<'s, R, D, S> {
@@ -52,6 +56,7 @@ impl<'s, R: ClaimSource, D: DeviceSource, S: ClaimStore> StagedClaim<'s, R, D, S
             new_leases,
             reservations: Vec::new(),
             armed: true,
+            committing: false,
         }
     }
 
@@ -70,8 +75,10 @@ impl<'s, R: ClaimSource, D: DeviceSource, S: ClaimStore> StagedClaim<'s, R, D, S
         self.reservations.extend(created);
     }
 
-    /// What the call's commit needs of this claim.
-    pub(super) fn ready(&self) -> ReadyClaim {
+    /// What the call's commit needs of this claim; from now on a drop gives nothing back
+    /// (the commit may record the claim), only [`Self::undo`] after a failed commit does.
+    pub(super) fn ready(&mut self) -> ReadyClaim {
+        self.committing = true;
         ReadyClaim {
             claim: self.claim.clone(),
             prepared: self.prepared.clone(),
@@ -120,7 +127,17 @@ impl<R, D, S: ClaimStore> StagedClaim<'_, R, D, S> {
 
 impl<R, D, S: ClaimStore> Drop for StagedClaim<'_, R, D, S> {
     fn drop(&mut self) {
-        if !self.armed || !self.release_in_memory() {
+        if !self.armed {
+            return;
+        }
+        if self.committing {
+            // The commit may still record the claim: its addresses stay held (in memory
+            // until the daemon restarts, which releases leases without a recorded claim).
+            tracing::warn!(claim = %self.claim,
+                "prepare abandoned during its commit: its addresses stay held until the claim is recorded or the daemon restarts");
+            return;
+        }
+        if !self.release_in_memory() {
             return;
         }
         let vfs = self.prepared.devices.iter().filter(|d| d.vf.is_some()).count();

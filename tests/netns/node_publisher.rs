@@ -112,10 +112,7 @@ fn device<'a>(
     if_name: &str,
 ) -> Option<&'a k8s_openapi::api::resource::v1::Device> {
     slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).find(|d| {
-        d.attributes
-            .as_ref()
-            .and_then(|a| a.get("ifName"))
-            .and_then(|a| a.string.as_deref())
+        d.attributes.as_ref().and_then(|a| a.get("ifName")).and_then(|a| a.string.as_deref())
             == Some(if_name)
     })
 }
