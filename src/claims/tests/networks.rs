@@ -114,6 +114,7 @@ pub(super) fn medianet(extra: Value) -> PodNetwork {
             "subnets": ["10.10.0.0/16", "fd00:10::/64"],
             "gateways": ["10.10.0.1"],
             "exclude": ["10.10.0.0/24"],
+            "staticRanges": ["10.10.0.0/24"],
             "blockSize": {"ipv4": 26, "ipv6": 120}
         }
     });
@@ -334,12 +335,12 @@ async fn a_static_address_is_reserved_cluster_wide_and_a_second_node_is_refused(
         "reservation deleted at unprepare"
     );
     world.prepare(&b, "node-b", "db-b", own).await.unwrap();
-    // Outside the network's exclude: refused before any API call.
+    // Outside the network's staticRanges: refused before any API call.
     let err = world
         .prepare(&b, "node-b", "db-c", json!({"ipam": {"addresses": ["10.10.5.5/16"]}}))
         .await
         .unwrap_err();
-    assert!(err.contains("ipam.addresses[0]") && err.contains("ipam.exclude"), "{err}");
+    assert!(err.contains("ipam.addresses[0]") && err.contains("ipam.staticRanges"), "{err}");
 }
 
 #[tokio::test]
