@@ -247,9 +247,8 @@ fn open_checked(path: &Path) -> Result<Option<File>, SafeFileError> {
         }
         Err(source) => return Err(SafeFileError::Open { path: path.to_owned(), source }),
     };
-    let stat = file
-        .metadata()
-        .map_err(|source| SafeFileError::Open { path: path.to_owned(), source })?;
+    let stat =
+        file.metadata().map_err(|source| SafeFileError::Open { path: path.to_owned(), source })?;
     let seen = Seen { regular: stat.is_file(), owner: stat.uid(), links: stat.nlink() };
     seen.check(path, nix::unistd::geteuid().as_raw())?;
     Ok(Some(file))
