@@ -12,7 +12,8 @@
 //! - [`kubeconfig`]: a kubeconfig that points clients (kubectl, kube-rs) at the server.
 //!
 //! Loopback only: the server authenticates bearer tokens (optionally one per user, recorded
-//! in an opt-in request log) but authorises nothing.
+//! in an opt-in request log, and ServiceAccount tokens it issues) but authorises no request;
+//! its RBAC policy answers SubjectAccessReviews, for servers that delegate to it.
 
 // Dependencies that nothing imports are caught here (the lint misfires in test crates).
 #![cfg_attr(not(test), warn(unused_crate_dependencies))]

@@ -17,11 +17,15 @@
 //! `openAPIV3Schema` and `x-kubernetes-validations` with the real server's causes; deleting
 //! a definition deletes its objects. See the `crd` module for what differs from upstream.
 //!
-//! Callers and who they are: an optional bearer token, tokens per user name, and
-//! [`request_log`], which records each request's user and authorization attributes (for a
-//! test that checks RBAC rules against what clients really ask for).
+//! Callers and who they are: an optional bearer token, tokens per user name, ServiceAccount
+//! tokens issued through TokenRequest, and [`request_log`], which records each request's user
+//! and authorization attributes (for a test that checks RBAC rules against what clients
+//! really ask for). Servers that delegate to this one ask it through TokenReview and
+//! SubjectAccessReview, the latter answered from the stored Roles, ClusterRoles and bindings
+//! by Kubernetes' RBAC rules (`reviews`, `rbac`).
 //!
-//! Known gaps: no authorisation (an authenticated caller may do everything); no admission (namespaces need not
+//! Known gaps: requests themselves are not authorised (an authenticated caller may do
+//! everything: RBAC answers SubjectAccessReviews only); no admission (namespaces need not
 //! exist); no garbage collection of owned objects and no cascading namespace deletion;
 //! strategic-merge-patch merge keys come from the server-side apply list table (a subset
 //! of the built-in schemas); list pages and `resourceVersionMatch=Exact` are served from
@@ -37,9 +41,11 @@ pub mod error;
 mod fieldset;
 mod objects;
 pub mod peer;
+mod rbac;
 pub mod request_log;
 mod resources;
 mod rest;
+mod reviews;
 mod selectors;
 mod store;
 mod strategic;
@@ -53,6 +59,7 @@ mod watch;
 /// The Kubernetes CEL IP, CIDR and list libraries (`isIP`, `isCIDR`, `cidr()`, …) the CRD
 /// rules use, to declare on a `cel::Env` (`env.add_extension(cel_network_library)`).
 pub use crd::netlib::extension as cel_network_library;
+pub use reviews::DEFAULT_AUDIENCE;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -160,6 +167,8 @@ pub(crate) struct Shared {
     addr: SocketAddr,
     shutdown: tokio::sync::watch::Receiver<bool>,
     active_watches: Arc<AtomicUsize>,
+    /// ServiceAccount tokens issued by TokenRequest.
+    tokens: reviews::IssuedTokens,
 }
 
 /// A running server (from [`start`]).
@@ -228,6 +237,7 @@ async fn bind_and_serve(
         bytes: options.watch_history_bytes,
     });
     store.transact(false, objects::create_initial_namespaces).map_err(ApiServerError::Init)?;
+    store.transact(false, rbac::create_bootstrap_policy).map_err(ApiServerError::Init)?;
     let shared = Arc::new(Shared {
         store: Arc::new(store),
         options,
@@ -235,6 +245,7 @@ async fn bind_and_serve(
         addr,
         shutdown: stop_rx,
         active_watches: Arc::new(AtomicUsize::new(0)),
+        tokens: reviews::IssuedTokens::default(),
     });
     let active_watches = shared.active_watches.clone();
     let app = axum::Router::new().fallback(handle).with_state(shared);
@@ -283,11 +294,11 @@ fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Re
 /// cross-site requests, kubectl and client libraries never do). Returns the caller's user
 /// name.
 fn check_caller(
-    options: &ServerOptions,
+    shared: &Shared,
     headers: &axum::http::HeaderMap,
     client: SocketAddr,
-    server: SocketAddr,
 ) -> Result<String, ApiError> {
+    let (options, server) = (&shared.options, shared.addr);
     if let Some(origin) = headers.get(header::ORIGIN) {
         return Err(ApiError::with(
             403,
@@ -309,8 +320,12 @@ fn check_caller(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if let Some(user) = presented.and_then(|token| options.user_tokens.get(token)) {
-        return Ok(user.clone());
+    // Static user tokens and the ServiceAccount tokens issued here (the admin token below).
+    if let Some(user) = presented
+        .filter(|token| options.bearer_token.as_deref() != Some(*token))
+        .and_then(|token| reviews::authenticate(shared, token))
+    {
+        return Ok(user.name);
     }
     if options.bearer_token.is_none() && !options.same_user && options.user_tokens.is_empty() {
         return Ok(ANONYMOUS_USER.to_owned());
@@ -357,7 +372,7 @@ async fn handle(
         };
         (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
     };
-    let caller = check_caller(&shared.options, req.headers(), client, shared.addr);
+    let caller = check_caller(&shared, req.headers(), client);
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
     let log = |user: &str, code: u16| {

@@ -12,6 +12,7 @@ use super::discovery;
 use super::error::ApiError;
 use super::objects::{self, DeleteOptions, WriteContext, Written};
 use super::resources::ResourceInfo;
+use super::reviews;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::strategic;
 use super::table;
@@ -119,6 +120,17 @@ pub(crate) fn handle(shared: &Shared, req: &ApiRequest<'_>) -> Result<ApiRespons
             .with_registry(|r| discovery::openapi_group_version(r, &rest.join("/")))
             .map(ok)
             .ok_or_else(|| ApiError::no_route(req.path)),
+        ["apis", "authentication.k8s.io", "v1", "tokenreviews"] if req.method == "POST" => {
+            reviews::token_review(shared, req)
+        }
+        ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"] if req.method == "POST" => {
+            reviews::subject_access_review(shared, req)
+        }
+        ["api", "v1", "namespaces", namespace, "serviceaccounts", name, "token"]
+            if req.method == "POST" =>
+        {
+            reviews::token_request(shared, req, namespace, name)
+        }
         ["api", version, rest @ ..] => {
             resource_request(shared, req, &parse_target(shared, "", version, rest, req.path)?)
         }

@@ -7,8 +7,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event as EventsEvent;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -58,6 +59,11 @@ fn typed_form(resource: &ResourceInfo, v: &Value) -> Option<Result<Value, String
         ("", "Event") => roundtrip::<Event>(v),
         ("events.k8s.io", "Event") => roundtrip::<EventsEvent>(v),
         ("coordination.k8s.io", "Lease") => roundtrip::<Lease>(v),
+        ("", "ServiceAccount") => roundtrip::<ServiceAccount>(v),
+        ("rbac.authorization.k8s.io", "Role") => roundtrip::<Role>(v),
+        ("rbac.authorization.k8s.io", "RoleBinding") => roundtrip::<RoleBinding>(v),
+        ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<ClusterRole>(v),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => roundtrip::<ClusterRoleBinding>(v),
         ("resource.k8s.io", "ResourceSlice") => roundtrip::<ResourceSlice>(v),
         ("resource.k8s.io", "DeviceClass") => roundtrip::<DeviceClass>(v),
         ("resource.k8s.io", "ResourceClaim") => roundtrip::<ResourceClaim>(v),

@@ -13,9 +13,21 @@ pub(super) fn validate_metadata(resource: &ResourceInfo, obj: &Value, errs: &mut
     if name.is_empty() {
         errs.push(FieldError::required("metadata.name", "name or generateName is required"));
     } else {
-        let ok =
-            if resource.kind == "Namespace" { is_dns_label(name) } else { is_dns_subdomain(name) };
-        if !ok {
+        let rbac = resource.group == "rbac.authorization.k8s.io";
+        let ok = if resource.kind == "Namespace" {
+            is_dns_label(name)
+        } else if rbac {
+            // RBAC objects only need a valid path segment (`system:auth-delegator`).
+            !matches!(name, "." | "..") && !name.contains(['/', '%'])
+        } else {
+            is_dns_subdomain(name)
+        };
+        if !ok && rbac {
+            errs.push(FieldError::invalid(
+                "metadata.name",
+                format!("{name:?}: may not be '.' or '..' and may not contain '/' or '%'"),
+            ));
+        } else if !ok {
             errs.push(FieldError::invalid(
                 "metadata.name",
                 format!("{name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
