@@ -67,6 +67,7 @@ pub fn config(
     Ok(ControllerConfig {
         driver_name: args.driver_name.clone(),
         metrics_address: Some(args.metrics_address),
+        metrics_security: args.metrics_security.security(&["netclaim-controller"]),
         block_release_grace: args.block_release_grace,
         leader_election,
         gc_interval: args.gc_interval,
@@ -108,6 +109,7 @@ pub fn run(args: &ControllerArgs) -> Result<(), ControllerCommandError> {
 mod tests {
     use super::*;
     use crate::cli::{Command, Parsed, parse};
+    use crate::metrics::MetricsSecurity;
 
     fn args(argv: &[&str]) -> ControllerArgs {
         let Parsed::Run(cli) = parse(["netclaim", "controller"].iter().chain(argv)) else {
@@ -128,7 +130,8 @@ mod tests {
     fn defaults_follow_the_design() {
         let args = args(&[]);
         assert_eq!(args.driver_name, "netclaim.dev");
-        assert_eq!(args.metrics_address.to_string(), "0.0.0.0:9179");
+        assert_eq!(args.metrics_address.to_string(), "127.0.0.1:9179");
+        assert_eq!(config(&args, None).expect("valid").metrics_security, MetricsSecurity::Plain);
         assert_eq!(args.block_release_grace, std::time::Duration::from_mins(10));
         assert!(args.leader_election);
         let config = config(&args, None).expect("valid");

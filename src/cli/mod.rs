@@ -7,6 +7,7 @@ pub mod controller;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod inventory;
+pub mod metrics;
 pub mod node;
 pub mod status;
 
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use self::metrics::MetricsSecurityArgs;
 use crate::inventory::naming;
 use crate::model::names::DEFAULT_DRIVER_NAME;
 
@@ -141,9 +143,29 @@ pub struct NodeArgs {
     #[arg(long, env = "NETCLAIM_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "NETCLAIM_METRICS_ADDRESS", default_value = "0.0.0.0:9178")]
+    /// Address of /metrics, /healthz and /readyz (loopback by default: /metrics names pods
+    /// and their traffic; see --metrics-secure).
+    #[arg(long, env = "NETCLAIM_METRICS_ADDRESS", default_value = "127.0.0.1:9178")]
     pub metrics_address: std::net::SocketAddr,
+
+    /// How /metrics is protected.
+    #[command(flatten)]
+    pub metrics_security: MetricsSecurityArgs,
+
+    /// Label the pod interface series (`netclaim_interface_*`) with the pod's namespace,
+    /// name and claim; `false` sums them per interface name, for clusters that export no
+    /// per-pod data.
+    #[arg(
+        long,
+        env = "NETCLAIM_METRICS_POD_LABELS",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub metrics_pod_labels: bool,
 
     /// Root of the sysfs tree to read.
     #[arg(long, env = "NETCLAIM_SYSFS_ROOT", default_value = "/sys", hide = true)]
@@ -212,9 +234,14 @@ pub struct ControllerArgs {
     #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
     pub driver_name: String,
 
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "NETCLAIM_METRICS_ADDRESS", default_value = "0.0.0.0:9179")]
+    /// Address of /metrics, /healthz and /readyz (loopback by default; see
+    /// --metrics-secure).
+    #[arg(long, env = "NETCLAIM_METRICS_ADDRESS", default_value = "127.0.0.1:9179")]
     pub metrics_address: std::net::SocketAddr,
+
+    /// How /metrics is protected.
+    #[command(flatten)]
+    pub metrics_security: MetricsSecurityArgs,
 
     /// How long an empty IPBlock is kept (nodes), and how long a static reservation whose
     /// claim is gone is kept before the controller collects it (`10m`, `600s`).

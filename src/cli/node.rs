@@ -67,12 +67,14 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         SharingMode::Capacity,
     )?;
     let config = NodeConfig {
-        node_name,
+        node_name: node_name.clone(),
         driver_name: args.driver_name.clone(),
         kubeconfig: args.kubeconfig.clone(),
         selection,
         sharing,
         metrics_address: args.metrics_address,
+        metrics_security: args.metrics_security.security(&[&node_name]),
+        metrics_pod_labels: args.metrics_pod_labels,
         sysfs_root: args.sysfs_root.clone(),
         state_dir: args.state_dir.clone(),
         kubelet_registry_dir: args.kubelet_registry_dir.clone(),
@@ -148,5 +150,36 @@ mod tests {
 
         // The defaults fit.
         node_config(&[]).unwrap();
+    }
+
+    #[test]
+    fn metrics_are_plain_on_loopback_unless_the_secure_mode_is_asked_for() {
+        use crate::metrics::MetricsSecurity;
+        use crate::metrics::tls::TlsSource;
+
+        let config = node_config(&[]).unwrap();
+        assert_eq!(config.metrics_address.to_string(), "127.0.0.1:9178");
+        assert_eq!(config.metrics_security, MetricsSecurity::Plain);
+        assert!(config.metrics_pod_labels);
+
+        let config = node_config(&["--metrics-secure", "--metrics-address=0.0.0.0:9178"]).unwrap();
+        let MetricsSecurity::Secure(TlsSource::SelfSigned { names }) = config.metrics_security
+        else {
+            panic!("a self-signed certificate: {:?}", config.metrics_security)
+        };
+        assert!(names.contains(&"node-a".to_owned()), "{names:?}");
+        let files =
+            ["--metrics-secure=true", "--metrics-tls-cert-file=/c", "--metrics-tls-key-file=/k"];
+        assert_eq!(
+            node_config(&files).unwrap().metrics_security,
+            MetricsSecurity::Secure(TlsSource::Files { cert: "/c".into(), key: "/k".into() })
+        );
+        assert!(!node_config(&["--metrics-pod-labels=false"]).unwrap().metrics_pod_labels);
+        // A certificate without its key, or without the secure mode, is a usage error.
+        for partial in [&["--metrics-secure", "--metrics-tls-cert-file=/c"][..], &files[1..]] {
+            let args = ["netclaim", "node", "--node-name", "node-a"].iter().chain(partial);
+            let parsed = crate::cli::parse(args);
+            assert!(matches!(parsed, crate::cli::Parsed::Invalid(_)), "{partial:?}: {parsed:?}");
+        }
     }
 }

@@ -62,6 +62,8 @@ pub struct ControllerConfig {
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None`: not served (the dev
     /// cluster runs the controller in-process).
     pub metrics_address: Option<SocketAddr>,
+    /// `--metrics-secure` and its certificate.
+    pub metrics_security: crate::metrics::MetricsSecurity,
     /// How long a static reservation whose claim is gone stays before the sweep deletes it
     /// (see [`gc`]).
     pub block_release_grace: Duration,
@@ -78,6 +80,7 @@ impl ControllerConfig {
         Self {
             driver_name: driver_name.to_owned(),
             metrics_address: None,
+            metrics_security: crate::metrics::MetricsSecurity::Plain,
             block_release_grace: DEFAULT_BLOCK_RELEASE_GRACE,
             leader_election: None,
             gc_interval: DEFAULT_GC_INTERVAL,
@@ -117,8 +120,10 @@ pub async fn run_with_metrics(
     let metrics_task = match config.metrics_address {
         Some(address) => {
             let mut stop = stop_rx.clone();
-            let (bound, task) = crate::metrics::serve(
+            let (bound, task) = crate::metrics::serve_with(
                 address,
+                &config.metrics_security,
+                || Some(crate::k8s::access_review::KubeAccessReview::new(clients.unary.clone())),
                 Arc::clone(&metrics),
                 Arc::clone(&health),
                 async move {

@@ -261,6 +261,8 @@ impl Cluster {
             selection: options.selection.clone(),
             sharing: options.sharing,
             metrics_address: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_security: crate::metrics::MetricsSecurity::Plain,
+            metrics_pod_labels: true,
             sysfs_root: PathBuf::from("/sys"),
             state_dir: run_dir.join("state"),
             kubelet_registry_dir: kubelet_dir.join("plugins_registry"),

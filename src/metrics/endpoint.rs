@@ -2,6 +2,13 @@
 //! `/metrics` (the process's registry in the Prometheus text format), `/healthz` (live while
 //! it serves) and `/readyz` (its [`Health`]). Each process gives [`serve`] its own registry
 //! and readiness; the answers are the same for both.
+//!
+//! Two ways to serve ([`MetricsSecurity`], decision 0018): plain HTTP, for a loopback
+//! address; or HTTPS where `/metrics` answers only a bearer token the API server
+//! authenticates (TokenReview) for a user it lets `get /metrics` (SubjectAccessReview), see
+//! [`super::access`]. `/healthz` and `/readyz` stay open in both: kubelet's HTTP probes
+//! send no credentials (they cannot be given a token), and they tell nothing but up or down
+//! and, when not ready, why.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,12 +16,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
+use super::access::{Access, AccessReviewer, DelegatedAccess, Gate};
+use super::tls::{TlsError, TlsListener, TlsSource, serving_certificate};
 use crate::inventory::publish::ReadinessSink;
+
+/// How `/metrics` is protected.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MetricsSecurity {
+    /// Plain HTTP, anyone who reaches the address reads everything: for loopback.
+    #[default]
+    Plain,
+    /// HTTPS with this certificate; `/metrics` only for scrapers the API server allows.
+    Secure(TlsSource),
+}
 
 /// The metric families a process serves on `/metrics`.
 pub trait MetricsRegistry: Send + Sync + 'static {
@@ -109,52 +128,165 @@ impl ReadinessSink for Health {
 
 /// A failure to serve the metrics endpoint.
 #[derive(Debug, thiserror::Error)]
-#[error("metrics endpoint on {address}: {source}")]
-pub struct MetricsServerError {
-    /// The address.
-    pub address: SocketAddr,
-    /// The I/O error.
-    #[source]
-    pub source: std::io::Error,
+pub enum MetricsServerError {
+    /// The address could not be bound.
+    #[error("metrics endpoint on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The secure mode has no serving certificate.
+    #[error("metrics endpoint on {address}: {source}")]
+    Tls {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        #[source]
+        source: TlsError,
+    },
 }
 
 #[derive(Clone)]
 struct Endpoint {
     metrics: Arc<dyn MetricsRegistry>,
     health: Arc<Health>,
+    /// `None`: plain, `/metrics` open to whoever connects.
+    gate: Option<Arc<dyn Gate>>,
 }
 
+/// The serving task of the endpoint.
+pub type EndpointTask = tokio::task::JoinHandle<()>;
+
 /// Binds `address` and serves `/metrics` (from `metrics`), `/healthz` and `/readyz` (from
-/// `health`) until `shutdown` resolves. Returns the bound address (port 0 picks a free one)
-/// and the serving task.
+/// `health`) over plain HTTP until `shutdown` resolves. Returns the bound address (port 0
+/// picks a free one) and the serving task.
 pub async fn serve(
     address: SocketAddr,
     metrics: Arc<impl MetricsRegistry>,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsServerError> {
+) -> Result<(SocketAddr, EndpointTask), MetricsServerError> {
+    serve_with::<NoReviews>(address, &MetricsSecurity::Plain, || None, metrics, health, shutdown)
+        .await
+}
+
+/// [`serve`] as `security` says: in the secure mode over HTTPS, `/metrics` answering only
+/// the scrapers `reviewer` (called once, only in that mode) lets in.
+pub async fn serve_with<R: AccessReviewer>(
+    address: SocketAddr,
+    security: &MetricsSecurity,
+    reviewer: impl FnOnce() -> Option<R>,
+    metrics: Arc<impl MetricsRegistry>,
+    health: Arc<Health>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, EndpointTask), MetricsServerError> {
+    let tls = match security {
+        MetricsSecurity::Plain => None,
+        MetricsSecurity::Secure(source) => Some(
+            serving_certificate(source)
+                .map_err(|source| MetricsServerError::Tls { address, source })?,
+        ),
+    };
     let listener = tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|source| MetricsServerError { address, source })?;
-    let bound = listener.local_addr().map_err(|source| MetricsServerError { address, source })?;
+        .map_err(|source| MetricsServerError::Bind { address, source })?;
+    let bound =
+        listener.local_addr().map_err(|source| MetricsServerError::Bind { address, source })?;
+    let gate = match (&tls, reviewer()) {
+        (Some(_), Some(reviewer)) => {
+            Some(Arc::new(DelegatedAccess::new(reviewer)) as Arc<dyn Gate>)
+        }
+        // Secure without a reviewer: nobody can be let in (fail closed).
+        (Some(_), None) => Some(Arc::new(DelegatedAccess::new(NoReviews)) as Arc<dyn Gate>),
+        (None, _) => None,
+    };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz_handler))
-        .with_state(Endpoint { metrics, health });
-    let task = tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-            tracing::error!(%err, "metrics endpoint stopped");
+        .with_state(Endpoint { metrics, health, gate });
+    let task = match tls {
+        None => tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                tracing::error!(%err, "metrics endpoint stopped");
+            }
+        }),
+        Some(certificate) => {
+            tracing::info!(
+                address = %bound,
+                fingerprint = %certificate.fingerprint,
+                "metrics endpoint: HTTPS, /metrics for scrapers the API server allows \
+                 (TokenReview, SubjectAccessReview); certificate SHA-256 fingerprint"
+            );
+            let listener = TlsListener::new(listener, certificate.config)
+                .map_err(|source| MetricsServerError::Bind { address, source })?;
+            tokio::spawn(async move {
+                if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+                {
+                    tracing::error!(%err, "metrics endpoint stopped");
+                }
+            })
         }
-    });
+    };
     Ok((bound, task))
 }
 
-async fn metrics_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {
+/// The reviewer of the plain mode (never called) and of a secure mode without an API
+/// client: it knows no token.
+struct NoReviews;
+
+impl AccessReviewer for NoReviews {
+    async fn authenticate(
+        &self,
+        _token: &str,
+    ) -> Result<Option<super::access::UserInfo>, super::access::ReviewError> {
+        Ok(None)
+    }
+
+    async fn authorize(
+        &self,
+        _user: &super::access::UserInfo,
+        _verb: &str,
+        _path: &str,
+    ) -> Result<bool, super::access::ReviewError> {
+        Ok(false)
+    }
+}
+
+async fn metrics_handler(State(endpoint): State<Endpoint>, headers: HeaderMap) -> Response {
+    if let Some(gate) = &endpoint.gate {
+        let authorization =
+            headers.get(header::AUTHORIZATION).and_then(|value| value.to_str().ok());
+        match gate.check(authorization, "/metrics").await {
+            Access::Allowed => {}
+            Access::Unauthenticated => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                    "Unauthorized: a bearer token the API server knows is required\n",
+                )
+                    .into_response();
+            }
+            Access::Forbidden(why) => {
+                return (StatusCode::FORBIDDEN, format!("Forbidden: {why}\n")).into_response();
+            }
+            Access::Unavailable(why) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the scraper's token could not be reviewed: {why}\n"),
+                )
+                    .into_response();
+            }
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         encode(endpoint.metrics.registry()),
     )
+        .into_response()
 }
 
 async fn readyz_handler(State(endpoint): State<Endpoint>) -> impl IntoResponse {

@@ -2,6 +2,7 @@
 //! NRI handler, IPAM and the stats service count, and the publisher's rounds as reported
 //! through its port ([`PublishSink`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 
@@ -59,6 +60,13 @@ pub struct IpamLabels {
     pub state: &'static str,
 }
 
+/// Label set `{pod_network}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodNetworkLabel {
+    /// The `PodNetwork`.
+    pub pod_network: String,
+}
+
 /// A histogram family whose members share the attach buckets.
 pub type DurationFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -100,6 +108,9 @@ pub struct Metrics {
     pub nri_events: Family<NriEventLabels, Counter>,
     /// `netclaim_ipam_addresses{pool,state}`.
     pub ipam_addresses: Family<IpamLabels, Gauge>,
+    /// `netclaim_ipblocks_lost_total{pod_network}`: this node's IPBlocks deleted or changed
+    /// under it (decision 0017).
+    pub ipblocks_lost: Family<PodNetworkLabel, Counter>,
     /// `netclaim_interface_{rx,tx}_{bytes,packets,dropped}_total` and
     /// `netclaim_interface_protocol_packets_total`, from the last collection.
     pub interface_traffic: Arc<InterfaceTraffic>,
@@ -112,9 +123,16 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Creates and registers every family.
+    /// Creates and registers every family, the pod interface series with their pod's labels.
     #[must_use]
     pub fn new() -> Self {
+        Self::with_pod_labels(true)
+    }
+
+    /// [`Metrics::new`]; `pod_labels` false sums the pod interface series per interface name
+    /// (`--metrics-pod-labels=false`).
+    #[must_use]
+    pub fn with_pod_labels(pod_labels: bool) -> Self {
         let mut registry = Registry::with_prefix("netclaim");
         let devices_published = Gauge::default();
         registry.register(
@@ -184,13 +202,19 @@ impl Metrics {
         );
         let nri_events = Family::<NriEventLabels, Counter>::default();
         registry.register("nri_events", "NRI events handled, by outcome", nri_events.clone());
+        let ipblocks_lost = Family::<PodNetworkLabel, Counter>::default();
+        registry.register(
+            "ipblocks_lost",
+            "IPBlocks of this node deleted or changed under it (their addresses may be in use twice)",
+            ipblocks_lost.clone(),
+        );
         let ipam_addresses = Family::<IpamLabels, Gauge>::default();
         registry.register(
             "ipam_addresses",
             "Addresses of node-local pools by state",
             ipam_addresses.clone(),
         );
-        let interface_traffic = Arc::new(InterfaceTraffic::default());
+        let interface_traffic = Arc::new(InterfaceTraffic::new(pod_labels));
         registry.register_collector(Box::new(Arc::clone(&interface_traffic)));
         Self {
             registry,
@@ -207,6 +231,7 @@ impl Metrics {
             detach_duration,
             nri_events,
             ipam_addresses,
+            ipblocks_lost,
             interface_traffic,
         }
     }
@@ -270,33 +295,126 @@ pub struct InterfaceLabels {
     pub interface: String,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProtocolLabels {
-    namespace: String,
-    pod: String,
-    claim: String,
-    interface: String,
-    direction: &'static str,
-    protocol: &'static str,
-}
-
 /// Per-interface traffic counters as last collected: a collector encoded at each scrape, so
 /// the series of an interface that went disappear with it (the snapshot is replaced whole).
-#[derive(Debug, Default)]
+///
+/// Without pod labels (`--metrics-pod-labels=false`) the series are summed per interface
+/// name. A sum must not go down when a pod leaves (Prometheus would read a counter reset and
+/// count the remaining total again), so the last counters of every interface that left, or
+/// whose counters restarted, are kept per name and added in.
+#[derive(Debug)]
 pub struct InterfaceTraffic {
     samples: std::sync::RwLock<Vec<(InterfaceLabels, InterfaceStats)>>,
+    pod_labels: bool,
+    /// Per interface name: the counters of interfaces gone (kept only without pod labels).
+    /// One entry per name ever used on the node.
+    departed: std::sync::Mutex<BTreeMap<String, InterfaceStats>>,
 }
 
+impl Default for InterfaceTraffic {
+    fn default() -> Self {
+        Self::new(true)
+    }
+}
+
+/// Every counter of `stats`, in one order.
+fn counters(stats: &InterfaceStats) -> [u64; 14] {
+    let (rx, tx) = (&stats.rx, &stats.tx);
+    [
+        rx.bytes,
+        rx.packets,
+        rx.tcp,
+        rx.udp,
+        rx.icmp,
+        rx.other,
+        tx.bytes,
+        tx.packets,
+        tx.tcp,
+        tx.udp,
+        tx.icmp,
+        tx.other,
+        stats.rx_dropped,
+        stats.tx_dropped,
+    ]
+}
+
+/// `into += stats`, counter by counter.
+fn add(into: &mut InterfaceStats, stats: &InterfaceStats) {
+    for (total, part) in [(&mut into.rx, &stats.rx), (&mut into.tx, &stats.tx)] {
+        total.bytes = total.bytes.saturating_add(part.bytes);
+        total.packets = total.packets.saturating_add(part.packets);
+        total.tcp = total.tcp.saturating_add(part.tcp);
+        total.udp = total.udp.saturating_add(part.udp);
+        total.icmp = total.icmp.saturating_add(part.icmp);
+        total.other = total.other.saturating_add(part.other);
+    }
+    into.rx_dropped = into.rx_dropped.saturating_add(stats.rx_dropped);
+    into.tx_dropped = into.tx_dropped.saturating_add(stats.tx_dropped);
+}
+
+type LabelPairs = Vec<(&'static str, String)>;
+
 impl InterfaceTraffic {
-    /// Replaces the snapshot.
-    pub fn replace(&self, samples: Vec<(InterfaceLabels, InterfaceStats)>) {
-        *self.samples.write().unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
+    /// An empty snapshot; `pod_labels` false sums the series per interface name.
+    #[must_use]
+    pub fn new(pod_labels: bool) -> Self {
+        Self {
+            samples: std::sync::RwLock::default(),
+            pod_labels,
+            departed: std::sync::Mutex::default(),
+        }
     }
 
-    /// The snapshot as last replaced (`netclaim status` shows it per interface).
+    /// Replaces the snapshot.
+    pub fn replace(&self, samples: Vec<(InterfaceLabels, InterfaceStats)>) {
+        let mut current = self.samples.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !self.pod_labels {
+            let mut departed =
+                self.departed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (labels, old) in current.iter() {
+                let continues = samples.iter().any(|(now_labels, now)| {
+                    now_labels == labels
+                        && counters(now).iter().zip(counters(old)).all(|(now, old)| *now >= old)
+                });
+                if !continues {
+                    add(departed.entry(labels.interface.clone()).or_default(), old);
+                }
+            }
+        }
+        *current = samples;
+    }
+
+    /// The snapshot as last replaced, with every label (`netclaim status` shows it per
+    /// interface, whatever the flag says of the metrics).
     #[must_use]
     pub fn snapshot(&self) -> Vec<(InterfaceLabels, InterfaceStats)> {
         self.samples.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The series to encode: one per interface with pod labels, else one per interface
+    /// name (departed interfaces included).
+    fn series(&self) -> Vec<(LabelPairs, InterfaceStats)> {
+        let samples = self.samples.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.pod_labels {
+            return samples
+                .iter()
+                .map(|(l, stats)| {
+                    let labels = vec![
+                        ("namespace", l.namespace.clone()),
+                        ("pod", l.pod.clone()),
+                        ("claim", l.claim.clone()),
+                        ("interface", l.interface.clone()),
+                    ];
+                    (labels, stats.clone())
+                })
+                .collect();
+        }
+        let mut sums =
+            self.departed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for (labels, stats) in samples.iter() {
+            add(sums.entry(labels.interface.clone()).or_default(), stats);
+        }
+        sums.into_iter().map(|(interface, stats)| (vec![("interface", interface)], stats)).collect()
     }
 }
 
@@ -310,8 +428,8 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
         use prometheus_client::metrics::counter::ConstCounter;
 
         type Field = fn(&InterfaceStats) -> u64;
-        let samples = self.samples.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if samples.is_empty() {
+        let series = self.series();
+        if series.is_empty() {
             return Ok(());
         }
         let families: [(&str, &str, Field); 6] = [
@@ -324,7 +442,7 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
         ];
         for (name, help, field) in families {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (labels, stats) in samples.iter() {
+            for (labels, stats) in &series {
                 ConstCounter::new(field(stats)).encode(family.encode_family(labels)?)?;
             }
         }
@@ -334,17 +452,12 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
             None,
             MetricType::Counter,
         )?;
-        for (labels, stats) in samples.iter() {
+        for (labels, stats) in &series {
             for direction in [Direction::Rx, Direction::Tx] {
                 for protocol in PROTOCOLS {
-                    let set = ProtocolLabels {
-                        namespace: labels.namespace.clone(),
-                        pod: labels.pod.clone(),
-                        claim: labels.claim.clone(),
-                        interface: labels.interface.clone(),
-                        direction: direction.as_str(),
-                        protocol,
-                    };
+                    let mut set = labels.clone();
+                    set.push(("direction", direction.as_str().to_owned()));
+                    set.push(("protocol", protocol.to_owned()));
                     ConstCounter::new(stats.direction(direction).protocol(protocol))
                         .encode(family.encode_family(&set)?)?;
                 }
@@ -397,5 +510,74 @@ mod tests {
         ));
         metrics.interface_traffic.replace(Vec::new());
         assert!(!metrics.encode().contains("netclaim_interface_"), "series of a gone interface");
+    }
+
+    fn sample(
+        pod: &str,
+        interface: &str,
+        rx_bytes: u64,
+    ) -> (super::InterfaceLabels, InterfaceStats) {
+        let labels = super::InterfaceLabels {
+            namespace: "default".to_owned(),
+            pod: pod.to_owned(),
+            claim: format!("{pod}-net"),
+            interface: interface.to_owned(),
+        };
+        let stats = InterfaceStats {
+            rx: DirectionCounters { bytes: rx_bytes, packets: 1, tcp: 1, ..Default::default() },
+            ..Default::default()
+        };
+        (labels, stats)
+    }
+
+    use crate::model::stats::{DirectionCounters, InterfaceStats};
+
+    #[test]
+    fn without_pod_labels_the_series_are_summed_per_interface_name_and_never_go_down() {
+        let metrics = super::Metrics::with_pod_labels(false);
+        metrics.interface_traffic.replace(vec![
+            sample("web-0", "net1", 100),
+            sample("web-1", "net1", 50),
+            sample("db-0", "net2", 7),
+        ]);
+        let text = metrics.encode();
+        for pod_label in ["namespace=", "pod=", "claim="] {
+            assert!(!text.contains(pod_label), "{pod_label} in:\n{text}");
+        }
+        assert!(
+            text.contains("netclaim_interface_rx_bytes_total{interface=\"net1\"} 150\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("netclaim_interface_rx_bytes_total{interface=\"net2\"} 7\n"),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"netclaim_interface_protocol_packets_total{interface="net1",direction="rx",protocol="tcp"} 2"#
+        ), "{text}");
+        // web-1 leaves, web-0 counts on, web-2 arrives: the sum keeps web-1's last counters.
+        metrics.interface_traffic.replace(vec![
+            sample("web-0", "net1", 130),
+            sample("web-2", "net1", 5),
+            sample("db-0", "net2", 7),
+        ]);
+        let text = metrics.encode();
+        assert!(
+            text.contains("netclaim_interface_rx_bytes_total{interface=\"net1\"} 185\n"),
+            "{text}"
+        );
+        // db-0's counters restart (its interface re-attached): the old ones are kept.
+        metrics.interface_traffic.replace(vec![sample("db-0", "net2", 3)]);
+        let text = metrics.encode();
+        assert!(
+            text.contains("netclaim_interface_rx_bytes_total{interface=\"net2\"} 10\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("netclaim_interface_rx_bytes_total{interface=\"net1\"} 185\n"),
+            "{text}"
+        );
+        // `netclaim status` still sees every label.
+        assert_eq!(metrics.interface_traffic.snapshot()[0].0.pod, "db-0");
     }
 }

@@ -77,6 +77,10 @@ pub struct NodeConfig {
     pub sharing: RequestedSharing,
     /// `/metrics`, `/healthz`, `/readyz`.
     pub metrics_address: SocketAddr,
+    /// `--metrics-secure` and its certificate.
+    pub metrics_security: crate::metrics::MetricsSecurity,
+    /// `--metrics-pod-labels`: the pod interface series name their pod.
+    pub metrics_pod_labels: bool,
     /// Sysfs root.
     pub sysfs_root: PathBuf,
     /// `--state-dir`.
@@ -201,11 +205,16 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // Before anything is published or registered: a socket path kubelet cannot use would
     // otherwise leave slices of a node whose driver never registers.
     config.kubelet_plugin().validate()?;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_pod_labels(config.metrics_pod_labels));
     let health = Arc::new(Health::default());
+    // Before the endpoint: its secure mode reviews scrapers' tokens through the API (building
+    // the clients reads the configuration only; nothing is asked of the server yet).
+    let clients = k8s::clients(config.kubeconfig.as_deref(), k8s::UNARY_READ_TIMEOUT).await?;
     let mut metrics_stop = stop.clone();
-    let (bound, metrics_task) = crate::metrics::serve(
+    let (bound, metrics_task) = crate::metrics::serve_with(
         config.metrics_address,
+        &config.metrics_security,
+        || Some(k8s::access_review::KubeAccessReview::new(clients.unary.clone())),
         metrics.clone(),
         health.clone(),
         async move {
@@ -215,7 +224,6 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     .await?;
     tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
 
-    let clients = k8s::clients(config.kubeconfig.as_deref(), k8s::UNARY_READ_TIMEOUT).await?;
     let client = clients.unary.clone();
     let node_uid = node_uid(&client, &config.node_name).await;
     let owner = node_uid.clone().map(|uid| node_owner(&config.node_name, uid));

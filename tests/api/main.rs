@@ -18,6 +18,7 @@ mod dev_api_crds;
 mod health_grpc;
 mod kubelet_grpc_go;
 mod kubelet_sockets;
+mod metrics_access;
 mod podnetwork_devices;
 mod podnetwork_ipam;
 mod status_cli;

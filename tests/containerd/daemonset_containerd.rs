@@ -513,21 +513,23 @@ async fn flow(
     assert_eq!(info.endpoint, format!("{plugin_dir}/dra.sock"), "{info:?}");
     let dra_socket = node.path("plugin/dra.sock");
 
-    // --- The probes, as kubelet sends them. ---
+    // --- The probes, as kubelet sends them (HTTPS unverified when the probe says so). ---
     wait_for(Step::Live, patience, || async {
-        match kit::daemonset::http_get(live_port, &live_path).await {
+        match probe(&container, "livenessProbe", live_port, &live_path).await {
             Ok(200) => Ok(()),
             other => Err(format!("GET {live_path}: {other:?}")),
         }
     })
     .await?;
     wait_for(Step::Ready, patience, || async {
-        match kit::daemonset::http_get(ready_port, &ready_path).await {
+        match probe(&container, "readinessProbe", ready_port, &ready_path).await {
             Ok(200) => Ok(()),
             other => Err(format!("GET {ready_path}: {other:?}")),
         }
     })
     .await?;
+    // --- /metrics on the manifest's port, as the PodMonitor scrapes it. ---
+    scrape_as_deploy_monitoring_says(&node.api.client, live_port).await;
 
     // --- Published: the veth in the node's slice (through the in-cluster config). ---
     let client = node.api.client.clone();
@@ -706,6 +708,69 @@ fn strings(value: &Value) -> Vec<String> {
         .as_array()
         .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
         .unwrap_or_default()
+}
+
+/// One probe as kubelet sends it: plain HTTP, or HTTPS without verifying the certificate
+/// when the probe's `scheme` is `HTTPS`; the status code.
+async fn probe(container: &Value, probe: &str, port: u16, path: &str) -> Result<u16, String> {
+    if container[probe]["httpGet"]["scheme"] == "HTTPS" {
+        kit::https::get(port, path, None).await.map(|(code, _)| code)
+    } else {
+        kit::daemonset::http_get(port, path).await
+    }
+}
+
+/// The manifest runs the secure metrics mode (decision 0018): over HTTPS, `/metrics` answers
+/// 401 without a token, 403 to a ServiceAccount without deploy/monitoring's
+/// `netclaim-metrics-reader`, and the series to one bound to it. The daemon reviews the
+/// tokens through its in-cluster identity.
+async fn scrape_as_deploy_monitoring_says(admin: &kube::Client, port: u16) {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use serde::Deserialize as _;
+
+    let post = PostParams::default();
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "monitoring"}})).unwrap();
+    let _exists = Api::<Namespace>::all(admin.clone()).create(&post, &namespace).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "monitoring");
+    let mut tokens = Vec::new();
+    for name in ["prometheus", "nobody"] {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        let _exists = accounts.create(&post, &account).await;
+        let request: TokenRequest = serde_json::from_value(json!({"spec": {}})).unwrap();
+        let issued = accounts.create_token_request(name, &post, &request).await.unwrap();
+        tokens.push(issued.status.unwrap().token.unwrap());
+    }
+    let text =
+        std::fs::read_to_string(kit::repo().join("deploy/monitoring/metrics-reader-rbac.yaml"))
+            .unwrap();
+    let role = serde_yaml::Deserializer::from_str(&text)
+        .map(|document| Value::deserialize(document).unwrap())
+        .find(|o| o["kind"] == "ClusterRole")
+        .unwrap();
+    let role: ClusterRole = serde_json::from_value(role).unwrap();
+    let _exists = Api::<ClusterRole>::all(admin.clone()).create(&post, &role).await;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-netclaim-metrics"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role.metadata.name},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
+    }))
+    .unwrap();
+    let _exists = Api::<ClusterRoleBinding>::all(admin.clone()).create(&post, &binding).await;
+    let (code, body) = kit::https::get(port, "/metrics", Some(&tokens[0])).await.unwrap();
+    assert_eq!(code, 200, "a permitted scraper: {body}");
+    assert!(body.contains("netclaim_devices_published"), "{body}");
+    let (code, body) = kit::https::get(port, "/metrics", Some(&tokens[1])).await.unwrap();
+    assert_eq!(code, 403, "a scraper without the role: {body}");
+    let (code, body) = kit::https::get(port, "/metrics", None).await.unwrap();
+    assert_eq!(code, 401, "no token: {body}");
+    println!(
+        "/metrics on port {port}: 200 with a permitted token, 403 without the role, 401 without a token"
+    );
 }
 
 /// The `server:` of a kubeconfig, as `host:port`.

@@ -7,7 +7,9 @@
 //! collides with another claim's), Events on the Node (a repeated one is patched), the Node
 //! and PodNetwork watches; the controller's Lease election (create, renew, release),
 //! PodNetwork status and finalizer, DeviceClass apply and delete, and the IPBlock sweep of a
-//! deleted node. Every recorded request of the two identities is then evaluated against the
+//! deleted node; both serve their metrics in the secure mode (as deploy/base runs them) and
+//! are scraped once, so each reviews the scraper's token (TokenReview) and its right to
+//! `/metrics` (SubjectAccessReview). Every recorded request of the two identities is then evaluated against the
 //! ClusterRoles, Roles and bindings `kubectl kustomize` renders from deploy/base and from
 //! deploy/overlays/k8s-1.34: the test fails listing each request no rule grants, and each
 //! (rule, verb, resource) grant no request used.
@@ -55,6 +57,10 @@ const NODE: &str = "node-a";
 const NAMESPACE: &str = "netclaim-system";
 const NODE_USER: &str = "system:serviceaccount:netclaim-system:netclaim-node";
 const CONTROLLER_USER: &str = "system:serviceaccount:netclaim-system:netclaim-controller";
+/// Who scrapes both components' metrics once.
+const SCRAPER_USER: &str = "system:serviceaccount:netclaim-system:netclaim-metrics-scraper";
+/// The controller's metrics address in the test's netns.
+const CONTROLLER_METRICS: &str = "127.0.0.1:19179";
 /// Bound for "eventually"; only keeps a broken build from hanging.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -400,7 +406,11 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
     let path = |name: &str| dir.path().join(name);
 
     let log = RequestLog::in_memory();
-    let tokens = [("node-token", NODE_USER), ("controller-token", CONTROLLER_USER)];
+    let tokens = [
+        ("node-token", NODE_USER),
+        ("controller-token", CONTROLLER_USER),
+        ("scraper-token", SCRAPER_USER),
+    ];
     let options = ServerOptions {
         bearer_token: Some("admin-token".into()),
         user_tokens: tokens.iter().map(|(t, u)| ((*t).to_owned(), (*u).to_owned())).collect(),
@@ -425,7 +435,8 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
             "--kubeconfig",
             path("controller.kubeconfig").to_str().unwrap(),
             "--metrics-address",
-            "127.0.0.1:19179",
+            CONTROLLER_METRICS,
+            "--metrics-secure",
             "--leader-election-namespace",
             NAMESPACE,
             "--block-release-grace",
@@ -446,6 +457,7 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         path("nri.sock").to_str().unwrap().to_owned(),
         "--include-interfaces=uplink0".to_owned(),
         "--shared-parents=uplink0".to_owned(),
+        "--metrics-secure".to_owned(),
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let nri = NriSide::bind(path("nri.sock"));
@@ -585,6 +597,20 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         let network = Api::<PodNetwork>::all(client).get_opt("net-c").await.unwrap();
         class.is_none() && network.is_none()
     });
+
+    // One scrape of each component's secure metrics endpoint: the scraper's token is known
+    // (TokenReview) but the dev server holds no binding for it (SubjectAccessReview: 403).
+    let scraped = netns.block_on(|| async {
+        let mut codes = Vec::new();
+        for address in [kit::netns::NETNS_METRICS_LISTEN, CONTROLLER_METRICS] {
+            let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+            codes.push(kit::https::get(port, "/metrics", Some("scraper-token")).await);
+        }
+        codes
+    });
+    for answer in &scraped {
+        assert!(matches!(answer, Ok((403, _))), "scrapes: {scraped:?}");
+    }
 
     // SIGTERM: the daemon drains, the controller releases its Lease.
     assert!(daemon.terminate(PATIENCE).is_some(), "the daemon did not stop");
