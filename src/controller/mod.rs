@@ -9,12 +9,16 @@
 //! both at once; SIGTERM aborts them and then releases the lease so a standby takes over
 //! without waiting it out. The pure parts are [`status`], [`device_class`] and [`gc`].
 
+pub mod cache;
+pub mod conflicts;
 pub mod device_class;
 pub mod gc;
 pub mod metrics;
+pub mod ports;
 mod reconcile;
 pub mod status;
-mod sweep;
+pub mod sweep;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,12 +26,13 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::DeviceClass;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt as _, watcher};
 use kube::{Api, ResourceExt as _};
 
 pub use self::metrics::ControllerMetrics;
 use crate::k8s::ApiClients;
+use crate::k8s::controller_cluster::KubeCluster;
 use crate::k8s::leader_election::{self, LeaderElector, LeaseConfig};
 use crate::metrics::{Health, MetricsServerError};
 use crate::model::names::DEFAULT_DRIVER_NAME;
@@ -216,32 +221,49 @@ pub async fn run_with_metrics(
 
 /// What the leader does: the reconciler and the sweep, until aborted.
 async fn act(clients: ApiClients, config: ControllerConfig, metrics: Arc<ControllerMetrics>) {
+    let trigger = sweep::SweepTrigger::default();
+    let sweeper =
+        sweep::Sweeper::new(&config.driver_name, config.block_release_grace, Arc::clone(&metrics));
     let sweep = sweep::run(
-        clients.unary.clone(),
-        config.driver_name.clone(),
-        config.block_release_grace,
+        KubeCluster::new(clients.unary.clone(), &config.driver_name),
+        sweeper,
         config.gc_interval,
-        Arc::clone(&metrics),
+        trigger.clone(),
     );
-    let reconciler = run_reconciler(clients, config.driver_name, metrics);
+    let reconciler = run_reconciler(clients, config.driver_name, metrics, trigger);
     futures::future::join(sweep, reconciler).await;
 }
 
 /// The PodNetwork controller: reconciles each network on its own changes, on changes of its
 /// IPBlocks and DeviceClass, and every network on any PodNetwork change (an overlap verdict
 /// depends on the others).
-async fn run_reconciler(clients: ApiClients, driver: String, metrics: Arc<ControllerMetrics>) {
+async fn run_reconciler(
+    clients: ApiClients,
+    driver: String,
+    metrics: Arc<ControllerMetrics>,
+    sweep: sweep::SweepTrigger,
+) {
     let config = watcher::Config::default();
     let networks: Api<PodNetwork> = Api::all(clients.watch.clone());
-    // Every network, for the overlap check. The reflector stores a change before passing it
-    // on, so the reconciles it triggers see it.
-    let (all_networks, writer) = reflector::store();
-    let network_changes = reflector::reflector(writer, watcher(networks.clone(), config.clone()))
+    // Every network, for the overlap check. The cache stores a change before passing it on,
+    // so the reconciles it triggers see it; its readiness wakes every waiting reconcile.
+    let (all_networks, mut writer) = cache::NetworkCache::new();
+    let network_changes = watcher(networks.clone(), config.clone())
         .default_backoff()
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                writer.apply(event);
+            }
+        })
         .touched_objects()
         .filter_map(|change| futures::future::ready(change.ok().map(|_| ())));
-    let context =
-        Arc::new(reconcile::Context::new(driver, clients.unary.clone(), all_networks, metrics));
+    let context = Arc::new(reconcile::Context::new(
+        driver,
+        clients.unary.clone(),
+        all_networks,
+        metrics,
+        sweep,
+    ));
     Controller::new(networks, config.clone())
         .watches(Api::<IpBlock>::all(clients.watch.clone()), config.clone(), |block| {
             Some(ObjectRef::<PodNetwork>::new(&block.spec.pod_network))

@@ -9,13 +9,14 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
+use super::cache::NetworkCache;
 use super::device_class::{device_class, is_current, is_managed_for};
 use super::metrics::{ControllerMetrics, ResultLabel};
 use super::status::{Verdict, desired_status, needs_write, verdict};
+use super::sweep::SweepTrigger;
 use crate::model::pod_network::{FINALIZER, IpBlock, PodNetwork, device_class_name};
 
 /// A reconciled network is looked at again this often even without events (a missed watch
@@ -55,9 +56,11 @@ pub(super) struct Context {
     pub(super) client: kube::Client,
     /// Every PodNetwork (all providers), for the overlap check; updated before each change
     /// is announced, so a reconcile triggered by a change sees it.
-    pub(super) networks: Store<PodNetwork>,
+    pub(super) networks: NetworkCache,
     /// Metrics.
     pub(super) metrics: Arc<ControllerMetrics>,
+    /// Asks the sweep to judge the live IPBlocks against a spec that changed.
+    sweep: SweepTrigger,
     /// The `Ready` reason last written per network of ours, for the gauge.
     reasons: Mutex<BTreeMap<String, &'static str>>,
 }
@@ -66,10 +69,11 @@ impl Context {
     pub(super) fn new(
         driver: String,
         client: kube::Client,
-        networks: Store<PodNetwork>,
+        networks: NetworkCache,
         metrics: Arc<ControllerMetrics>,
+        sweep: SweepTrigger,
     ) -> Self {
-        Self { driver, client, networks, metrics, reasons: Mutex::default() }
+        Self { driver, client, networks, metrics, sweep, reasons: Mutex::default() }
     }
 
     /// Records `reason` for `name` (`None`: the network is gone or not ours) and refreshes
@@ -115,7 +119,7 @@ pub(super) fn error_policy(
 
 async fn reconcile_network(network: &PodNetwork, ctx: &Context) -> Result<Action, ReconcileError> {
     // The overlap check needs every network: never judge against a half-filled cache.
-    ctx.networks.wait_until_ready().await.map_err(|_| ReconcileError::CacheGone)?;
+    ctx.networks.ready().await.map_err(|_| ReconcileError::CacheGone)?;
     let name = network.name_any();
     if network.spec.provider != ctx.driver {
         ctx.record_reason(&name, None);
@@ -131,6 +135,11 @@ async fn reconcile_network(network: &PodNetwork, ctx: &Context) -> Result<Action
         set_finalizers(&networks, network, &finalizers, &ctx.driver).await?;
     }
 
+    let observed = network.status.as_ref().and_then(|status| status.observed_generation);
+    if observed != network.metadata.generation {
+        // A new spec: compare it with the live IPBlocks now rather than at the next period.
+        ctx.sweep.trigger();
+    }
     let all = ctx.networks.state();
     let verdict = verdict(network, all.iter().map(AsRef::as_ref));
     let class = sync_device_class(network, &verdict, ctx).await?;
@@ -143,8 +152,15 @@ async fn reconcile_network(network: &PodNetwork, ctx: &Context) -> Result<Action
         }
         let params =
             PatchParams { field_manager: Some(ctx.driver.clone()), ..PatchParams::default() };
+        // On the resourceVersion read: the sweep writes the same status (`nodes`, the
+        // `Conflict` condition) and neither may drop what the other wrote after this read;
+        // a 409 is retried on the fresh object.
+        let patch = json!({
+            "metadata": {"resourceVersion": network.resource_version()},
+            "status": body,
+        });
         networks
-            .patch_status(&name, &params, &Patch::Merge(json!({"status": body})))
+            .patch_status(&name, &params, &Patch::Merge(patch))
             .await
             .map_err(api_error("patching the status of", format!("PodNetwork {name}")))?;
         let level_is_ready = matches!(verdict, Verdict::Ready | Verdict::Disabled);

@@ -155,6 +155,8 @@ pub fn desired_status(
         observed_generation: generation,
         conditions,
         device_class_name: device_class,
+        // The sweep's count: kept as it is.
+        nodes: current.nodes,
     }
 }
 

@@ -411,6 +411,7 @@ fn node_networks(specs: &[(&str, serde_json::Value)]) -> NodeNetworks {
                     last_transition_time: Time(Timestamp::UNIX_EPOCH),
                 }],
                 device_class_name: None,
+                nodes: Vec::new(),
             });
             ((*name).to_owned(), network)
         })

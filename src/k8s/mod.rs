@@ -3,6 +3,7 @@
 pub mod claim_status;
 pub mod access_review;
 pub mod claims;
+pub mod controller_cluster;
 pub mod events;
 pub mod ip_blocks;
 pub mod kinds;

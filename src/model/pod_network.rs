@@ -141,6 +141,12 @@ pub struct PodNetworkIpam {
     /// CIDRs never carved into blocks; static addresses must lie here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
+    /// CIDRs a claim's static `ipam.addresses` must lie in, first come first served; never
+    /// carved into blocks, each inside one subnet and covering whole blocks (prefix not longer
+    /// than the family's `blockSize`). Immutable, so a /32 (/128) reservation and a block
+    /// never overlap whatever two nodes believe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_ranges: Vec<String>,
     /// Prefix length of the per-node blocks (immutable).
     #[serde(default)]
     pub block_size: BlockSize,
@@ -185,6 +191,37 @@ pub struct PodNetworkStatus {
     /// The DeviceClass claims name to get an interface on this network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_class_name: Option<String>,
+    /// What each node holds of the network, by node name (written by the controller's
+    /// sweep when it changes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeUsage>,
+}
+
+/// One node's share of a network in `PodNetwork.status.nodes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeUsage {
+    /// The node (the IPBlocks' `spec.nodeName`, the claims' pool).
+    pub node_name: String,
+    /// Its IPBlocks of the network that are blocks, not static reservations.
+    pub blocks: u32,
+    /// Its static reservations (IPBlocks with `spec.claim`).
+    pub reservations: u32,
+    /// Addresses of the network its claims hold (`networkData.ips` of the claims' device
+    /// statuses naming the network in `data.podNetwork.name`).
+    pub addresses: u32,
+}
+
+/// Condition type set by the controller when live IPBlocks or leases contradict the spec (an
+/// edit that bypassed the CRD's rules); nodes hand out no new address of the network while it
+/// is `True`.
+pub const CONDITION_CONFLICT: &str = "Conflict";
+/// Reasons of the `Conflict` condition.
+pub mod conflict_reason {
+    /// Live objects contradict the spec; the message names them.
+    pub const CONFLICT: &str = "Conflict";
+    /// Resolved (the condition stays, `False`, once it has been `True`).
+    pub const RESOLVED: &str = "Resolved";
 }
 
 /// Condition type of a `PodNetwork`.

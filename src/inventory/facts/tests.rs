@@ -64,6 +64,7 @@ fn network(name: &str, parents: &[&str], enabled: bool, capacity: u32) -> PodNet
             last_transition_time: Time(Timestamp::UNIX_EPOCH),
         }],
         device_class_name: None,
+        nodes: Vec::new(),
     });
     network
 }

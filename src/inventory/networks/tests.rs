@@ -40,6 +40,7 @@ fn status(generation: i64, ready: &str, reason: &str) -> PodNetworkStatus {
             last_transition_time: Time(Timestamp::UNIX_EPOCH),
         }],
         device_class_name: None,
+        nodes: Vec::new(),
     }
 }
 

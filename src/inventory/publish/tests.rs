@@ -308,6 +308,7 @@ fn network_inputs(specs: &[(&str, serde_json::Value)]) -> NetworkInputs {
                     last_transition_time: Time(Timestamp::UNIX_EPOCH),
                 }],
                 device_class_name: None,
+                nodes: Vec::new(),
             });
             ((*name).to_owned(), network)
         })

@@ -192,6 +192,7 @@ fn with_condition(condition: Condition) -> PodNetwork {
         observed_generation: condition.observed_generation,
         conditions: vec![condition],
         device_class_name: None,
+        nodes: Vec::new(),
     });
     net
 }
