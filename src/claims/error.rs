@@ -174,6 +174,9 @@ pub enum ClaimError {
         /// The reservation in the way.
         held: Box<networks::HeldReservation>,
     },
+    /// The node's blocks of a `PodNetwork` cannot serve now (decision 0017).
+    #[error(transparent)]
+    Blocks(#[from] networks::BlocksUnavailable),
     /// A `PodNetwork` claim on a service without the network ports.
     #[error("podNetwork {pod_network}: this node does not serve PodNetworks")]
     NoNetworkPorts {

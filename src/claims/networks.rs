@@ -11,15 +11,27 @@
 //! owned in memory at once and recorded in the store with the first commit that uses it; a
 //! crash before that leaves a block in the API with this node's name, adopted at the next
 //! start from the list of this node's blocks. Decision 0014 has every crash case.
+//!
+//! Decision 0017 (trust): the node acts only on blocks of networks whose `provider` is its
+//! driver ([`Provenance`]); the IPBlocks are the truth, so a block or reservation is created
+//! only where the network's list has no live object overlapping it by CIDR (whatever its
+//! name); a release is journaled before its delete; blocks loaded from the store serve only
+//! after the first reconcile confirmed them (a prepare waits for it); a watch of this node's
+//! blocks marks one deleted or changed under it lost at once; a network with a `Conflict`
+//! condition gets no new claims.
 
 mod claim;
 mod reconcile;
 mod statics;
 mod upkeep;
+mod watch;
+
+pub use watch::{BlockLoss, LossCause};
 
 pub use super::ports::{IpBlockApi, PodNetworkSource};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::state::lock;
@@ -59,6 +71,131 @@ pub enum Created {
     Created(IpBlock),
     /// An object of that name exists (409 AlreadyExists): the one the API has.
     Exists(IpBlock),
+}
+
+/// One change of this node's `IPBlock`s, as its watch (field selector `spec.nodeName`) sees
+/// them ([`IpBlockApi::watch_node`]).
+#[derive(Debug, Clone)]
+pub enum BlockEvent {
+    /// Added or modified.
+    Applied(IpBlock),
+    /// Deleted (or no longer this node's).
+    Deleted(IpBlock),
+    /// The watch listed again (at its start, and after it lost its place): every block of
+    /// this node now. A block the watch showed before and this list lacks was deleted.
+    Relisted(Vec<IpBlock>),
+}
+
+/// Where the node reports a block lost (the daemon: `netclaim_ipblocks_lost_total` and a
+/// Warning Event with reason [`REASON_BLOCK_LOST`] regarding the `PodNetwork`, which the
+/// controller turns into its `Conflict` condition).
+pub trait BlockLossSink: Send + Sync + 'static {
+    /// Reports one loss (called once per loss, without the service's locks held; must not
+    /// block: an adapter spawns its API calls).
+    fn block_lost(&self, loss: &BlockLoss);
+}
+
+/// Reason of the Warning Event a node records on a `PodNetwork` when it finds one of its
+/// blocks of that network lost (the note is [`BlockLoss`]'s text).
+pub const REASON_BLOCK_LOST: &str = "IPBlockLost";
+
+/// Condition type the controller sets (`status: "True"`) on a `PodNetwork` whose spec
+/// conflicts with its live `IPBlock`s (an edit that bypassed the CRD's rules) or whose
+/// blocks a node reported lost; nodes hand out no new address on it until it is resolved.
+pub const CONDITION_CONFLICT: &str = "Conflict";
+
+/// Why a prepare cannot get addresses of a `PodNetwork`'s blocks now (decision 0017).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BlocksUnavailable {
+    /// Blocks loaded from the store are not confirmed by the API yet.
+    #[error(
+        "podNetwork {pod_network}: this node has not confirmed its IPBlocks with the API since it \
+         started (waited {waited:?}{}); no address is handed out from them before; kubelet retries",
+        last_error.as_ref().map(|e| format!("; last attempt: {e}")).unwrap_or_default()
+    )]
+    Unverified {
+        /// The network.
+        pod_network: String,
+        /// How long the prepare waited.
+        waited: Duration,
+        /// Why the last reconcile failed, if one did.
+        last_error: Option<String>,
+    },
+    /// The controller marked the network conflicting.
+    #[error(
+        "podNetwork {pod_network}: condition Conflict is True ({message}); no new address is \
+         handed out on this network until the conflict is resolved"
+    )]
+    Conflict {
+        /// The network.
+        pod_network: String,
+        /// The condition's message.
+        message: String,
+    },
+    /// The claim's own reservation of a static address is being deleted (it was released).
+    #[error(
+        "request {request}: {field}: the reservation of {address} in podNetwork {pod_network} is \
+         being released; kubelet retries once it is gone"
+    )]
+    ReservationReleasing {
+        /// Request name.
+        request: String,
+        /// `ipam.addresses[i]`.
+        field: String,
+        /// The address.
+        address: std::net::IpAddr,
+        /// The network.
+        pod_network: String,
+    },
+}
+
+/// Whose a network is, for acting on its blocks: only a network whose `provider` is this
+/// driver's name is ours; a block of a network the node does not know is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Provenance {
+    /// Ours; `deleting` when its deletion is under way.
+    Ours {
+        /// `metadata.deletionTimestamp` is set.
+        deleting: bool,
+    },
+    /// Another driver's network.
+    NotOurs,
+    /// No such network, or the node cannot read it now.
+    Unknown,
+}
+
+/// How long a prepare waits at most for the start-up reconcile of blocks loaded from the
+/// store: below the DRA service's call deadline (40 s, itself below kubelet's 45 s), so the
+/// refusal is ours and names why, and kubelet retries.
+pub const FIRST_RECONCILE_PATIENCE: Duration = Duration::from_secs(30);
+/// How often a waiting prepare tries the start-up reconcile again.
+const RECONCILE_RETRY: Duration = Duration::from_secs(1);
+
+/// What the service keeps about confirming its blocks with the API: the start-up reconcile
+/// and the watch of this node's blocks.
+pub(super) struct Supervision {
+    /// One reconcile at a time (the upkeep's or a waiting prepare's).
+    reconcile_gate: tokio::sync::Mutex<()>,
+    /// The first reconcile succeeded.
+    reconciled: AtomicBool,
+    /// Why the last reconcile failed.
+    last_error: std::sync::Mutex<Option<String>>,
+    /// Blocks the watch has shown, name to UID: one a later relist lacks was deleted.
+    seen: std::sync::Mutex<HashMap<String, String>>,
+    /// How long a prepare waits for the first reconcile.
+    patience: Duration,
+}
+
+impl Default for Supervision {
+    fn default() -> Self {
+        Supervision {
+            reconcile_gate: tokio::sync::Mutex::new(()),
+            reconciled: AtomicBool::new(false),
+            last_error: std::sync::Mutex::new(None),
+            seen: std::sync::Mutex::new(HashMap::new()),
+            patience: FIRST_RECONCILE_PATIENCE,
+        }
+    }
 }
 
 /// What a delete did.
@@ -168,6 +305,53 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         self.networks.as_ref()
     }
 
+    /// Waits at most `patience` in a prepare for the start-up reconcile of blocks loaded from
+    /// the store (default [`FIRST_RECONCILE_PATIENCE`]).
+    #[must_use]
+    pub fn with_reconcile_patience(mut self, patience: Duration) -> Self {
+        self.supervision.patience = patience;
+        self
+    }
+
+    /// Whether a network is this driver's ([`Provenance`]), from the node's watch.
+    pub(super) async fn provenance(&self, ports: &NetworkPorts, name: &str) -> Provenance {
+        match ports.networks.get(name).await {
+            Ok(Some(network)) if network.spec.provider == self.identity.driver => {
+                Provenance::Ours { deleting: network.metadata.deletion_timestamp.is_some() }
+            }
+            Ok(Some(_)) => Provenance::NotOurs,
+            Ok(None) | Err(_) => Provenance::Unknown,
+        }
+    }
+
+    /// Waits until blocks loaded from the store are confirmed by the API (the start-up
+    /// reconcile, run here when the upkeep has not run it yet), at most the patience: before
+    /// that a loaded block may be one deleted or taken by another node while the daemon was
+    /// down.
+    async fn await_first_reconcile(&self, pod_network: &str) -> Result<(), ClaimError> {
+        if self.supervision.reconciled.load(Ordering::SeqCst)
+            || !lock(&self.state).ipam.has_unverified_blocks()
+        {
+            return Ok(());
+        }
+        let patience = self.supervision.patience;
+        let attempts = async {
+            loop {
+                if self.first_reconcile().await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(RECONCILE_RETRY).await;
+            }
+        };
+        tokio::time::timeout(patience, attempts).await.map_err(|_| {
+            ClaimError::from(BlocksUnavailable::Unverified {
+                pod_network: pod_network.to_owned(),
+                waited: patience,
+                last_error: lock(&self.supervision.last_error).clone(),
+            })
+        })
+    }
+
     /// The networks named by `names`, each checked to serve claims of this driver.
     pub(in crate::claims) async fn pod_networks(
         &self,
@@ -202,11 +386,42 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             )
             .map_err(config_error)?;
             if let Some(network) = network {
+                if let Some(message) = conflict(&network) {
+                    return Err(
+                        BlocksUnavailable::Conflict { pod_network: name.clone(), message }.into()
+                    );
+                }
+                self.await_first_reconcile(name).await?;
                 found.insert(name.clone(), network);
             }
         }
         Ok(found)
     }
+}
+
+/// The message of the network's `Conflict` condition when it is `True`.
+fn conflict(network: &PodNetwork) -> Option<String> {
+    network
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")
+        .map(|c| c.message.clone())
+}
+
+/// Whether two networks share an address.
+fn overlaps(a: ipnetwork::IpNetwork, b: ipnetwork::IpNetwork) -> bool {
+    a.is_ipv4() == b.is_ipv4() && (a.contains(b.network()) || b.contains(a.network()))
+}
+
+/// Whether `object` is a live object other than `block` itself (this node's object of its
+/// name) whose CIDR overlaps it.
+fn takes_over(object: &IpBlock, block: &OwnedBlock, node: &str) -> bool {
+    let Some(cidr) = parse_cidr(object) else { return false };
+    let itself = object.metadata.name.as_deref() == Some(block.name.as_str())
+        && object.spec.node_name == node;
+    overlaps(cidr, block.cidr) && !itself && object.metadata.deletion_timestamp.is_none()
 }
 
 /// The CIDR of a block object, parsed.

@@ -9,9 +9,10 @@ use std::future::Future;
 use std::path::Path;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use super::networks::{BlockApiError, Created, Deleted, NetworkReadError};
+use super::networks::{BlockApiError, BlockEvent, Created, Deleted, NetworkReadError};
 use super::record::PreparedClaim;
 use super::vf::{VfChange, VfPortError, VfRef, VfState};
 use super::vf_snapshots::VfSnapshot;
@@ -242,6 +243,14 @@ pub trait IpBlockApi: Send + Sync + 'static {
         name: &'a str,
         uid: &'a str,
     ) -> BoxFuture<'a, Result<Deleted, BlockApiError>>;
+    /// The changes of every block whose `spec.nodeName` is `node`, starting with a
+    /// [`BlockEvent::Relisted`] and relisting after the watch lost its place; an error item
+    /// does not end the stream. The default never yields (an API without watches: blocks are
+    /// then checked only by the start-up reconcile).
+    fn watch_node(&self, node: &str) -> BoxStream<'_, Result<BlockEvent, BlockApiError>> {
+        let _ = node;
+        Box::pin(futures::stream::pending())
+    }
 }
 
 /// Durable [`VfSnapshot`]s, one per VF; part of the claims' store ([`ClaimStore`]). Calls

@@ -62,6 +62,8 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     /// One async lock per (network, IPv4?) serialising this node's block claims, so
     /// concurrent prepares that find the blocks full claim one block, not one each.
     pub(super) block_gates: networks::BlockGates,
+    /// The start-up reconcile and the watch of this node's blocks (decision 0017).
+    pub(super) supervision: networks::Supervision,
     /// VF settings on the PF (mode `sriov-vf`); `None`: such claims fail at prepare.
     pub(super) vf_port: Option<Arc<dyn VfPort>>,
     /// The durable store: claim records, VF snapshots and (through the IPAM) leases.
@@ -144,6 +146,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             in_flight: Mutex::new(HashMap::new()),
             networks: None,
             block_gates: Mutex::new(HashMap::new()),
+            supervision: networks::Supervision::default(),
             vf_port: None,
             store,
         })

@@ -55,6 +55,9 @@ pub struct Ipam<S> {
     superseded: Vec<ReleasedAddress>,
     /// Owned blocks by `IPBlock` name.
     blocks: BTreeMap<String, BlockState>,
+    /// The names of the owned blocks at each CIDR (a lease finds its block by network and
+    /// CIDR: names of blocks made by older releases follow another scheme).
+    at_cidr: HashMap<IpNetwork, Vec<String>>,
 }
 
 impl<S: LeaseStore> Ipam<S> {
@@ -69,6 +72,7 @@ impl<S: LeaseStore> Ipam<S> {
         let leases = store.load_leases().map_err(load)?;
         let released = store.load_released().map_err(load)?;
         let blocks = store.load_blocks().map_err(load)?;
+        let releases = store.load_block_releases().map_err(load)?;
         let now = clock.now_ms();
         let mut ipam = Ipam {
             store,
@@ -80,7 +84,26 @@ impl<S: LeaseStore> Ipam<S> {
             released_runs: super::occupancy::ReleasedRuns::default(),
             superseded: Vec::new(),
             blocks: BTreeMap::new(),
+            at_cidr: HashMap::new(),
         };
+        // Blocks first, so each loaded lease counts in its block.
+        for block in blocks {
+            let journaled = releases.iter().any(|r| r.name == block.name && r.uid == block.uid);
+            ipam.index_block(&block);
+            ipam.blocks.insert(
+                block.name.clone(),
+                BlockState {
+                    block,
+                    recorded: true,
+                    empty_since_ms: None,
+                    leased: 0,
+                    releasing: journaled,
+                    lost: false,
+                    verified: false,
+                    release_journaled: journaled,
+                },
+            );
+        }
         for lease in leases {
             if let Some(existing) = ipam.by_address.get(&lease.address) {
                 return Err(IpamError::Conflict {
@@ -93,20 +116,6 @@ impl<S: LeaseStore> Ipam<S> {
         }
         for record in released {
             ipam.remember_release(record);
-        }
-        for block in blocks {
-            let name = block.name.clone();
-            ipam.blocks.insert(
-                name,
-                BlockState {
-                    block,
-                    recorded: true,
-                    empty_since_ms: None,
-                    leased: 0,
-                    releasing: false,
-                    lost: false,
-                },
-            );
         }
         let names: Vec<String> = ipam.blocks.keys().cloned().collect();
         for name in names {
@@ -125,7 +134,9 @@ impl<S: LeaseStore> Ipam<S> {
         if let Some(key) = pool_key(&lease) {
             self.by_owner.insert((lease.owner.clone(), key), lease.address);
         }
-        if let Some(state) = lease.block_name().and_then(|name| self.blocks.get_mut(&name)) {
+        if let Some(name) = self.block_name_of(&lease)
+            && let Some(state) = self.blocks.get_mut(&name)
+        {
             state.empty_since_ms = None;
             state.leased += 1;
         }
@@ -333,16 +344,19 @@ impl<S: LeaseStore> Ipam<S> {
         )
     }
 
-    /// Takes `block` as owned (claimed or adopted in the API); `recorded` when its record is
-    /// durable. An existing entry of the same name takes the new UID and is no longer lost.
+    /// Takes `block` as owned (claimed or adopted in the API, so verified); `recorded` when
+    /// its record is durable. An existing entry of the same name takes the new UID and is no
+    /// longer lost; one being released stays so.
     pub fn add_block(&mut self, block: OwnedBlock, recorded: bool) {
         let now = self.clock.now_ms();
         let name = block.name.clone();
+        self.index_block(&block);
         match self.blocks.get_mut(&name) {
             Some(state) => {
                 state.recorded = state.recorded && state.block == block;
                 state.block = block;
                 state.lost = false;
+                state.verified = true;
             }
             None => {
                 self.blocks.insert(
@@ -354,16 +368,104 @@ impl<S: LeaseStore> Ipam<S> {
                         leased: 0,
                         releasing: false,
                         lost: false,
+                        verified: true,
+                        release_journaled: false,
                     },
                 );
             }
         }
+        // Leases taken before the block was known here (loaded ones) count in it now.
         self.refresh_emptiness(&name, now);
     }
 
     /// Forgets an owned block (deleted in the API, or found gone without leases).
     pub fn remove_block(&mut self, name: &str) {
-        self.blocks.remove(name);
+        if let Some(state) = self.blocks.remove(name) {
+            self.unindex_block(&state.block);
+        }
+    }
+
+    fn index_block(&mut self, block: &OwnedBlock) {
+        let names = self.at_cidr.entry(block.cidr).or_default();
+        if !names.contains(&block.name) {
+            names.push(block.name.clone());
+        }
+    }
+
+    fn unindex_block(&mut self, block: &OwnedBlock) {
+        if let Some(names) = self.at_cidr.get_mut(&block.cidr) {
+            names.retain(|n| *n != block.name);
+            if names.is_empty() {
+                self.at_cidr.remove(&block.cidr);
+            }
+        }
+    }
+
+    /// The name of the owned block `lease` comes from (by network and CIDR), if owned.
+    fn block_name_of(&self, lease: &Lease) -> Option<String> {
+        let (network, cidr) = lease.block_key()?;
+        self.at_cidr
+            .get(&cidr)?
+            .iter()
+            .find(|name| self.blocks.get(*name).is_some_and(|s| s.block.pod_network == network))
+            .cloned()
+    }
+
+    /// Owned blocks (and reservations), in any state, whose CIDR overlaps `cidr`.
+    pub fn blocks_overlapping(&self, cidr: IpNetwork) -> impl Iterator<Item = &BlockState> {
+        self.blocks.values().filter(move |s| overlaps(s.block.cidr, cidr))
+    }
+
+    /// Marks a block confirmed by the API in this process (the start-up reconcile found it
+    /// with the UID recorded).
+    pub fn set_block_verified(&mut self, name: &str) {
+        if let Some(state) = self.blocks.get_mut(name) {
+            state.verified = true;
+        }
+    }
+
+    /// Whether a block loaded from the store has not been confirmed by the API yet: nothing
+    /// may be handed out from it, nor a reservation in it trusted, before the reconcile.
+    #[must_use]
+    pub fn has_unverified_blocks(&self) -> bool {
+        self.blocks.values().any(|s| !s.verified && !s.releasing)
+    }
+
+    /// Marks a block as going (chosen for release or to be forgotten): from now on it hands
+    /// out nothing, under the lock of the caller that chose it.
+    pub fn set_block_releasing(&mut self, name: &str) {
+        if let Some(state) = self.blocks.get_mut(name) {
+            state.releasing = true;
+        }
+    }
+
+    /// Marks the release intents of `names` durable.
+    pub fn set_release_journaled(&mut self, names: &[String]) {
+        for name in names {
+            if let Some(state) = self.blocks.get_mut(name) {
+                state.releasing = true;
+                state.release_journaled = true;
+            }
+        }
+    }
+
+    /// Blocks whose release intent is durable but whose deletion has not been confirmed
+    /// (a failed delete, or a crash before it): the upkeep deletes them again.
+    #[must_use]
+    pub fn pending_releases(&self) -> Vec<OwnedBlock> {
+        self.blocks.values().filter(|s| s.release_journaled).map(|s| s.block.clone()).collect()
+    }
+
+    /// Leases in lost blocks: addresses whose block the API no longer gives this node, which
+    /// another node may hand out too (they stay with their pods; DESIGN §4).
+    #[must_use]
+    pub fn conflicting_leases(&self) -> Vec<Lease> {
+        self.blocks
+            .values()
+            .filter(|s| s.lost)
+            .flat_map(|s| self.by_address.range(s.block.cidr.network()..=s.block.cidr.broadcast()))
+            .map(|(_, lease)| lease.clone())
+            .collect()
     }
 
     /// Marks a block lost (gone from the API with live leases) or found again.
@@ -394,7 +496,7 @@ impl<S: LeaseStore> Ipam<S> {
     /// them in the same commit as the leases.
     #[must_use]
     pub fn blocks_to_record(&self, leases: &[Lease]) -> Vec<OwnedBlock> {
-        let names: BTreeSet<String> = leases.iter().filter_map(Lease::block_name).collect();
+        let names: BTreeSet<String> = leases.iter().filter_map(|l| self.block_name_of(l)).collect();
         names
             .iter()
             .filter_map(|name| self.blocks.get(name))
@@ -443,7 +545,7 @@ impl<S: LeaseStore> Ipam<S> {
             {
                 self.by_owner.remove(&(lease.owner.clone(), key));
             }
-            if let Some(name) = lease.block_name() {
+            if let Some(name) = self.block_name_of(lease) {
                 self.refresh_emptiness(&name, now);
             }
         }
@@ -594,7 +696,7 @@ impl<S: LeaseStore> Ipam<S> {
         let mut idle = Vec::new();
         for state in self.blocks.values() {
             let Some(since) = state.empty_since_ms else { continue };
-            if state.releasing || state.block.claim.is_some() {
+            if state.releasing || state.lost || state.block.claim.is_some() {
                 continue;
             }
             let cidr = state.block.cidr;
@@ -620,7 +722,7 @@ impl<S: LeaseStore> Ipam<S> {
         let mut orphans = Vec::new();
         for state in self.blocks.values_mut() {
             let Some(claim) = &state.block.claim else { continue };
-            if !state.releasing && !is_live(&claim.uid) {
+            if !state.releasing && !state.lost && !is_live(&claim.uid) {
                 state.releasing = true;
                 orphans.push(state.block.clone());
             }
@@ -629,11 +731,13 @@ impl<S: LeaseStore> Ipam<S> {
     }
 
     /// Ends a release: `gone` forgets the block (its record's removal was committed), else
-    /// it serves again.
+    /// it serves again unless its release intent is durable (then the upkeep retries).
     pub fn end_release(&mut self, name: &str, gone: bool) {
         if gone {
-            self.blocks.remove(name);
-        } else if let Some(state) = self.blocks.get_mut(name) {
+            self.remove_block(name);
+        } else if let Some(state) = self.blocks.get_mut(name)
+            && !state.release_journaled
+        {
             state.releasing = false;
         }
     }
@@ -651,6 +755,12 @@ fn allocatable_block(state: &BlockState, pod_network: &str, ipv4: bool) -> bool 
         && state.block.claim.is_none()
         && !state.releasing
         && !state.lost
+        && state.verified
+}
+
+/// Whether two networks share an address (one contains the other's first address).
+fn overlaps(a: IpNetwork, b: IpNetwork) -> bool {
+    a.is_ipv4() == b.is_ipv4() && (a.contains(b.network()) || b.contains(a.network()))
 }
 
 /// Whether `record` keeps its address from `claim_uid` at `now`: within [`QUARANTINE`](super::QUARANTINE) of

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
-use crate::model::pod_network::{IpBlockClaim, ip_block_name};
+use crate::model::pod_network::IpBlockClaim;
 
 /// How long a released address is not handed out to another claim (DESIGN §4).
 pub const QUARANTINE: Duration = Duration::from_secs(30);
@@ -73,11 +73,13 @@ impl Lease {
         IpNetwork::new(self.address, self.subnet.prefix()).unwrap_or(self.subnet)
     }
 
-    /// The `IPBlock` name of the block this address comes from, if any.
+    /// The network and CIDR of the owned block this address comes from, if any. A lease
+    /// finds its block by these, never by a name derived from them: blocks created by an
+    /// older release carry names of another scheme.
     #[must_use]
-    pub fn block_name(&self) -> Option<String> {
+    pub fn block_key(&self) -> Option<(&str, IpNetwork)> {
         match (&self.pod_network, self.block) {
-            (Some(network), Some(block)) => Some(ip_block_name(network, &block.to_string())),
+            (Some(network), Some(block)) => Some((network.as_str(), block)),
             _ => None,
         }
     }
@@ -100,7 +102,9 @@ pub struct ReleasedAddress {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnedBlock {
-    /// The `IPBlock` object's name ([`ip_block_name`]).
+    /// The `IPBlock` object's name as the API has it
+    /// ([`crate::model::pod_network::ip_block_name`] for blocks this release creates; older
+    /// ones keep theirs: a block is always addressed by its stored name).
     pub name: String,
     /// The `PodNetwork`.
     pub pod_network: String,
@@ -129,10 +133,31 @@ pub struct BlockState {
     pub leased: u128,
     /// Its deletion in the API is under way: no new addresses from it.
     pub releasing: bool,
-    /// Recorded here but gone from the API while addresses in it are still leased: the
-    /// leases are kept (their pods run), no new address is handed out from it, and the
-    /// block is claimed again when possible (decision 0014).
+    /// Recorded here but gone from the API while addresses in it are still leased, or
+    /// deleted or changed in the API under this node (its watch): the leases are kept
+    /// (their pods run) but count as conflicts, no new address is handed out from it, and
+    /// the block is claimed again when possible (decisions 0014, 0017).
     pub lost: bool,
+    /// Whether the API confirmed it since this process started (created or adopted now, or
+    /// found by the start-up reconcile): a block loaded from the store may have been deleted
+    /// or taken by another node while the daemon was down, so it hands out nothing before.
+    pub verified: bool,
+    /// Whether the intent to release it is durable ([`BlockRelease`]): it never serves
+    /// again, and its deletion is retried (after a restart too) until the API has it gone.
+    pub release_journaled: bool,
+}
+
+/// The durable intent to delete an owned block (or reservation) in the API, committed before
+/// the delete: a crash between the delete and the removal of the block's record then leaves
+/// a block that is known to be going, never one that serves again from a record of a block
+/// the API no longer has (decision 0017).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockRelease {
+    /// The `IPBlock` object's name (the record's key).
+    pub name: String,
+    /// Its UID (the delete's precondition).
+    pub uid: String,
 }
 
 /// IPAM changes committed together (with a prepared claim's record, or alone): after a
@@ -149,8 +174,10 @@ pub struct IpamCommit {
     pub remove_released: Vec<ReleasedAddress>,
     /// Owned blocks to record.
     pub put_blocks: Vec<OwnedBlock>,
-    /// Owned blocks (by name) to forget.
+    /// Owned blocks (by name) to forget; their release intents go with them.
     pub remove_blocks: Vec<String>,
+    /// Release intents to record ([`BlockRelease`]), before the blocks' deletes in the API.
+    pub releasing_blocks: Vec<BlockRelease>,
 }
 
 impl IpamCommit {

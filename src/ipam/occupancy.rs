@@ -14,6 +14,31 @@ use rangemap::RangeInclusiveSet;
 use super::pool::{from_u128, to_u128};
 use super::{QUARANTINE_MS, ReleasedAddress};
 
+/// CIDRs taken in the API (every live `IPBlock` of a network, whatever its name or node,
+/// and this node's own blocks in any state), as runs: a candidate block or static address
+/// overlapping one is not taken again (decision 0017: the IPBlocks are the truth, not the
+/// names derived from them). One lookup per candidate, however many blocks the network has.
+#[derive(Debug, Default, Clone)]
+pub struct TakenRanges {
+    v4: RangeInclusiveSet<u128>,
+    v6: RangeInclusiveSet<u128>,
+}
+
+impl TakenRanges {
+    /// Adds `cidr`.
+    pub fn insert(&mut self, cidr: ipnetwork::IpNetwork) {
+        let range = to_u128(cidr.network())..=to_u128(cidr.broadcast());
+        if cidr.is_ipv4() { self.v4.insert(range) } else { self.v6.insert(range) }
+    }
+
+    /// Whether an address of `cidr` is taken.
+    #[must_use]
+    pub fn overlaps(&self, cidr: ipnetwork::IpNetwork) -> bool {
+        let range = to_u128(cidr.network())..=to_u128(cidr.broadcast());
+        if cidr.is_ipv4() { self.v4.overlaps(&range) } else { self.v6.overlaps(&range) }
+    }
+}
+
 /// Addresses as coalesced runs of numbers, IPv4 and IPv6 apart (their numbers overlap).
 #[derive(Debug, Default)]
 pub(crate) struct AddressRuns {

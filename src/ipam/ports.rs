@@ -1,7 +1,7 @@
 //! The IPAM's ports: durable storage of its leases ([`LeaseStore`]) and where its time comes
 //! from ([`Clock`]).
 
-use super::lease::{Lease, OwnedBlock, ReleasedAddress};
+use super::lease::{BlockRelease, Lease, OwnedBlock, ReleasedAddress};
 
 /// Durable storage of leases (implemented by `store::Store`).
 pub trait LeaseStore {
@@ -14,6 +14,11 @@ pub trait LeaseStore {
     fn load_released(&self) -> Result<Vec<ReleasedAddress>, Self::Error>;
     /// Every persisted owned block.
     fn load_blocks(&self) -> Result<Vec<OwnedBlock>, Self::Error>;
+    /// Every persisted release intent of an owned block; a store without block records has
+    /// none.
+    fn load_block_releases(&self) -> Result<Vec<BlockRelease>, Self::Error> {
+        Ok(Vec::new())
+    }
     /// Persists a lease durably before returning.
     fn save_lease(&self, lease: &Lease) -> Result<(), Self::Error>;
     /// Removes a lease and records its release in one durable commit; removing a missing

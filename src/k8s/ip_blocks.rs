@@ -3,17 +3,21 @@
 //! selectors on `spec.nodeName` / `spec.podNetwork`, the CRD's `selectableFields`), create a
 //! block by its derived name (409 AlreadyExists answers with the existing object, so the
 //! caller sees who won), delete with a UID precondition (never another node's object of the
-//! same name).
+//! same name); watch this node's blocks (the same field selector) as
+//! [`BlockEvent`]s, a relist gathered into one [`BlockEvent::Relisted`].
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
 
 use super::pod_networks::PodNetworkReceiver;
 use crate::claims::networks::{
-    BlockApiError, Created, Deleted, IpBlockApi, NetworkReadError, PodNetworkSource,
+    BlockApiError, BlockEvent, Created, Deleted, IpBlockApi, NetworkReadError, PodNetworkSource,
 };
 use crate::model::cause::cause;
 use crate::model::pod_network::{IpBlock, PodNetwork};
@@ -26,13 +30,22 @@ const CREATE_ATTEMPTS: usize = 3;
 #[derive(Clone)]
 pub struct KubeIpBlocks {
     api: Api<IpBlock>,
+    /// For the watch: a client without the unary read timeout (a watch is idle for long).
+    watch_api: Api<IpBlock>,
 }
 
 impl KubeIpBlocks {
-    /// Blocks through `client`.
+    /// Blocks through `client` (also for the watch, unless [`Self::with_watch_client`]).
     #[must_use]
     pub fn new(client: Client) -> Self {
-        Self { api: Api::all(client) }
+        Self { api: Api::all(client.clone()), watch_api: Api::all(client) }
+    }
+
+    /// Watches through `client` (the daemon's watch client, without a read timeout).
+    #[must_use]
+    pub fn with_watch_client(mut self, client: Client) -> Self {
+        self.watch_api = Api::all(client);
+        self
     }
 
     async fn list(&self, selector: String) -> Result<Vec<IpBlock>, BlockApiError> {
@@ -93,6 +106,44 @@ impl KubeIpBlocks {
     }
 }
 
+/// This node's blocks as [`BlockEvent`]s: kube-runtime's watcher (a list, then a watch from
+/// its resourceVersion, relisting with backoff when the watch fails or its place expired),
+/// whose `Init`/`InitApply`/`InitDone` are gathered into one `Relisted`.
+fn watch_events(
+    api: Api<IpBlock>,
+    node: &str,
+) -> BoxStream<'static, Result<BlockEvent, BlockApiError>> {
+    let selector = format!("spec.nodeName={node}");
+    let config = watcher::Config::default().fields(&selector);
+    let events = watcher(api, config).default_backoff();
+    let mut relisting: Option<Vec<IpBlock>> = None;
+    events
+        .filter_map(move |event| {
+            let out = match event {
+                Ok(watcher::Event::Init) => {
+                    relisting = Some(Vec::new());
+                    None
+                }
+                Ok(watcher::Event::InitApply(block)) => {
+                    relisting.get_or_insert_with(Vec::new).push(block);
+                    None
+                }
+                Ok(watcher::Event::InitDone) => {
+                    Some(Ok(BlockEvent::Relisted(relisting.take().unwrap_or_default())))
+                }
+                Ok(watcher::Event::Apply(block)) => Some(Ok(BlockEvent::Applied(block))),
+                Ok(watcher::Event::Delete(block)) => Some(Ok(BlockEvent::Deleted(block))),
+                Err(err) => Some(Err(BlockApiError {
+                    op: "watch",
+                    name: selector.clone(),
+                    source: cause(err),
+                })),
+            };
+            std::future::ready(out)
+        })
+        .boxed()
+}
+
 impl IpBlockApi for KubeIpBlocks {
     fn list_node(&self, node: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>> {
         let selector = format!("spec.nodeName={node}");
@@ -117,6 +168,10 @@ impl IpBlockApi for KubeIpBlocks {
         uid: &'a str,
     ) -> BoxFuture<'a, Result<Deleted, BlockApiError>> {
         Box::pin(self.delete_block(name, uid))
+    }
+
+    fn watch_node(&self, node: &str) -> BoxStream<'_, Result<BlockEvent, BlockApiError>> {
+        watch_events(self.watch_api.clone(), node)
     }
 }
 

@@ -14,7 +14,10 @@ use sha2::{Digest as _, Sha256};
 
 use super::link::{IpvlanConfig, MacvlanConfig, Mode, RouteConfig};
 
+mod block_name;
 pub mod validate;
+
+pub use block_name::{MAX_OBJECT_NAME, ip_block_name, is_dns_subdomain, legacy_ip_block_name};
 
 /// API group of our custom kinds.
 pub const GROUP: &str = "netclaim.dev";
@@ -304,25 +307,6 @@ impl IpBlock {
     }
 }
 
-/// The `IPBlock` name of `cidr` in `pod_network` (DESIGN §4): `<podnetwork>-<cidr>` with
-/// `.`, `:` and `/` mapped to `-`, from the canonical CIDR text the caller passes (so two
-/// nodes racing for one block derive one name and collide on create). Longer than 63
-/// characters: `<podnetwork prefix>-<first 16 hex of sha256(podnetwork/cidr)>`.
-#[must_use]
-pub fn ip_block_name(pod_network: &str, cidr: &str) -> String {
-    let mapped: String =
-        cidr.chars().map(|c| if matches!(c, '.' | ':' | '/') { '-' } else { c }).collect();
-    let name = format!("{pod_network}-{}", mapped.to_ascii_lowercase());
-    if name.len() <= MAX_DERIVED_NAME {
-        return name;
-    }
-    let hex = short_hash(&format!("{pod_network}/{cidr}"));
-    // 63 - 1 (dash) - 16 (hash) = 46 characters of the network name at most; a name that
-    // ends in '-' after the cut would be an invalid DNS label, so trailing dashes go.
-    let prefix: String = pod_network.chars().take(MAX_DERIVED_NAME - 17).collect();
-    format!("{}-{hex}", prefix.trim_end_matches('-'))
-}
-
 /// The first 16 hex digits of the SHA-256 of `input`: the suffix that keeps cut names
 /// distinct.
 fn short_hash(input: &str) -> String {
@@ -373,20 +357,6 @@ pub fn shared_device_name(pod_network: &str, parent_device: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn block_names_map_separators_and_hash_long_ones() {
-        assert_eq!(ip_block_name("medianet", "10.10.0.64/26"), "medianet-10-10-0-64-26");
-        assert_eq!(ip_block_name("medianet", "fd00:10::/120"), "medianet-fd00-10---120");
-        let long =
-            ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::100/120");
-        assert!(long.len() <= MAX_DERIVED_NAME, "{long}");
-        assert!(long.starts_with("a-network-with-a-rather-long-name-"), "{long}");
-        // Distinct CIDRs give distinct hashed names.
-        let other =
-            ip_block_name("a-network-with-a-rather-long-name", "fd00:aaaa:bbbb:cccc::200/120");
-        assert_ne!(long, other);
-    }
 
     #[test]
     fn shared_device_names_are_dns_labels() {

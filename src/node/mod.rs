@@ -4,6 +4,7 @@
 //! streams (fed by the health monitor), runs the NRI plugin that attaches pod interfaces,
 //! serves metrics and the status API (`netclaim status`), and shuts down on SIGTERM/SIGINT.
 
+mod block_watch;
 pub mod status_api;
 
 use std::net::SocketAddr;
@@ -245,6 +246,8 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let (attach_service, claims, store) =
         load_state(&config, &client, &metrics, &network_inputs, &pod_networks).await?;
     start_block_upkeep(&config, &claims, &stop);
+    let identity = (config.driver_name.as_str(), config.node_name.as_str());
+    block_watch::start(&claims, clients.watch.clone(), client.clone(), identity, &metrics, &stop);
     // fsyncgate: after a failed fdatasync the store refuses writes until a restart reloads
     // it from disk; the DaemonSet pod shows not ready, with the reason, until then.
     health.add_check("state", move || {
@@ -409,6 +412,8 @@ async fn load_state(
         blocks: Arc::new(KubeIpBlocks::new(client.clone())),
         release_grace: config.block_release_grace,
     };
+    let reconcile_patience =
+        config.kubelet_plugin().call_timeout.saturating_sub(Duration::from_secs(10));
     // VF settings of sriov-vf claims, on the PFs in the host netns (DESIGN §3).
     let vf_port: Arc<dyn crate::claims::vf::VfPort> =
         Arc::new(crate::host::sriov::NetlinkVfSettings::new(&HostNetlink::current()?));
@@ -421,6 +426,9 @@ async fn load_state(
             .map_err(NodeError::Claims)?
             .with_kernel_support(&kernel)
             .with_pod_networks(network_ports)
+            // Below the DRA call deadline, so a prepare waiting for the start-up reconcile
+            // answers with its own error (decision 0017).
+            .with_reconcile_patience(reconcile_patience)
             .with_vf_port(vf_port);
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Batch, Record, Store, StoreError};
-use crate::ipam::{IpamCommit, Lease, LeaseStore, OwnedBlock, ReleasedAddress};
+use crate::ipam::{BlockRelease, IpamCommit, Lease, LeaseStore, OwnedBlock, ReleasedAddress};
 
 impl Record for Lease {
     const KIND: &'static str = "ipam-leases";
@@ -31,6 +31,13 @@ impl Record for OwnedBlock {
     const VERSION: u32 = 1;
 }
 
+/// The intent to delete an owned block, keyed by the block's name; written before the
+/// delete, removed with the block's record (decision 0017).
+impl Record for BlockRelease {
+    const KIND: &'static str = "ipam-block-releases";
+    const VERSION: u32 = 1;
+}
+
 /// The record key of a lease: its address (unique across all pools).
 pub(super) fn lease_key(lease: &Lease) -> String {
     lease.address.to_string()
@@ -52,9 +59,13 @@ pub(super) fn add_ipam(batch: &mut Batch, changes: &IpamCommit) -> Result<(), St
     }
     for name in &changes.remove_blocks {
         batch.remove::<OwnedBlock>(name)?;
+        batch.remove::<BlockRelease>(name)?;
     }
     for block in &changes.put_blocks {
         batch.put(&block.name, block)?;
+    }
+    for release in &changes.releasing_blocks {
+        batch.put(&release.name, release)?;
     }
     Ok(())
 }
@@ -101,6 +112,10 @@ impl LeaseStore for Store {
         load_keyed(self, |b: &OwnedBlock| b.name.clone())
     }
 
+    fn load_block_releases(&self) -> Result<Vec<BlockRelease>, StoreError> {
+        load_keyed(self, |r: &BlockRelease| r.name.clone())
+    }
+
     fn save_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         self.put(&lease_key(lease), lease)
     }
@@ -128,6 +143,10 @@ impl LeaseStore for Arc<Store> {
 
     fn load_blocks(&self) -> Result<Vec<OwnedBlock>, StoreError> {
         self.as_ref().load_blocks()
+    }
+
+    fn load_block_releases(&self) -> Result<Vec<BlockRelease>, StoreError> {
+        self.as_ref().load_block_releases()
     }
 
     fn save_lease(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -1,14 +1,13 @@
-//! Claiming a block of a `PodNetwork` for this node: one create per block, adopting this
-//! node's own block after a crash, listing the network once after the first lost race.
+//! Claiming a block of a `PodNetwork` for this node: the network's blocks listed, then one
+//! create per candidate not taken by CIDR, adopting this node's own block after a crash.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::super::state::lock;
 use super::super::{ClaimError, ClaimService, ClaimSource, ClaimStore, DeviceSource};
 use super::{Created, MAX_CANDIDATES, MAX_RACES, is_ours, parse_cidr};
 use crate::ipam::blocks::Candidates;
-use crate::ipam::{IpamError, OwnedBlock};
+use crate::ipam::{IpamError, OwnedBlock, TakenRanges};
 use crate::model::network_config::NetworkAddressing;
 use crate::model::pod_network::{IpBlock, IpBlockClaim, IpBlockSpec, ip_block_name};
 
@@ -20,6 +19,11 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
 
     /// Claims a new block of family `ipv4` of `plan` for this node (or finds that another
     /// prepare just did): afterwards an owned block has room, or this fails.
+    ///
+    /// The network's blocks are listed first and every candidate overlapping a live object
+    /// of any name (another node's block, an older release's name for the same CIDR, a
+    /// reservation inside it) or a block this node holds in any state is skipped: the name
+    /// collision of the create alone cannot see an object of another name.
     pub(in crate::claims) async fn claim_block(
         &self,
         plan: &NetworkAddressing,
@@ -32,22 +36,44 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         };
         let gate = self.block_gate(&plan.pod_network, ipv4);
         let _held = gate.lock().await;
-        let owned: HashSet<String> = {
-            let state = lock(&self.state);
-            if state.ipam.has_room(plan, ipv4, claim_uid) {
-                return Ok(());
-            }
-            state.ipam.blocks().map(|s| s.block.name.clone()).collect()
-        };
+        if lock(&self.state).ipam.has_room(plan, ipv4, claim_uid) {
+            return Ok(());
+        }
         let node = &self.identity.node;
         let api_error =
             |source| ClaimError::BlockApi { pod_network: plan.pod_network.clone(), source };
-        let mut taken: HashSet<String> = HashSet::new();
-        let mut listed = false;
+        let listed = ports.blocks.list_network(&plan.pod_network).await.map_err(api_error)?;
+        let mut taken = TakenRanges::default();
+        {
+            let state = lock(&self.state);
+            for held in state.ipam.blocks() {
+                taken.insert(held.block.cidr);
+            }
+            for object in &listed {
+                let Some(cidr) = parse_cidr(object) else { continue };
+                let known = object.metadata.name.as_ref().and_then(|n| state.ipam.block(n));
+                let mine = object.spec.node_name == *node
+                    && object.spec.claim.is_none()
+                    && object.spec.pod_network == plan.pod_network
+                    && cidr.is_ipv4() == ipv4
+                    && object.metadata.deletion_timestamp.is_none()
+                    && known.is_none()
+                    && !state.ipam.blocks_overlapping(cidr).any(|_| true);
+                if mine {
+                    // This node's, from before a crash, and unknown here: adopt it (by the
+                    // name it has, whatever scheme made it).
+                    drop(state);
+                    self.take_block(object, cidr, None);
+                    tracing::info!(pod_network = %plan.pod_network, block = %cidr,
+                        "adopted an IPBlock this node created before a restart");
+                    return Ok(());
+                }
+                taken.insert(cidr);
+            }
+        }
         let mut races = 0;
         for cidr in Candidates::new(plan, ipv4, node).take(MAX_CANDIDATES) {
-            let name = ip_block_name(&plan.pod_network, &cidr.to_string());
-            if owned.contains(&name) || taken.contains(&name) {
+            if taken.overlaps(cidr) {
                 continue;
             }
             let object = IpBlock::new(IpBlockSpec {
@@ -70,33 +96,10 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                             "adopted an IPBlock this node created before a restart");
                         return Ok(());
                     }
-                    taken.insert(name);
+                    taken.insert(cidr);
                     races += 1;
                     if races > MAX_RACES {
                         break;
-                    }
-                    if !listed {
-                        listed = true;
-                        let all = ports
-                            .blocks
-                            .list_network(&plan.pod_network)
-                            .await
-                            .map_err(api_error)?;
-                        for block in all {
-                            let Some(name) = block.metadata.name.clone() else { continue };
-                            let mine = block.spec.node_name == *node
-                                && block.spec.claim.is_none()
-                                && parse_cidr(&block).is_some_and(|c| c.is_ipv4() == ipv4);
-                            if mine
-                                && !owned.contains(&name)
-                                && let Some(cidr) = parse_cidr(&block)
-                            {
-                                // Ours from before a crash and still unknown here: adopt it.
-                                self.take_block(&block, cidr, None);
-                                return Ok(());
-                            }
-                            taken.insert(name);
-                        }
                     }
                 }
             }
@@ -113,7 +116,8 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         })
     }
 
-    /// Owns `object` (created or adopted) in memory, not recorded yet.
+    /// Owns `object` (created or adopted) in memory, not recorded yet; addressed by the name
+    /// the object has in the API.
     pub(super) fn take_block(
         &self,
         object: &IpBlock,

@@ -1,21 +1,46 @@
 //! Static `PodNetwork` addresses reserved cluster-wide: a /32 or /128 `IPBlock` per address
 //! carrying the claim, created at prepare and deleted once the claim is released.
+//!
+//! Before a reservation is created the network's blocks are listed: an address inside a live
+//! block (any node's, any name) or another claim's reservation is refused, naming
+//! `ipam.addresses[i]`, whatever the network's spec says (decision 0017: the spec only
+//! narrows, the IPBlocks are the truth). An existing reservation is the claim's own only when
+//! it is also this node's: a claim UID alone does not adopt another node's object.
 
 use std::collections::HashSet;
 
 use super::super::state::lock;
 use super::super::{ClaimError, ClaimService, ClaimSource, ClaimStore, DeviceSource};
-use super::{Created, HeldReservation, StaticReservation, host_network};
+use super::{
+    BlocksUnavailable, Created, HeldReservation, StaticReservation, host_network, overlaps,
+    parse_cidr,
+};
 use crate::ipam::{IpamCommit, OwnedBlock};
 use crate::model::ClaimRef;
-use crate::model::pod_network::{IpBlock, IpBlockClaim, IpBlockSpec, ip_block_name};
+use crate::model::pod_network::{IpBlock, IpBlockClaim, IpBlockSpec};
+
+/// Who holds an address in the way, for the error: `claim ns/name (uid …)` or the block.
+fn holder_of(object: &IpBlock) -> String {
+    object.spec.claim.as_ref().map_or_else(
+        || {
+            format!(
+                "IPBlock {} ({}) of node {}",
+                object.metadata.name.as_deref().unwrap_or_default(),
+                object.spec.cidr,
+                object.spec.node_name
+            )
+        },
+        |c| format!("claim {}/{} (uid {})", c.namespace, c.name, c.uid),
+    )
+}
 
 impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// Reserves the claim's static `PodNetwork` addresses cluster-wide: a /32 or /128
     /// `IPBlock` each, named from the address, carrying the claim. The same claim gets an
-    /// existing reservation back (a repeated prepare); another claim's is an error naming
-    /// `ipam.addresses[i]` and the holder. Returns the reservations created by this call
-    /// (which a failed prepare deletes again).
+    /// existing reservation of this node back (a repeated prepare); an address inside another
+    /// claim's reservation or a live block is an error naming `ipam.addresses[i]` and the
+    /// holder. Returns the reservations created (or adopted) by this call, which a failed
+    /// prepare deletes again.
     pub(in crate::claims) async fn reserve_statics(
         &self,
         claim: &ClaimRef,
@@ -34,64 +59,108 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             };
         };
         let node = &self.identity.node;
+        // Each network's blocks, listed once per prepare (not per address).
+        let mut listed: std::collections::BTreeMap<String, Vec<IpBlock>> = Default::default();
         for reservation in statics {
             let pod_network = reservation.lease.pod_network.clone().unwrap_or_default();
             let cidr = host_network(reservation.lease.address);
-            let name = ip_block_name(&pod_network, &cidr.to_string());
             let holder = IpBlockClaim {
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
                 uid: claim.uid.clone(),
             };
-            let known = lock(&self.state)
-                .ipam
-                .block(&name)
-                .is_some_and(|s| s.block.claim.as_ref().is_some_and(|c| c.uid == claim.uid));
-            if known {
-                continue;
-            }
-            let object = IpBlock::new(IpBlockSpec {
-                pod_network: pod_network.clone(),
-                cidr: cidr.to_string(),
-                node_name: node.clone(),
-                claim: Some(holder.clone()),
-            });
-            let answer = match ports.blocks.create(object).await {
-                Ok(answer) => answer,
-                Err(source) => return Err((ClaimError::BlockApi { pod_network, source }, created)),
+            let refuse = |holder: String, holder_node: String| ClaimError::AddressReserved {
+                request: reservation.request.clone(),
+                field: reservation.field.clone(),
+                held: Box::new(HeldReservation {
+                    address: reservation.lease.address,
+                    pod_network: pod_network.clone(),
+                    holder,
+                    node: holder_node,
+                }),
             };
-            let object = match answer {
-                Created::Created(object) => object,
-                Created::Exists(existing)
-                    if existing.spec.claim.as_ref().is_some_and(|c| c.uid == claim.uid) =>
-                {
-                    existing
+            // This node's own reservation of the address for this claim, by CIDR (an older
+            // release named it otherwise): trusted only once confirmed by the API in this
+            // process and while it is not being released.
+            let own = lock(&self.state)
+                .ipam
+                .blocks_overlapping(cidr)
+                .find(|s| {
+                    s.block.cidr == cidr
+                        && s.block.pod_network == pod_network
+                        && s.block.claim.as_ref().is_some_and(|c| c.uid == claim.uid)
+                })
+                .map(|s| (s.verified, s.releasing || s.lost));
+            match own {
+                Some((true, false)) => continue,
+                Some((_, true)) => {
+                    let err = BlocksUnavailable::ReservationReleasing {
+                        request: reservation.request.clone(),
+                        field: reservation.field.clone(),
+                        address: reservation.lease.address,
+                        pod_network: pod_network.clone(),
+                    };
+                    return Err((err.into(), created));
                 }
-                Created::Exists(existing) => {
-                    let (holder, holder_node) = (
-                        existing.spec.claim.as_ref().map_or_else(
-                            || format!("no claim (a block of node {})", existing.spec.node_name),
-                            |c| format!("claim {}/{} (uid {})", c.namespace, c.name, c.uid),
-                        ),
-                        existing.spec.node_name.clone(),
-                    );
-                    return Err((
-                        ClaimError::AddressReserved {
-                            request: reservation.request.clone(),
-                            field: reservation.field.clone(),
-                            held: Box::new(HeldReservation {
-                                address: reservation.lease.address,
-                                pod_network,
-                                holder,
-                                node: holder_node,
-                            }),
-                        },
-                        created,
-                    ));
+                Some((false, false)) | None => {}
+            }
+            if !listed.contains_key(&pod_network) {
+                match ports.blocks.list_network(&pod_network).await {
+                    Ok(all) => {
+                        listed.insert(pod_network.clone(), all);
+                    }
+                    Err(source) => {
+                        return Err((ClaimError::BlockApi { pod_network, source }, created));
+                    }
+                }
+            }
+            let mut adopt = None;
+            for object in listed.get(&pod_network).into_iter().flatten() {
+                let Some(other) = parse_cidr(object) else { continue };
+                if !overlaps(other, cidr) || object.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let same_claim = object.spec.claim.as_ref().is_some_and(|c| c.uid == claim.uid);
+                if same_claim && object.spec.node_name == *node && other == cidr {
+                    adopt = Some(object.clone());
+                    continue;
+                }
+                return Err((refuse(holder_of(object), object.spec.node_name.clone()), created));
+            }
+            let object = if let Some(existing) = adopt {
+                existing
+            } else {
+                let object = IpBlock::new(IpBlockSpec {
+                    pod_network: pod_network.clone(),
+                    cidr: cidr.to_string(),
+                    node_name: node.clone(),
+                    claim: Some(holder.clone()),
+                });
+                let answer = match ports.blocks.create(object).await {
+                    Ok(answer) => answer,
+                    Err(source) => {
+                        return Err((ClaimError::BlockApi { pod_network, source }, created));
+                    }
+                };
+                match answer {
+                    Created::Created(object) => object,
+                    // The claim's own reservation of this node (a prepare before a crash).
+                    Created::Exists(existing)
+                        if existing.spec.claim.as_ref().is_some_and(|c| c.uid == claim.uid)
+                            && existing.spec.node_name == *node
+                            && existing.spec.pod_network == pod_network
+                            && parse_cidr(&existing) == Some(cidr) =>
+                    {
+                        existing
+                    }
+                    Created::Exists(existing) => {
+                        let node = existing.spec.node_name.clone();
+                        return Err((refuse(holder_of(&existing), node), created));
+                    }
                 }
             };
             let block = OwnedBlock {
-                name: name.clone(),
+                name: object.metadata.name.clone().unwrap_or_default(),
                 pod_network,
                 cidr,
                 uid: object.metadata.uid.clone().unwrap_or_default(),
@@ -103,8 +172,9 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         Ok(created)
     }
 
-    /// Deletes reservations a failed prepare created (best effort: the next start deletes a
-    /// reservation whose claim is not prepared).
+    /// Deletes reservations a failed prepare created (best effort: they were never recorded;
+    /// one left in the API is this node's, adopted by the next start's reconcile and deleted
+    /// by the upkeep as its claim is not prepared).
     pub(in crate::claims) async fn drop_reservations(&self, blocks: &[OwnedBlock]) {
         let Some(ports) = self.ports() else { return };
         for block in blocks {
@@ -117,7 +187,8 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     }
 
     /// Deletes in the API the static reservations of claims no longer prepared (right after
-    /// an unprepare; the block upkeep retries what fails) and forgets them durably.
+    /// an unprepare; the block upkeep retries what fails), journaling the intent first, and
+    /// forgets them durably.
     pub(in crate::claims) async fn drop_orphan_reservations(&self) {
         let Some(ports) = self.ports() else { return };
         let doomed = {
@@ -128,17 +199,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         if doomed.is_empty() {
             return;
         }
-        let mut gone = Vec::new();
-        for block in doomed {
-            match ports.blocks.delete(&block.name, &block.uid).await {
-                Ok(_) => gone.push(block.name),
-                Err(err) => {
-                    tracing::warn!(block = %block.name, error = %err,
-                        "deleting a released static reservation failed; the block upkeep retries");
-                    lock(&self.state).ipam.end_release(&block.name, false);
-                }
-            }
-        }
+        let gone = self.release_blocks(ports, doomed).await;
         let commit = IpamCommit { remove_blocks: gone, ..IpamCommit::default() };
         if let Err(err) = self.commit_blocks(&commit).await {
             tracing::warn!(error = %err, "forgetting deleted static reservations failed");

@@ -3,7 +3,7 @@
 //! covered by `tests/api/podnetwork_ipam.rs`), and the state dir of the release before them.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +24,20 @@ pub(super) struct FakeBlocks {
     pub(super) creates: AtomicUsize,
     pub(super) lists: AtomicUsize,
     pub(super) deletes: AtomicUsize,
+    /// Lists fail (an API server out of reach).
+    pub(super) failing_lists: AtomicBool,
+    /// Deletes fail without deleting.
+    pub(super) failing_deletes: AtomicBool,
+    /// Deletes delete, but the answer is lost (a timeout after the server acted).
+    pub(super) lost_delete_answers: AtomicBool,
+}
+
+fn api_failure(op: &'static str) -> BlockApiError {
+    BlockApiError {
+        op,
+        name: "test".into(),
+        source: crate::model::cause::cause(std::io::Error::other("the API server is unreachable")),
+    }
 }
 
 impl FakeBlocks {
@@ -35,7 +49,12 @@ impl FakeBlocks {
         self.objects.lock().unwrap().remove(name);
     }
 
-    fn insert(&self, mut block: IpBlock) -> IpBlock {
+    /// The object named `name`.
+    pub(super) fn get(&self, name: &str) -> Option<IpBlock> {
+        self.objects.lock().unwrap().get(name).cloned()
+    }
+
+    pub(super) fn insert(&self, mut block: IpBlock) -> IpBlock {
         let uid = self.next_uid.fetch_add(1, Ordering::SeqCst);
         block.metadata.uid = Some(format!("block-uid-{uid}"));
         self.objects.lock().unwrap().insert(block.metadata.name.clone().unwrap(), block.clone());
@@ -46,12 +65,18 @@ impl FakeBlocks {
 impl IpBlockApi for FakeBlocks {
     fn list_node(&self, node: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>> {
         self.lists.fetch_add(1, Ordering::SeqCst);
+        if self.failing_lists.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(api_failure("list")) });
+        }
         let found = self.all().into_iter().filter(|b| b.spec.node_name == node).collect();
         Box::pin(async move { Ok(found) })
     }
 
     fn list_network(&self, network: &str) -> BoxFuture<'_, Result<Vec<IpBlock>, BlockApiError>> {
         self.lists.fetch_add(1, Ordering::SeqCst);
+        if self.failing_lists.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(api_failure("list")) });
+        }
         let found = self.all().into_iter().filter(|b| b.spec.pod_network == network).collect();
         Box::pin(async move { Ok(found) })
     }
@@ -73,6 +98,10 @@ impl IpBlockApi for FakeBlocks {
         uid: &'a str,
     ) -> BoxFuture<'a, Result<Deleted, BlockApiError>> {
         self.deletes.fetch_add(1, Ordering::SeqCst);
+        if self.failing_deletes.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(api_failure("delete")) });
+        }
+        let lost_answer = self.lost_delete_answers.load(Ordering::SeqCst);
         let mut objects = self.objects.lock().unwrap();
         let answer = match objects.get(name) {
             None => Deleted::Gone,
@@ -82,6 +111,9 @@ impl IpBlockApi for FakeBlocks {
             }
             Some(_) => Deleted::NotOurs,
         };
+        if lost_answer {
+            return Box::pin(async { Err(api_failure("delete")) });
+        }
         Box::pin(async move { Ok(answer) })
     }
 }
@@ -310,7 +342,7 @@ async fn a_static_address_is_reserved_cluster_wide_and_a_second_node_is_refused(
     );
     let reservation =
         world.blocks.all().into_iter().find(|b| b.spec.cidr == "10.10.0.50/32").unwrap();
-    assert_eq!(reservation.metadata.name.as_deref(), Some("medianet-10-10-0-50-32"));
+    assert_eq!(reservation.metadata.name.as_deref(), Some("medianet.v4-10-10-0-50-32"));
     assert_eq!(reservation.spec.claim.as_ref().unwrap().uid, "uid-db-a");
     let err = world.prepare(&b, "node-b", "db-b", own.clone()).await.unwrap_err();
     assert!(
@@ -597,4 +629,371 @@ async fn a_network_claims_plan_carries_its_addresses_and_routes_for_the_status()
         pool_addresses: &outside,
     });
     assert!(refused.is_err());
+}
+
+// ---- Decision 0017: what the node trusts (ipam-trust) ----
+
+fn spec(network: &str, cidr: &str, node: &str) -> crate::model::pod_network::IpBlockSpec {
+    crate::model::pod_network::IpBlockSpec {
+        pod_network: network.into(),
+        cidr: cidr.into(),
+        node_name: node.into(),
+        claim: None,
+    }
+}
+
+/// The node's first IPv4 block of medianet when nothing else is taken.
+async fn first_v4_block(node_name: &str) -> IpNetwork {
+    let world = World::new();
+    let node = world.node(node_name);
+    world.prepare(&node, node_name, "probe", json!({})).await.unwrap();
+    world
+        .blocks
+        .all()
+        .iter()
+        .map(|b| b.spec.cidr.parse::<IpNetwork>().unwrap())
+        .find(IpNetwork::is_ipv4)
+        .unwrap()
+}
+
+/// Every lease of `node` lies in a block the node holds, verified and not lost.
+fn leases_in_owned_blocks(node: &Node) -> Result<(), String> {
+    let state = lock(&node.service.state);
+    for lease in state.ipam.leases().filter(|l| l.block.is_some()) {
+        let inside = state
+            .ipam
+            .blocks()
+            .any(|s| s.block.cidr.contains(lease.address) && !s.lost && !s.releasing && s.verified);
+        if !inside {
+            return Err(format!("{} is leased outside the node's blocks", lease.address));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_block_of_another_drivers_network_or_an_unknown_one_is_never_adopted_nor_released() {
+    let world = World::new();
+    let mut other = medianet(json!({"provider": "other.example.com"}));
+    other.metadata.name = Some("othernet".into());
+    world.networks.put(other);
+    let foreign = world.blocks.insert(IpBlock::new(spec("othernet", "10.30.0.0/26", "node-a")));
+    let unknown = world.blocks.insert(IpBlock::new(spec("ghost", "10.31.0.0/26", "node-a")));
+    let node = world.node("node-a");
+    let summary = node.service.reconcile_blocks().await.unwrap();
+    assert_eq!(summary.adopted, 0, "{summary:?}");
+    assert!(node.service.owned_blocks().is_empty(), "{:?}", node.service.owned_blocks());
+    world.clock.advance(Duration::from_mins(11));
+    node.service.release_idle_blocks().await;
+    for block in [foreign, unknown] {
+        let name = block.metadata.name.unwrap();
+        assert!(world.blocks.get(&name).is_some(), "{name} was deleted");
+    }
+}
+
+#[tokio::test]
+async fn a_release_is_journaled_before_its_delete_and_a_lost_answer_never_serves_the_block_again() {
+    let world = World::new();
+    let node = world.node("node-a");
+    world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    node.service.unprepare(vec![reference("a", "uid-a")]).await["uid-a"].as_ref().unwrap();
+    world.clock.advance(Duration::from_mins(11));
+    // The deletes reach the server, their answers do not.
+    world.blocks.lost_delete_answers.store(true, Ordering::SeqCst);
+    let upkeep = node.service.release_idle_blocks().await;
+    assert!(upkeep.released.is_empty(), "{upkeep:?}");
+    assert!(world.blocks.all().is_empty(), "deleted in the API");
+    // Another node takes the same CIDRs meanwhile.
+    let other = world.node("node-b");
+    let theirs = world.prepare(&other, "node-b", "b", json!({})).await.unwrap();
+    let ours = world.prepare(&node, "node-a", "c", json!({})).await.unwrap();
+    assert!(ours.iter().all(|a| !theirs.contains(a)), "{ours:?} {theirs:?}");
+    leases_in_owned_blocks(&node).unwrap();
+    // The API is the truth: every address of node-a lies in a block the API has for it.
+    let api_blocks: Vec<IpNetwork> = world
+        .blocks
+        .all()
+        .iter()
+        .filter(|b| b.spec.node_name == "node-a")
+        .map(|b| b.spec.cidr.parse().unwrap())
+        .collect();
+    for address in &ours {
+        assert!(
+            api_blocks.iter().any(|b| b.contains(address.ip())),
+            "{address} outside {api_blocks:?}"
+        );
+    }
+    // The intents are durable: after a crash the old blocks are still going, then gone.
+    let kinds = journal_kinds(node.dir.path());
+    assert_eq!(kinds.get("put:ipam-block-releases"), Some(&2), "{kinds:?}");
+    world.blocks.lost_delete_answers.store(false, Ordering::SeqCst);
+    let node = world.reopen(node, "node-a");
+    node.service.reconcile_blocks().await.unwrap();
+    node.service.release_idle_blocks().await;
+    let owned: Vec<IpNetwork> = node.service.owned_blocks().iter().map(|b| b.cidr).collect();
+    for block in world.blocks.all().iter().filter(|b| b.spec.node_name == "node-a") {
+        assert!(owned.contains(&block.spec.cidr.parse().unwrap()), "{block:?}");
+    }
+    assert_eq!(owned.len(), 2, "only the blocks of claim c remain: {owned:?}");
+}
+
+#[tokio::test]
+async fn loaded_blocks_serve_only_after_the_first_reconcile() {
+    let world = World::new();
+    let node = world.node("node-a");
+    world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    node.service.unprepare(vec![reference("a", "uid-a")]).await["uid-a"].as_ref().unwrap();
+    let v4 = node.service.owned_blocks().into_iter().find(|b| b.cidr.is_ipv4()).unwrap();
+    // While the daemon is down its block is deleted and another node takes the CIDR.
+    world.blocks.remove(&v4.name);
+    world.blocks.insert(IpBlock::new(spec("medianet", &v4.cidr.to_string(), "node-b")));
+    let node = world.reopen(node, "node-a");
+    let got = world.prepare(&node, "node-a", "b", json!({})).await.unwrap();
+    assert!(!v4.cidr.contains(got[0].ip()), "{got:?} from a block node-b owns now");
+    leases_in_owned_blocks(&node).unwrap();
+}
+
+#[tokio::test]
+async fn a_prepare_waiting_for_the_first_reconcile_fails_naming_why_at_its_deadline() {
+    let world = World::new();
+    let node = world.node("node-a");
+    world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    let Node { service, dir } = node;
+    drop(service);
+    world.blocks.failing_lists.store(true, Ordering::SeqCst);
+    let service = node_service(
+        &world.api,
+        dir.path(),
+        "node-a",
+        &world.blocks,
+        &world.networks,
+        &world.clock,
+    )
+    .with_reconcile_patience(Duration::from_millis(300));
+    let node = Node { service, dir };
+    let err = world.prepare(&node, "node-a", "b", json!({})).await.unwrap_err();
+    assert!(
+        err.contains("podNetwork medianet")
+            && err.contains("has not confirmed its IPBlocks")
+            && err.contains("unreachable"),
+        "{err}"
+    );
+    // The prepared claim is still answered from its record.
+    prepare_one(&node.service, &reference("a", "uid-a")).await.unwrap();
+    world.blocks.failing_lists.store(false, Ordering::SeqCst);
+    world.prepare(&node, "node-a", "b", json!({})).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_block_chosen_to_be_forgotten_hands_out_nothing_while_its_record_goes() {
+    let world = World::new();
+    let node = world.node("node-a");
+    world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    node.service.unprepare(vec![reference("a", "uid-a")]).await["uid-a"].as_ref().unwrap();
+    node.service.reconcile_blocks().await.unwrap();
+    let v4 = node.service.owned_blocks().into_iter().find(|b| b.cidr.is_ipv4()).unwrap();
+    world.blocks.remove(&v4.name);
+    // The reconcile decides to forget the block, then waits for its commit; a prepare runs
+    // in that window (join polls the reconcile first).
+    let (reconciled, got) = tokio::join!(
+        node.service.reconcile_blocks(),
+        world.prepare(&node, "node-a", "b", json!({}))
+    );
+    assert_eq!(reconciled.unwrap().forgotten, 1);
+    let got = got.unwrap();
+    assert!(!v4.cidr.contains(got[0].ip()), "{got:?} from the block being forgotten");
+    leases_in_owned_blocks(&node).unwrap();
+}
+
+#[tokio::test]
+async fn a_claims_reservation_on_another_node_is_not_adopted_by_claim_uid_alone() {
+    let world = World::new();
+    let (a, b) = (world.node("node-a"), world.node("node-b"));
+    let own = json!({"ipam": {"addresses": ["10.10.0.50/16"]}});
+    world.prepare(&a, "node-a", "db", own.clone()).await.unwrap();
+    // The same claim, allocated on node-b now, while node-a still holds its reservation.
+    let err = world.prepare(&b, "node-b", "db", own).await.unwrap_err();
+    assert!(err.contains("ipam.addresses[0]") && err.contains("node-a"), "{err}");
+    assert!(b.service.owned_blocks().is_empty());
+}
+
+#[tokio::test]
+async fn a_reservation_being_released_does_not_count_as_held() {
+    let world = World::new();
+    let node = world.node("node-a");
+    let own = json!({"ipam": {"addresses": ["10.10.0.50/16"]}});
+    world.prepare(&node, "node-a", "db", own.clone()).await.unwrap();
+    world.blocks.failing_deletes.store(true, Ordering::SeqCst);
+    node.service.unprepare(vec![reference("db", "uid-db")]).await["uid-db"].as_ref().unwrap();
+    world.blocks.failing_deletes.store(false, Ordering::SeqCst);
+    // The upkeep deletes the reservation while the same claim is prepared again.
+    let (_, again) = tokio::join!(
+        node.service.release_idle_blocks(),
+        world.prepare(&node, "node-a", "db", own.clone())
+    );
+    let reserved = |world: &World| {
+        world.blocks.all().iter().any(|b| {
+            b.spec.cidr == "10.10.0.50/32"
+                && b.spec.claim.as_ref().is_some_and(|c| c.uid == "uid-db")
+        })
+    };
+    match again {
+        Ok(_) => assert!(reserved(&world), "prepared without its reservation in the API"),
+        Err(err) => assert!(err.contains("being released"), "{err}"),
+    }
+    node.service.release_idle_blocks().await;
+    world.prepare(&node, "node-a", "db", own).await.unwrap();
+    assert!(reserved(&world));
+}
+
+#[tokio::test]
+async fn a_block_is_never_carved_over_a_live_object_of_another_name() {
+    let first = first_v4_block("node-a").await;
+    let world = World::new();
+    // A reservation (an edit that bypassed the rules put a static there) inside it.
+    let inside: std::net::IpAddr = match first.network() {
+        std::net::IpAddr::V4(v4) => std::net::Ipv4Addr::from(u32::from(v4) + 5).into(),
+        std::net::IpAddr::V6(_) => unreachable!(),
+    };
+    let mut reservation = IpBlock::new(spec("medianet", &format!("{inside}/32"), "node-b"));
+    reservation.spec.claim = Some(crate::model::pod_network::IpBlockClaim {
+        namespace: "default".into(),
+        name: "db".into(),
+        uid: "uid-other".into(),
+    });
+    world.blocks.insert(reservation);
+    let node = world.node("node-a");
+    world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    for block in node.service.owned_blocks() {
+        assert!(
+            !block.cidr.contains(inside),
+            "{} carved over the reservation of {inside}",
+            block.cidr
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_static_inside_another_nodes_live_block_is_refused() {
+    let world = World::new();
+    let b = world.node("node-b");
+    world.prepare(&b, "node-b", "web", json!({})).await.unwrap();
+    let theirs = b.service.owned_blocks().into_iter().find(|x| x.cidr.is_ipv4()).unwrap();
+    // An edit that bypassed the CRD's rules makes node-b's block a static range.
+    world.networks.put(medianet(json!({"ipam": {
+        "subnets": ["10.10.0.0/16", "fd00:10::/64"],
+        "gateways": ["10.10.0.1"],
+        "exclude": ["10.10.0.0/24"],
+        "staticRanges": ["10.10.0.0/24", theirs.cidr.to_string()],
+        "blockSize": {"ipv4": 26, "ipv6": 120}
+    }})));
+    let address = match theirs.cidr.network() {
+        std::net::IpAddr::V4(v4) => std::net::Ipv4Addr::from(u32::from(v4) + 9),
+        std::net::IpAddr::V6(_) => unreachable!(),
+    };
+    let a = world.node("node-a");
+    let err = world
+        .prepare(&a, "node-a", "db", json!({"ipam": {"addresses": [format!("{address}/16")]}}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("ipam.addresses[0]") && err.contains("node-b"), "{err}");
+    assert!(world.blocks.all().iter().all(|x| x.spec.claim.is_none()), "no reservation made");
+}
+
+#[tokio::test]
+async fn a_block_deleted_under_the_node_stops_serving_at_once_and_its_leases_stay() {
+    use crate::claims::networks::{BlockEvent, LossCause};
+    let world = World::new();
+    let node = world.node("node-a");
+    let first = world.prepare(&node, "node-a", "web-0", json!({})).await.unwrap();
+    let owned = node.service.owned_blocks();
+    let v4 = owned.iter().find(|b| b.cidr.is_ipv4()).unwrap().clone();
+    let v6 = owned.iter().find(|b| b.cidr.is_ipv6()).unwrap().clone();
+    // The watch's first list shows both; a stale event of another UID is no loss.
+    let listed: Vec<IpBlock> = world.blocks.all();
+    assert!(node.service.observe_block(BlockEvent::Relisted(listed.clone())).await.is_empty());
+    let mut stale = listed[0].clone();
+    stale.metadata.uid = Some("an-older-incarnation".into());
+    assert!(node.service.observe_block(BlockEvent::Applied(stale)).await.is_empty());
+    // An administrator deletes the v4 block.
+    let object = world.blocks.get(&v4.name).unwrap();
+    world.blocks.remove(&v4.name);
+    let losses = node.service.observe_block(BlockEvent::Deleted(object)).await;
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!((losses[0].cause.clone(), losses[0].leases), (LossCause::Deleted, 1));
+    assert!(losses[0].to_string().contains(&v4.name), "{}", losses[0]);
+    let next = world.prepare(&node, "node-a", "web-1", json!({})).await.unwrap();
+    assert!(!v4.cidr.contains(next[0].ip()), "{next:?} from the lost block");
+    {
+        let state = lock(&node.service.state);
+        assert!(state.ipam.leases().any(|l| l.address == first[0].ip()), "the pod keeps it");
+        let conflicts: Vec<_> = state.ipam.conflicting_leases().iter().map(|l| l.address).collect();
+        assert_eq!(conflicts, [first[0].ip()]);
+    }
+    // A delete missed while the watch was down: the relist lacks the v6 block it showed.
+    world.blocks.remove(&v6.name);
+    let losses = node.service.observe_block(BlockEvent::Relisted(world.blocks.all())).await;
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!(
+        (losses[0].name.as_str(), &losses[0].cause),
+        (v6.name.as_str(), &LossCause::MissingFromList)
+    );
+    let next = world.prepare(&node, "node-a", "web-2", json!({})).await.unwrap();
+    assert!(!v6.cidr.contains(next[1].ip()), "{next:?} from the lost block");
+}
+
+#[tokio::test]
+async fn a_network_with_a_conflict_condition_gets_no_new_claims() {
+    let world = World::new();
+    let node = world.node("node-a");
+    world.prepare(&node, "node-a", "before", json!({})).await.unwrap();
+    let mut network = medianet(json!({}));
+    network.status = Some(crate::model::pod_network::PodNetworkStatus {
+        conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Conflict".into(),
+            status: "True".into(),
+            reason: "LiveObjects".into(),
+            message: "10.10.4.0/26 of node-b overlaps spec.ipam.staticRanges[1]".into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: Some(1),
+        }],
+        ..Default::default()
+    });
+    world.networks.put(network);
+    let err = world.prepare(&node, "node-a", "after", json!({})).await.unwrap_err();
+    assert!(
+        err.contains("podNetwork medianet")
+            && err.contains("Conflict")
+            && err.contains("10.10.4.0/26 of node-b"),
+        "{err}"
+    );
+    // A claim prepared before is still answered.
+    prepare_one(&node.service, &reference("before", "uid-before")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_block_named_by_an_older_release_is_adopted_used_and_released_by_that_name() {
+    use crate::model::pod_network::legacy_ip_block_name;
+    let world = World::new();
+    let first = first_v4_block("node-a").await;
+    let mut old = IpBlock::new(spec("medianet", &first.to_string(), "node-a"));
+    let old_name = legacy_ip_block_name("medianet", &first.to_string());
+    old.metadata.name = Some(old_name.clone());
+    world.blocks.insert(old);
+    let node = world.node("node-a");
+    assert_eq!(node.service.reconcile_blocks().await.unwrap().adopted, 1);
+    let got = world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    assert!(first.contains(got[0].ip()), "{got:?}");
+    assert!(
+        world.blocks.all().iter().all(|b| b.spec.cidr != first.to_string()
+            || b.metadata.name.as_deref() == Some(old_name.as_str())),
+        "no second object for the CIDR"
+    );
+    node.service.unprepare(vec![reference("a", "uid-a")]).await["uid-a"].as_ref().unwrap();
+    world.clock.advance(Duration::from_mins(11));
+    let upkeep = node.service.release_idle_blocks().await;
+    assert!(upkeep.released.contains(&old_name), "{upkeep:?}");
+    assert!(world.blocks.all().is_empty());
 }
