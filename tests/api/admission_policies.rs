@@ -23,6 +23,8 @@ static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     env.add_extension(kube_inmemory::apiserver::cel_network_library)
         .expect("the network library declares once on a fresh environment");
+    // Kubernetes' CEL environment has the strings library (replace, join, ...).
+    env.add_extension(cel::extensions::strings).expect("the strings extension declares once");
     Arc::new(env)
 });
 
@@ -62,10 +64,13 @@ fn text(value: &serde_yaml::Value, key: &str) -> Option<String> {
     value.get(key).and_then(serde_yaml::Value::as_str).map(str::to_owned)
 }
 
-/// The policy named `name` from deploy/base/admission-*.yaml.
+/// The policy named `name` from deploy/base/admission-*.yaml (or an overlay's).
 fn policy(name: &str) -> Policy {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/base");
-    for entry in std::fs::read_dir(&dir).unwrap() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("deploy/base");
+    let overlay = root.join("deploy/overlays/k8s-1.34");
+    let entries = std::fs::read_dir(&dir).unwrap().chain(std::fs::read_dir(&overlay).unwrap());
+    for entry in entries {
         let path = entry.unwrap().path();
         let file = path.file_name().unwrap().to_string_lossy().into_owned();
         if !file.starts_with("admission-") {
@@ -138,10 +143,22 @@ fn to_cel(value: &Json) -> Value {
 
 /// Evaluates `policy` for one admission request.
 fn evaluate(policy: &Policy, request: &Json, object: &Json, old_object: &Json) -> Verdict {
+    evaluate_with(policy, request, object, old_object, &Json::Null)
+}
+
+/// Evaluates `policy` for one admission request against one parameter object (`params`).
+fn evaluate_with(
+    policy: &Policy,
+    request: &Json,
+    object: &Json,
+    old_object: &Json,
+    params: &Json,
+) -> Verdict {
     let mut context = Context::with_env(Arc::clone(&ENV));
     context.add_variable_from_value("request", to_cel(request));
     context.add_variable_from_value("object", to_cel(object));
     context.add_variable_from_value("oldObject", to_cel(old_object));
+    context.add_variable_from_value("params", to_cel(params));
     for condition in &policy.conditions {
         match condition.execute(&context) {
             Ok(Value::Bool(true)) => {}
@@ -576,4 +593,358 @@ fn the_cidr_and_ip_functions_follow_kubernetes_rules() {
     {
         assert_eq!(eval(&format!("isIP('{text}')")), Value::Bool(valid), "{text}");
     }
+}
+
+// --- netclaim-node-ipblocks ------------------------------------------------------------
+
+fn ip_block(name: &str, network: &str, cidr: &str, node: &str, claim: bool) -> Json {
+    let mut spec = json!({"podNetwork": network, "cidr": cidr, "nodeName": node});
+    if claim {
+        spec["claim"] = json!({"namespace": "ns", "name": "c", "uid": "u-1"});
+    }
+    json!({
+        "apiVersion": "netclaim.dev/v1alpha1",
+        "kind": "IPBlock",
+        "metadata": {"name": name},
+        "spec": spec
+    })
+}
+
+fn ip_block_request(operation: &str, username: &str, node_claim: Option<&str>) -> Json {
+    let mut request = slice_request(operation, username, node_claim);
+    request["resource"] =
+        json!({"group": "netclaim.dev", "version": "v1alpha1", "resource": "ipblocks"});
+    request
+}
+
+#[test]
+fn the_node_driver_creates_and_deletes_only_its_own_nodes_ipblocks() {
+    let policy = policy("netclaim-node-ipblocks");
+    let as_node = |op: &str| ip_block_request(op, NODE_SA, Some("node-a"));
+    let own = ip_block("medianet.v4-10-10-3-64-26", "medianet", "10.10.3.64/26", "node-a", false);
+    let own_v6 = ip_block(
+        "medianet.v6-fd00-10--1-200-120",
+        "medianet",
+        "fd00:10::1:200/120",
+        "node-a",
+        false,
+    );
+    let reservation =
+        ip_block("medianet.v4-10-10-1-5-32", "medianet", "10.10.1.5/32", "node-a", true);
+    let mut rejected = BTreeSet::new();
+
+    // Accepted: its own blocks and reservations, created and deleted; blocks named before
+    // the current scheme are still deleted by their node.
+    for block in [&own, &own_v6, &reservation] {
+        assert_eq!(evaluate(&policy, &as_node("CREATE"), block, &Json::Null), Verdict::Allowed);
+        assert_eq!(evaluate(&policy, &as_node("DELETE"), &Json::Null, block), Verdict::Allowed);
+    }
+    let legacy = ip_block("medianet-10-10-3-64-26", "medianet", "10.10.3.64/26", "node-a", false);
+    assert_eq!(evaluate(&policy, &as_node("DELETE"), &Json::Null, &legacy), Verdict::Allowed);
+    // Not matched: the controller (collecting a deleted node's blocks) and administrators.
+    let other =
+        ip_block("medianet.v4-10-10-3-128-26", "medianet", "10.10.3.128/26", "node-b", false);
+    let controller = ip_block_request(
+        "DELETE",
+        "system:serviceaccount:netclaim-system:netclaim-controller",
+        None,
+    );
+    assert_eq!(evaluate(&policy, &controller, &Json::Null, &other), Verdict::NotMatched);
+
+    let rule = rule_about(&policy, "names no node");
+    let request = ip_block_request("CREATE", NODE_SA, None);
+    assert_denied_by(evaluate(&policy, &request, &own, &Json::Null), rule, "no node claim");
+    rejected.insert(rule);
+
+    // Another node's block: create, and delete (through oldObject).
+    let rule = rule_about(&policy, "of its own node");
+    let message = assert_denied_by(
+        evaluate(&policy, &as_node("CREATE"), &other, &Json::Null),
+        rule,
+        "create other",
+    );
+    assert!(message.contains("node-a") && message.contains("node-b"), "{message}");
+    assert_denied_by(
+        evaluate(&policy, &as_node("DELETE"), &Json::Null, &other),
+        rule,
+        "delete other",
+    );
+    let other_reservation =
+        ip_block("medianet.v4-10-10-1-5-32", "medianet", "10.10.1.5/32", "node-b", true);
+    assert_denied_by(
+        evaluate(&policy, &as_node("DELETE"), &Json::Null, &other_reservation),
+        rule,
+        "delete other's reservation",
+    );
+    rejected.insert(rule);
+
+    // A CIDR not in canonical form (host bits set, or not a CIDR).
+    let rule = rule_about(&policy, "canonical CIDR");
+    for cidr in ["10.10.3.65/26", "fd00:10:0::1:200/120", "10.10.3.64"] {
+        let name = format!("medianet.v4-{}", cidr.replace(['.', ':', '/'], "-"));
+        let block = ip_block(&name, "medianet", cidr, "node-a", false);
+        assert_denied_by(evaluate(&policy, &as_node("CREATE"), &block, &Json::Null), rule, cidr);
+    }
+    rejected.insert(rule);
+
+    // A name that is not the one derived from network and CIDR: the old scheme, another
+    // network's prefix, another CIDR, the wrong family tag.
+    let rule = rule_about(&policy, "names an IPBlock after");
+    for name in [
+        "medianet-10-10-3-64-26",
+        "othernet.v4-10-10-3-64-26",
+        "medianet.v4-10-10-3-0-26",
+        "medianet.v6-10-10-3-64-26",
+        "mine",
+    ] {
+        let block = ip_block(name, "medianet", "10.10.3.64/26", "node-a", false);
+        let message = assert_denied_by(
+            evaluate(&policy, &as_node("CREATE"), &block, &Json::Null),
+            rule,
+            name,
+        );
+        assert!(message.contains("medianet.v4-10-10-3-64-26"), "{message}");
+    }
+    rejected.insert(rule);
+
+    assert_eq!(rejected, (0..policy.rules.len()).collect(), "every rule rejects something");
+}
+
+fn pod_network_param(name: &str, provider: &str) -> Json {
+    json!({
+        "apiVersion": "netclaim.dev/v1alpha1",
+        "kind": "PodNetwork",
+        "metadata": {"name": name},
+        "spec": {
+            "provider": provider,
+            "parents": ["eth1"],
+            "ipam": {
+                "subnets": ["10.10.0.0/16", "fd00:10::/64"],
+                "exclude": ["10.10.0.0/24"],
+                "staticRanges": ["10.10.1.0/24"],
+                "blockSize": {"ipv4": 26, "ipv6": 120}
+            }
+        }
+    })
+}
+
+/// The binding's verdict: the policy evaluated against every PodNetwork (each a parameter),
+/// every evaluation must allow.
+fn against_every_network(
+    policy: &Policy,
+    request: &Json,
+    block: &Json,
+    networks: &[Json],
+) -> Verdict {
+    for network in networks {
+        let verdict = evaluate_with(policy, request, block, &Json::Null, network);
+        if verdict != Verdict::Allowed {
+            return verdict;
+        }
+    }
+    Verdict::Allowed
+}
+
+#[test]
+fn a_node_creates_blocks_of_the_networks_block_size_and_reservations_in_static_ranges() {
+    let policy = policy("netclaim-node-ipblocks-network");
+    let create = ip_block_request("CREATE", NODE_SA, Some("node-a"));
+    let networks = [
+        pod_network_param("medianet", "netclaim.dev"),
+        // Another network, whose rules must not apply to medianet's blocks.
+        json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "PodNetwork",
+               "metadata": {"name": "tiny"},
+               "spec": {"provider": "netclaim.dev", "parents": ["eth2"],
+                        "ipam": {"subnets": ["10.30.0.0/24"], "blockSize": {"ipv4": 28, "ipv6": 124}}}}),
+        pod_network_param("foreign", "other.example.com"),
+    ];
+    let mut rejected = BTreeSet::new();
+    let block = |network: &str, cidr: &str, claim: bool| {
+        ip_block(&format!("{network}.v4-x"), network, cidr, "node-a", claim)
+    };
+
+    for accepted in [
+        block("medianet", "10.10.3.64/26", false),
+        block("medianet", "fd00:10::1:200/120", false),
+        block("medianet", "10.10.1.5/32", true),
+        block("tiny", "10.30.0.16/28", false),
+        // Without a network to judge against, the other policy's checks are all there is.
+        block("gone", "10.99.0.0/24", false),
+    ] {
+        assert_eq!(
+            against_every_network(&policy, &create, &accepted, &networks),
+            Verdict::Allowed,
+            "{accepted}"
+        );
+    }
+    // Not matched: the controller or an administrator.
+    let admin = ip_block_request("CREATE", "kubernetes-admin", None);
+    assert_eq!(
+        evaluate_with(
+            &policy,
+            &admin,
+            &block("medianet", "10.0.0.0/8", false),
+            &Json::Null,
+            &networks[0]
+        ),
+        Verdict::NotMatched
+    );
+
+    let judge = |b: &Json| against_every_network(&policy, &create, b, &networks);
+
+    let rule = rule_about(&policy, "only of netclaim.dev networks");
+    let message =
+        assert_denied_by(judge(&block("foreign", "10.40.0.0/26", false)), rule, "provider");
+    assert!(message.contains("other.example.com"), "{message}");
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "(its blockSize)");
+    for cidr in ["10.10.3.0/24", "10.10.3.64/27", "fd00:10::/64", "10.10.3.7/32"] {
+        let message = assert_denied_by(judge(&block("medianet", cidr, false)), rule, cidr);
+        assert!(message.contains("medianet"), "{message}");
+    }
+    // tiny's blocks are /28s: a /26 is refused there, by tiny's rule.
+    assert_denied_by(judge(&block("tiny", "10.30.0.0/26", false)), rule, "tiny /26");
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "lies inside one of its subnets");
+    assert_denied_by(judge(&block("medianet", "10.11.0.0/26", false)), rule, "outside");
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "single address inside its staticRanges");
+    for (cidr, why) in [
+        ("10.10.3.7/32", "a reservation in the block space"),
+        ("10.10.0.1/32", "a reservation in exclude but outside staticRanges"),
+        ("10.10.1.0/26", "a reservation of more than one address"),
+    ] {
+        assert_denied_by(judge(&block("medianet", cidr, true)), rule, why);
+    }
+    rejected.insert(rule);
+
+    assert_eq!(rejected, (0..policy.rules.len()).collect(), "every rule rejects something");
+}
+
+// --- netclaim-node-claim-status (deploy/overlays/k8s-1.34) -----------------------------
+
+fn device_status(driver: &str, pool: &str, device: &str, ready: bool) -> Json {
+    json!({
+        "driver": driver, "pool": pool, "device": device,
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                        "reason": "Attached", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "networkData": {"interfaceName": "net1", "ips": ["10.10.3.77/16"]}
+    })
+}
+
+/// A claim allocated `medianet-eth1` on node-a by netclaim.dev and `gpu0` on node-a by
+/// another driver, reserved for one pod, with `devices` as its device statuses.
+fn allocated_claim(devices: &[Json]) -> Json {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid"},
+        "spec": {"devices": {"requests": [{"name": "net"}, {"name": "gpu"}]}},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "net", "driver": "netclaim.dev", "pool": "node-a", "device": "medianet-eth1"},
+                {"request": "gpu", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu0"}
+            ]}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+            "devices": devices
+        }
+    })
+}
+
+fn status_request(username: &str, node: Option<&str>) -> Json {
+    let mut request = slice_request("UPDATE", username, node);
+    request["resource"] =
+        json!({"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"});
+    request["subResource"] = json!("status");
+    request
+}
+
+#[test]
+fn on_1_34_the_node_writes_only_its_own_drivers_and_pools_device_statuses() {
+    let policy = policy("netclaim-node-claim-status");
+    let as_node = status_request(NODE_SA, Some("node-a"));
+    let theirs = device_status("gpu.example.com", "node-a", "gpu0", true);
+    let ours = device_status("netclaim.dev", "node-a", "medianet-eth1", true);
+    let before = allocated_claim(std::slice::from_ref(&theirs));
+    let mut rejected = BTreeSet::new();
+
+    // Accepted: adding, changing and removing its own entry; another driver's stays as it was.
+    let added = allocated_claim(&[theirs.clone(), ours.clone()]);
+    assert_eq!(evaluate(&policy, &as_node, &added, &before), Verdict::Allowed);
+    let changed = allocated_claim(&[
+        theirs.clone(),
+        device_status("netclaim.dev", "node-a", "medianet-eth1", false),
+    ]);
+    assert_eq!(evaluate(&policy, &as_node, &changed, &added), Verdict::Allowed);
+    assert_eq!(evaluate(&policy, &as_node, &before, &added), Verdict::Allowed);
+    // Not matched: the scheduler, kubelet, another driver's daemon.
+    for username in
+        ["system:kube-scheduler", "system:node:node-a", "system:serviceaccount:gpu:gpu-node"]
+    {
+        let request = status_request(username, Some("node-a"));
+        let mut deallocated = before.clone();
+        deallocated["status"].as_object_mut().unwrap().remove("allocation");
+        assert_eq!(evaluate(&policy, &request, &deallocated, &before), Verdict::NotMatched);
+    }
+
+    let rule = rule_about(&policy, "names no node");
+    let request = status_request(NODE_SA, None);
+    assert_denied_by(evaluate(&policy, &request, &added, &before), rule, "no node claim");
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "status.allocation");
+    let mut moved = added.clone();
+    moved["status"]["allocation"]["devices"]["results"][0]["pool"] = json!("node-b");
+    assert_denied_by(evaluate(&policy, &as_node, &moved, &before), rule, "allocation edited");
+    let mut deallocated = before.clone();
+    deallocated["status"].as_object_mut().unwrap().remove("allocation");
+    assert_denied_by(evaluate(&policy, &as_node, &deallocated, &before), rule, "deallocated");
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "status.reservedFor");
+    let mut reserved = added.clone();
+    reserved["status"]["reservedFor"] = json!([
+        {"resource": "pods", "name": "p", "uid": "pod-uid"},
+        {"resource": "pods", "name": "intruder", "uid": "other-uid"}
+    ]);
+    assert_denied_by(evaluate(&policy, &as_node, &reserved, &before), rule, "reservedFor added");
+    let mut unreserved = before.clone();
+    unreserved["status"].as_object_mut().unwrap().remove("reservedFor");
+    assert_denied_by(
+        evaluate(&policy, &as_node, &unreserved, &before),
+        rule,
+        "reservedFor removed",
+    );
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "of driver netclaim.dev and pool");
+    // Another driver's entry rewritten, removed; an entry of our driver on another node.
+    let rewritten = allocated_claim(&[device_status("gpu.example.com", "node-a", "gpu0", false)]);
+    let message =
+        assert_denied_by(evaluate(&policy, &as_node, &rewritten, &before), rule, "rewritten");
+    assert!(message.contains("gpu.example.com/node-a/gpu0"), "{message}");
+    let removed = allocated_claim(&[]);
+    assert_denied_by(evaluate(&policy, &as_node, &removed, &before), rule, "removed");
+    let other_node = allocated_claim(&[
+        theirs.clone(),
+        device_status("netclaim.dev", "node-b", "medianet-eth1", true),
+    ]);
+    let message =
+        assert_denied_by(evaluate(&policy, &as_node, &other_node, &before), rule, "other pool");
+    assert!(message.contains("netclaim.dev/node-b/medianet-eth1"), "{message}");
+    rejected.insert(rule);
+
+    let rule = rule_about(&policy, "allocated to this claim");
+    let unallocated =
+        allocated_claim(&[theirs, device_status("netclaim.dev", "node-a", "eth9", true)]);
+    let message =
+        assert_denied_by(evaluate(&policy, &as_node, &unallocated, &before), rule, "not allocated");
+    assert!(message.contains("eth9"), "{message}");
+    rejected.insert(rule);
+
+    assert_eq!(rejected, (0..policy.rules.len()).collect(), "every rule rejects something");
 }

@@ -176,15 +176,24 @@ fn the_base_holds_together() {
     assert_eq!(container["ports"][0]["containerPort"], 9178);
     assert_eq!(daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
 
-    // The slice policy matches the ServiceAccount the DaemonSet runs as.
+    // The node policies (slices, IPBlocks) match the ServiceAccount the DaemonSet runs as.
     let service_account = pod["serviceAccountName"].as_str().unwrap();
     let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
-    let policy = find(&objects, "ValidatingAdmissionPolicy", "netclaim-node-slices").unwrap();
-    let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
-    assert!(
-        condition.contains(&format!("'system:serviceaccount:{namespace}:{service_account}'")),
-        "{condition}"
-    );
+    for name in ["netclaim-node-slices", "netclaim-node-ipblocks", "netclaim-node-ipblocks-network"]
+    {
+        let policy = find(&objects, "ValidatingAdmissionPolicy", name)
+            .unwrap_or_else(|| panic!("no policy {name}"));
+        let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
+        assert!(
+            condition.contains(&format!("'system:serviceaccount:{namespace}:{service_account}'")),
+            "{name}: {condition}"
+        );
+    }
+    // The IPBlock network policy's parameters are the PodNetworks, all of them.
+    let binding =
+        find(&objects, "ValidatingAdmissionPolicyBinding", "netclaim-node-ipblocks-network")
+            .unwrap();
+    assert_eq!(binding["spec"]["paramRef"]["selector"], serde_json::json!({}));
     for policy in objects.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicy") {
         let name = policy["metadata"]["name"].as_str().unwrap();
         let binding = find(&objects, "ValidatingAdmissionPolicyBinding", name)
@@ -222,7 +231,21 @@ fn the_overlays_change_what_they_name() {
     let old = render(&deploy().join("overlays/k8s-1.34"));
     assert!(!has_granular_status_grant(&old), "1.34/1.35 have no resourceclaims/driver");
     assert!(find(&old, "ClusterRoleBinding", "netclaim-node-claim-status").is_none());
-    assert_eq!(old.len(), base.len() - 2, "only the granular role and its binding go");
+    // The claim status policy pins what RBAC cannot there; it matches the node's identity.
+    let policy = find(&old, "ValidatingAdmissionPolicy", "netclaim-node-claim-status")
+        .expect("1.34/1.35 pin the node's claim status writes");
+    let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
+    assert!(
+        condition.contains("'system:serviceaccount:netclaim-system:netclaim-node'"),
+        "{condition}"
+    );
+    assert!(find(&old, "ValidatingAdmissionPolicyBinding", "netclaim-node-claim-status").is_some());
+    assert!(find(&base, "ValidatingAdmissionPolicy", "netclaim-node-claim-status").is_none());
+    assert_eq!(
+        old.len(),
+        base.len(),
+        "the granular role and its binding go, the claim status policy and its binding come"
+    );
 
     let slots = render(&deploy().join("overlays/slots"));
     assert!(daemonset_args(&slots).contains(&"--sharing-mode=slots".to_owned()));
