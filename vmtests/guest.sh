@@ -38,9 +38,12 @@ for arg in "$@"; do
         name="$name ${arg#*::}"
     fi
     echo "vmtests/guest: running $name"
+    started=$(cut -d' ' -f1 /proc/uptime)
     "$binary" --include-ignored --test-threads=1 "${filter[@]}"
     status=$?
-    echo "vmtests/guest: $name exit $status"
+    # The suite's own time, for the ledger in vmtests/README.md.
+    took=$(awk -v s="$started" '{printf "%.1f", $1 - s}' /proc/uptime)
+    echo "vmtests/guest: $name exit $status in $took s"
     if [[ $status -ne 0 && $rc -eq 0 ]]; then
         rc=$status
         dmesg | tail -n 40

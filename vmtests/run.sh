@@ -15,6 +15,10 @@
 #                       (default 10, what CI runs)
 #   NETCLAIM_RELEASE_BIN  a release build of netclaim (`make test` sets it): passed into the
 #                       guest as NETCLAIM_VM_DAEMON_BIN, the daemon tests/vm/vm_daemon.rs runs
+#   NETCLAIM_VM_SHARE   a host directory mounted writable in the guest at the same path
+#                       (virtme-ng's --rwdir, 9p), passed into the guest: what survives a
+#                       reboot in tests/vm/vm_reboot.rs (the guest's /tmp dies with the boot)
+#   NETCLAIM_VM_REBOOT_PHASE  passed into the guest: which boot of vm_reboot this is (1, 2)
 set -euo pipefail
 
 PREFIX="${NETCLAIM_VM_PREFIX:-/opt/netclaim-vm}"
@@ -73,6 +77,15 @@ fi
 if [[ -n ${NETCLAIM_RELEASE_BIN:-} ]]; then
     guest_env+="NETCLAIM_VM_DAEMON_BIN=$(realpath "$NETCLAIM_RELEASE_BIN") "
 fi
+share=()
+if [[ -n ${NETCLAIM_VM_SHARE:-} ]]; then
+    NETCLAIM_VM_SHARE=$(realpath "$NETCLAIM_VM_SHARE")
+    share=("--rwdir=$NETCLAIM_VM_SHARE")
+    guest_env+="NETCLAIM_VM_SHARE=$NETCLAIM_VM_SHARE "
+fi
+if [[ -n ${NETCLAIM_VM_REBOOT_PHASE:-} ]]; then
+    guest_env+="NETCLAIM_VM_REBOOT_PHASE=$NETCLAIM_VM_REBOOT_PHASE "
+fi
 if [[ -n $guest_env ]]; then
     guest_env="env $guest_env"
 fi
@@ -86,7 +99,7 @@ set +e
 # make overwrite each other.
 timeout --kill-after=10 "${NETCLAIM_VM_TIMEOUT:-600}" \
     vng --disable-kvm --run "$kdir/boot/vmlinuz-$release" --qemu "$PREFIX/bin/qemu-system-x86_64" \
-    --memory 1G --cpus 2 \
+    --memory 1G --cpus 2 "${share[@]}" \
     --exec "${guest_env}bash $HERE/guest.sh ${binaries[*]}" \
     --qemu-opts="$accel $nics" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}

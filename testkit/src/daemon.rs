@@ -42,14 +42,19 @@ pub struct Node {
     pub parent: String,
     pub runtime: tokio::runtime::Runtime,
     nri: Option<NriRuntime>,
-    _api: Child,
+    _api: Option<Child>,
 }
 
 impl Node {
     pub fn start() -> Self {
-        let netns = Netns::new();
-        let dir = tempfile::tempdir().unwrap();
-        let api = start_api_server(&netns, super::netclaim_bin(), dir.path(), &[]);
+        Self::start_in(Netns::new(), tempfile::tempdir().unwrap(), true)
+    }
+
+    /// The node in `netns` with its files under `dir`. Without `api`, no API server is
+    /// started and `dir/kubeconfig` is whatever the caller put there (the VM's reboot suite,
+    /// after its reboot: the first boot's, whose server died with that boot).
+    pub fn start_in(netns: Netns, dir: tempfile::TempDir, api: bool) -> Self {
+        let api = api.then(|| start_api_server(&netns, super::netclaim_bin(), dir.path(), &[]));
         let (parent, peer) = (netns.ifname("p0"), netns.ifname("p1"));
         netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
         netns.ip(&["link", "set", &parent, "up"]);

@@ -56,7 +56,12 @@ impl Vfs {
     /// Creates `count` VFs on the first igb PF and waits for their igbvf netdevs.
     pub fn create(count: u32) -> Self {
         let pfs = netdevs_of("igb");
-        let pf = pfs.first().expect("an igb PF (the VM has two)").clone();
+        Self::create_on(pfs.first().expect("an igb PF (the VM has two)"), count)
+    }
+
+    /// Creates `count` VFs on the PF named `pf` and waits for their igbvf netdevs.
+    pub fn create_on(pf: &str, count: u32) -> Self {
+        let pf = pf.to_owned();
         let device = PathBuf::from(format!("/sys/class/net/{pf}/device"));
         let numvfs = device.join("sriov_numvfs");
         let flags = std::fs::read_to_string(format!("/sys/class/net/{pf}/flags")).unwrap();

@@ -29,7 +29,7 @@ use crate::kit::vm::{Vfs, require_vm};
 
 /// What kubelet's plugin watcher does with a new registration socket: `GetInfo`, then
 /// `NotifyRegistrationStatus` with success. Checks what the daemon reports.
-fn register_as_kubelet(node: &Node) {
+pub(crate) fn register_as_kubelet(node: &Node) {
     let socket = node.dir.path().join("registry").join("netclaim.dev-reg.sock");
     let endpoint = node.dir.path().join("plugin").join("dra.sock");
     node.runtime.block_on(async move {
@@ -56,7 +56,7 @@ fn register_as_kubelet(node: &Node) {
 }
 
 /// Waits until the daemon publishes a device of interface `if_name`.
-fn wait_published(node: &Node, if_name: &str, log: &str) {
+pub(crate) fn wait_published(node: &Node, if_name: &str, log: &str) {
     let started = Instant::now();
     while !published(node, if_name) {
         assert!(started.elapsed() < PATIENCE, "{if_name} never published:\n{}", node.log(log));
@@ -66,18 +66,18 @@ fn wait_published(node: &Node, if_name: &str, log: &str) {
 }
 
 /// `ping -c 1` from `pod` to `address`.
-fn pings(pod: &Netns, address: &str) -> bool {
+pub(crate) fn pings(pod: &Netns, address: &str) -> bool {
     pod.exec("ping", &["-c", "1", "-W", "5", address]).status.success()
 }
 
 /// The stop containerd sends (no netns path: the daemon remembers it), then the remove.
-fn stop_pod(node: &Node, sandbox: &PodSandbox) {
+pub(crate) fn stop_pod(node: &Node, sandbox: &PodSandbox) {
     let stopping = PodSandbox { netns_path: None, ..sandbox.clone() };
     node.runtime.block_on(node.nri().stop_pod_sandbox(&stopping)).unwrap();
     node.runtime.block_on(node.nri().remove_pod_sandbox(&stopping)).unwrap();
 }
 
-fn kind_of(link: &Value) -> &str {
+pub(crate) fn kind_of(link: &Value) -> &str {
     link["linkinfo"]["info_kind"].as_str().unwrap_or("")
 }
 
