@@ -116,6 +116,7 @@ fn allocation(c: &mut Criterion) {
         subnets: vec!["10.0.0.0/8".parse().unwrap()],
         gateways: vec!["10.0.0.1".parse().unwrap()],
         exclude: Vec::new(),
+        static_ranges: Vec::new(),
         block_v4: 24,
         block_v6: 120,
         addresses: Vec::new(),

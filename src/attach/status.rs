@@ -2,6 +2,7 @@
 //! outcome of each allocated device (pure, no I/O), and the attach service's submission of
 //! them through its [`StatusSink`] port.
 
+use ipnetwork::IpNetwork;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
@@ -14,10 +15,11 @@ use super::{
     AttachFailure, AttachedDevice, AttachmentStore, NetnsPort, PodAttachment, PodClaimSource,
     REASON_ATTACH_FAILED, REASON_POD_STOPPED, StatusSink, lock,
 };
-use crate::claims::PreparedClaim;
+use crate::claims::{PreparedClaim, PreparedClaimDevice};
 use crate::metrics::InterfaceLabels;
 use crate::model::ClaimRef;
 use crate::model::cause::chain;
+use crate::model::network_config::Addressing;
 use crate::model::stats::{InterfaceStats, StatsStatus};
 use crate::podnet::apply::AttachedInterface;
 use crate::stats::{StatsSink, WatchedInterface};
@@ -80,6 +82,49 @@ struct NetworkStatus<'a> {
     mtu: u32,
     gateways: Vec<String>,
     routes: Vec<RouteStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_network: Option<PodNetworkData>,
+}
+
+/// `data.podNetwork` (DESIGN §4): the `PodNetwork` a device's addresses come from and, per
+/// address in `networkData.ips` order, the `IPBlock` CIDR it was taken from (a node's block,
+/// or the /32 or /128 reservation of a static address), so an administrator can follow an
+/// address to the object that holds it cluster-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetworkData {
+    /// The network.
+    pub name: String,
+    /// The blocks, one per address (none for a claim without addresses).
+    pub blocks: Vec<String>,
+}
+
+/// `data.podNetwork` of a prepared device whose addresses come from a network; `None` for a
+/// device without one.
+#[must_use]
+pub fn pod_network_data(device: &PreparedClaimDevice) -> Option<PodNetworkData> {
+    let Addressing::Network(plan) = &device.config.addressing else {
+        return device
+            .config
+            .pod_network
+            .clone()
+            .map(|name| PodNetworkData { name, blocks: Vec::new() });
+    };
+    let blocks = device
+        .addresses
+        .iter()
+        .filter_map(|address| {
+            let ip = address.ip();
+            if plan.addresses.iter().any(|s| s.ip() == ip) {
+                let bits = if ip.is_ipv4() { 32 } else { 128 };
+                IpNetwork::new(ip, bits).ok()
+            } else {
+                crate::ipam::blocks::block_of(plan, ip)
+            }
+        })
+        .map(|block| block.to_string())
+        .collect();
+    Some(PodNetworkData { name: plan.pod_network.clone(), blocks })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +150,20 @@ pub fn build_entries(
     generation: Option<i64>,
     now: &Time,
 ) -> Result<Vec<AllocatedDeviceStatus>, StatusError> {
+    build_entries_in(devices, &[], previous, generation, now)
+}
+
+/// [`build_entries`] with `data.podNetwork` of the devices in `networks` (by key).
+///
+/// # Errors
+/// [`StatusError::Reason`] when a failure reason is not CamelCase.
+pub fn build_entries_in(
+    devices: &[(DeviceKey, DeviceOutcome)],
+    networks: &[(DeviceKey, PodNetworkData)],
+    previous: &[AllocatedDeviceStatus],
+    generation: Option<i64>,
+    now: &Time,
+) -> Result<Vec<AllocatedDeviceStatus>, StatusError> {
     devices
         .iter()
         .map(|(key, outcome)| {
@@ -114,7 +173,8 @@ pub fn build_entries(
                     && entry.device == key.device
                     && entry.share_id == key.share_id
             });
-            build_entry(key, outcome, old, generation, now)
+            let network = networks.iter().find(|(k, _)| k == key).map(|(_, n)| n);
+            build_entry(key, outcome, network, old, generation, now)
         })
         .collect()
 }
@@ -122,6 +182,7 @@ pub fn build_entries(
 fn build_entry(
     key: &DeviceKey,
     outcome: &DeviceOutcome,
+    network: Option<&PodNetworkData>,
     old: Option<&AllocatedDeviceStatus>,
     generation: Option<i64>,
     now: &Time,
@@ -154,7 +215,7 @@ fn build_entry(
     };
     let (network_data, data) = match outcome {
         DeviceOutcome::Ready(iface) => {
-            let mut data = network_status(iface);
+            let mut data = network_status(iface, network);
             // The counters stay until the stats service reports newer ones: a rebuilt entry
             // of the same interface must not make them vanish between two collections.
             if let (Some(old_data), serde_json::Value::Object(fields)) =
@@ -249,7 +310,7 @@ fn network_data(iface: &AttachedInterface) -> NetworkDeviceData {
 }
 
 /// `data`: the NetworkStatus object, routes dropped if it would pass the 10 KiB limit.
-fn network_status(iface: &AttachedInterface) -> RawExtension {
+fn network_status(iface: &AttachedInterface, pod_network: Option<&PodNetworkData>) -> RawExtension {
     let mut gateways: Vec<String> = Vec::new();
     for gw in iface.routes.iter().filter_map(|r| r.gateway) {
         let gw = gw.to_string();
@@ -273,6 +334,7 @@ fn network_status(iface: &AttachedInterface) -> RawExtension {
                 metric: r.metric,
             })
             .collect(),
+        pod_network: pod_network.cloned(),
     };
     let mut value = serde_json::to_value(&status).unwrap_or(serde_json::Value::Null);
     if value.to_string().len() > MAX_DATA_BYTES {
@@ -342,10 +404,11 @@ fn submit_entries<W: StatusSink>(
     sink: &W,
     claim: &AttachedClaim,
     outcomes: &[(DeviceKey, DeviceOutcome)],
+    networks: &[(DeviceKey, PodNetworkData)],
 ) {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = lock(inner).statuses.get(&claim.uid).cloned().unwrap_or_default();
-    match build_entries(outcomes, &previous, claim.generation, &now) {
+    match build_entries_in(outcomes, networks, &previous, claim.generation, &now) {
         Ok(entries) => {
             lock(inner).statuses.insert(claim.uid.clone(), entries.clone());
             sink.submit(
@@ -394,12 +457,20 @@ pub(super) fn submit_ready<W: StatusSink>(
             (device_key(driver, &d.pool, &d.device, d.share_id.as_ref()), outcome)
         })
         .collect();
-    submit_entries(inner, sink, &AttachedClaim::from_prepared(claim), &outcomes);
+    let networks: Vec<_> = claim
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let data = pod_network_data(d)?;
+            Some((device_key(driver, &d.pool, &d.device, d.share_id.as_ref()), data))
+        })
+        .collect();
+    submit_entries(inner, sink, &AttachedClaim::from_prepared(claim), &outcomes, &networks);
 }
 
 impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     fn submit(&self, claim: &AttachedClaim, outcomes: &[(DeviceKey, DeviceOutcome)]) {
-        submit_entries(&self.inner, &*self.status, claim, outcomes);
+        submit_entries(&self.inner, &*self.status, claim, outcomes, &[]);
     }
 
     fn key(&self, pool: &str, device: &str, share_id: Option<&String>) -> DeviceKey {
@@ -658,6 +729,76 @@ mod tests {
         assert!(!set_stats(&mut entries, &items[..1]), "unchanged counters are no change");
         let rebuilt = build_entries(&[(k, ready)], &entries, Some(2), &at(20)).expect("valid");
         assert_eq!(rebuilt[0].data.as_ref().expect("data").0["stats"]["txDropped"], 2);
+    }
+
+    /// The finding: the status did not name the network; now `data.podNetwork` has it and
+    /// the block (or static reservation) of each address.
+    #[test]
+    fn data_names_the_pod_network_and_the_block_of_each_address() {
+        use crate::model::network_config::{
+            ConfigEntry, ConfigSource, NetworkAddressing, NodeSupport, resolve,
+        };
+        use crate::testing::facts::{FactsBuilder as _, physical_nic};
+        let parameters = serde_json::json!({"apiVersion": "netclaim.dev/v1alpha1",
+            "kind": "NetworkConfig", "mode": "macvlan"});
+        let entries = [ConfigEntry { source: ConfigSource::Claim, requests: vec![], parameters }];
+        let mut config =
+            resolve(&entries, "net", &physical_nic("eth1").shared(), &NodeSupport::everything())
+                .expect("a plain macvlan config resolves");
+        let net = |s: &str| -> IpNetwork { s.parse().expect("test network") };
+        let mut plan = NetworkAddressing {
+            pod_network: "medianet".into(),
+            subnets: vec![net("10.10.0.0/16"), net("fd00:10::/64")],
+            gateways: vec![],
+            exclude: vec![],
+            static_ranges: vec![net("10.10.1.0/24")],
+            block_v4: 26,
+            block_v6: 120,
+            addresses: vec![],
+        };
+        config.pod_network = Some("medianet".into());
+        config.addressing = Addressing::Network(plan.clone());
+        let mut device = PreparedClaimDevice {
+            request: "net".into(),
+            pool: "node-a".into(),
+            device: "medianet-eth1".into(),
+            share_id: None,
+            if_name: "eth1".into(),
+            config: config.clone(),
+            addresses: vec![net("10.10.3.77/16"), net("fd00:10::1:2ff/64")],
+            sharing: None,
+            kind: None,
+            host_mtu: None,
+            attributes: std::collections::BTreeMap::new(),
+            cdi_device_ids: vec![],
+            vf: None,
+        };
+        let data = pod_network_data(&device).expect("a network device");
+        assert_eq!(data.name, "medianet");
+        assert_eq!(data.blocks, ["10.10.3.64/26", "fd00:10::1:200/120"]);
+        let k = key("medianet-eth1", None);
+        let ready = DeviceOutcome::Ready(iface(&["10.10.3.77/16"], vec![]));
+        let entries = build_entries_in(
+            &[(k.clone(), ready.clone())],
+            &[(k.clone(), data)],
+            &[],
+            Some(1),
+            &at(1),
+        )
+        .expect("valid");
+        assert_eq!(
+            entries[0].data.as_ref().expect("data").0["podNetwork"],
+            serde_json::json!({"name": "medianet", "blocks": ["10.10.3.64/26", "fd00:10::1:200/120"]})
+        );
+        // A static address: its /32 reservation.
+        plan.addresses = vec![net("10.10.1.5/16")];
+        config.addressing = Addressing::Network(plan);
+        device.config = config;
+        device.addresses = vec![net("10.10.1.5/16")];
+        assert_eq!(pod_network_data(&device).expect("a network device").blocks, ["10.10.1.5/32"]);
+        // A device of no network has none.
+        let plain = build_entries(&[(k, ready)], &[], Some(1), &at(1)).expect("valid");
+        assert!(plain[0].data.as_ref().expect("data").0.get("podNetwork").is_none());
     }
 
     #[test]

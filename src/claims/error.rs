@@ -127,6 +127,9 @@ pub enum ClaimError {
         #[source]
         source: parent_capacity::ParentFull,
     },
+    /// The claim may not use a network's device or the network (DESIGN §4).
+    #[error(transparent)]
+    Tenancy(#[from] super::tenancy::TenancyError),
     /// The claim's prepare gave no answer (cannot happen: every claim of a call is answered).
     #[error("the prepare gave no answer for this claim")]
     Unanswered,

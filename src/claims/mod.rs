@@ -28,6 +28,7 @@ mod record;
 mod service;
 mod staged;
 mod state;
+pub mod tenancy;
 pub mod vf;
 mod vf_settings;
 pub mod vf_snapshots;

@@ -1,8 +1,8 @@
 //! The claim service's ports, with their errors: the API ([`ClaimSource`]), the node's
 //! inventory ([`DeviceSource`]), durable state ([`ClaimStore`], with the VF snapshots of
 //! [`VfSnapshotStore`]), the pod's device metadata files ([`MetadataStore`]), the PodNetworks
-//! and their IPBlocks ([`PodNetworkSource`], [`IpBlockApi`]) and a VF's settings on its PF
-//! ([`VfPort`]).
+//! and their IPBlocks ([`PodNetworkSource`], [`IpBlockApi`]), the namespaces' labels
+//! ([`NamespaceSource`]) and a VF's settings on its PF ([`VfPort`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -225,6 +225,31 @@ pub trait PodNetworkSource: Send + Sync + 'static {
     /// Resolves when the networks may have changed since the last call (the block release
     /// loop wakes on it, so a network being deleted gives its empty blocks back at once).
     fn changed(&self) -> BoxFuture<'_, ()>;
+}
+
+/// Why the node cannot say which labels a namespace has (a `namespaceSelector` then refuses
+/// the claim: the check fails closed).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NamespaceReadError {
+    /// The node has not completed its first list of the namespaces.
+    #[error("the node has not read the Namespaces yet (the watch is not synced); kubelet retries")]
+    NotSynced,
+    /// The node's watch has no namespace of that name.
+    #[error("no Namespace of this name is known to the node")]
+    NotFound,
+    /// This node runs without a namespace watch.
+    #[error("this node does not watch Namespaces")]
+    NotWatched,
+}
+
+/// The Namespaces' labels as the node last saw them (a watch on the daemon, not one GET per
+/// claim), for `PodNetwork.spec.namespaceSelector` (adapter: `k8s::namespaces`).
+pub trait NamespaceSource: Send + Sync + 'static {
+    /// The labels of namespace `name`.
+    fn labels(
+        &self,
+        name: &str,
+    ) -> BoxFuture<'_, Result<BTreeMap<String, String>, NamespaceReadError>>;
 }
 
 /// The `IPBlock` API (adapter: `k8s::ip_blocks`).

@@ -22,6 +22,7 @@ use super::preparer::{
 use super::record::PreparedClaim;
 use super::staged::StagedClaim;
 use super::state::{State, lock};
+use super::tenancy;
 use super::vf::VfPort;
 use crate::ipam::{Clock, Ipam, IpamError, LeaseOwner, LeaseStore, SystemClock};
 use crate::model::ClaimRef;
@@ -66,6 +67,9 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     pub(super) supervision: networks::Supervision,
     /// VF settings on the PF (mode `sriov-vf`); `None`: such claims fail at prepare.
     pub(super) vf_port: Option<Arc<dyn VfPort>>,
+    /// The namespaces' labels for `namespaceSelector` ([`super::tenancy`]); `None`: a network
+    /// with a selector refuses every claim.
+    pub(super) namespaces: Option<Arc<dyn super::ports::NamespaceSource>>,
     /// The durable store: claim records, VF snapshots and (through the IPAM) leases.
     pub(super) store: S,
 }
@@ -148,6 +152,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             block_gates: Mutex::new(HashMap::new()),
             supervision: networks::Supervision::default(),
             vf_port: None,
+            namespaces: None,
             store,
         })
     }
@@ -363,20 +368,27 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 .and_then(|i| u32::try_from(i).ok()),
             None => None,
         };
-        // One look at the node's inventory for every device of the claim.
+        let merged = merged_configs(&allocation)?;
+        // One look at the node's inventory for every device of the claim; the attributes
+        // always, since a network's device serves only that network's claims (tenancy).
         let names: Vec<String> = allocation.results.iter().map(|r| r.device.clone()).collect();
-        let resolved = self.devices.resolve(&names, self.metadata.is_some()).await;
+        let resolved = self.devices.resolve(&names, true).await;
+        tenancy::check_devices(&allocation, &merged, &resolved)?;
         let mut facts = Vec::with_capacity(allocation.results.len());
         let mut vfs = Vec::with_capacity(allocation.results.len());
         for (result, device) in allocation.results.iter().zip(resolved) {
-            let ResolvedDevice { facts: found, parent_limit, attributes, vf } = device
+            let ResolvedDevice { facts: found, parent_limit, mut attributes, vf } = device
                 .map_err(|source| ClaimError::Device { request: result.request.clone(), source })?;
+            if self.metadata.is_none() {
+                // Kept in the record only for the device metadata file.
+                attributes.clear();
+            }
             vfs.push(vf);
             facts.push((found, attributes, parent_limit));
         }
-        let merged = merged_configs(&allocation)?;
         // The PodNetworks the configs name, from the node's watch (no API call).
         let networks = self.pod_networks(&network_names(&allocation, &merged)).await?;
+        tenancy::check_namespace(claim, &networks, self.namespaces.as_deref()).await?;
         let inputs = PrepareInputs {
             claim,
             allocation: &allocation,

@@ -29,6 +29,7 @@ use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 mod metadata;
 mod networks;
+mod tenancy;
 mod vf;
 
 const DRIVER: &str = "netclaim.dev";

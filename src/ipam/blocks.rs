@@ -5,13 +5,14 @@
 //! - [`block_count`] / [`block_at`] / [`carve`]: the blocks of a subnet, by index. A block
 //!   prefix at or above the subnet's prefix gives one block, the subnet itself.
 //! - [`blocked_ranges`]: what is never handed out inside a subnet: the network's `exclude`,
+//!   its `staticRanges` widened to the blocks they touch (no block is ever carved over one),
 //!   its gateways, the IPv4 network and broadcast addresses of the *subnet* (prefixes up to
 //!   /30; a block's own first and last addresses are ordinary hosts) and the IPv6
 //!   subnet-router anycast address (RFC 4291 §2.6.1, prefixes up to /126).
 //! - [`Candidates`]: the blocks of one family in the order a node tries to claim them: the
 //!   subnets in order, each from a start derived from a hash of the node's name (so nodes do
 //!   not all race for the first block), wrapping; blocks with no address a pod may get (inside
-//!   `exclude`, or only a gateway) are skipped, runs of excluded blocks in one jump, so an
+//!   `exclude` or touching a static range, or only a gateway) are skipped, runs of excluded blocks in one jump, so an
 //!   IPv6 /64 of 2^56 blocks costs what its excludes cost.
 //! - [`first_free`]: the lowest address of a block that may be handed out and is not
 //!   occupied.
@@ -101,12 +102,40 @@ fn excluded_ranges(plan: &NetworkAddressing, subnet: IpNetwork) -> Vec<(u128, u1
     )
 }
 
-/// Inclusive numeric ranges of `subnet` never handed out (sorted, merged): the network's
-/// `exclude`, its gateways, and the subnet's network/broadcast (IPv4 up to /30) or
-/// subnet-router anycast (IPv6 up to /126) address.
+/// The network's static ranges within `subnet`, each widened to the blocks it touches: a
+/// block that shares one address with a static range is never carved, so a static /32 (/128)
+/// reservation and a block never overlap (DESIGN §4). The controller refuses ranges that do
+/// not cover whole blocks; a node that sees such a spec first loses the rest of those
+/// blocks rather than risk it.
+fn static_block_ranges(plan: &NetworkAddressing, subnet: IpNetwork) -> Vec<(u128, u128)> {
+    let (s_lo, s_hi) = range_of(subnet);
+    let prefix = effective_prefix(subnet, plan.block_prefix(subnet.is_ipv4()));
+    // A block spanning a whole IPv6 space: any static range touches it.
+    let len = block_len(family_bits(subnet), prefix);
+    plan.static_ranges
+        .iter()
+        .filter(|r| r.is_ipv4() == subnet.is_ipv4())
+        .map(|r| range_of(*r))
+        .filter(|(lo, hi)| *hi >= s_lo && *lo <= s_hi)
+        .map(|(lo, hi)| {
+            let (lo, hi) = (lo.max(s_lo), hi.min(s_hi));
+            match len {
+                // Blocks start at the subnet's first address, a multiple of their length.
+                Some(len) => (lo - (lo - s_lo) % len, hi + (len - 1 - (hi - s_lo) % len)),
+                None => (s_lo, s_hi),
+            }
+        })
+        .collect()
+}
+
+/// Inclusive numeric ranges of `subnet` never handed out from blocks (sorted, merged): the
+/// network's `exclude`, its static ranges widened to whole blocks, its gateways, and the
+/// subnet's network/broadcast (IPv4 up to /30) or subnet-router anycast (IPv6 up to /126)
+/// address.
 #[must_use]
 pub fn blocked_ranges(plan: &NetworkAddressing, subnet: IpNetwork) -> Vec<(u128, u128)> {
     let mut ranges = excluded_ranges(plan, subnet);
+    ranges.extend(static_block_ranges(plan, subnet));
     let network = to_u128(subnet.network());
     match subnet {
         IpNetwork::V4(v4) if v4.prefix() <= 30 => {
@@ -280,6 +309,16 @@ pub fn subnet_of(plan: &NetworkAddressing, block: IpNetwork) -> Option<IpNetwork
             && s.contains(block.network())
             && s.prefix() <= block.prefix()
     })
+}
+
+/// The block of `plan` an address of a block lease lies in (the `IPBlock` it came from):
+/// the block of the subnet holding `ip`; `None` outside every subnet.
+#[must_use]
+pub fn block_of(plan: &NetworkAddressing, ip: IpAddr) -> Option<IpNetwork> {
+    let subnet = plan.subnets.iter().copied().find(|s| s.contains(ip))?;
+    let prefix = effective_prefix(subnet, plan.block_prefix(subnet.is_ipv4()));
+    let network = IpNetwork::new(ip, prefix).ok()?.network();
+    IpNetwork::new(network, prefix).ok()
 }
 
 #[cfg(test)]

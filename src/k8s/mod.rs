@@ -8,6 +8,7 @@ pub mod events;
 pub mod ip_blocks;
 pub mod kinds;
 pub mod leader_election;
+pub mod namespaces;
 pub mod node_networks;
 pub mod pod_networks;
 pub mod resource_slices;

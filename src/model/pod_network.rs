@@ -113,6 +113,11 @@ pub struct PodNetworkSpec {
     /// Nodes that carry the network; absent or empty selects every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
+    /// Namespaces whose claims may use the network; absent or empty selects every namespace.
+    /// Checked by the node at prepare against its watch of the Namespaces, failing closed
+    /// (a device selector cannot see the claim's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
     /// VLAN id (0: untagged; immutable).
     #[serde(default)]
     pub vlan: u16,
@@ -141,7 +146,8 @@ pub struct PodNetworkIpam {
     /// Gateways (one per family at most), inside a subnet; never handed out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gateways: Vec<String>,
-    /// CIDRs never carved into blocks; static addresses must lie here.
+    /// CIDRs never handed out from blocks (freely editable: they only narrow what new
+    /// addresses come from).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
     /// CIDRs a claim's static `ipam.addresses` must lie in, first come first served; never

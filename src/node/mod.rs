@@ -232,6 +232,12 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // of the node's PodNetwork devices (publisher and device lookup).
     let watches_stop = cancel_on(&stop);
     let pod_networks = k8s::pod_networks::spawn_watch(clients.watch.clone(), watches_stop.clone());
+    // Namespace labels for PodNetworks' namespaceSelector, judged at prepare (DESIGN §4).
+    let namespaces = k8s::namespaces::spawn_watch(
+        clients.watch.clone(),
+        watches_stop.clone(),
+        POD_NETWORK_PATIENCE,
+    );
     let network_inputs = k8s::node_networks::spawn(
         clients.watch.clone(),
         client.clone(),
@@ -244,7 +250,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // users are counted); publish; then register with kubelet and the runtime. Running pods
     // are verified at Synchronize, off this path.
     let (attach_service, claims, store) =
-        load_state(&config, &client, &metrics, &network_inputs, &pod_networks).await?;
+        load_state(&config, &client, &metrics, &network_inputs, &pod_networks, namespaces).await?;
     start_block_upkeep(&config, &claims, &stop);
     let identity = (config.driver_name.as_str(), config.node_name.as_str());
     block_watch::start(&claims, clients.watch.clone(), client.clone(), identity, &metrics, &stop);
@@ -394,6 +400,7 @@ async fn load_state(
     metrics: &Arc<Metrics>,
     network_inputs: &watch::Receiver<NetworkInputs>,
     pod_networks: &PodNetworkReceiver,
+    namespaces: k8s::namespaces::WatchedNamespaces,
 ) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>, Arc<Store>), NodeError> {
     let identity =
         ServiceIdentity { driver: config.driver_name.clone(), node: config.node_name.clone() };
@@ -429,6 +436,7 @@ async fn load_state(
             // Below the DRA call deadline, so a prepare waiting for the start-up reconcile
             // answers with its own error (decision 0017).
             .with_reconcile_patience(reconcile_patience)
+            .with_namespaces(Arc::new(namespaces))
             .with_vf_port(vf_port);
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;

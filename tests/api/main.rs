@@ -21,4 +21,5 @@ mod kubelet_sockets;
 mod metrics_access;
 mod podnetwork_devices;
 mod podnetwork_ipam;
+mod podnetwork_rules;
 mod status_cli;

@@ -344,10 +344,14 @@ async fn create_objects(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": CLASS},
+        // A PodNetwork's device on the same parent carries its ifName too: it serves only
+        // that network's claims, so a generic class leaves out devices with podNetwork.
         "spec": {"selectors": [{"cel": {"expression": format!(
-            "device.driver == \"{driver}\" && device.attributes[\"{}\"].ifName == \"{}\"",
-            crate::model::names::ATTRIBUTE_DOMAIN,
-            names.parent
+            "device.driver == \"{driver}\" && device.attributes[\"{domain}\"].ifName == \"{}\" \
+             && !(\"{}\" in device.attributes[\"{domain}\"])",
+            names.parent,
+            crate::model::names::attr::POD_NETWORK,
+            domain = crate::model::names::ATTRIBUTE_DOMAIN,
         )}}]},
     }))
     .map_err(|e| format!("building the DeviceClass: {e}"))?;

@@ -30,6 +30,7 @@ fn plan(
         subnets: subnets.iter().map(|s| net(s)).collect(),
         gateways: gateways.iter().map(|g| g.parse().unwrap()).collect(),
         exclude: exclude.iter().map(|e| net(e)).collect(),
+        static_ranges: Vec::new(),
         block_v4: v4,
         block_v6: v6,
         addresses: Vec::new(),
@@ -46,6 +47,15 @@ fn oracle_allows(plan: &NetworkAddressing, subnet: IpNetwork, ip: IpAddr) -> boo
     if !subnet.contains(ip)
         || plan.exclude.iter().any(|e| e.contains(ip))
         || plan.gateways.contains(&ip)
+    {
+        return false;
+    }
+    // The block holding `ip` (masked to the block prefix, at most the subnet) must not touch a
+    // static range.
+    let prefix = plan.block_prefix(subnet.is_ipv4()).max(subnet.prefix());
+    let block = IpNetwork::new(ip, prefix).unwrap();
+    let block = IpNetwork::new(block.network(), prefix).unwrap();
+    if plan.static_ranges.iter().any(|r| r.contains(block.network()) || block.contains(r.network()))
     {
         return false;
     }
@@ -102,6 +112,35 @@ fn excluded_and_gateway_only_blocks_are_never_candidates() {
     let got: Vec<String> = Candidates::new(&p, true, "n").map(|b| b.to_string()).collect();
     // .0 network, .1 gateway, .3 broadcast: only .2 is a usable /32.
     assert_eq!(got, ["10.10.0.2/32"]);
+}
+
+#[test]
+fn no_block_is_carved_over_a_static_range() {
+    // A static range covering whole blocks: those blocks are never candidates.
+    let mut p = plan(&["10.10.0.0/24"], &[], &[], 26, 120);
+    p.static_ranges = vec![net("10.10.0.64/26")];
+    let got: BTreeSet<String> = Candidates::new(&p, true, "n").map(|b| b.to_string()).collect();
+    assert_eq!(
+        got,
+        BTreeSet::from(["10.10.0.0/26".into(), "10.10.0.128/26".into(), "10.10.0.192/26".into()])
+    );
+    // One that splits a block (the controller refuses it): the whole block is skipped, so a
+    // static /32 of it never lies in a block another node owns.
+    p.static_ranges = vec![net("10.10.0.200/29")];
+    let got: Vec<String> = Candidates::new(&p, true, "n").map(|b| b.to_string()).collect();
+    assert!(!got.contains(&"10.10.0.192/26".to_owned()) && got.len() == 3, "{got:?}");
+    let blocked = blocked_ranges(&p, net("10.10.0.0/24"));
+    assert_eq!(capacity(net("10.10.0.192/26"), &blocked), 0);
+    // IPv6: a /112 static range in a /64 of /120 blocks takes 256 blocks, skipped in one jump.
+    let mut p = plan(&["fd00:10::/64"], &[], &[], 26, 120);
+    p.static_ranges = vec![net("fd00:10::/112")];
+    let first = Candidates::new(&p, false, "node-a").take(1000);
+    assert!(first.into_iter().all(|b| !net("fd00:10::/112").contains(b.network())));
+    // The block an address came from, for the claim status.
+    let p = plan(&["10.10.0.0/16", "fd00:10::/64"], &[], &[], 26, 120);
+    assert_eq!(block_of(&p, "10.10.3.77".parse().unwrap()), Some(net("10.10.3.64/26")));
+    assert_eq!(block_of(&p, "fd00:10::1:2ff".parse().unwrap()), Some(net("fd00:10::1:200/120")));
+    assert_eq!(block_of(&p, "10.11.0.1".parse().unwrap()), None);
 }
 
 #[test]
@@ -237,8 +276,9 @@ fn plan_strategy() -> impl Strategy<Value = NetworkAddressing> {
         any::<u16>(),
         prop::collection::vec((any::<u16>(), 0u8..=4), 0..3),
         any::<bool>(),
+        prop::collection::vec((any::<u16>(), 0u8..=8), 0..3),
     )
-        .prop_map(|(v6, prefix, extra, g, excludes, with_gateway)| {
+        .prop_map(|(v6, prefix, extra, g, excludes, with_gateway, statics)| {
             let (subnet, bits) = if v6 {
                 (
                     IpNetwork::new(
@@ -269,11 +309,21 @@ fn plan_strategy() -> impl Strategy<Value = NetworkAddressing> {
                     IpNetwork::new(e.network(), p).unwrap()
                 })
                 .collect();
+            // Aligned to whole blocks or not: the nodes must skip every block one touches.
+            let static_ranges = statics
+                .into_iter()
+                .map(|(k, width)| {
+                    let p = (subnet.prefix() + width).min(bits);
+                    let r = IpNetwork::new(nth(u32::from(k)), p).unwrap();
+                    IpNetwork::new(r.network(), p).unwrap()
+                })
+                .collect();
             NetworkAddressing {
                 pod_network: "net".into(),
                 subnets: vec![subnet],
                 gateways: if with_gateway { vec![nth(u32::from(g))] } else { vec![] },
                 exclude,
+                static_ranges,
                 block_v4: if v6 { 26 } else { block },
                 block_v6: if v6 { block } else { 120 },
                 addresses: Vec::new(),
@@ -314,6 +364,8 @@ proptest! {
         for block in &got {
             let inside_exclude = p.exclude.iter().any(|e| e.contains(block.network()) && e.contains(block.broadcast()));
             prop_assert!(!inside_exclude, "{block} lies inside an exclude");
+            let touches_static = p.static_ranges.iter().any(|r| r.contains(block.network()) || block.contains(r.network()));
+            prop_assert!(!touches_static, "{block} touches a static range");
         }
     }
 

@@ -181,20 +181,32 @@ pub enum Rule {
     /// A node-local pool in a config whose `PodNetwork` assigns the addresses.
     #[error(
         "not allowed with podNetwork {pod_network}, which assigns addresses from its subnets \
-         (static addresses inside its ipam.exclude go in ipam.addresses)"
+         (static addresses inside its ipam.staticRanges go in ipam.addresses)"
     )]
     PoolWithPodNetwork {
         /// The network.
         pod_network: String,
     },
-    /// A static address of a `PodNetwork` claim outside the network's `exclude` (the only
-    /// part of the network never carved into blocks, so no node hands it out).
-    #[error("not inside podNetwork {pod_network}'s ipam.exclude ({exclude})")]
-    NotInNetworkExclude {
+    /// A static address of a `PodNetwork` claim outside the network's `staticRanges` (the
+    /// only part of the network never carved into blocks, so no node hands it out from one).
+    #[error(
+        "not inside podNetwork {pod_network}'s ipam.staticRanges ({ranges}): a PodNetwork's \
+         static addresses come only from there"
+    )]
+    NotInStaticRanges {
         /// The network.
         pod_network: String,
-        /// Its excludes, comma separated (or "none").
-        exclude: String,
+        /// Its static ranges, comma separated (or "none").
+        ranges: String,
+    },
+    /// A static address no claim may hold: a subnet's network or broadcast address (IPv4), its
+    /// subnet-router anycast address (IPv6), or a gateway of the network.
+    #[error("{what} of podNetwork {pod_network}, which no claim may hold")]
+    ReservedInNetwork {
+        /// The network.
+        pod_network: String,
+        /// `the gateway spec.ipam.gateways[0]`, `the broadcast address of 10.10.0.0/16`.
+        what: String,
     },
     /// The named `PodNetwork` cannot serve claims (missing, being deleted, invalid, ...).
     #[error("{0}")]

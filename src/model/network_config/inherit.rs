@@ -9,7 +9,7 @@
 //! | the claim's `ipam` | the pod gets |
 //! |---|---|
 //! | none | one address per family of the network's subnets, from this node's blocks |
-//! | `addresses: [...]` | those static addresses; each must lie in the network's `exclude` (never carved into blocks) and is reserved cluster-wide by a /32 or /128 `IPBlock` |
+//! | `addresses: [...]` | those static addresses, first come first served among the namespaces allowed to use the network; each must lie in the network's `staticRanges` (never carved into blocks; `exclude` does not allow statics), must not be a subnet's network or broadcast address (IPv4) or subnet-router anycast address (IPv6) nor a gateway, and is reserved cluster-wide by a /32 or /128 `IPBlock` |
 //! | `addresses: []` | no address |
 //! | `pool` | refused (`ipam.pool`): the network assigns the addresses |
 //!
@@ -26,6 +26,7 @@ use super::{
     Addressing, ConfigError, InterfaceConfig, IpamConfig, Mode, NetworkAddressing, NetworkConfig,
     Rule,
 };
+use crate::model::pod_network::validate::reserved_in;
 use crate::model::pod_network::{CONDITION_READY, PodNetwork, PodNetworkIpam, reason};
 
 /// Checks that the `PodNetwork` named `name` (as looked up: `None` when it does not exist)
@@ -131,27 +132,45 @@ fn network_addressing(
         Some(addresses) => {
             let statics = resolve_static(addresses)?;
             for (i, address) in statics.iter().enumerate() {
-                if !plan.exclude.iter().any(|e| e.contains(address.ip())) {
-                    let exclude: Vec<String> =
-                        plan.exclude.iter().map(ToString::to_string).collect();
-                    return Err(invalid(
-                        format!("ipam.addresses[{i}]"),
-                        quoted(&addresses[i]),
-                        Rule::NotInNetworkExclude {
-                            pod_network: name.to_owned(),
-                            exclude: if exclude.is_empty() {
-                                "none".to_owned()
-                            } else {
-                                exclude.join(", ")
-                            },
-                        },
-                    ));
-                }
+                check_static(name, &plan, &ipam.gateways, address.ip()).map_err(|rule| {
+                    invalid(format!("ipam.addresses[{i}]"), quoted(&addresses[i]), rule)
+                })?;
             }
             plan.addresses = statics;
             Ok(Addressing::Network(plan))
         }
     }
+}
+
+/// Whether a claim may hold `ip` as a static address of the network `name` (DESIGN §4): it
+/// lies in `staticRanges` (the only space no block is carved from; `exclude` never allowed
+/// it, so a tenant cannot pick the router's address the administrator kept out of blocks),
+/// and it is neither a subnet's network, broadcast or subnet-router anycast address nor a
+/// gateway (`gateway_texts`: the spec's text, for the message).
+fn check_static(
+    name: &str,
+    plan: &NetworkAddressing,
+    gateway_texts: &[String],
+    ip: IpAddr,
+) -> Result<(), Rule> {
+    let reserved = |what: String| Rule::ReservedInNetwork { pod_network: name.to_owned(), what };
+    if let Some(g) = plan.gateways.iter().position(|gateway| *gateway == ip) {
+        let text = gateway_texts.get(g).map_or_else(|| ip.to_string(), Clone::clone);
+        return Err(reserved(format!("{text} is the gateway spec.ipam.gateways[{g}]")));
+    }
+    if let Some(subnet) = plan.subnets.iter().find(|s| s.contains(ip))
+        && let Some(what) = reserved_in(*subnet, ip)
+    {
+        return Err(reserved(format!("{ip} is {what} of {subnet}")));
+    }
+    if !plan.static_ranges.iter().any(|r| r.contains(ip)) {
+        let ranges: Vec<String> = plan.static_ranges.iter().map(ToString::to_string).collect();
+        return Err(Rule::NotInStaticRanges {
+            pod_network: name.to_owned(),
+            ranges: if ranges.is_empty() { "none".to_owned() } else { ranges.join(", ") },
+        });
+    }
+    Ok(())
 }
 
 /// The network's `spec.ipam`, parsed. The controller refuses an invalid spec (condition
@@ -186,6 +205,19 @@ fn parse_plan(name: &str, ipam: &PodNetworkIpam) -> Result<NetworkAddressing, Co
             .map_err(|rule| bad(format!("spec.ipam.exclude[{i}]"), format!("{text:?}: {rule}")))?;
         exclude.push(net);
     }
+    let mut static_ranges: Vec<IpNetwork> = Vec::with_capacity(ipam.static_ranges.len());
+    for (i, text) in ipam.static_ranges.iter().enumerate() {
+        let path = format!("spec.ipam.staticRanges[{i}]");
+        let net =
+            parse_network(text).map_err(|rule| bad(path.clone(), format!("{text:?}: {rule}")))?;
+        // Outside every subnet no block would skip it; the controller says so too.
+        if !subnets.iter().any(|s| {
+            s.is_ipv4() == net.is_ipv4() && s.prefix() <= net.prefix() && s.contains(net.network())
+        }) {
+            return Err(bad(path, format!("{net} is not inside any subnet")));
+        }
+        static_ranges.push(net);
+    }
     let (block_v4, block_v6) = (ipam.block_size.ipv4, ipam.block_size.ipv6);
     if !(1..=32).contains(&block_v4) {
         return Err(bad(
@@ -204,6 +236,7 @@ fn parse_plan(name: &str, ipam: &PodNetworkIpam) -> Result<NetworkAddressing, Co
         subnets,
         gateways,
         exclude,
+        static_ranges,
         block_v4,
         block_v6,
         addresses: Vec::new(),

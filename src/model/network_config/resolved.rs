@@ -119,13 +119,17 @@ pub struct NetworkAddressing {
     pub subnets: Vec<IpNetwork>,
     /// `spec.ipam.gateways`: never handed out.
     pub gateways: Vec<IpAddr>,
-    /// `spec.ipam.exclude`: never carved into blocks; static addresses live here.
+    /// `spec.ipam.exclude`: never handed out from blocks.
     pub exclude: Vec<IpNetwork>,
+    /// `spec.ipam.staticRanges`: where static addresses come from; no block that touches one
+    /// is ever carved (absent in plans recorded before the field existed: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_ranges: Vec<IpNetwork>,
     /// Prefix length of IPv4 blocks.
     pub block_v4: u8,
     /// Prefix length of IPv6 blocks.
     pub block_v6: u8,
-    /// The claim's static addresses (`ipam.addresses`, inside `exclude`), each reserved
+    /// The claim's static addresses (`ipam.addresses`, inside `staticRanges`), each reserved
     /// cluster-wide by a /32 or /128 `IPBlock`; empty: one address per family from the
     /// node's blocks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

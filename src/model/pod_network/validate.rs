@@ -4,13 +4,16 @@
 //! The API server's schema already refuses most malformed input at admission; this check
 //! runs again in the controller because a schema can be older than the controller, CEL
 //! cannot compare against other objects, and some rules (network and broadcast gateways,
-//! excludes inside a subnet, route gateways on a subnet) are awkward in CEL. Every error
-//! names the field path from the object root (`spec.ipam.gateways[0]`), since the message
-//! lands in the `Ready` condition an administrator reads.
+//! excludes inside a subnet, route gateways on a subnet, static ranges that overlap) are
+//! awkward in CEL. Every error names the field path from the object root
+//! (`spec.ipam.gateways[0]`), since the message lands in the `Ready` condition an
+//! administrator reads.
 
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{BlockSize, PodNetworkSpec};
 use crate::model::link::{Mode, RouteConfig, check_interface_name};
@@ -62,13 +65,15 @@ pub fn validate(spec: &PodNetworkSpec) -> Result<ValidNetwork, FieldError> {
             format!("{} is outside 1..{MAX_INTERFACE_CAPACITY}", spec.interface_capacity),
         ));
     }
-    check_node_selector(spec)?;
+    check_selector("spec.nodeSelector", spec.node_selector.as_ref())?;
+    check_selector("spec.namespaceSelector", spec.namespace_selector.as_ref())?;
     let subnets = match &spec.ipam {
         Some(ipam) => {
             let subnets = check_subnets(&ipam.subnets)?;
             check_block_size(ipam.block_size, &subnets)?;
             check_gateways(&ipam.gateways, &subnets)?;
             check_excludes(&ipam.exclude, &subnets)?;
+            check_static_ranges(&ipam.static_ranges, ipam.block_size, &subnets)?;
             subnets
         }
         None => Vec::new(),
@@ -154,10 +159,12 @@ fn check_mode_sections(spec: &PodNetworkSpec, mode: Mode) -> Result<(), FieldErr
     Ok(())
 }
 
-fn check_node_selector(spec: &PodNetworkSpec) -> Result<(), FieldError> {
-    let Some(selector) = &spec.node_selector else { return Ok(()) };
+/// A metav1 `LabelSelector` at `root` (`spec.nodeSelector`, `spec.namespaceSelector`): the
+/// operators and values its `matchExpressions` may have.
+fn check_selector(root: &str, selector: Option<&LabelSelector>) -> Result<(), FieldError> {
+    let Some(selector) = selector else { return Ok(()) };
     for (i, requirement) in selector.match_expressions.iter().flatten().enumerate() {
-        let path = format!("spec.nodeSelector.matchExpressions[{i}]");
+        let path = format!("{root}.matchExpressions[{i}]");
         let values = requirement.values.as_deref().unwrap_or_default();
         match requirement.operator.as_str() {
             "In" | "NotIn" if values.is_empty() => {
@@ -267,7 +274,8 @@ fn check_block_size(block: BlockSize, subnets: &[IpNetwork]) -> Result<(), Field
 /// Why `ip` cannot be a host address in `net`: the IPv4 network or broadcast address (for
 /// prefixes up to /30; /31 and /32 have neither, RFC 3021), or the IPv6 subnet-router anycast
 /// address (RFC 4291 §2.6.1).
-fn reserved_in(net: IpNetwork, ip: IpAddr) -> Option<&'static str> {
+#[must_use]
+pub fn reserved_in(net: IpNetwork, ip: IpAddr) -> Option<&'static str> {
     match net {
         IpNetwork::V4(v4) if v4.prefix() <= 30 => {
             if ip == IpAddr::V4(v4.network()) {
@@ -327,6 +335,56 @@ fn check_excludes(excludes: &[String], subnets: &[IpNetwork]) -> Result<(), Fiel
         if !inside {
             return Err(field(path, format!("{net} is not inside any subnet")));
         }
+    }
+    Ok(())
+}
+
+/// `spec.ipam.staticRanges`: in network form, each inside one subnet, no two overlapping, and
+/// each covering whole blocks: its prefix is not longer than the family's block size. A
+/// CIDR inside a subnet with a prefix at most the block prefix starts and ends on block
+/// boundaries (blocks are cut from the subnet's first address, and both are powers of two),
+/// so no block is ever part static range, part block space: the nodes never carve a block
+/// that touches a static range, and the controller marks a range that would split one
+/// Invalid here rather than leaving the nodes to silently lose the rest of that block.
+fn check_static_ranges(
+    ranges: &[String],
+    block: BlockSize,
+    subnets: &[IpNetwork],
+) -> Result<(), FieldError> {
+    let mut parsed: Vec<IpNetwork> = Vec::with_capacity(ranges.len());
+    for (i, text) in ranges.iter().enumerate() {
+        let path = format!("spec.ipam.staticRanges[{i}]");
+        let net = parse_network(text).map_err(|why| field(&path, why))?;
+        let Some(j) = subnets.iter().position(|subnet| {
+            subnet.is_ipv4() == net.is_ipv4()
+                && subnet.prefix() <= net.prefix()
+                && subnet.contains(net.network())
+        }) else {
+            return Err(field(path, format!("{net} is not inside any subnet")));
+        };
+        let (size, size_path) = if net.is_ipv4() {
+            (block.ipv4, "spec.ipam.blockSize.ipv4")
+        } else {
+            (block.ipv6, "spec.ipam.blockSize.ipv6")
+        };
+        if net.prefix() > size {
+            return Err(field(
+                path,
+                format!(
+                    "{net} does not cover whole blocks of spec.ipam.subnets[{j}] ({}): a static \
+                     range's prefix may not be longer than {size_path} (/{size}), so no block \
+                     is shared between the block space and the static addresses",
+                    subnets[j]
+                ),
+            ));
+        }
+        if let Some(k) = parsed.iter().position(|other| networks_overlap(*other, net)) {
+            return Err(field(
+                path,
+                format!("{net} overlaps spec.ipam.staticRanges[{k}] ({})", parsed[k]),
+            ));
+        }
+        parsed.push(net);
     }
     Ok(())
 }

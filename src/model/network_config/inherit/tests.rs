@@ -36,6 +36,7 @@ fn full_network() -> PodNetwork {
             "subnets": ["10.10.0.0/16", "fd00:10::/64"],
             "gateways": ["10.10.0.1"],
             "exclude": ["10.10.0.0/24"],
+            "staticRanges": ["10.10.1.0/24", "fd00:10::100/120"],
             "blockSize": {"ipv4": 26, "ipv6": 120}
         },
         "routes": [{"destination": "10.20.0.0/16", "gateway": "10.10.0.1"}]
@@ -104,9 +105,12 @@ fn each_field_is_inherited_and_the_claims_own_value_wins() {
                 && n.gateways.len() == 1 && n.exclude.len() == 1)
         }),
         (
-            "ipam.addresses inside exclude: static in the network",
-            json!({"ipam": {"addresses": ["10.10.0.5/16"]}}),
-            |r| matches!(&r.addressing, Addressing::Network(n) if n.addresses.len() == 1),
+            "ipam.addresses inside staticRanges: static in the network",
+            json!({"ipam": {"addresses": ["10.10.1.5/16", "fd00:10::105/64"]}}),
+            |r| {
+                matches!(&r.addressing, Addressing::Network(n) if n.addresses.len() == 2
+                    && n.static_ranges.len() == 2)
+            },
         ),
         (
             "ipam.addresses: [] and routes: []: no address",
@@ -134,12 +138,12 @@ fn addressing_rules_name_the_field() {
         (
             json!({"ipam": {"addresses": ["10.10.7.5/16"]}}),
             "ipam.addresses[0]",
-            "not inside podNetwork medianet's ipam.exclude (10.10.0.0/24)",
+            "not inside podNetwork medianet's ipam.staticRanges (10.10.1.0/24, fd00:10::100/120)",
         ),
         (
-            json!({"ipam": {"addresses": ["10.10.0.5/16", "fd00:10::5/64"]}}),
+            json!({"ipam": {"addresses": ["10.10.1.5/16", "fd00:10::5/64"]}}),
             "ipam.addresses[1]",
-            "ipam.exclude",
+            "ipam.staticRanges",
         ),
         (json!({"ipam": {"addresses": ["10.10.0.0/24"]}}), "ipam.addresses[0]", "network address"),
     ];
@@ -147,6 +151,44 @@ fn addressing_rules_name_the_field() {
         let err = resolve(&net, own.clone()).expect_err(&own.to_string());
         assert!(err.starts_with(&format!("{path}:")) && err.contains(message), "{own}: {err}");
     }
+}
+
+/// The findings of the ipam-trust review: a tenant's static address in a network may only
+/// come from `staticRanges`, and never be the router's or a subnet's reserved addresses.
+#[test]
+fn statics_are_refused_on_gateways_reserved_addresses_and_outside_static_ranges() {
+    let mut net = full_network();
+    // The gateway inside a static range: still refused (before, any address in `exclude`
+    // passed, and the example network's gateway was in its exclude).
+    net.spec.ipam.as_mut().unwrap().static_ranges.push("10.10.0.0/26".into());
+    let rows = [
+        ("10.10.0.1/16", "10.10.0.1 is the gateway spec.ipam.gateways[0] of podNetwork medianet"),
+        // The subnet's reserved addresses, whatever prefix the claim writes (with the
+        // subnet's prefix they are already refused as the address's own network/broadcast).
+        ("10.10.0.0/8", "10.10.0.0 is the network address of 10.10.0.0/16 of podNetwork medianet"),
+        ("10.10.255.255/8", "10.10.255.255 is the broadcast address of 10.10.0.0/16"),
+        ("fd00:10::/16", "fd00:10:: is the subnet-router anycast address of fd00:10::/64"),
+        // Inside `exclude` but not in `staticRanges`: `exclude` no longer allows statics.
+        ("10.10.0.77/16", "not inside podNetwork medianet's ipam.staticRanges"),
+        ("10.10.9.9/16", "not inside podNetwork medianet's ipam.staticRanges"),
+    ];
+    for (address, why) in rows {
+        let own = json!({"ipam": {"addresses": ["10.10.1.9/16", address]}});
+        let err = resolve(&net, own).expect_err(address);
+        assert!(err.starts_with("ipam.addresses[1]:") && err.contains(why), "{address}: {err}");
+    }
+    // The example network of deploy/examples: its gateway is refused as a static.
+    let example: PodNetwork =
+        serde_yaml::from_str(include_str!("../../../../deploy/examples/podnetwork.yaml")).unwrap();
+    let err = resolve(&example, json!({"ipam": {"addresses": ["10.10.0.1/16"]}})).unwrap_err();
+    assert!(err.starts_with("ipam.addresses[0]:") && err.contains("gateway"), "{err}");
+    let ranges = &example.spec.ipam.as_ref().unwrap().static_ranges;
+    assert!(!ranges.is_empty(), "the example network shows staticRanges");
+    // A network without staticRanges takes no static address at all.
+    let mut none = full_network();
+    none.spec.ipam.as_mut().unwrap().static_ranges.clear();
+    let err = resolve(&none, json!({"ipam": {"addresses": ["10.10.1.5/16"]}})).unwrap_err();
+    assert!(err.contains("ipam.staticRanges (none)"), "{err}");
 }
 
 #[test]
@@ -173,6 +215,10 @@ fn an_invalid_network_spec_is_refused_naming_the_networks_field() {
     );
     let err = resolve(&net, json!({})).unwrap_err();
     assert!(err.contains("spec.ipam.exclude[0]"), "{err}");
+    let net = network(json!({"parents": ["eth1"],
+        "ipam": {"subnets": ["10.10.0.0/16"], "staticRanges": ["10.11.0.0/24"]}}));
+    let err = resolve(&net, json!({})).unwrap_err();
+    assert!(err.contains("spec.ipam.staticRanges[0]") && err.contains("not inside"), "{err}");
 }
 
 fn ready(status: &str, reason: &str, observed: i64) -> Condition {
