@@ -155,7 +155,8 @@ async fn a_restarted_node_keeps_its_blocks_and_leases_and_hands_out_no_address_t
 async fn a_static_address_reserved_on_one_node_is_refused_on_another() {
     let cluster = Cluster::start(json!({
         "parents": ["eth2"],
-        "ipam": {"subnets": ["10.62.0.0/16"], "gateways": ["10.62.0.1"], "exclude": ["10.62.0.0/24"]}
+        "ipam": {"subnets": ["10.62.0.0/16"], "gateways": ["10.62.0.1"], "exclude": ["10.62.0.0/24"],
+                 "staticRanges": ["10.62.0.0/24"]}
     }))
     .await;
     cluster
