@@ -112,6 +112,20 @@ pub enum AttachFailure {
         #[source]
         source: Box<AttachError>,
     },
+    /// The device's settings could not be put on it before the move (a VF's VLAN, spoof
+    /// checking, ...): it is not handed to the pod without them.
+    #[error("claim {claim}, request {request}, device {device}: device settings: {source}")]
+    DeviceSettings {
+        /// `namespace/name` of the claim.
+        claim: String,
+        /// Request name.
+        request: String,
+        /// Device name.
+        device: String,
+        /// Why.
+        #[source]
+        source: Box<crate::claims::ClaimError>,
+    },
     /// The pod record could not be persisted (nothing was attached).
     #[error("persisting the pod's attachment: {0}")]
     Persist(#[source] Cause),

@@ -39,6 +39,17 @@ pub trait PodClaimSource: Send + Sync + 'static {
     /// Releases `claim` as an unprepare would (addresses freed, record forgotten).
     fn release(&self, claim: &PreparedClaim)
     -> impl Future<Output = Result<(), ClaimError>> + Send;
+    /// Puts the settings the claim asks of the device of `request` on it, right before the
+    /// attach moves it into a pod (a VF's VLAN, spoof checking, trust, rates, MAC: they do
+    /// not survive a reboot, DESIGN §6); nothing to do for a device without such settings.
+    fn apply_device_settings(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> impl Future<Output = Result<(), ClaimError>> + Send {
+        let _ = (claim_uid, request);
+        async { Ok(()) }
+    }
 }
 
 /// Netlink access: per-pod [`LinkPort`] and a view of the host's links.
@@ -144,5 +155,13 @@ where
             uid: claim.uid.clone(),
         };
         self.unprepare_claim(&reference).await
+    }
+
+    async fn apply_device_settings(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> Result<(), ClaimError> {
+        self.reapply_vf_settings(claim_uid, request).await
     }
 }

@@ -493,7 +493,11 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
                 log_detach(&record, &device, &report);
             }
             self.adopt_vlans(&device, links).await;
-            match attach(&ops, &self.vlans, &device.plan).await {
+            let attached = match self.device_settings(&device).await {
+                Ok(()) => attach(&ops, &self.vlans, &device.plan).await.map_err(|e| e.to_string()),
+                Err(failure) => Err(failure.to_string()),
+            };
+            match attached {
                 Ok(result) => {
                     tracing::info!(pod = %uid, interface = %result.name, "re-attached a missing interface");
                     record.devices[index].result = Some(result);

@@ -380,7 +380,19 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
     ) -> Option<AttachFailure> {
         for index in first_new..record.devices.len() {
             let device = &record.devices[index];
-            match attach(ops, &self.vlans, &device.plan).await {
+            let settings = self.device_settings(device).await;
+            let attached = match settings {
+                Ok(()) => attach(ops, &self.vlans, &device.plan).await.map_err(|err| {
+                    AttachFailure::Attach {
+                        claim: format!("{}/{}", device.claim_namespace, device.claim_name),
+                        request: device.request.clone(),
+                        device: device.device.clone(),
+                        source: Box::new(err),
+                    }
+                }),
+                Err(failure) => Err(failure),
+            };
+            match attached {
                 Ok(result) => {
                     self.metrics
                         .attach_duration
@@ -388,13 +400,7 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
                         .observe(started.elapsed().as_secs_f64());
                     record.devices[index].result = Some(result);
                 }
-                Err(err) => {
-                    let failure = AttachFailure::Attach {
-                        claim: format!("{}/{}", device.claim_namespace, device.claim_name),
-                        request: device.request.clone(),
-                        device: device.device.clone(),
-                        source: Box::new(err),
-                    };
+                Err(failure) => {
                     // The failed one rolled itself back; undo the others of this attempt
                     // too, so the sandbox fails cleanly and kubelet's retry starts afresh.
                     for done in record.devices[first_new..index].iter().rev() {
@@ -406,6 +412,26 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
             }
         }
         None
+    }
+
+    /// Puts a moved VF's settings on it before the move (DESIGN §6: they do not survive a
+    /// reboot, and kubelet answers a repeated prepare from the record); only `sriov-vf`
+    /// devices ask the claims.
+    pub(super) async fn device_settings(
+        &self,
+        device: &AttachedDevice,
+    ) -> Result<(), AttachFailure> {
+        if device.plan.mode != crate::model::network_config::Mode::SriovVf {
+            return Ok(());
+        }
+        self.claims.apply_device_settings(&device.claim_uid, &device.request).await.map_err(|err| {
+            AttachFailure::DeviceSettings {
+                claim: format!("{}/{}", device.claim_namespace, device.claim_name),
+                request: device.request.clone(),
+                device: device.device.clone(),
+                source: Box::new(err),
+            }
+        })
     }
 
     /// Detaches every interface of `record` (never fails; failures are logged).

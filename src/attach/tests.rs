@@ -82,6 +82,11 @@ struct FakeClaims {
     claims: Mutex<Vec<PreparedClaim>>,
     gone: Mutex<BTreeSet<String>>,
     released: Mutex<Vec<String>>,
+    /// `(claim uid, request, whether the device was still in the host netns)` of each
+    /// device settings call, and whether they fail.
+    settings: Mutex<Vec<(String, String, bool)>>,
+    settings_fail: std::sync::atomic::AtomicBool,
+    kernel: Mutex<Option<Arc<FakeKernel>>>,
 }
 
 impl PodClaimSource for Arc<FakeClaims> {
@@ -110,6 +115,30 @@ impl PodClaimSource for Arc<FakeClaims> {
     async fn release(&self, claim: &PreparedClaim) -> Result<(), crate::claims::ClaimError> {
         self.claims.lock().unwrap().retain(|c| c.uid != claim.uid);
         self.released.lock().unwrap().push(claim.uid.clone());
+        Ok(())
+    }
+    async fn apply_device_settings(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> Result<(), crate::claims::ClaimError> {
+        let device = self
+            .claims
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|c| c.uid == claim_uid)
+            .and_then(|c| c.devices.iter().find(|d| d.request == request).cloned())
+            .unwrap();
+        let kernel = self.kernel.lock().unwrap().clone().unwrap();
+        let in_host = kernel.get(Side::Host, &device.if_name).is_some();
+        self.settings.lock().unwrap().push((claim_uid.to_owned(), request.to_owned(), in_host));
+        if self.settings_fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::claims::ClaimError::NoVfPort {
+                request: request.to_owned(),
+                device: device.device,
+            });
+        }
         Ok(())
     }
 }
@@ -1024,4 +1053,37 @@ async fn vlan_users_survive_a_restart_and_the_last_release_removes_it() {
     assert!(world.kernel.get(Side::Host, "eth1.100").is_none(), "{:?}", world.kernel.log());
     assert_eq!(world.kernel.links(Side::Host), ["eth1", "eth1.8", "eth2"]);
     assert_eq!(world.kernel.log().iter().filter(|l| l.starts_with("create vlan")).count(), 1);
+}
+
+/// DESIGN §6 (decision 0018): a VF's settings are put on it at every attach, before the move
+/// (kubelet answers a repeated prepare from the record, and a reboot blanked the VF); the
+/// attach fails rather than hand the pod a VF without them. Other modes do not ask.
+#[tokio::test]
+async fn a_vf_gets_its_settings_before_every_move_into_a_pod_and_is_not_moved_without_them() {
+    let world = World::new();
+    world.kernel.add_host_link("eth9v1", 1500, None);
+    *world.claims.kernel.lock().unwrap() = Some(Arc::clone(&world.kernel));
+    let mut vf_claim = claim("vf", "p1", &[("vf", "eth9v1", json!({"mode": "host-device"}))]);
+    vf_claim.devices[0].config.mode = crate::model::network_config::ResolvedMode::SriovVf;
+    vf_claim.devices[0].kind = Some(DeviceKind::SriovVf);
+    world.add_claim(vf_claim);
+    world.add_claim(claim("web", "p1", &[("nic", "eth2", macvlan("10.0.2.5/24"))]));
+    let service = world.service();
+    world.claims.settings_fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = run(&service, world.pod("p1")).await.unwrap_err();
+    assert!(format!("{err:?}").contains("device settings"), "{err:?}");
+    assert!(world.kernel.get(Side::Host, "eth9v1").is_some(), "not moved");
+    assert!(service.attachment("p1").is_none());
+    world.claims.settings_fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    run(&service, world.pod("p1")).await.unwrap();
+    assert!(world.kernel.get(Side::Host, "eth9v1").is_none(), "moved");
+    let calls = world.claims.settings.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        [
+            ("uid-vf".to_owned(), "vf".to_owned(), true),
+            ("uid-vf".to_owned(), "vf".to_owned(), true)
+        ],
+        "once per attach, before the move, for the VF only"
+    );
 }

@@ -30,6 +30,7 @@ mod staged;
 mod state;
 pub mod tenancy;
 pub mod vf;
+mod vf_reboot;
 mod vf_settings;
 pub mod vf_snapshots;
 

@@ -18,7 +18,7 @@ use super::vf::{VfChange, VfPortError, VfRef, VfState};
 use super::vf_snapshots::VfSnapshot;
 use crate::ipam::{IpamCommit, LeaseStore};
 use crate::model::cause::Cause;
-use crate::model::device::AttributeValue;
+use crate::model::device::{AttributeValue, PciAddress};
 use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
 use crate::model::network_config::{DeviceFacts, DeviceKind, MacAddr, Sharing};
 use crate::model::pod_network::{IpBlock, PodNetwork};
@@ -196,6 +196,18 @@ pub trait VfPort: Send + Sync + 'static {
         if_name: &'a str,
         mac: MacAddr,
     ) -> BoxFuture<'a, Result<(), VfPortError>>;
+    /// The PCI address of VF `vf` now (the PF's `virtfn<index>` in sysfs); `None` when the PF
+    /// or the VF does not exist.
+    fn pci_address<'a>(
+        &'a self,
+        vf: &'a VfRef,
+    ) -> BoxFuture<'a, Result<Option<PciAddress>, VfPortError>>;
+    /// Where the VF with PCI address `pci` is now: its PF's interface name and its index
+    /// (sysfs `physfn`); `None` when there is no such VF (or its PF has no netdev).
+    fn locate(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<VfRef>, VfPortError>>;
+    /// The id of the running boot (`/proc/sys/kernel/random/boot_id`): VF settings do not
+    /// survive a reboot, so values read in another boot are not this VF's any more.
+    fn boot_id(&self) -> Result<String, VfPortError>;
 }
 
 /// The filesystem as device metadata needs it. Calls block on I/O.
@@ -283,10 +295,11 @@ pub trait IpBlockApi: Send + Sync + 'static {
 pub trait VfSnapshotStore: LeaseStore {
     /// Every snapshot.
     fn load_vf_snapshots(&self) -> Result<Vec<VfSnapshot>, Self::Error>;
-    /// The snapshot of `vf`, if there is one (no disk I/O).
-    fn vf_snapshot(&self, vf: &VfRef) -> Result<Option<VfSnapshot>, Self::Error>;
+    /// The snapshot with key `key` ([`VfSnapshot::key`]), if there is one (no disk I/O).
+    fn vf_snapshot(&self, key: &str) -> Result<Option<VfSnapshot>, Self::Error>;
     /// Creates or replaces the snapshot of its VF in one synced commit.
     fn save_vf_snapshot(&self, snapshot: &VfSnapshot) -> Result<(), Self::Error>;
-    /// Removes the snapshots of `vfs` in one synced commit; without any, writes nothing.
-    fn remove_vf_snapshots(&self, vfs: &[VfRef]) -> Result<(), Self::Error>;
+    /// Removes the snapshots with the keys `keys` in one synced commit; without any, writes
+    /// nothing.
+    fn remove_vf_snapshots(&self, keys: &[String]) -> Result<(), Self::Error>;
 }

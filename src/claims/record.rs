@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::metadata;
 use super::preparer::PreparedDevice;
 use super::vf::{VfRef, VfState};
-use crate::model::device::AttributeValue;
+use crate::model::device::{AttributeValue, PciAddress};
 use crate::model::network_config::{DeviceKind, ResolvedNetworkConfig, Sharing};
 
 /// A claim as prepared: what kubelet got back and what the attach step needs.
@@ -103,20 +103,35 @@ pub struct PreparedClaimDevice {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cdi_device_ids: Vec<String>,
     /// Mode `sriov-vf`: the VF on its PF and its settings as found before prepare changed
-    /// them, set back at unprepare (records before version 5 have none: no release before
-    /// it prepared `sriov-vf`).
+    /// them, set back at unprepare in the same boot (records before version 5 have none: no
+    /// release before it prepared `sriov-vf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<PreparedVf>,
 }
 
-/// The VF of a `sriov-vf` device and its settings before the claim.
+/// The VF of a `sriov-vf` device and its settings before the claim (DESIGN §6: identified by
+/// PCI address, "before" values of another boot never written back; decision 0018).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreparedVf {
-    /// The VF on its PF.
+    /// The VF on its PF as named at prepare: for messages only (records before version 6:
+    /// what the start-up migration looks the PCI address up from).
     #[serde(flatten)]
     pub vf: VfRef,
-    /// Its settings as read before the first change.
+    /// The VF's PCI address, its identity: its PF's current name and its index are looked up
+    /// from it whenever the VF is used, because a PF can get another name at boot. Absent in
+    /// records before version 6 until the start-up migration found it.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "super::vf::pci_serde")]
+    pub pci: Option<PciAddress>,
+    /// The boot `before` was read in (`/proc/sys/kernel/random/boot_id`). A reboot resets the
+    /// VF, so values of another boot are never set back: the VF keeps what the boot gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// A record of a release before format 3 whose VF could not be identified at the
+    /// upgrade: kept for the claim, never set back, never re-applied.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unresolved: bool,
+    /// Its settings as read before the first change (in boot `boot_id`).
     pub before: VfState,
 }
 

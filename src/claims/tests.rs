@@ -31,6 +31,7 @@ mod metadata;
 mod networks;
 mod tenancy;
 mod vf;
+mod vf_migration;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";

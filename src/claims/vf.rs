@@ -42,6 +42,32 @@ impl fmt::Display for VfRef {
     }
 }
 
+/// Serde of an optional [`PciAddress`] as its `dddd:bb:dd.f` text.
+pub(crate) mod pci_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::model::device::PciAddress;
+
+    #[expect(clippy::ref_option, reason = "serde's `with` hands the field by reference")]
+    pub(crate) fn serialize<S: Serializer>(
+        pci: &Option<PciAddress>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match pci {
+            Some(pci) => serializer.collect_str(pci),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<PciAddress>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| text.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// The settings of one VF as the PF reports them (`IFLA_VFINFO_LIST`, read with
 /// `RTEXT_FILTER_VF`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +303,38 @@ pub enum VfError {
         value: String,
         /// The VF.
         vf: VfRef,
+    },
+    /// Finding the VF in sysfs failed.
+    #[error("{what}: looking it up in sysfs: {source}")]
+    Locate {
+        /// The VF looked for (`VF 1 of eth9`, `the VF at PCI 0000:09:00.1`).
+        what: String,
+        /// The cause.
+        #[source]
+        source: VfPortError,
+    },
+    /// No VF of that identity on this node (SR-IOV disabled, fewer VFs, or another PF).
+    #[error("{what}: no such VF on this node")]
+    NotFound {
+        /// The VF looked for.
+        what: String,
+    },
+    /// A record of a release before format 3 whose VF could not be identified by PCI address
+    /// at the upgrade.
+    #[error(
+        "{vf}: recorded by a release before state format 3 and not found by PCI address at the \
+         upgrade, so its settings are neither re-applied nor set back; unprepare the claim"
+    )]
+    Unidentified {
+        /// The VF as that release named it.
+        vf: VfRef,
+    },
+    /// The boot id could not be read.
+    #[error("reading the boot id: {source}")]
+    BootId {
+        /// The cause.
+        #[source]
+        source: VfPortError,
     },
     /// A value found before the claim could not be set back.
     #[error("{vf}: restoring {field} to {value}: {source}")]

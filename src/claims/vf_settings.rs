@@ -1,11 +1,14 @@
 //! `sriov-vf` settings on the PF: applied at prepare after a durable snapshot of what they
-//! replace, set back at unprepare or when a prepare is undone (DESIGN §6).
+//! replace, set back at unprepare (in the same boot only) or when a prepare is undone
+//! (DESIGN §6). The VF is identified by its PCI address; its PF's name and its index are
+//! looked up from it through the port whenever it is used.
 
 use super::error::ClaimError;
 use super::ports::{ClaimSource, ClaimStore, DeviceSource};
-use super::record::{PreparedClaim, PreparedVf};
+use super::record::{PreparedClaim, PreparedClaimDevice, PreparedVf};
 use super::service::ClaimService;
-use super::vf::{self, VfError, VfRef};
+use super::vf::{self, VfError, VfPort, VfRef};
+use super::vf_snapshots::{restorable, snapshot_key};
 use crate::model::network_config::ResolvedMode;
 
 impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
@@ -25,34 +28,19 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 continue;
             }
             let (request, name) = (device.request.clone(), device.device.clone());
-            // The VF whose snapshot is durable: a failure from then on sets it back too.
-            let mut snapshot_held = None;
-            let outcome = match (&self.vf_port, vfs.get(index).cloned().flatten()) {
-                (None, _) => Err(ClaimError::NoVfPort { request, device: name }),
-                (_, None) => Err(ClaimError::NotAVf { request, device: name }),
+            let (held, outcome) = match (&self.vf_port, vfs.get(index).cloned().flatten()) {
+                (None, _) => (None, Err(ClaimError::NoVfPort { request, device: name })),
+                (_, None) => (None, Err(ClaimError::NotAVf { request, device: name })),
                 (Some(port), Some(vf)) => {
-                    let port = port.as_ref();
-                    let vf_error = |source: VfError| ClaimError::Vf {
-                        request: request.clone(),
-                        device: name.clone(),
-                        source: Box::new(source),
-                    };
-                    match port.read(&vf).await {
-                        Err(source) => Err(vf_error(VfError::Read { vf: vf.clone(), source })),
-                        // Durable before the first change (DESIGN §6): killed before the
-                        // claim's record, the daemon still knows what to set back.
-                        Ok(found) => match self.hold_vf_snapshot(&prepared.uid, &vf, found).await {
-                            Err(err) => Err(err),
-                            Ok(before) => {
-                                snapshot_held = Some(PreparedVf { vf: vf.clone(), before });
-                                let wanted = vf::wanted(&before, &device.config);
-                                vf::apply(port, &vf, &device.if_name, &wanted)
-                                    .await
-                                    .map(|_| PreparedVf { vf, before })
-                                    .map_err(vf_error)
-                            }
-                        },
-                    }
+                    let (held, outcome) =
+                        self.apply_one(port.as_ref(), &prepared.uid, device, vf).await;
+                    let outcome = outcome.map_err(|source| match source {
+                        ApplyError::Claim(err) => err,
+                        ApplyError::Vf(source) => {
+                            ClaimError::Vf { request, device: name, source: Box::new(source) }
+                        }
+                    });
+                    (held, outcome)
                 }
             };
             match outcome {
@@ -61,7 +49,8 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                     crate::failpoint!("claims.prepare.after_vf_apply");
                 }
                 Err(err) => {
-                    prepared.devices[index].vf = snapshot_held;
+                    // The VF whose snapshot is durable is set back by the undo.
+                    prepared.devices[index].vf = held;
                     return Err(err);
                 }
             }
@@ -69,14 +58,63 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         Ok(())
     }
 
-    /// Sets the VFs of `prepared` back to the settings found before it and removes their
-    /// snapshots ([`vf_snapshots`]); every device is tried, the first failure is returned.
+    /// The VF settings of one device: the VF's PCI address and the boot id, the values found
+    /// (made durable first), then the claim's. Returns the record once its snapshot is
+    /// durable (for the undo), and the outcome.
+    async fn apply_one(
+        &self,
+        port: &dyn VfPort,
+        claim_uid: &str,
+        device: &PreparedClaimDevice,
+        vf: VfRef,
+    ) -> (Option<PreparedVf>, Result<PreparedVf, ApplyError>) {
+        let identity = async {
+            let what = || vf.to_string();
+            let pci = match port.pci_address(&vf).await {
+                Ok(Some(pci)) => pci,
+                Ok(None) => return Err(VfError::NotFound { what: what() }),
+                Err(source) => return Err(VfError::Locate { what: what(), source }),
+            };
+            let boot_id = port.boot_id().map_err(|source| VfError::BootId { source })?;
+            let found =
+                port.read(&vf).await.map_err(|source| VfError::Read { vf: vf.clone(), source })?;
+            Ok((pci, boot_id, found))
+        };
+        let (pci, boot_id, found) = match identity.await {
+            Ok(found) => found,
+            Err(err) => return (None, Err(ApplyError::Vf(err))),
+        };
+        // Durable before the first change (DESIGN §6): killed before the claim's record,
+        // the daemon still knows what to set back.
+        let before = match self.hold_vf_snapshot(claim_uid, &vf, (pci, &boot_id), found).await {
+            Ok(before) => before,
+            Err(err) => return (None, Err(ApplyError::Claim(err))),
+        };
+        let record = PreparedVf {
+            vf: vf.clone(),
+            pci: Some(pci),
+            boot_id: Some(boot_id),
+            unresolved: false,
+            before,
+        };
+        let wanted = vf::wanted(&before, &device.config);
+        let outcome = vf::apply(port, &vf, &device.if_name, &wanted)
+            .await
+            .map(|_| record.clone())
+            .map_err(ApplyError::Vf);
+        (Some(record), outcome)
+    }
+
+    /// Sets the VFs of `prepared` back to the settings found before it, when they were read
+    /// in this boot, and removes their snapshots ([`super::vf_snapshots`]); every device is
+    /// tried, the first failure is returned. Values of another boot are dropped with a log:
+    /// the reboot reset the VF and the boot configured it since, so it keeps that.
     pub(super) async fn restore_vf_settings(
         &self,
         prepared: &PreparedClaim,
     ) -> Result<(), ClaimError> {
         let mut first_error = None;
-        let mut restored = Vec::new();
+        let mut done_keys = Vec::new();
         for device in &prepared.devices {
             let Some(done) = &device.vf else { continue };
             let Some(port) = &self.vf_port else {
@@ -86,12 +124,18 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 });
                 continue;
             };
-            match vf::restore(port.as_ref(), &done.vf, &done.before).await {
-                Ok(()) => {
-                    tracing::info!(vf = %done.vf, claim = %prepared.name,
+            let port = port.as_ref();
+            let pci = done.pci.filter(|_| !done.unresolved);
+            let outcome = match restorable(port, pci, done.boot_id.as_deref(), &done.vf).await {
+                Ok(None) => Ok(()),
+                Ok(Some(now)) => vf::restore(port, &now, &done.before).await.inspect(|()| {
+                    tracing::info!(vf = %now, claim = %prepared.name,
                         "VF settings set back as found before the claim");
-                    restored.push(done.vf.clone());
-                }
+                }),
+                Err(err) => Err(err),
+            };
+            match outcome {
+                Ok(()) => done_keys.push(snapshot_key(done.pci, &done.vf)),
                 Err(source) => {
                     first_error.get_or_insert(ClaimError::Vf {
                         request: device.request.clone(),
@@ -101,9 +145,15 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 }
             }
         }
-        if let Err(err) = self.drop_vf_snapshots(restored).await {
+        if let Err(err) = self.drop_vf_snapshots(done_keys).await {
             first_error.get_or_insert(err);
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Why one device's VF settings failed: the VF, or the store.
+enum ApplyError {
+    Claim(ClaimError),
+    Vf(VfError),
 }

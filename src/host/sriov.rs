@@ -3,6 +3,10 @@
 //! kernel leaves `IFLA_VFINFO_LIST` out); each change is one `RTM_SETLINK` on the PF carrying
 //! one `IFLA_VF_*` inside `IFLA_VFINFO_LIST`/`IFLA_VF_INFO` (`do_setvfinfo` calls the PF
 //! driver's `ndo_set_vf_*` for it, and a driver without one answers `EOPNOTSUPP`).
+//!
+//! VFs are identified by PCI address: the PF's name and the VF's index are looked up from it
+//! in sysfs at each use (`host::sysfs`), because a PF can get another name at boot. The boot
+//! id comes from `/proc/sys/kernel/random/boot_id` (a new random UUID at every boot).
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
@@ -12,22 +16,36 @@ use netlink_packet_route::link::{
     VlanProtocol,
 };
 use rtnetlink::{Handle, LinkUnspec};
+use std::path::PathBuf;
 
 use crate::claims::vf::{VfChange, VfPort, VfPortError, VfRef, VfState};
 use crate::host::netlink::{HostNetlink, link_by_name};
+use crate::host::sysfs::{Sysfs, SysfsError};
+use crate::model::device::PciAddress;
 use crate::model::network_config::{MacAddr, VfLinkState, VfVlanProtocol};
+
+/// The kernel's id of the running boot.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// VF settings through the daemon's netlink socket in the host netns (where the PFs are).
 #[derive(Clone, Debug)]
 pub struct NetlinkVfSettings {
     handle: Handle,
+    sysfs: Sysfs,
+    boot_id: PathBuf,
 }
 
 impl NetlinkVfSettings {
-    /// On the host netns socket of `host`.
+    /// On the host netns socket of `host`, with `/sys` and the kernel's boot id.
     #[must_use]
     pub fn new(host: &HostNetlink) -> Self {
-        Self { handle: host.handle().clone() }
+        Self::with_roots(host, Sysfs::default(), BOOT_ID)
+    }
+
+    /// As [`Self::new`] with another sysfs and boot id file (tests).
+    #[must_use]
+    pub fn with_roots(host: &HostNetlink, sysfs: Sysfs, boot_id: impl Into<PathBuf>) -> Self {
+        Self { handle: host.handle().clone(), sysfs, boot_id: boot_id.into() }
     }
 
     /// The PF's link message with its VF list.
@@ -188,6 +206,40 @@ impl VfPort for NetlinkVfSettings {
         }
         .boxed()
     }
+
+    fn pci_address<'a>(
+        &'a self,
+        vf: &'a VfRef,
+    ) -> BoxFuture<'a, Result<Option<PciAddress>, VfPortError>> {
+        // A few small sysfs reads: not worth a blocking-pool hop.
+        let found = self.sysfs.vf_pci_address(&vf.pf, vf.index).map_err(|err| {
+            sysfs_error(format!("reading the PCI address of VF {} of {}", vf.index, vf.pf), &err)
+        });
+        async move { found }.boxed()
+    }
+
+    fn locate(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<VfRef>, VfPortError>> {
+        let found = self
+            .sysfs
+            .locate_vf(pci)
+            .map(|found| found.map(|(pf, index)| VfRef { pf, index }))
+            .map_err(|err| sysfs_error(format!("finding the PF of the VF at PCI {pci}"), &err));
+        async move { found }.boxed()
+    }
+
+    fn boot_id(&self) -> Result<String, VfPortError> {
+        std::fs::read_to_string(&self.boot_id).map(|text| text.trim().to_owned()).map_err(|err| {
+            VfPortError {
+                op: format!("reading {}", self.boot_id.display()),
+                errno: err.raw_os_error(),
+                message: err.to_string(),
+            }
+        })
+    }
+}
+
+fn sysfs_error(op: String, err: &SysfsError) -> VfPortError {
+    VfPortError { op, errno: err.source.raw_os_error(), message: err.to_string() }
 }
 
 #[cfg(test)]

@@ -106,6 +106,26 @@ impl Sysfs {
         }
     }
 
+    /// The PCI address of VF `index` of PF `pf` (its `device/virtfn<index>` link); `None`
+    /// when there is no such PF or VF.
+    pub fn vf_pci_address(&self, pf: &str, index: u32) -> Result<Option<PciAddress>, SysfsError> {
+        let link = self.root.join("class/net").join(pf).join(format!("device/virtfn{index}"));
+        Ok(link_name(&link)?.and_then(|name| name.parse().ok()))
+    }
+
+    /// Where the VF with PCI address `vf` is now: its PF's interface name (in the netns that
+    /// mounted this sysfs) and its index (`bus/pci/devices/<vf>/physfn`, and the PF's
+    /// `virtfn<N>` pointing back). `None` when there is no such VF, it is not a VF, or its PF
+    /// has no netdev here. PF names change at boot; PCI addresses do not.
+    pub fn locate_vf(&self, vf: PciAddress) -> Result<Option<(String, u32)>, SysfsError> {
+        let device_dir = self.root.join("bus/pci/devices").join(vf.to_string());
+        let Some(pf_dir) = canonical(&device_dir.join("physfn"))? else {
+            return Ok(None);
+        };
+        let Some(pf_name) = first_entry(&pf_dir.join("net"))? else { return Ok(None) };
+        Ok(self.vf_index(&pf_dir, vf)?.map(|index| (pf_name, index)))
+    }
+
     /// The `N` of the PF's `virtfnN` link that points at `vf`.
     #[expect(clippy::unused_self, reason = "kept a method so every read goes through the root")]
     fn vf_index(&self, pf_dir: &Path, vf: PciAddress) -> Result<Option<u32>, SysfsError> {

@@ -19,12 +19,16 @@ impl Record for PreparedClaim {
     /// 5: per device `vf` (mode `sriov-vf`: the VF and its settings before the claim, set
     /// back at unprepare), and `sriov.vlanProtocol` in the resolved config. No release before
     /// prepared `sriov-vf` (it refused the mode), so an older record has neither.
-    const VERSION: u32 = 5;
+    /// 6 (state format 3): per device `vf.pci` and `vf.bootId` (the VF by PCI address, the
+    /// boot its "before" values were read in) and `vf.unresolved`. A version-5 record has
+    /// neither: the claims service looks the PCI address up from the PF name and index at
+    /// start (`ClaimService::restore_unrecorded_vfs`), where the port is.
+    const VERSION: u32 = 6;
 
     fn migrate(from: u32, data: serde_json::Value) -> Result<serde_json::Value, String> {
         match from {
             // Every field added since is optional: an older record is a valid current one.
-            1..=4 => Ok(data),
+            1..=5 => Ok(data),
             _ => Err(format!("no migration from version {from}")),
         }
     }

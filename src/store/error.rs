@@ -35,9 +35,13 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
-    /// The journal was written by a newer netclaim.
+    /// The journal was written by a newer netclaim (a rollback): the message names both
+    /// formats and the two ways on (docs/operations.md, "Rolling back").
     #[error(
-        "journal {path} has format version {version}, newer than {FORMAT_VERSION} (downgrade?)"
+        "state dir {dir} is format {version}, this release reads up to format {FORMAT_VERSION}: \
+         run the newer release, or unprepare every claim on this node (drain it) and remove \
+         {dir} before rolling back",
+        dir = state_dir(.path).display()
     )]
     NewerFormat {
         /// The journal.
@@ -111,6 +115,11 @@ pub enum StoreError {
         /// The journal.
         path: PathBuf,
     },
+}
+
+/// The state dir of journal `path`.
+fn state_dir(path: &Path) -> &Path {
+    path.parent().unwrap_or(path)
 }
 
 pub(super) fn io_err<'p>(

@@ -13,12 +13,18 @@ use super::{Record, StoreError};
 
 /// The `format` of the header line.
 pub(super) const FORMAT_NAME: &str = "netclaim-state";
-/// The journal format written by this build. 2: the IPAM kinds `ipam-released` (quarantine)
-/// and `ipam-blocks` (owned `IPBlock`s), whose absence a release before them would not
-/// notice: it would hand out quarantined addresses and forget its blocks, so it must refuse
-/// the journal (`NewerFormat`) rather than read it. A version-1 journal is rewritten as
-/// version 2 when opened.
-pub const FORMAT_VERSION: u32 = 2;
+/// The journal format written by this build. A release refuses a journal of a newer format
+/// (`NewerFormat`, which says how to roll back) rather than read records whose absence or
+/// meaning it would get wrong; an older journal is rewritten in the current format when
+/// opened (the records themselves migrate per kind).
+/// - 2: the IPAM kinds `ipam-released` (quarantine) and `ipam-blocks` (owned `IPBlock`s):
+///   a release before them would hand out quarantined addresses and forget its blocks.
+/// - 3: VF records keyed by PCI address with the boot id of their "before" values
+///   (`prepared-claims` version 6, `vf-snapshots` version 2; decision 0018): a release before
+///   them would find a VF by a PF name that may have changed at boot and set back values of
+///   an earlier boot; and the ipam releasing intents (the record an `IPBlock` release writes
+///   before it deletes the block), which a release before would not finish.
+pub const FORMAT_VERSION: u32 = 3;
 /// Hex digits of the SHA-256 prefix that guards each line.
 pub(super) const CHECKSUM_HEX: usize = 16;
 

@@ -165,7 +165,7 @@ fn v0_fixture_migrates_to_the_current_version_and_is_written_back() {
 }
 
 #[test]
-fn a_format_1_journal_is_rewritten_as_format_2_with_its_records() {
+fn a_format_1_journal_is_rewritten_as_format_3_with_its_records() {
     let dir = tempfile::tempdir().unwrap();
     write_journal(
         dir.path(),
@@ -180,11 +180,37 @@ fn a_format_1_journal_is_rewritten_as_format_2_with_its_records() {
     }
     let text = fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
     assert!(
-        text.starts_with(r#"{"format":"netclaim-state","version":2}"#),
-        "a release before format 2 refuses this journal now: {text}"
+        text.starts_with(r#"{"format":"netclaim-state","version":3}"#),
+        "a release before format 3 refuses this journal now: {text}"
     );
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.load_all::<Lease>().unwrap()[0].1.ip, "10.0.0.1");
+}
+
+/// A rollback (issue 31 item 7): a release that finds a newer journal refuses to start, and
+/// its message names both formats, the state dir and the two ways on; the journal is left as
+/// it was.
+#[test]
+fn a_newer_format_is_refused_naming_both_versions_and_the_way_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let newer = format!(r#"{{"format":"netclaim-state","version":{}}}"#, FORMAT_VERSION + 1);
+    let path = write_journal(dir.path(), &newer, &[]);
+    let before = fs::read(&path).unwrap();
+    let err = Store::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, StoreError::NewerFormat { version, .. } if version == FORMAT_VERSION + 1)
+    );
+    let state_dir = dir.path().display();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "state dir {state_dir} is format {}, this release reads up to format {FORMAT_VERSION}: \
+             run the newer release, or unprepare every claim on this node (drain it) and remove \
+             {state_dir} before rolling back",
+            FORMAT_VERSION + 1
+        )
+    );
+    assert_eq!(fs::read(&path).unwrap(), before, "the newer journal is not touched");
 }
 
 #[test]
@@ -200,7 +226,7 @@ fn newer_versions_broken_migrations_and_corruption_are_named_errors() {
         (HEADER_V1, vec![put(3, "{}")], String::new(), "newer than 2"),
         (HEADER_V1, vec![put(0, r#"{"ip":"x"}"#)], String::new(), "v0 record without owner"),
         (HEADER_V1, vec![put(2, r#"{"claim":"c"}"#)], String::new(), "missing field"),
-        (r#"{"format":"netclaim-state","version":3}"#, vec![], String::new(), "format version 3"),
+        (r#"{"format":"netclaim-state","version":4}"#, vec![], String::new(), "is format 4"),
         (r#"{"format":"other","version":1}"#, vec![], String::new(), "header format"),
         // A complete line with a bad checksum is corruption, even when it is the last.
         (HEADER_V1, vec![good.clone()], format!("0000000000000000 {good}\n"), "checksum mismatch"),

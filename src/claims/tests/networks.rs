@@ -549,9 +549,10 @@ async fn a_state_dir_of_release_87c0da8_loads_and_serves_network_claims() {
     world.api.put(network_claim("net-1", "uid-net-1", NODE, json!({})));
     prepare_one(&service, &reference("net-1", "uid-net-1")).await.unwrap();
     drop(service);
-    // The journal is format 2 now (a release before it refuses it), records written back.
+    // The journal is in the current format now (a release before it refuses it), records
+    // written back.
     let text = std::fs::read_to_string(dir.path().join("journal")).unwrap();
-    assert!(text.starts_with(r#"{"format":"netclaim-state","version":2}"#), "{text}");
+    assert!(text.starts_with(r#"{"format":"netclaim-state","version":3}"#), "{text}");
     assert!(
         prepared_claim_versions(&dir.path().join("journal"))
             .iter()

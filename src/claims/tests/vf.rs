@@ -3,7 +3,7 @@
 //! fails the prepare naming it and holds nothing; a state dir of the release before loads.
 
 use super::*;
-use crate::claims::vf::tests::{FakePf, fresh};
+use crate::claims::vf::tests::{FakeHost, FakePf, fresh};
 use crate::claims::vf::{VfChange, VfState};
 use crate::model::network_config::{VfLinkState, VfVlanProtocol};
 
@@ -147,7 +147,7 @@ async fn a_state_dir_of_release_6f05957_loads_and_its_vf_claim_unprepares_withou
     api.put(vf_claim(json!({"sriov": {"trust": true}})));
     prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
     assert_eq!(pf.state().trust, Some(true));
-    assert_eq!(prepared_claim_versions(&dir.path().join("journal")).last(), Some(&5));
+    assert_eq!(prepared_claim_versions(&dir.path().join("journal")).last(), Some(&6));
     let results = service
         .unprepare(vec![
             reference("vf-nic", "9b3f2a71-6c0e-4d5a-8e27-1f4c9d0b7e22"),
@@ -307,6 +307,30 @@ impl crate::claims::vf::VfPort for StallingPf {
     ) -> futures::future::BoxFuture<'a, Result<(), crate::claims::vf::VfPortError>> {
         self.0.set_netdev_mac(if_name, mac)
     }
+
+    fn pci_address<'a>(
+        &'a self,
+        vf: &'a crate::claims::vf::VfRef,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<crate::model::device::PciAddress>, crate::claims::vf::VfPortError>,
+    > {
+        self.0.pci_address(vf)
+    }
+
+    fn locate(
+        &self,
+        pci: crate::model::device::PciAddress,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<Option<crate::claims::vf::VfRef>, crate::claims::vf::VfPortError>,
+    > {
+        self.0.locate(pci)
+    }
+
+    fn boot_id(&self) -> Result<String, crate::claims::vf::VfPortError> {
+        self.0.boot_id()
+    }
 }
 
 #[tokio::test]
@@ -338,4 +362,139 @@ async fn a_prepare_dropped_while_staged_gives_its_address_back_and_leaves_the_vf
     assert_eq!(pf.state(), fresh(), "the VF set back from its snapshot");
     // And the address is free for the claim's retry.
     prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+}
+
+/// The claim's VF and another PF's VF, as a [`FakeHost`] names them in its first boot.
+const VF_A: &str = "0000:09:00.1";
+const VF_B: &str = "0000:0a:00.1";
+
+fn admin_values() -> VfState {
+    VfState {
+        mac: "02:00:00:00:00:aa".parse().unwrap(),
+        vlan: 7,
+        qos: 3,
+        spoof_check: Some(false),
+        trust: Some(true),
+        max_tx_rate_mbps: 100,
+        ..fresh()
+    }
+}
+
+fn two_pfs() -> Arc<FakeHost> {
+    let other = VfState { vlan: 9, ..fresh() };
+    Arc::new(FakeHost::new(&[(VF_A, "eth9", 1, admin_values()), (VF_B, "eth10", 1, other)]))
+}
+
+fn with_host(service: Service, host: &Arc<FakeHost>) -> Service {
+    service.with_vf_port(Arc::clone(host) as Arc<dyn crate::claims::vf::VfPort>)
+}
+
+fn settings_claim() -> ResourceClaim {
+    vf_claim(json!({"interface": {"hardwareAddress": "02:00:00:00:00:bb"}, "vlan": 42,
+        "sriov": {"qos": 5, "maxTxRateMbps": 200, "linkState": "enable"}}))
+}
+
+fn sent_count(host: &FakeHost) -> usize {
+    host.sent.lock().unwrap().len()
+}
+
+#[tokio::test]
+async fn after_a_reboot_the_attach_puts_the_claims_settings_back_and_unprepare_leaves_the_boots() {
+    let host = two_pfs();
+    let api = Arc::new(MapClaims::default());
+    api.put(settings_claim());
+    let dir = tempfile::tempdir().unwrap();
+    let service = with_host(service(&api, dir.path()), &host);
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    let applied = host.state_of(VF_A);
+    assert_eq!((applied.vlan, applied.spoof_check, applied.trust), (42, Some(true), Some(false)));
+    let record = service.prepared(VF_UID).unwrap().devices[0].vf.clone().unwrap();
+    assert_eq!(
+        (record.pci.map(|p| p.to_string()), record.boot_id.as_deref(), record.before),
+        (Some(VF_A.to_owned()), Some("boot-1"), admin_values())
+    );
+    // The attach in the same boot reads the VF back and has nothing to send.
+    let sent = sent_count(&host);
+    service.reapply_vf_settings(VF_UID, "vf").await.unwrap();
+    assert_eq!(sent_count(&host), sent, "a no-op costs no netlink write");
+
+    // A reboot: the VF comes back blank and the boot configures VLAN 5 on it.
+    host.reboot(&[]);
+    let boot_values = VfState { vlan: 5, ..fresh() };
+    host.configure(VF_A, boot_values);
+    drop(service);
+    let service = with_host(self::service(&api, dir.path()), &host);
+    assert_eq!(service.restore_unrecorded_vfs().await.unwrap(), 0);
+    // kubelet's repeated prepare is answered from the record: it sets nothing.
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    assert_eq!(host.state_of(VF_A), boot_values, "only the attach puts the settings back");
+    // The new sandbox's attach does.
+    service.reapply_vf_settings(VF_UID, "vf").await.unwrap();
+    assert_eq!(host.state_of(VF_A), applied, "the claim's settings again, VLAN 42 and all");
+    let record = service.prepared(VF_UID).unwrap().devices[0].vf.clone().unwrap();
+    assert_eq!((record.boot_id.as_deref(), record.before), (Some("boot-2"), boot_values));
+    // Recorded durably: a restart still sets back this boot's values.
+    drop(service);
+    let service = with_host(self::service(&api, dir.path()), &host);
+    assert_eq!(service.prepared(VF_UID).unwrap().devices[0].vf, Some(record));
+    assert_eq!(host.state_of(VF_B), fresh(), "the other PF's VF as the reboot left it");
+    assert!(host.sent.lock().unwrap().iter().all(|(vf, _)| vf.pf == "eth9"), "only VF 1 of eth9");
+    let results = service.unprepare(vec![reference("vf-net", VF_UID)]).await;
+    assert!(results[VF_UID].is_ok(), "{results:?}");
+    assert_eq!(host.state_of(VF_A), boot_values, "the boot's values, not the first boot's");
+}
+
+#[tokio::test]
+async fn an_unprepare_after_a_reboot_leaves_the_vf_as_the_boot_configured_it() {
+    let host = two_pfs();
+    let api = Arc::new(MapClaims::default());
+    api.put(settings_claim());
+    let dir = tempfile::tempdir().unwrap();
+    let service = with_host(service(&api, dir.path()), &host);
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    drop(service);
+    // The pod never comes back after the reboot: kubelet only unprepares the claim.
+    host.reboot(&[]);
+    let boot_values = VfState { vlan: 5, trust: Some(true), ..fresh() };
+    host.configure(VF_A, boot_values);
+    let service = with_host(self::service(&api, dir.path()), &host);
+    let sent = sent_count(&host);
+    let results = service.unprepare(vec![reference("vf-net", VF_UID)]).await;
+    assert!(results[VF_UID].is_ok(), "{results:?}");
+    assert_eq!(
+        sent_count(&host),
+        sent,
+        "nothing written: the values of the first boot are dropped"
+    );
+    assert_eq!(host.state_of(VF_A), boot_values);
+    assert!(service.prepared(VF_UID).is_none());
+}
+
+#[tokio::test]
+async fn a_pf_renamed_at_boot_never_gets_another_pfs_vf_rewritten() {
+    let host = two_pfs();
+    let api = Arc::new(MapClaims::default());
+    api.put(settings_claim());
+    let dir = tempfile::tempdir().unwrap();
+    let service = with_host(service(&api, dir.path()), &host);
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    let applied = host.state_of(VF_A);
+    drop(service);
+    // The next boot names the PFs the other way round: `eth9` is now the other PF.
+    host.reboot(&[(VF_A, "eth10"), (VF_B, "eth9")]);
+    let (a_boot, b_boot) = (VfState { vlan: 5, ..fresh() }, VfState { vlan: 6, ..fresh() });
+    host.configure(VF_A, a_boot);
+    host.configure(VF_B, b_boot);
+    let service = with_host(self::service(&api, dir.path()), &host);
+    let sent = sent_count(&host);
+    service.reapply_vf_settings(VF_UID, "vf").await.unwrap();
+    assert_eq!(host.state_of(VF_A), applied, "the claim's VF, now VF 1 of eth10");
+    assert_eq!(host.state_of(VF_B), b_boot, "VF 1 of the new eth9 is not the claim's");
+    let results = service.unprepare(vec![reference("vf-net", VF_UID)]).await;
+    assert!(results[VF_UID].is_ok(), "{results:?}");
+    assert_eq!(host.state_of(VF_A), a_boot);
+    assert_eq!(host.state_of(VF_B), b_boot);
+    let targets: Vec<String> =
+        host.sent.lock().unwrap()[sent..].iter().map(|(vf, _)| vf.to_string()).collect();
+    assert!(!targets.is_empty() && targets.iter().all(|t| t == "VF 1 of eth10"), "{targets:?}");
 }

@@ -10,6 +10,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 
 use super::*;
+use crate::model::device::PciAddress;
 use crate::model::network_config::{
     Addressing, ResolvedInterface, ResolvedMode, ResolvedNetworkConfig,
 };
@@ -76,6 +77,138 @@ impl VfPort for FakePf {
         _mac: MacAddr,
     ) -> BoxFuture<'a, Result<(), VfPortError>> {
         async move { Ok(()) }.boxed()
+    }
+
+    fn pci_address<'a>(
+        &'a self,
+        _vf: &'a VfRef,
+    ) -> BoxFuture<'a, Result<Option<PciAddress>, VfPortError>> {
+        async move { Ok(Some(FAKE_PF_VF)) }.boxed()
+    }
+
+    fn locate(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<VfRef>, VfPortError>> {
+        let found = (pci == FAKE_PF_VF).then(|| VfRef { pf: "eth9".into(), index: 1 });
+        async move { Ok(found) }.boxed()
+    }
+
+    fn boot_id(&self) -> Result<String, VfPortError> {
+        Ok("boot-0".into())
+    }
+}
+
+/// The PCI address of [`FakePf`]'s one VF (VF 1 of `eth9`).
+pub(crate) const FAKE_PF_VF: PciAddress = PciAddress { domain: 0, bus: 9, device: 0, function: 1 };
+
+/// A host with several PFs and their VFs, by PCI address, that can reboot: every VF comes
+/// back blank ([`fresh`]) with a new boot id, and the PFs may come back under other names.
+/// Takes every setting; records each `set` with the VF it went to.
+pub(crate) struct FakeHost {
+    state: Mutex<HostState>,
+    pub(crate) sent: Mutex<Vec<(VfRef, VfChange)>>,
+}
+
+struct HostState {
+    boot: u32,
+    vfs: Vec<(PciAddress, VfRef, VfState)>,
+}
+
+impl FakeHost {
+    /// VFs `(pci, pf, index, state)`.
+    pub(crate) fn new(vfs: &[(&str, &str, u32, VfState)]) -> Self {
+        let vfs = vfs
+            .iter()
+            .map(|(pci, pf, index, state)| {
+                (pci.parse().unwrap(), VfRef { pf: (*pf).into(), index: *index }, *state)
+            })
+            .collect();
+        Self { state: Mutex::new(HostState { boot: 1, vfs }), sent: Mutex::new(Vec::new()) }
+    }
+
+    /// The settings of the VF at `pci`.
+    pub(crate) fn state_of(&self, pci: &str) -> VfState {
+        let pci: PciAddress = pci.parse().unwrap();
+        self.state.lock().unwrap().vfs.iter().find(|(p, _, _)| *p == pci).unwrap().2
+    }
+
+    /// Sets the VF at `pci` as an administrator would.
+    pub(crate) fn configure(&self, pci: &str, state: VfState) {
+        let pci: PciAddress = pci.parse().unwrap();
+        let mut host = self.state.lock().unwrap();
+        host.vfs.iter_mut().find(|(p, _, _)| *p == pci).unwrap().2 = state;
+    }
+
+    /// A reboot: a new boot id, every VF blank, and each PF named in `renames` (`(pci of a
+    /// VF, its PF's new name)`) under its new name.
+    pub(crate) fn reboot(&self, renames: &[(&str, &str)]) {
+        let mut host = self.state.lock().unwrap();
+        host.boot += 1;
+        let renames: Vec<(PciAddress, String)> =
+            renames.iter().map(|(pci, pf)| (pci.parse().unwrap(), (*pf).to_owned())).collect();
+        for (pci, vf, state) in &mut host.vfs {
+            *state = fresh();
+            if let Some((_, pf)) = renames.iter().find(|(p, _)| p == pci) {
+                vf.pf.clone_from(pf);
+            }
+        }
+    }
+}
+
+impl VfPort for FakeHost {
+    fn read<'a>(&'a self, vf: &'a VfRef) -> BoxFuture<'a, Result<VfState, VfPortError>> {
+        let found = self.state.lock().unwrap().vfs.iter().find(|(_, v, _)| v == vf).map(|e| e.2);
+        async move { found.ok_or_else(|| refused(19)) }.boxed()
+    }
+
+    fn set<'a>(
+        &'a self,
+        vf: &'a VfRef,
+        change: VfChange,
+    ) -> BoxFuture<'a, Result<(), VfPortError>> {
+        async move {
+            self.sent.lock().unwrap().push((vf.clone(), change));
+            let mut host = self.state.lock().unwrap();
+            let state = &mut host.vfs.iter_mut().find(|(_, v, _)| v == vf).ok_or(refused(19))?.2;
+            match change {
+                VfChange::Mac(mac) => state.mac = mac,
+                VfChange::Vlan { id, qos, protocol } => {
+                    (state.vlan, state.qos, state.vlan_protocol) = (id, qos, protocol);
+                }
+                VfChange::SpoofCheck(on) => state.spoof_check = Some(on),
+                VfChange::Trust(on) => state.trust = Some(on),
+                VfChange::Rate { min_mbps, max_mbps } => {
+                    (state.min_tx_rate_mbps, state.max_tx_rate_mbps) = (min_mbps, max_mbps);
+                }
+                VfChange::LinkState(link) => state.link_state = link,
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn set_netdev_mac<'a>(
+        &'a self,
+        _if_name: &'a str,
+        _mac: MacAddr,
+    ) -> BoxFuture<'a, Result<(), VfPortError>> {
+        async move { Ok(()) }.boxed()
+    }
+
+    fn pci_address<'a>(
+        &'a self,
+        vf: &'a VfRef,
+    ) -> BoxFuture<'a, Result<Option<PciAddress>, VfPortError>> {
+        let found = self.state.lock().unwrap().vfs.iter().find(|(_, v, _)| v == vf).map(|e| e.0);
+        async move { Ok(found) }.boxed()
+    }
+
+    fn locate(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<VfRef>, VfPortError>> {
+        let found =
+            self.state.lock().unwrap().vfs.iter().find(|(p, _, _)| *p == pci).map(|e| e.1.clone());
+        async move { Ok(found) }.boxed()
+    }
+
+    fn boot_id(&self) -> Result<String, VfPortError> {
+        Ok(format!("boot-{}", self.state.lock().unwrap().boot))
     }
 }
 

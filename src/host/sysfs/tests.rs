@@ -203,3 +203,44 @@ fn the_fixture_node_publishes_what_an_operator_expects() {
     let skipped: Vec<&str> = inventory.skipped.iter().map(|s| s.if_name.as_str()).collect();
     assert_eq!(skipped, ["eno1", "eno2", "veth12ab"]);
 }
+
+/// VFs by PCI address (decision 0018): the PF's name and the VF's index are looked up from
+/// the address, so after the PFs swap names at boot each VF is still found on its own PF.
+#[test]
+fn a_vf_is_found_by_pci_address_on_its_pf_whatever_the_pf_is_called() {
+    let sys = FakeSysfs::new();
+    let devices = sys.root().join("bus/pci/devices");
+    fs::create_dir_all(&devices).unwrap();
+    let mut vfs = Vec::new();
+    for (pf_address, vf_address, pf_name) in
+        [("0000:5e:00.0", "0000:5e:00.2", "eth9"), ("0000:5f:00.0", "0000:5f:00.2", "eth10")]
+    {
+        let pf = sys.pci_function(pf_address, "0x8086", "0x10c9", "igb", 0);
+        let vf = sys.pci_function(vf_address, "0x8086", "0x10ca", "igbvf", 0);
+        FakeSysfs::make_sriov(&pf, &[&vf], 7);
+        symlink(&vf, devices.join(vf_address)).unwrap();
+        symlink(&pf, devices.join(pf_address)).unwrap();
+        sys.netdev(pf_name, Some(&pf), "1000");
+        vfs.push((pf, vf_address.parse::<PciAddress>().unwrap()));
+    }
+    let sysfs = Sysfs::new(sys.root());
+    let (first, second) = (vfs[0].1, vfs[1].1);
+    assert_eq!(sysfs.vf_pci_address("eth9", 0).unwrap(), Some(first));
+    assert_eq!(sysfs.vf_pci_address("eth10", 0).unwrap(), Some(second));
+    assert_eq!(sysfs.locate_vf(first).unwrap(), Some(("eth9".to_owned(), 0)));
+    // The next boot names the PFs the other way round.
+    for (pf, _) in &vfs {
+        fs::remove_dir_all(pf.join("net")).unwrap();
+    }
+    fs::remove_file(sys.root().join("class/net/eth9")).unwrap();
+    fs::remove_file(sys.root().join("class/net/eth10")).unwrap();
+    sys.netdev("eth10", Some(&vfs[0].0), "1000");
+    sys.netdev("eth9", Some(&vfs[1].0), "1000");
+    assert_eq!(sysfs.locate_vf(first).unwrap(), Some(("eth10".to_owned(), 0)));
+    assert_eq!(sysfs.locate_vf(second).unwrap(), Some(("eth9".to_owned(), 0)));
+    assert_eq!(sysfs.vf_pci_address("eth9", 0).unwrap(), Some(second), "a name is not an identity");
+    // A PF itself, and an address nobody has, are not VFs.
+    assert_eq!(sysfs.locate_vf("0000:5e:00.0".parse().unwrap()).unwrap(), None);
+    assert_eq!(sysfs.locate_vf("0000:77:00.1".parse().unwrap()).unwrap(), None);
+    assert_eq!(sysfs.vf_pci_address("eth9", 3).unwrap(), None);
+}
