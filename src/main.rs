@@ -41,6 +41,13 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(EXIT_USAGE);
     }
+    // A node daemon of `netclaim dev --nodes` ends with the process that started it.
+    if matches!(cli.command, Command::Node(_))
+        && let Err(e) = netclaim::host::parent_death::exit_with_parent_from_env()
+    {
+        eprintln!("error: {}", netclaim::model::cause::chain(&e));
+        return ExitCode::from(1);
+    }
     let (result, usage) = match &cli.command {
         Command::Node(args) => {
             let result = cli::node::run(args);

@@ -47,33 +47,60 @@ impl Sandbox {
 }
 
 /// One async lock per pod UID in use, so the same pod is never worked on twice at once.
+/// An entry lives while anyone holds or waits on its gate: each holder and waiter is counted
+/// under the map's mutex and uncounted under it when it leaves, however it leaves (a
+/// `CreateContainer` wait that times out drops its wait), and the last one out removes the
+/// entry. (An `Arc` count read under the mutex would not do: a waiter's clone is dropped
+/// outside it, after the holder may have looked.)
 #[derive(Default)]
-pub(super) struct Gates(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+pub(super) struct Gates(Mutex<HashMap<String, Gate>>);
+
+/// One pod's gate and how many hold or wait on it.
+struct Gate {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    users: usize,
+}
 
 /// Pod `uid`'s gate, held until dropped (it can move into a background task).
 pub(super) struct HeldGate {
-    uid: String,
-    gates: Arc<Gates>,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    // Fields drop in order: the lock is released before the user is uncounted, so a newcomer
+    // never finds the entry gone while the old gate is still held.
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+    _user: GateUser,
 }
 
-impl Drop for HeldGate {
+/// One holder or waiter of pod `uid`'s gate, counted in its entry while it lives.
+struct GateUser {
+    uid: String,
+    gates: Arc<Gates>,
+}
+
+impl Drop for GateUser {
     fn drop(&mut self) {
-        drop(self.guard.take());
         let mut gates = lock(&self.gates.0);
-        // Clones are only made under this mutex: one reference left means only the map's.
-        if gates.get(&self.uid).is_some_and(|g| Arc::strong_count(g) == 1) {
-            gates.remove(&self.uid);
+        if let Some(gate) = gates.get_mut(&self.uid) {
+            gate.users = gate.users.saturating_sub(1);
+            if gate.users == 0 {
+                gates.remove(&self.uid);
+            }
         }
     }
 }
 
 impl Gates {
-    /// Waits for pod `uid`'s gate (first come, first served) and holds it.
+    /// Waits for pod `uid`'s gate (first come, first served) and holds it. Dropping the wait
+    /// (a timeout) leaves no trace.
     pub(super) async fn hold(self: &Arc<Self>, uid: &str) -> HeldGate {
-        let gate = Arc::clone(lock(&self.0).entry(uid.to_owned()).or_default());
+        let (gate, user) = {
+            let mut gates = lock(&self.0);
+            let gate = gates
+                .entry(uid.to_owned())
+                .or_insert_with(|| Gate { lock: Arc::new(tokio::sync::Mutex::new(())), users: 0 });
+            gate.users += 1;
+            (Arc::clone(&gate.lock), GateUser { uid: uid.to_owned(), gates: Arc::clone(self) })
+        };
         let guard = gate.lock_owned().await;
-        HeldGate { uid: uid.to_owned(), gates: Arc::clone(self), guard: Some(guard) }
+        HeldGate { _guard: guard, _user: user }
     }
 
     pub(super) async fn serialised<T>(
@@ -189,5 +216,68 @@ pub(super) fn log_detach(
             tracing::warn!(pod = %record.pod_uid, claim = %device.claim_uid,
                 interface = %device.plan.interface_name, %step, %err, "detach step failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn entries(gates: &Gates) -> usize {
+        lock(&gates.0).len()
+    }
+
+    /// A `CreateContainer` whose wait for the gate ends (its deadline, DESIGN §6) after the
+    /// holder left: the holder found the waiter still there and kept the entry, so the
+    /// waiter's end must remove it, or one entry per such pod stays for the daemon's
+    /// lifetime. On a multi-threaded runtime the wait's deadline can pass between the
+    /// holder's release and the waiter's next poll; here the wait is dropped in that gap.
+    #[tokio::test]
+    async fn a_wait_that_ends_after_the_holder_left_leaves_no_entry() {
+        let gates = Arc::new(Gates::default());
+        let held = gates.hold("pod-a").await;
+        let mut wait = Box::pin(gates.hold("pod-a"));
+        assert!(futures::poll!(&mut wait).is_pending(), "the gate is held");
+        drop(held);
+        assert_eq!(entries(&gates), 1, "the waiter is still there");
+        drop(wait);
+        assert_eq!(entries(&gates), 0);
+    }
+
+    /// A wait that times out while the holder still holds: the holder's leaving removes the
+    /// entry.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_times_out_before_the_holder_left_leaves_no_entry() {
+        let gates = Arc::new(Gates::default());
+        let held = gates.hold("pod-a").await;
+        let waited = tokio::time::timeout(Duration::from_secs(1), gates.hold("pod-a")).await;
+        assert!(waited.is_err(), "the gate is held");
+        assert_eq!(entries(&gates), 1, "the holder's entry stays while it holds");
+        drop(held);
+        assert_eq!(entries(&gates), 0);
+    }
+
+    /// An entry stays while anyone still waits on it, so a later waiter queues behind the
+    /// holder instead of getting a fresh gate of its own.
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_stays_while_someone_waits_on_it() {
+        let gates = Arc::new(Gates::default());
+        let held = gates.hold("pod").await;
+        let patient = {
+            let gates = Arc::clone(&gates);
+            tokio::spawn(async move {
+                let _held = gates.hold("pod").await;
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(tokio::time::timeout(Duration::from_secs(1), gates.hold("pod")).await.is_err());
+        assert_eq!(entries(&gates), 1);
+        // Still one gate: a third comer waits too.
+        assert!(tokio::time::timeout(Duration::from_secs(1), gates.hold("pod")).await.is_err());
+        drop(held);
+        patient.await.unwrap();
+        assert_eq!(entries(&gates), 0);
     }
 }

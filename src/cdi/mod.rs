@@ -1,13 +1,14 @@
 //! The [`MetadataStore`] port on the local filesystem: device metadata files that containers
 //! bind-mount (rewritten in place) and the CDI specs that the container runtime reads from
-//! its CDI spec directory (replaced atomically).
+//! its CDI spec directory (replaced atomically). Both are created through a random `O_EXCL`
+//! temporary and never written through a symlink or a hard link (DESIGN §7, `safe_file`).
 //!
 //! No fsync: the files live as long as the claims they describe, and a start puts them right
 //! from the state store (a CDI dir under `/var/run` is empty after a reboot anyway).
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::{self, Read as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::claims::metadata::MetadataStore;
@@ -49,51 +50,42 @@ impl LocalFiles {
 }
 
 impl MetadataStore for LocalFiles {
+    /// The first write creates the file through a random `O_EXCL` temporary renamed into
+    /// place; later ones rewrite it in place (containers bind-mount this inode) after an
+    /// `O_NOFOLLOW` open and an `fstat` check (a regular file of ours, one link), so a
+    /// symlink or hard link planted there never has another file written (`safe_file`).
     fn write_in_place(&self, path: &Path, contents: &[u8]) -> Result<(), Cause> {
         Self::create_parent(path)?;
-        // No O_TRUNC: a reader between the truncate and the write would see an empty file.
-        // Writing over the old contents first and cutting the tail afterwards leaves a
-        // reader either the old or the new document, or (for a moment) the new document
-        // followed by the old one's tail, which a JSON stream reader stops before.
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(FILE_MODE)
-            .open(path)
-            .map_err(failed("opening", path))?;
-        file.write_all_at(contents, 0).map_err(failed("writing", path))?;
-        file.set_len(contents.len() as u64).map_err(failed("truncating", path))
+        safe_file::write_in_place(path, contents, safe_file::Options::mode(FILE_MODE))
+            .map_err(cause)
     }
 
+    /// A random `O_EXCL` temporary `<spec>.<random>.tmp` (a name the runtime's spec scan
+    /// skips: it reads only `*.json` and `*.yaml`; it starts with the spec's name, so the
+    /// removal of a claim's specs by prefix takes a crash's leftover too), renamed over the
+    /// spec.
     fn replace(&self, path: &Path, contents: &[u8]) -> Result<(), Cause> {
         Self::create_parent(path)?;
-        // A name the runtime's spec scan skips (it reads only `*.json` and `*.yaml`).
-        let temporary = path.with_extension("json.tmp");
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(FILE_MODE)
-            .open(&temporary)
-            .map_err(failed("creating", &temporary))?;
-        if let Err(err) = file.write_all(contents) {
-            let _ignored = fs::remove_file(&temporary);
-            return Err(failed("writing", &temporary)(err));
-        }
-        drop(file);
-        fs::rename(&temporary, path).map_err(|err| {
-            let _ignored = fs::remove_file(&temporary);
-            failed("renaming into", path)(err)
-        })
+        safe_file::replace(path, contents, safe_file::Options::mode(FILE_MODE)).map_err(cause)
     }
 
+    /// `O_NOFOLLOW`: a symlink at a metadata path is not a file of ours, and what it points
+    /// to is never read (`None`, as for a missing file: the next write refuses it, naming
+    /// it). `O_NONBLOCK`: a FIFO there cannot hang the daemon.
     fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, Cause> {
-        match fs::read(path) {
-            Ok(contents) => Ok(Some(contents)),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(failed("reading", path)(err)),
-        }
+        let opened = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(path);
+        let mut file = match opened {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(err) if err.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(None),
+            Err(err) => return Err(failed("reading", path)(err)),
+        };
+        let mut contents = Vec::new();
+        file.read_to_end(&mut contents).map_err(failed("reading", path))?;
+        Ok(Some(contents))
     }
 
     fn remove_file(&self, path: &Path) -> Result<(), Cause> {
@@ -133,7 +125,7 @@ impl MetadataStore for LocalFiles {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 
     use super::*;
 
@@ -174,6 +166,87 @@ mod tests {
         LocalFiles.remove_file(&gone).unwrap();
         LocalFiles.remove_dir_all(&gone).unwrap();
         assert!(LocalFiles.list(&gone).unwrap().is_empty());
+    }
+
+    /// A victim file elsewhere that a hostile symlink points to, and the hostile paths.
+    struct Planted {
+        _dir: tempfile::TempDir,
+        victim: PathBuf,
+        spec: PathBuf,
+        metadata: PathBuf,
+    }
+
+    fn planted() -> Planted {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("elsewhere/shadow");
+        fs::create_dir_all(victim.parent().unwrap()).unwrap();
+        fs::write(&victim, b"precious").unwrap();
+        let spec = dir.path().join("cdi/netclaim.dev_metadata_u1_net.json");
+        let metadata = dir.path().join("plugin/default_web/net/metadata.json");
+        fs::create_dir_all(spec.parent().unwrap()).unwrap();
+        fs::create_dir_all(metadata.parent().unwrap()).unwrap();
+        Planted { _dir: dir, victim, spec, metadata }
+    }
+
+    /// The spec's old temporary was `<spec>.json.tmp`: a file planted there (world-writable,
+    /// as another user would leave it) must not become the spec, and a symlink there must not
+    /// have its target truncated. A symlink at the spec itself is replaced, not followed.
+    #[test]
+    fn a_spec_never_writes_through_a_planted_temporary_or_symlink() {
+        let planted = planted();
+        let guessable = planted.spec.with_extension("json.tmp");
+        fs::write(&guessable, b"attacker's").unwrap();
+        fs::set_permissions(&guessable, fs::Permissions::from_mode(0o666)).unwrap();
+        LocalFiles.replace(&planted.spec, b"{\"spec\":1}").unwrap();
+        assert_eq!(fs::read(&guessable).unwrap(), b"attacker's");
+        assert_ne!(
+            fs::metadata(&planted.spec).unwrap().ino(),
+            fs::metadata(&guessable).unwrap().ino()
+        );
+        assert_eq!(fs::metadata(&planted.spec).unwrap().mode() & 0o777, 0o644);
+
+        fs::remove_file(&guessable).unwrap();
+        std::os::unix::fs::symlink(&planted.victim, &guessable).unwrap();
+        fs::remove_file(&planted.spec).unwrap();
+        std::os::unix::fs::symlink(&planted.victim, &planted.spec).unwrap();
+        LocalFiles.replace(&planted.spec, b"{\"spec\":2}").unwrap();
+        assert_eq!(fs::read(&planted.victim).unwrap(), b"precious");
+        assert!(fs::symlink_metadata(&planted.spec).unwrap().is_file());
+        assert_eq!(fs::read(&planted.spec).unwrap(), b"{\"spec\":2}");
+    }
+
+    /// A metadata file is rewritten in place, but never through a symlink or a hard link to a
+    /// file elsewhere: the write is refused, saying why, and the other file keeps its bytes.
+    #[test]
+    fn a_metadata_file_is_never_written_through_a_symlink_or_a_hard_link() {
+        let planted = planted();
+        std::os::unix::fs::symlink(&planted.victim, &planted.metadata).unwrap();
+        let err = LocalFiles.write_in_place(&planted.metadata, b"{}\n").unwrap_err();
+        assert!(crate::model::cause::chain(&*err).contains("symbolic link"), "{err}");
+        assert_eq!(fs::read(&planted.victim).unwrap(), b"precious");
+        // Nor is what it points to read as our file.
+        assert_eq!(LocalFiles.read(&planted.metadata).unwrap(), None);
+
+        fs::remove_file(&planted.metadata).unwrap();
+        fs::hard_link(&planted.victim, &planted.metadata).unwrap();
+        let err = LocalFiles.write_in_place(&planted.metadata, b"{}\n").unwrap_err();
+        assert!(crate::model::cause::chain(&*err).contains("hard links"), "{err}");
+        assert_eq!(fs::read(&planted.victim).unwrap(), b"precious");
+    }
+
+    /// A metadata file someone else created (another owner) is not ours to rewrite: refused,
+    /// and its bytes stay. Making a file of another owner needs root.
+    #[test]
+    fn a_metadata_file_of_another_owner_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let planted = planted();
+        fs::write(&planted.metadata, b"attacker's").unwrap();
+        std::os::unix::fs::chown(&planted.metadata, Some(65534), Some(65534)).unwrap();
+        let err = LocalFiles.write_in_place(&planted.metadata, b"{}\n").unwrap_err();
+        assert!(crate::model::cause::chain(&*err).contains("owned by uid 65534"), "{err}");
+        assert_eq!(fs::read(&planted.metadata).unwrap(), b"attacker's");
     }
 
     #[test]

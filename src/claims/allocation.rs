@@ -111,13 +111,7 @@ pub fn extract(
             parameters: opaque.parameters.0.clone(),
         });
     }
-    let pod_claim_name = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(super::metadata::POD_CLAIM_NAME_ANNOTATION))
-        .filter(|entry| !entry.is_empty())
-        .cloned();
+    let pod_claim_name = trusted_pod_claim_name(claim);
     Ok(ClaimAllocation {
         results,
         config,
@@ -125,6 +119,30 @@ pub fn extract(
         generation: claim.metadata.generation,
         pod_claim_name,
     })
+}
+
+/// The pod's entry name of a claim made from a template (`resource.kubernetes.io/pod-claim-name`),
+/// which becomes a directory of the metadata's container path (DESIGN §7: a name from the
+/// API goes into a path only once validated). Trusted only when it is a DNS label (what the
+/// API server requires of `spec.resourceClaims[].name`; `../..` climbed out of the metadata
+/// directory) on a claim a Pod controls (the resourceclaim controller sets that owner on the
+/// claims it makes; anyone allowed to create claims can annotate one by hand). Otherwise
+/// `None`: the claim is mounted under its own name, as one the pod names directly.
+fn trusted_pod_claim_name(claim: &ResourceClaim) -> Option<String> {
+    let entry =
+        claim.metadata.annotations.as_ref()?.get(super::metadata::POD_CLAIM_NAME_ANNOTATION)?;
+    let owned_by_pod = claim.metadata.owner_references.iter().flatten().any(|owner| {
+        owner.api_version == "v1" && owner.kind == "Pod" && owner.controller == Some(true)
+    });
+    if owned_by_pod && crate::inventory::naming::is_dns_label(entry) {
+        return Some(entry.clone());
+    }
+    tracing::warn!(claim = claim.metadata.name.as_deref().unwrap_or_default(),
+        namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
+        annotation = %entry, owned_by_pod,
+        "ignoring resource.kubernetes.io/pod-claim-name: not a DNS label on a claim a Pod owns; \
+         the device metadata is mounted under the claim's own name");
+    None
 }
 
 /// The claim names of a pod in `spec.resourceClaims` order: a claim named directly, or the

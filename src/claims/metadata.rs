@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::PreparedClaim;
 use super::state::lock;
+use crate::inventory::naming::is_dns_label;
 use crate::model::ClaimRef;
 use crate::model::cause::Cause;
 use crate::model::device::AttributeValue;
@@ -219,7 +220,8 @@ impl RequestMetadata {
                     namespace: claim.namespace.clone(),
                     name: claim.name.clone(),
                     uid: claim.uid.clone(),
-                    pod_claim_name: claim.pod_claim_name.clone(),
+                    // Validated at prepare; a record of an older release may hold anything.
+                    pod_claim_name: claim.pod_claim_name.clone().filter(|n| is_dns_label(n)),
                     request: request.to_owned(),
                     generation: 1,
                     devices: vec![entry],

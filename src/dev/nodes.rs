@@ -651,6 +651,9 @@ fn daemon_command(
     if std::env::var_os("RUST_LOG").is_none() {
         command.env("RUST_LOG", &options.daemon_log_default);
     }
+    // The daemon ends with this process even after a SIGKILL here (host::parent_death; the
+    // thread that forks it lives until it ends, see spawn_in_node).
+    command.env(crate::host::parent_death::PARENT_ENV, std::process::id().to_string());
     command.stdin(std::process::Stdio::null());
     match std::io::stderr().as_fd().try_clone_to_owned() {
         Ok(stderr) => {

@@ -109,7 +109,9 @@ pub struct MonitorInputs {
     pub stop: watch::Receiver<bool>,
 }
 
-/// Runs the monitor until `inputs.stop`, publishing each changed report on `out`.
+/// Runs the monitor until `inputs.stop`, publishing each changed report on `out`. `out` is
+/// dropped when it returns (or its task dies): the kubelet stream then reports every device
+/// Unknown instead of its last verdict.
 pub async fn run<I: InterfaceSource, P: PodLinkSource>(
     settings: MonitorSettings,
     interfaces: I,

@@ -12,6 +12,7 @@ pub mod kernel_probe;
 pub mod link_events;
 pub mod netlink;
 pub mod netns;
+pub mod parent_death;
 pub mod pod_links;
 pub mod pod_netns;
 pub mod sriov;

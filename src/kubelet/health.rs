@@ -75,8 +75,12 @@ impl HealthService {
 }
 
 /// The reports one stream sends: the current one at once, then the latest after each change,
-/// or after `resend` without one; ends when `stop` turns true or its sender is gone. A closed
-/// report channel (the monitor stopped) keeps re-sending the last report.
+/// or after `resend` without one; ends when `stop` turns true or its sender is gone. Once the
+/// report channel is closed (the monitor ended: the daemon is stopping, or its task died) no
+/// verdict is current any more: every device of the last report is then sent as
+/// [`HealthStatus::Unknown`], at once and on every resend, rather than its last verdict
+/// stamped with the time of the send. The stream itself goes on: kubelet would only open it
+/// again, and keeps showing Unknown either way.
 pub fn paced_reports(
     reports: watch::Receiver<HealthReport>,
     resend: Duration,
@@ -107,8 +111,26 @@ pub fn paced_reports(
         }
         pace.next_due = Some(Instant::now() + pace.resend);
         let report = pace.reports.borrow_and_update().clone();
+        // `has_changed` fails once every sender is gone; checked here too, so the first
+        // report after the monitor ended is already Unknown.
+        if !pace.open || pace.reports.has_changed().is_err() {
+            pace.open = false;
+            return Some((unmonitored(report), pace));
+        }
         Some((report, pace))
     })
+}
+
+/// `report` with every device Unknown, saying that nothing watches it any more.
+fn unmonitored(mut report: HealthReport) -> HealthReport {
+    for device in &mut report.devices {
+        device.status = HealthStatus::Unknown;
+        device.message = format!(
+            "the health monitor stopped: nothing watches this device (last seen: {})",
+            device.message
+        );
+    }
+    report
 }
 
 /// Resolves when `stop` turns true or its sender is gone (without holding its lock guard,
@@ -240,15 +262,25 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(13));
     }
 
+    /// Once the monitor has ended nobody checks the links any more: re-sending its last
+    /// verdict stamped now would tell kubelet a device is Healthy that may have failed since.
+    /// The stream goes on (kubelet would only reconnect) with every device Unknown, saying
+    /// why, and ends at stop.
     #[tokio::test(start_paused = true)]
-    async fn the_stream_ends_at_stop_and_survives_a_stopped_monitor() {
+    async fn a_stopped_monitor_turns_every_device_unknown_until_stop() {
         let (reports_tx, reports) = watch::channel(report(HealthStatus::Healthy));
         let (stop_tx, stop) = watch::channel(false);
         let mut stream = Box::pin(paced_reports(reports, Duration::from_secs(10), stop));
-        stream.next().await.unwrap();
-        // The monitor is gone: the last report keeps being re-sent.
+        assert_eq!(stream.next().await.unwrap().devices[0].status, HealthStatus::Healthy);
         drop(reports_tx);
-        assert!(stream.next().await.is_some());
+        for _ in 0..3 {
+            let report = stream.next().await.unwrap();
+            assert_eq!(report.pool, "node-a");
+            assert_eq!(report.devices.len(), 1);
+            let device = &report.devices[0];
+            assert_eq!((device.device.as_str(), device.status), ("eth2", HealthStatus::Unknown));
+            assert!(device.message.contains("health monitor stopped"), "{}", device.message);
+        }
         stop_tx.send(true).unwrap();
         assert!(stream.next().await.is_none());
     }

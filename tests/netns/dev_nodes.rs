@@ -486,3 +486,59 @@ fn the_demo_on_two_nodes_pings_across_nodes_and_leaves_nothing() {
         .collect();
     assert!(new_links.is_empty(), "links in the host netns: {new_links:?}");
 }
+
+/// `netclaim dev --nodes 2` killed with SIGKILL cannot stop its node daemons itself: each
+/// daemon asked the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG, set by the
+/// daemon at start), so both end. What else the killed parent leaves (mounts of the run dir,
+/// namespace pins) is removed by the test, as an operator would.
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn the_node_daemons_end_when_netclaim_dev_is_killed_with_sigkill() {
+    if !kit::netns::require_root("dev_nodes parent kill -9") {
+        return;
+    }
+    let mut cluster = DevCluster::start();
+    let pids = cluster.daemon_pids();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in pids.values() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let parent = status.lines().find_map(|l| l.strip_prefix("PPid:")).unwrap().trim();
+        assert_eq!(parent, cluster.child.id().to_string(), "the daemon is netclaim dev's child");
+    }
+    cluster.signal(nix::sys::signal::SIGKILL);
+    let _ = cluster.wait(Duration::from_secs(30));
+    // Each daemon gets SIGTERM and stops as usual; its API server is gone with the parent,
+    // which its stop does not wait for.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let mut alive: Vec<(String, i32)> = pids.clone().into_iter().collect();
+    while !alive.is_empty() && Instant::now() < deadline {
+        alive.retain(|(_, pid)| is_running(*pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let leftover_daemons = alive.clone();
+    for (_, pid) in &alive {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::SIGKILL);
+    }
+    remove_what_a_killed_cluster_left(cluster.run_parent.path());
+    assert!(leftover_daemons.is_empty(), "node daemons still running: {leftover_daemons:?}");
+}
+
+/// Whether `pid` runs (a zombie, reaped by init soon, counts as ended).
+fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name in parentheses: `pid (comm) S ...`.
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+/// Detaches every mount at or below `dir`, deepest first, and removes what is in it.
+fn remove_what_a_killed_cluster_left(dir: &Path) {
+    let mut mounts = mounts_under(dir);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for mount in mounts {
+        let _ = nix::mount::umount2(mount.as_str(), nix::mount::MntFlags::MNT_DETACH);
+    }
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let _ = std::fs::remove_dir_all(entry.path());
+    }
+}

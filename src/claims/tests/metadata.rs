@@ -7,6 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::*;
 use crate::cdi::LocalFiles;
@@ -33,7 +34,69 @@ fn template_claim() -> ResourceClaim {
     );
     claim.metadata.annotations =
         Some([(POD_CLAIM_NAME_ANNOTATION.to_owned(), "net".to_owned())].into());
+    claim.metadata.owner_references = Some(vec![pod_owner()]);
     claim
+}
+
+/// The owner reference the resourceclaim controller puts on a claim it makes for a pod.
+fn pod_owner() -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: "pod-1".into(),
+        uid: "pod-1-uid".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The container path of the `net` request's metadata after preparing `claim`.
+async fn container_path_of(claim: ResourceClaim) -> (Value, Value) {
+    let api = Arc::new(MapClaims::default());
+    api.put(claim);
+    let dirs = dirs();
+    let (service, _metadata) = service_with_metadata(&api, &dirs, LocalFiles);
+    prepare_one(&service, &reference("web-net-x7k2p", UID)).await.unwrap();
+    let spec: Value = serde_json::from_slice(
+        &std::fs::read(dirs.cdi.join(format!("netclaim.dev_metadata_{UID}_net.json"))).unwrap(),
+    )
+    .unwrap();
+    let file = dirs.plugin.join("dra-device-metadata/default_web-net-x7k2p/net/metadata.json");
+    (
+        spec["devices"][0]["containerEdits"]["mounts"][0]["containerPath"].clone(),
+        documents(&file)[0].get("podClaimName").cloned().unwrap_or(Value::Null),
+    )
+}
+
+/// `resource.kubernetes.io/pod-claim-name` goes into the container path: a value that is not
+/// a DNS label (`../..` climbed out of the metadata directory inside the container), or one
+/// on a claim no Pod owns (anyone who can create a claim can annotate it), is not used; the
+/// claim is then mounted under its own name, as one the pod names directly.
+#[tokio::test]
+async fn a_pod_claim_name_is_trusted_only_as_a_dns_label_on_a_claim_a_pod_owns() {
+    let by_name = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/web-net-x7k2p/net/netclaim.dev-metadata.json";
+    for hostile in ["../..", "../../../etc", "net/../../x", "NET", "", &"a".repeat(64)] {
+        let mut claim = template_claim();
+        claim.metadata.annotations =
+            Some([(POD_CLAIM_NAME_ANNOTATION.to_owned(), hostile.to_owned())].into());
+        assert_eq!(container_path_of(claim).await, (json!(by_name), Value::Null), "{hostile:?}");
+    }
+    let mut unowned = template_claim();
+    unowned.metadata.owner_references = None;
+    assert_eq!(container_path_of(unowned).await, (json!(by_name), Value::Null));
+    let mut owned_by_other_kind = template_claim();
+    owned_by_other_kind.metadata.owner_references =
+        Some(vec![OwnerReference { kind: "ReplicaSet".into(), ..pod_owner() }]);
+    assert_eq!(container_path_of(owned_by_other_kind).await, (json!(by_name), Value::Null));
+    assert_eq!(
+        container_path_of(template_claim()).await,
+        (
+            json!(
+                "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/net/net/netclaim.dev-metadata.json"
+            ),
+            json!("net")
+        )
+    );
 }
 
 struct Dirs {

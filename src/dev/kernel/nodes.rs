@@ -354,7 +354,9 @@ impl NodeProcess {
 /// in which `/` is a recursive slave of the host's (mounts below a shared run dir still
 /// arrive) and `/sys` is a fresh sysfs of that netns. A dedicated OS thread enters the
 /// namespaces, spawns the child (which inherits them) and stays to reap it; no other code
-/// ever runs on that thread.
+/// ever runs on that thread. Staying matters beyond reaping: a child's parent-death signal
+/// (`prctl(PR_SET_PDEATHSIG)`, which the node daemon sets, `host::parent_death`) fires when
+/// the *thread* that forked it exits, so this thread must live as long as the child does.
 pub fn spawn_in_node(
     netns_path: &Path,
     mut command: std::process::Command,
