@@ -1,7 +1,9 @@
-//! The PodNetwork CRD's live-edit rules (DESIGN §4, decision 0017) against the in-process
-//! API server, which evaluates the CRD's CEL rules as Kubernetes does: `staticRanges` are
-//! immutable, inside a subnet and whole blocks; a gateway added to a live network must lie
-//! inside `staticRanges`, a removed one is fine; `exclude` changes freely.
+//! Who may use a PodNetwork and what may change on a live one (DESIGN §4, decision 0017),
+//! against the in-process API server, which evaluates the CRD's CEL rules as Kubernetes does:
+//! `staticRanges` are immutable, inside a subnet and whole blocks; a gateway added to a live
+//! network must lie inside `staticRanges`, a removed one is fine; `exclude` changes freely.
+//! The shipped generic DeviceClasses leave a network's devices out, and the node's Namespace
+//! cache follows the namespaces' labels.
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
@@ -150,4 +152,47 @@ fn the_shipped_generic_classes_do_not_select_a_pod_networks_devices() {
             selector.expression()
         );
     }
+}
+
+/// The node's Namespace cache (`k8s::namespaces`) against the in-process API server: labels
+/// from the list, changes from the watch; an unknown namespace and a watch that never syncs
+/// are errors (the prepare then fails closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_cache_follows_labels_and_fails_closed() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use netclaim::claims::ports::{NamespaceReadError, NamespaceSource};
+    use netclaim::k8s::namespaces::spawn_watch;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    let server = start("127.0.0.1:0".parse().unwrap(), ServerOptions::default()).await.unwrap();
+    let client = client_for(&server);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let media: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "media", "labels": {"team": "media"}}}))
+            .unwrap();
+    namespaces.create(&PostParams::default(), &media).await.unwrap();
+    let stop = CancellationToken::new();
+    let cache = spawn_watch(client.clone(), stop.clone(), Duration::from_secs(20));
+    let labels = cache.labels("media").await.unwrap();
+    assert_eq!(labels.get("team").map(String::as_str), Some("media"), "{labels:?}");
+    assert!(matches!(cache.labels("nope").await, Err(NamespaceReadError::NotFound)));
+    // A label change arrives through the watch.
+    let patch = json!({"metadata": {"labels": {"team": "web"}}});
+    namespaces.patch("media", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let mut seen = None;
+    for _ in 0..2000 {
+        seen = cache.labels("media").await.unwrap().get("team").cloned();
+        if seen.as_deref() == Some("web") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen.as_deref(), Some("web"));
+    stop.cancel();
+    // A watch that never lists (no API server there): not synced once the patience is over.
+    let nowhere =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let never = spawn_watch(nowhere, CancellationToken::new(), Duration::from_millis(50));
+    assert!(matches!(never.labels("media").await, Err(NamespaceReadError::NotSynced)));
 }
