@@ -236,7 +236,10 @@ async fn ready_disabled_and_invalid_networks_and_their_device_class() {
 
     // Invalid (what CEL cannot see: a gateway on the broadcast address): the message names
     // the field; no DeviceClass is made.
-    cluster.create_network("broken", spec("10.30.0.0/24", "10.30.0.255")).await;
+    // (A gateway added to a live network must lie in its staticRanges, so it has one.)
+    let mut broken_spec = spec("10.30.0.0/24", "10.30.0.255");
+    broken_spec["ipam"]["staticRanges"] = json!(["10.30.0.0/26"]);
+    cluster.create_network("broken", broken_spec).await;
     let broken = cluster.wait_network("broken", "Invalid", |n| reason_is(n, "Invalid")).await;
     let (status, _, message, _) = ready(&broken).unwrap();
     assert_eq!(status, "False");
@@ -565,4 +568,133 @@ async fn one_elector_leads_a_silent_leader_is_waited_out_and_a_released_lease_is
         .lease_transitions;
     assert_eq!(transitions, Some(2));
     third.stop.send_replace(true);
+}
+
+/// The `Conflict` condition: (status, reason, message) when present.
+fn conflict(network: &PodNetwork) -> Option<(String, String, String)> {
+    let condition = network.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Conflict")?;
+    Some((condition.status.clone(), condition.reason.clone(), condition.message.clone()))
+}
+
+/// Live objects that contradict a network's spec, as an old API server or `kubectl replace`
+/// lets through (the in-memory server runs no admission policy, so a hostile block gets in):
+/// the controller names them in a `Conflict` condition, leaves `Ready` alone, clears it once
+/// resolved, and counts blocks, reservations and addresses per node in `status.nodes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_objects_contradicting_the_spec_raise_conflict_and_status_counts_each_node() {
+    let cluster = Cluster::start().await;
+    let client = cluster.client.clone();
+    cluster
+        .create_network(
+            "editnet",
+            json!({"parents": ["eth1"], "ipam": {
+                "subnets": ["10.70.0.0/16"],
+                "exclude": ["10.70.0.0/24"],
+                "staticRanges": ["10.70.1.0/24"],
+            }}),
+        )
+        .await;
+    cluster.create_block("editnet", "10.70.2.0/26", "node-a", None).await;
+    cluster.create_block("editnet", "10.70.2.64/26", "node-b", None).await;
+    let holder = allocated_claim(&client, "holder", "node-a").await;
+    cluster.create_block("editnet", "10.70.1.5/32", "node-b", Some(claim_ref(&holder))).await;
+    // The claim on node-a holds two addresses of the network (its device status names it).
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    claims
+        .patch_status(
+            "holder",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"devices": [{
+                "driver": DRIVER, "pool": "node-a", "device": "eth1",
+                "data": {"podNetwork": {"name": "editnet", "blocks": ["10.70.2.0/26"]}},
+                "networkData": {"interfaceName": "net1", "ips": ["10.70.2.1/16", "10.70.2.2/16"]}
+            }]}})),
+        )
+        .await
+        .unwrap();
+
+    let config = ControllerConfig {
+        gc_interval: Duration::from_millis(100),
+        ..ControllerConfig::new(DRIVER)
+    };
+    let (_metrics, running) = cluster.spawn_controller(config);
+    let counted = cluster
+        .wait_network("editnet", "per-node counts", |n| {
+            n.status.as_ref().is_some_and(|s| s.nodes.len() == 2) && reason_is(n, "Ready")
+        })
+        .await;
+    let nodes: Vec<(String, u32, u32, u32)> = counted
+        .status
+        .unwrap()
+        .nodes
+        .into_iter()
+        .map(|n| (n.node_name, n.blocks, n.reservations, n.addresses))
+        .collect();
+    assert_eq!(nodes, [("node-a".into(), 1, 0, 2), ("node-b".into(), 1, 1, 0)]);
+    assert_eq!(conflict(&cluster.networks().get("editnet").await.unwrap()), None);
+
+    // A block over node-a's under a name no node derives, and an exclude added over an
+    // address a pod holds.
+    cluster.create_block("editnet", "10.70.2.0/25", "node-c", None).await;
+    cluster
+        .networks()
+        .patch(
+            "editnet",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ipam": {"exclude": ["10.70.0.0/24", "10.70.2.2/32"]}}})),
+        )
+        .await
+        .unwrap();
+    let conflicted = cluster
+        .wait_network("editnet", "Conflict", |n| {
+            conflict(n).is_some_and(|(status, _, message)| {
+                status == "True" && message.contains("10.70.2.2/32") && message.contains("node-c")
+            })
+        })
+        .await;
+    let (_, reason, message) = conflict(&conflicted).unwrap();
+    assert_eq!(reason, "Conflict");
+    assert!(
+        message.contains(
+            "(10.70.2.0/25, node node-c) overlaps IPBlock editnet.v4-10-70-2-0-26 (10.70.2.0/26, \
+             node node-a)"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("address 10.70.2.2 of claim default/holder on node node-a lies in spec.ipam.exclude entry 10.70.2.2/32"),
+        "{message}"
+    );
+    assert_eq!(ready(&conflicted).unwrap().0, "True", "Ready is left as it is");
+    let nodes = &conflicted.status.as_ref().unwrap().nodes;
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+
+    // Resolved: the odd block deleted, the exclude edit undone.
+    let odd = cluster
+        .blocks()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|b| b.spec.node_name == "node-c")
+        .unwrap();
+    cluster.blocks().delete(&odd.metadata.name.unwrap(), &DeleteParams::default()).await.unwrap();
+    cluster
+        .networks()
+        .patch(
+            "editnet",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ipam": {"exclude": ["10.70.0.0/24"]}}})),
+        )
+        .await
+        .unwrap();
+    let resolved = cluster
+        .wait_network("editnet", "Conflict resolved", |n| {
+            conflict(n).is_some_and(|(status, _, _)| status == "False")
+        })
+        .await;
+    assert_eq!(conflict(&resolved).unwrap().1, "Resolved");
+    assert_eq!(resolved.status.as_ref().unwrap().nodes.len(), 2);
+    running.stop().await;
 }
