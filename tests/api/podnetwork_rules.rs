@@ -176,6 +176,20 @@ async fn the_namespace_cache_follows_labels_and_fails_closed() {
     let cache = spawn_watch(client.clone(), stop.clone(), Duration::from_secs(20));
     let labels = cache.labels("media").await.unwrap();
     assert_eq!(labels.get("team").map(String::as_str), Some("media"), "{labels:?}");
+    // As a real API server does, every namespace carries its name as a label, which the
+    // example network's namespaceSelector relies on.
+    let example: netclaim::model::pod_network::PodNetwork = serde_yaml::from_str(
+        &std::fs::read_to_string(crate::kit::repo().join("deploy/examples/podnetwork.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let selector = example.spec.namespace_selector.as_ref();
+    for (namespace, selected) in [("default", true), ("media", true), ("kube-system", false)] {
+        let labels = cache.labels(namespace).await.unwrap();
+        assert_eq!(labels.get("kubernetes.io/metadata.name").map(String::as_str), Some(namespace));
+        let verdict = netclaim::inventory::networks::selector_matches(selector, &labels);
+        assert_eq!(verdict.unwrap(), selected, "{namespace}");
+    }
     assert!(matches!(cache.labels("nope").await, Err(NamespaceReadError::NotFound)));
     // A label change arrives through the watch.
     let patch = json!({"metadata": {"labels": {"team": "web"}}});

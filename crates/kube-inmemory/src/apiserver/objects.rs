@@ -256,6 +256,7 @@ pub(crate) fn create(
     {
         obj["status"] = json!({"phase": "Active"});
     }
+    label_namespace_name(resource, &mut obj);
     obj["apiVersion"] = json!(resource.storage_api_version());
     let definition = validate_write(txn, resource, &mut obj, None, "", &mut warnings)?;
     let key = key_of(&obj);
@@ -362,6 +363,25 @@ fn merge_for_subresource(
     Ok(new)
 }
 
+/// A Namespace always carries its own name as the label `kubernetes.io/metadata.name`: the
+/// real API server sets it on every create and update (GA in Kubernetes 1.24), so label
+/// selectors can pick namespaces by name.
+fn label_namespace_name(resource: &ResourceInfo, obj: &mut Value) {
+    if resource.custom.is_some() || resource.kind != "Namespace" {
+        return;
+    }
+    let Some(name) = obj.pointer("/metadata/name").and_then(Value::as_str).map(str::to_owned)
+    else {
+        return;
+    };
+    let Some(meta) = obj["metadata"].as_object_mut() else { return };
+    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    labels["kubernetes.io/metadata.name"] = json!(name);
+}
+
 /// Stores `candidate` as the new state of `old` (an update, patch or apply result):
 /// restores server-owned metadata, applies status subresource rules, validates, bumps the
 /// generation, records field ownership (unless `apply_managed` already did), skips no-op
@@ -388,6 +408,7 @@ pub(crate) fn update(
         m.remove("resourceVersion");
         m.remove("selfLink");
     }
+    label_namespace_name(resource, &mut new);
     new["apiVersion"] = json!(resource.storage_api_version());
     new["kind"] = json!(resource.kind);
     let is_definition = crd::is_definition(resource);
