@@ -405,7 +405,7 @@ impl InterfaceTraffic {
                         ("claim", l.claim.clone()),
                         ("interface", l.interface.clone()),
                     ];
-                    (labels, stats.clone())
+                    (labels, *stats)
                 })
                 .collect();
         }

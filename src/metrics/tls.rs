@@ -164,9 +164,11 @@ impl TlsListener {
                             let _closed = sender.send((tls, peer)).await;
                         }
                         Ok(Err(err)) => {
-                            tracing::debug!(%err, %peer, "metrics TLS handshake failed")
+                            tracing::debug!(%err, %peer, "metrics TLS handshake failed");
                         }
-                        Err(_elapsed) => tracing::debug!(%peer, "metrics TLS handshake timed out"),
+                        Err(_elapsed) => {
+                            tracing::debug!(%peer, "metrics TLS handshake timed out");
+                        }
                     }
                 });
             }

@@ -201,6 +201,31 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     run_until(config, stop).await
 }
 
+/// Serves `/metrics`, `/healthz` and `/readyz` until `stop` turns true; in the secure mode
+/// scrapers' tokens are reviewed through `clients`.
+async fn serve_metrics(
+    config: &NodeConfig,
+    clients: &k8s::ApiClients,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
+    stop: &watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, NodeError> {
+    let mut metrics_stop = stop.clone();
+    let (bound, task) = crate::metrics::serve_with(
+        config.metrics_address,
+        &config.metrics_security,
+        || Some(k8s::access_review::KubeAccessReview::new(clients.unary.clone())),
+        Arc::clone(metrics),
+        Arc::clone(health),
+        async move {
+            let _ignored = metrics_stop.wait_for(|stopped| *stopped).await;
+        },
+    )
+    .await?;
+    tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
+    Ok(task)
+}
+
 /// Runs the daemon until `stop` turns true.
 pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Result<(), NodeError> {
     // Before anything is published or registered: a socket path kubelet cannot use would
@@ -211,19 +236,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // Before the endpoint: its secure mode reviews scrapers' tokens through the API (building
     // the clients reads the configuration only; nothing is asked of the server yet).
     let clients = k8s::clients(config.kubeconfig.as_deref(), k8s::UNARY_READ_TIMEOUT).await?;
-    let mut metrics_stop = stop.clone();
-    let (bound, metrics_task) = crate::metrics::serve_with(
-        config.metrics_address,
-        &config.metrics_security,
-        || Some(k8s::access_review::KubeAccessReview::new(clients.unary.clone())),
-        metrics.clone(),
-        health.clone(),
-        async move {
-            let _ignored = metrics_stop.wait_for(|stopped| *stopped).await;
-        },
-    )
-    .await?;
-    tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
+    let metrics_task = serve_metrics(&config, &clients, &metrics, &health, &stop).await?;
 
     let client = clients.unary.clone();
     let node_uid = node_uid(&client, &config.node_name).await;

@@ -185,13 +185,15 @@ where
     }
 }
 
-/// An untagged network on `uplink0`; `exclude` holds its static addresses.
+/// An untagged network on `uplink0`; `exclude`, also its static range, holds its static
+/// addresses.
 fn network(name: &str, subnet: &str, gateway: &str, exclude: &str) -> PodNetwork {
     serde_json::from_value(json!({
         "apiVersion": "netclaim.dev/v1alpha1", "kind": "PodNetwork",
         "metadata": {"name": name},
         "spec": {"parents": ["uplink0"], "ipam": {
             "subnets": [subnet], "gateways": [gateway], "exclude": [exclude],
+            "staticRanges": [exclude],
             "blockSize": {"ipv4": 27}}},
     }))
     .unwrap()
@@ -494,6 +496,20 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         },
     );
 
+    // One scrape of each component's secure metrics endpoint: the scraper's token is known
+    // (TokenReview) but the dev server holds no binding for it (SubjectAccessReview: 403).
+    let scraped = netns.block_on(|| async {
+        let mut codes = Vec::new();
+        for address in [kit::netns::NETNS_METRICS_LISTEN, CONTROLLER_METRICS] {
+            let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+            codes.push(kit::https::get(port, "/metrics", Some("scraper-token")).await);
+        }
+        codes
+    });
+    for answer in &scraped {
+        assert!(matches!(answer, Ok((403, _))), "scrapes: {scraped:?}");
+    }
+
     // Prepare: a dynamic address (an IPBlock created), a static one (a reservation created),
     // and a static one another claim holds (the create collides, the holder is read).
     let (c1, c2, c3) = api(&netns, &admin, |client| async move {
@@ -597,20 +613,6 @@ fn every_request_of_the_daemon_and_the_controller_is_granted_and_every_grant_is_
         let network = Api::<PodNetwork>::all(client).get_opt("net-c").await.unwrap();
         class.is_none() && network.is_none()
     });
-
-    // One scrape of each component's secure metrics endpoint: the scraper's token is known
-    // (TokenReview) but the dev server holds no binding for it (SubjectAccessReview: 403).
-    let scraped = netns.block_on(|| async {
-        let mut codes = Vec::new();
-        for address in [kit::netns::NETNS_METRICS_LISTEN, CONTROLLER_METRICS] {
-            let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
-            codes.push(kit::https::get(port, "/metrics", Some("scraper-token")).await);
-        }
-        codes
-    });
-    for answer in &scraped {
-        assert!(matches!(answer, Ok((403, _))), "scrapes: {scraped:?}");
-    }
 
     // SIGTERM: the daemon drains, the controller releases its Lease.
     assert!(daemon.terminate(PATIENCE).is_some(), "the daemon did not stop");

@@ -166,7 +166,7 @@ pub(crate) fn token_request(
         None | Some(Value::Null) => DEFAULT_EXPIRATION_SECONDS,
         Some(value) => value.as_i64().unwrap_or(-1),
     };
-    if expiration < MIN_EXPIRATION_SECONDS || expiration > 1 << 32 {
+    if !(MIN_EXPIRATION_SECONDS..=1 << 32).contains(&expiration) {
         return Err(ApiError::invalid(
             "TokenRequest",
             "authentication.k8s.io",
@@ -216,13 +216,14 @@ fn created(body: Value) -> super::rest::ApiResponse {
 
 /// The review as the server answers it: the request's `spec` with a `status`.
 fn answer(kind: &str, group: &str, request: &Value, status: Value) -> super::rest::ApiResponse {
-    created(json!({
+    let mut body = json!({
         "apiVersion": format!("{group}/v1"),
         "kind": kind,
         "metadata": {"creationTimestamp": null},
         "spec": request.get("spec").cloned().unwrap_or_else(|| json!({})),
-        "status": status,
-    }))
+    });
+    body["status"] = status;
+    created(body)
 }
 
 /// `POST /apis/authentication.k8s.io/v1/tokenreviews`: who `spec.token` is, for
