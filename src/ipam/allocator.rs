@@ -72,7 +72,7 @@ impl<S: LeaseStore> Ipam<S> {
         let leases = store.load_leases().map_err(load)?;
         let released = store.load_released().map_err(load)?;
         let blocks = store.load_blocks().map_err(load)?;
-        let releases = store.load_block_releases().map_err(load)?;
+        let intents = store.load_block_releases().map_err(load)?;
         let now = clock.now_ms();
         let mut ipam = Ipam {
             store,
@@ -88,7 +88,7 @@ impl<S: LeaseStore> Ipam<S> {
         };
         // Blocks first, so each loaded lease counts in its block.
         for block in blocks {
-            let journaled = releases.iter().any(|r| r.name == block.name && r.uid == block.uid);
+            let journaled = intents.iter().any(|r| r.name == block.name && r.uid == block.uid);
             ipam.index_block(&block);
             ipam.blocks.insert(
                 block.name.clone(),

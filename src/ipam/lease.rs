@@ -120,6 +120,10 @@ pub struct OwnedBlock {
 
 /// What this node knows of one owned block.
 #[derive(Debug, Clone)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent facts about one block, each read on its own"
+)]
 pub struct BlockState {
     /// The block.
     pub block: OwnedBlock,

@@ -7,7 +7,7 @@
 //! narrows, the IPBlocks are the truth). An existing reservation is the claim's own only when
 //! it is also this node's: a claim UID alone does not adopt another node's object.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use super::super::state::lock;
 use super::super::{ClaimError, ClaimService, ClaimSource, ClaimStore, DeviceSource};
@@ -32,6 +32,31 @@ fn holder_of(object: &IpBlock) -> String {
         },
         |c| format!("claim {}/{} (uid {})", c.namespace, c.name, c.uid),
     )
+}
+
+/// What the network's live objects say about reserving `cidr` for the claim `claim_uid` on
+/// `node`: `Ok(Some(object))` the claim's own reservation of this node (adopted by its name),
+/// `Ok(None)` nothing in the way, `Err(object)` a block or another reservation covering it.
+fn in_the_way<'a>(
+    objects: &'a [IpBlock],
+    cidr: ipnetwork::IpNetwork,
+    claim_uid: &str,
+    node: &str,
+) -> Result<Option<IpBlock>, &'a IpBlock> {
+    let mut own = None;
+    for object in objects {
+        let Some(other) = parse_cidr(object) else { continue };
+        if !overlaps(other, cidr) || object.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let same_claim = object.spec.claim.as_ref().is_some_and(|c| c.uid == claim_uid);
+        if same_claim && object.spec.node_name == node && other == cidr {
+            own = Some(object.clone());
+            continue;
+        }
+        return Err(object);
+    }
+    Ok(own)
 }
 
 impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
@@ -60,7 +85,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         };
         let node = &self.identity.node;
         // Each network's blocks, listed once per prepare (not per address).
-        let mut listed: std::collections::BTreeMap<String, Vec<IpBlock>> = Default::default();
+        let mut listed: BTreeMap<String, Vec<IpBlock>> = BTreeMap::new();
         for reservation in statics {
             let pod_network = reservation.lease.pod_network.clone().unwrap_or_default();
             let cidr = host_network(reservation.lease.address);
@@ -79,30 +104,10 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                     node: holder_node,
                 }),
             };
-            // This node's own reservation of the address for this claim, by CIDR (an older
-            // release named it otherwise): trusted only once confirmed by the API in this
-            // process and while it is not being released.
-            let own = lock(&self.state)
-                .ipam
-                .blocks_overlapping(cidr)
-                .find(|s| {
-                    s.block.cidr == cidr
-                        && s.block.pod_network == pod_network
-                        && s.block.claim.as_ref().is_some_and(|c| c.uid == claim.uid)
-                })
-                .map(|s| (s.verified, s.releasing || s.lost));
-            match own {
-                Some((true, false)) => continue,
-                Some((_, true)) => {
-                    let err = BlocksUnavailable::ReservationReleasing {
-                        request: reservation.request.clone(),
-                        field: reservation.field.clone(),
-                        address: reservation.lease.address,
-                        pod_network: pod_network.clone(),
-                    };
-                    return Err((err.into(), created));
-                }
-                Some((false, false)) | None => {}
+            match self.own_reservation(claim, reservation, cidr) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(err) => return Err((err, created)),
             }
             if !listed.contains_key(&pod_network) {
                 match ports.blocks.list_network(&pod_network).await {
@@ -114,19 +119,14 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                     }
                 }
             }
-            let mut adopt = None;
-            for object in listed.get(&pod_network).into_iter().flatten() {
-                let Some(other) = parse_cidr(object) else { continue };
-                if !overlaps(other, cidr) || object.metadata.deletion_timestamp.is_some() {
-                    continue;
+            let objects = listed.get(&pod_network).map_or(&[][..], Vec::as_slice);
+            let adopt = match in_the_way(objects, cidr, &claim.uid, node) {
+                Ok(adopt) => adopt,
+                Err(object) => {
+                    let node = object.spec.node_name.clone();
+                    return Err((refuse(holder_of(object), node), created));
                 }
-                let same_claim = object.spec.claim.as_ref().is_some_and(|c| c.uid == claim.uid);
-                if same_claim && object.spec.node_name == *node && other == cidr {
-                    adopt = Some(object.clone());
-                    continue;
-                }
-                return Err((refuse(holder_of(object), object.spec.node_name.clone()), created));
-            }
+            };
             let object = if let Some(existing) = adopt {
                 existing
             } else {
@@ -170,6 +170,38 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             created.push(block);
         }
         Ok(created)
+    }
+
+    /// Whether this node holds the claim's reservation of `cidr` (found by CIDR: an older
+    /// release named it otherwise), confirmed by the API in this process; one being released
+    /// or lost is an error (kubelet retries once it is gone).
+    fn own_reservation(
+        &self,
+        claim: &ClaimRef,
+        reservation: &StaticReservation,
+        cidr: ipnetwork::IpNetwork,
+    ) -> Result<bool, ClaimError> {
+        let pod_network = reservation.lease.pod_network.clone().unwrap_or_default();
+        let own = lock(&self.state)
+            .ipam
+            .blocks_overlapping(cidr)
+            .find(|s| {
+                s.block.cidr == cidr
+                    && s.block.pod_network == pod_network
+                    && s.block.claim.as_ref().is_some_and(|c| c.uid == claim.uid)
+            })
+            .map(|s| (s.verified, s.releasing || s.lost));
+        match own {
+            Some((_, true)) => Err(BlocksUnavailable::ReservationReleasing {
+                request: reservation.request.clone(),
+                field: reservation.field.clone(),
+                address: reservation.lease.address,
+                pod_network,
+            }
+            .into()),
+            Some((verified, false)) => Ok(verified),
+            None => Ok(false),
+        }
     }
 
     /// Deletes reservations a failed prepare created (best effort: they were never recorded;

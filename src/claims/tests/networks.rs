@@ -913,9 +913,9 @@ async fn a_block_deleted_under_the_node_stops_serving_at_once_and_its_leases_sta
     // The watch's first list shows both; a stale event of another UID is no loss.
     let listed: Vec<IpBlock> = world.blocks.all();
     assert!(node.service.observe_block(BlockEvent::Relisted(listed.clone())).await.is_empty());
-    let mut stale = listed[0].clone();
-    stale.metadata.uid = Some("an-older-incarnation".into());
-    assert!(node.service.observe_block(BlockEvent::Applied(stale)).await.is_empty());
+    let mut older = listed[0].clone();
+    older.metadata.uid = Some("an-older-incarnation".into());
+    assert!(node.service.observe_block(BlockEvent::Applied(older)).await.is_empty());
     // An administrator deletes the v4 block.
     let object = world.blocks.get(&v4.name).unwrap();
     world.blocks.remove(&v4.name);
