@@ -97,7 +97,7 @@ impl Store {
     }
 
     /// [`Store::open`] over the given file system calls (tests inject failures here).
-    pub(super) fn open_on(disk: Arc<dyn Disk>, root: PathBuf) -> Result<Store, StoreError> {
+    pub(crate) fn open_on(disk: Arc<dyn Disk>, root: PathBuf) -> Result<Store, StoreError> {
         let lock_path = root.join(LOCK_FILE);
         let lock = disk
             .lock_dir(&root, &lock_path, LOCK_PATIENCE)

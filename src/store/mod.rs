@@ -33,8 +33,14 @@ mod vf_snapshots;
 
 #[cfg(test)]
 mod fault_tests;
-#[cfg(test)]
-mod sim_disk;
+// Also under `testkit`: `testing::sim_store` runs whole claim services on it (the IPAM
+// simulation); some of its fault knobs are only used by the store's own tests.
+#[cfg(any(test, feature = "testkit"))]
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the store's fault tests use every knob; the simulation a few")
+)]
+pub(crate) mod sim_disk;
 #[cfg(test)]
 mod tests;
 

@@ -176,6 +176,22 @@ impl SimDisk {
         self.lock().cut_at = Some(op);
     }
 
+    /// Operations counted so far (for [`SimDisk::cut_power_at`] relative to now).
+    pub(crate) fn ops(&self) -> u64 {
+        self.lock().ops
+    }
+
+    /// Forgets a [`SimDisk::cut_power_at`] not reached yet (the process died first).
+    pub(crate) fn cancel_power_cut(&self) {
+        self.lock().cut_at = None;
+    }
+
+    /// Whether the power is off ([`SimDisk::cut_power_at`] reached).
+    pub(crate) fn powered_off(&self) -> bool {
+        let state = self.lock();
+        state.cut_at.is_some_and(|at| state.ops >= at)
+    }
+
     /// Power loss and restart: every file keeps its synced bytes plus a random prefix of its
     /// unsynced tail, the directory a random prefix of its unsynced changes, open handles die.
     pub(crate) fn power_loss(&self) {

@@ -14,3 +14,4 @@ pub mod claims;
 pub mod devices;
 pub mod facts;
 pub mod leases;
+pub mod sim_store;

@@ -35,6 +35,7 @@ pub mod daemonset;
 pub mod https;
 pub mod image;
 pub mod ipam;
+pub mod ipam_sim;
 pub mod kubelet;
 pub mod kustomize;
 pub mod netns;
