@@ -37,13 +37,11 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     ) -> Result<(), ClaimError> {
         self.serialised(claim_uid, async {
             let found = lock(&self.state).prepared.get(claim_uid).and_then(|claim| {
-                let index = claim
-                    .devices
-                    .iter()
-                    .position(|d| d.request == request && d.vf.is_some())?;
-                Some((claim.clone(), index))
+                let index = claim.devices.iter().position(|d| d.request == request)?;
+                let done = claim.devices[index].vf.clone()?;
+                Some((claim.clone(), index, done))
             });
-            let Some((claim, index)) = found else { return Ok(()) };
+            let Some((claim, index, done)) = found else { return Ok(()) };
             let device = &claim.devices[index];
             let vf_error = |source: VfError| ClaimError::Vf {
                 request: device.request.clone(),
@@ -57,7 +55,6 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 });
             };
             let port = port.as_ref();
-            let done = device.vf.clone().expect("the device was picked for its VF record");
             let Some(pci) = done.pci.filter(|_| !done.unresolved) else {
                 return Err(vf_error(VfError::Unidentified { vf: done.vf }));
             };
