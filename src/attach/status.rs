@@ -797,8 +797,8 @@ mod tests {
         device.addresses = vec![net("10.10.1.5/16")];
         assert_eq!(pod_network_data(&device).expect("a network device").blocks, ["10.10.1.5/32"]);
         // A device of no network has none.
-        let plain = build_entries(&[(k, ready)], &[], Some(1), &at(1)).expect("valid");
-        assert!(plain[0].data.as_ref().expect("data").0.get("podNetwork").is_none());
+        let without = build_entries(&[(k, ready)], &[], Some(1), &at(1)).expect("valid");
+        assert!(without[0].data.as_ref().expect("data").0.get("podNetwork").is_none());
     }
 
     #[test]

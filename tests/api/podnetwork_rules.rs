@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::kit::api_server::{client_for, install_crds};
 
-fn network(name: &str, ipam: Value) -> PodNetwork {
+fn network(name: &str, ipam: &Value) -> PodNetwork {
     serde_json::from_value(json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "PodNetwork",
         "metadata": {"name": name},
         "spec": {"parents": ["eth1"], "ipam": ipam}}))
@@ -42,16 +42,16 @@ async fn static_ranges_are_immutable_and_gateways_are_added_only_inside_them() {
     let api: Api<PodNetwork> = Api::all(client);
     let base = json!({"subnets": ["10.10.0.0/16"], "gateways": ["10.10.0.1"],
         "exclude": ["10.10.0.0/24"], "staticRanges": ["10.10.1.0/24"]});
-    api.create(&PostParams::default(), &network("medianet", base.clone())).await.unwrap();
+    api.create(&PostParams::default(), &network("medianet", &base)).await.unwrap();
 
     // At create: inside a subnet, whole blocks.
     let outside =
-        network("n2", json!({"subnets": ["10.20.0.0/16"], "staticRanges": ["10.21.0.0/24"]}));
+        network("n2", &json!({"subnets": ["10.20.0.0/16"], "staticRanges": ["10.21.0.0/24"]}));
     let (field, message) = refusal(api.create(&PostParams::default(), &outside).await).unwrap();
     assert_eq!(field, "spec.ipam.staticRanges", "{message}");
     assert!(message.contains("inside one of the subnets"), "{message}");
     let split =
-        network("n3", json!({"subnets": ["10.30.0.0/16"], "staticRanges": ["10.30.1.0/28"]}));
+        network("n3", &json!({"subnets": ["10.30.0.0/16"], "staticRanges": ["10.30.1.0/28"]}));
     let (field, message) = refusal(api.create(&PostParams::default(), &split).await).unwrap();
     assert_eq!(field, "spec.ipam.staticRanges", "{message}");
     assert!(message.contains("whole blocks"), "{message}");
