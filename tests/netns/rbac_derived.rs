@@ -42,7 +42,8 @@ use kube_inmemory::apiserver::ServerOptions;
 use kube_inmemory::apiserver::request_log::{RequestLog, RequestRecord};
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use netclaim::model::pod_network::{
-    IpBlock, IpBlockClaim, IpBlockSpec, PodNetwork, device_class_name, shared_device_name,
+    IpBlock, IpBlockClaim, IpBlockSpec, PodNetwork, device_class_name, ip_block_name,
+    shared_device_name,
 };
 use nri_rs::{NriRuntime, PodSandbox, RuntimeOptions};
 use serde_json::{Value, json};
@@ -251,8 +252,12 @@ async fn set_up(client: kube::Client) {
     }))
     .unwrap();
     let holder = claims.create(&PostParams::default(), &holder).await.unwrap();
-    let reserved = IpBlock::new(IpBlockSpec {
-        pod_network: "net-a".into(),
+    // Its object holds the name net-a's reservation of that address derives, but names
+    // another network: the node's list of net-a's blocks does not show it, so c3's create
+    // collides on the name (409) and the node reads the holder with a GET, the path two nodes
+    // racing for one block take (a reservation listed first is refused without a create).
+    let mut reserved = IpBlock::new(IpBlockSpec {
+        pod_network: "net-a-previous".into(),
         cidr: "10.71.0.30/32".into(),
         node_name: "node-b".into(),
         claim: Some(IpBlockClaim {
@@ -261,6 +266,7 @@ async fn set_up(client: kube::Client) {
             uid: holder.metadata.uid.unwrap(),
         }),
     });
+    reserved.metadata.name = Some(ip_block_name("net-a", "10.71.0.30/32"));
     blocks.create(&PostParams::default(), &reserved).await.unwrap();
     // node-b exists, so its reservation is not a deleted node's.
     let node_b: Node = serde_json::from_value(json!({"metadata": {"name": "node-b"}})).unwrap();
