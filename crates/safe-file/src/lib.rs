@@ -152,31 +152,11 @@ pub fn write_in_place(path: &Path, contents: &[u8], options: Options) -> Result<
     // Twice at most: a file created by someone else between our open and our create is
     // opened (and checked) on the second round.
     for _ in 0..2 {
-        match open_checked(path)? {
-            Some(file) => {
-                let write = |source| SafeFileError::Write { path: path.to_owned(), source };
-                file.write_all_at(contents, 0).map_err(write)?;
-                file.set_len(contents.len() as u64).map_err(write)?;
-                if options.sync {
-                    file.sync_all().map_err(write)?;
-                }
-                return Ok(());
-            }
-            None => {
-                let temporary = filled_temporary(path, contents, options)?;
-                let from = temporary.path().to_owned();
-                match temporary.persist_noclobber(path) {
-                    Ok(_) => return Ok(()),
-                    Err(err) if err.error.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(err) => {
-                        return Err(SafeFileError::Rename {
-                            from,
-                            to: path.to_owned(),
-                            source: err.error,
-                        });
-                    }
-                }
-            }
+        if let Some(file) = open_checked(path)? {
+            return rewrite(&file, path, contents, options);
+        }
+        if create_new(path, contents, options)? {
+            return Ok(());
         }
     }
     // Created by someone else, then removed again before we could open it: give up rather
@@ -185,6 +165,33 @@ pub fn write_in_place(path: &Path, contents: &[u8], options: Options) -> Result<
         path: path.to_owned(),
         source: io::Error::from(io::ErrorKind::AlreadyExists),
     })
+}
+
+/// Overwrites the opened `file` from its start and cuts what is left of the old contents.
+fn rewrite(
+    file: &File,
+    path: &Path,
+    contents: &[u8],
+    options: Options,
+) -> Result<(), SafeFileError> {
+    let write = |source| SafeFileError::Write { path: path.to_owned(), source };
+    file.write_all_at(contents, 0).map_err(write)?;
+    file.set_len(contents.len() as u64).map_err(write)?;
+    if options.sync {
+        file.sync_all().map_err(write)?;
+    }
+    Ok(())
+}
+
+/// Creates `path` through a temporary unless it exists by then; `false` when it did.
+fn create_new(path: &Path, contents: &[u8], options: Options) -> Result<bool, SafeFileError> {
+    let temporary = filled_temporary(path, contents, options)?;
+    let from = temporary.path().to_owned();
+    match temporary.persist_noclobber(path) {
+        Ok(_) => Ok(true),
+        Err(err) if err.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(err) => Err(SafeFileError::Rename { from, to: path.to_owned(), source: err.error }),
+    }
 }
 
 /// A random `O_EXCL` temporary next to `path` with `contents` and `options.mode`.
@@ -294,7 +301,7 @@ mod tests {
         std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".tmp"))
+            .filter(|n| Path::new(n).extension().is_some_and(|e| e == "tmp"))
             .collect()
     }
 
