@@ -548,7 +548,7 @@ impl DeviceMetadata {
             .files
             .list(cdi_dir)
             .map_err(|source| MetadataError::List { path: cdi_dir.to_owned(), source })?;
-        // Our specs only (the temporary `*.json.tmp` of an interrupted write too).
+        // Our specs only (the temporary `<spec>.<random>.tmp` of an interrupted write too).
         for spec in specs.iter().filter(|s| s.starts_with(&prefix)) {
             let path = cdi_dir.join(spec);
             self.files
