@@ -184,6 +184,8 @@ pub(super) struct Supervision {
     seen: std::sync::Mutex<HashMap<String, String>>,
     /// How long a prepare waits for the first reconcile.
     patience: Duration,
+    /// The watch of this node's blocks has listed them at least once.
+    watch_synced: AtomicBool,
 }
 
 impl Default for Supervision {
@@ -194,6 +196,7 @@ impl Default for Supervision {
             last_error: std::sync::Mutex::new(None),
             seen: std::sync::Mutex::new(HashMap::new()),
             patience: FIRST_RECONCILE_PATIENCE,
+            watch_synced: AtomicBool::new(false),
         }
     }
 }

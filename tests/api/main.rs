@@ -16,6 +16,7 @@ mod deploy_kustomize;
 mod dev_allocator;
 mod dev_api_crds;
 mod health_grpc;
+mod ipblock_watch;
 mod ipam_sim;
 mod kubelet_grpc_go;
 mod kubelet_sockets;

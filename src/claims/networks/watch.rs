@@ -93,6 +93,13 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         losses
     }
 
+    /// Whether the watch of this node's blocks has listed them at least once (from then on a
+    /// block deleted under the node is seen as lost).
+    #[must_use]
+    pub fn block_watch_synced(&self) -> bool {
+        self.supervision.watch_synced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Marks the blocks `event` shows lost, under the state lock.
     fn mark_losses(&self, event: &BlockEvent) -> Vec<BlockLoss> {
         let node = &self.identity.node;
@@ -140,6 +147,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 }
             }
             BlockEvent::Relisted(objects) => {
+                self.supervision.watch_synced.store(true, std::sync::atomic::Ordering::SeqCst);
                 let present: HashMap<&str, &str> = objects
                     .iter()
                     .filter_map(|o| Some((o.metadata.name.as_deref()?, o.metadata.uid.as_deref()?)))
