@@ -432,13 +432,16 @@ fn boot_2(share: &Path) {
         .collect();
     let (vlan7, vlan9) = run_nets(&node, &nets, "node.log");
     assert_eq!(vlan9, admin, "the administrator's VLAN 9 link carries the pod's VLAN 9");
-    let vlans = vlans_on(&node.parent);
-    report(&format!("vm_reboot: boot 2: VLAN links on {} with the pod: {vlans:?}", node.parent));
+    let on_parent = vlans_on(&node.parent);
+    report(&format!(
+        "vm_reboot: boot 2: VLAN links on {} with the pods: {on_parent:?}",
+        node.parent
+    ));
     let alias =
         |name: &str| vlans_on(&node.parent).into_iter().find(|(n, ..)| n == name).map(|l| l.2);
     assert!(
         alias(&vlan7).unwrap().starts_with("netclaim.dev/vlan"),
-        "VLAN 7 made again: {vlans:?}"
+        "VLAN 7 made again: {on_parent:?}"
     );
     assert_eq!(alias(&admin).as_deref(), Some(""), "the administrator's link is left as made");
     for (sandbox, _) in &nets {
