@@ -9,7 +9,7 @@
 use crate::kit::ipam_sim::{SimConfig, run};
 
 /// Seeds per CI test (four tests run in parallel on nextest).
-const SEEDS_PER_TEST: u64 = 6;
+const SEEDS_PER_TEST: u64 = 25;
 
 fn seeds_per_test() -> u64 {
     std::env::var("IPAM_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(SEEDS_PER_TEST)
@@ -73,11 +73,25 @@ fn ipam_simulation_seeds_d() {
 fn a_seed_replays_exactly() {
     let mut config = SimConfig::small(77);
     config.steps = 150;
+    config.verbose = std::env::var_os("IPAM_SIM_VERBOSE").is_some();
     let first = run(&config);
     let second = run(&config);
     match (first, second) {
         (Ok(a), Ok(b)) => assert_eq!(a.trace_hash, b.trace_hash, "seed 77 ran two ways"),
         (Err(a), Err(b)) => assert_eq!(a, b, "seed 77 failed two ways"),
         (a, b) => panic!("seed 77 ran two ways: {a:?} / {b:?}"),
+    }
+}
+
+/// Finding of seed 325 (sim-findings F1): a block create that took effect on the server but
+/// whose answer was lost (a timeout) leaves an IPBlock of the node in the API that the node
+/// never learns of, after its start-up reconcile: it is never released while the daemon
+/// runs (leaked until a restart or a create colliding with the same name). Ignored until the
+/// node adopts it (a read after a failed create, or its watch of its own blocks).
+#[test]
+#[ignore = "F1 in decision 0017: fails until a block created by a create whose answer was lost is adopted"]
+fn seed_325_a_create_whose_answer_was_lost_leaks_no_block() {
+    if let Err(failure) = run(&SimConfig::small(325)) {
+        panic!("{failure}");
     }
 }

@@ -133,6 +133,16 @@ enum Done {
     Upkeep { node: String, epoch: u64, reconciled: Option<bool> },
 }
 
+impl Done {
+    fn order(&self) -> (String, u8, usize) {
+        match self {
+            Done::Prepare { node, claim, .. } => (node.clone(), 0, *claim),
+            Done::Unprepare { node, claim, .. } => (node.clone(), 1, *claim),
+            Done::Upkeep { node, .. } => (node.clone(), 2, 0),
+        }
+    }
+}
+
 pub(super) struct Sim {
     pub(super) cfg: SimConfig,
     rng: Rng,
@@ -270,7 +280,14 @@ impl Sim {
     /// Waits until every task is parked at a gate or done, and collects what finished.
     async fn quiesce(&mut self) {
         tokio::time::sleep(TICK).await;
+        // Tasks of one step may finish in any order (their commits run on blocking
+        // threads): what finished is handled in a fixed order.
+        let mut finished = Vec::new();
         while let Ok(done) = self.rx.try_recv() {
+            finished.push(done);
+        }
+        finished.sort_by_key(Done::order);
+        for done in finished {
             self.finished(done);
         }
         let off: Vec<String> = self
@@ -1064,6 +1081,10 @@ pub fn run_scale(
             }
         }
         let total = sim.claims.len();
+        let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (id, claim) in &sim.claims {
+            by_node.entry(claim.node.clone()).or_default().push(*id);
+        }
         loop {
             sim.step += 1;
             sim.quiesce().await;
@@ -1072,17 +1093,16 @@ pub fn run_scale(
                 break;
             }
             // Every node keeps `in_flight` prepares going, one claim per call (a pod each).
-            for node in sim.live_nodes() {
-                let busy = sim.claims.values().filter(|c| c.node == node && c.in_flight).count();
-                let idle: Vec<usize> = sim
-                    .claims
+            for (node, ids) in &by_node {
+                let busy = ids.iter().filter(|id| sim.claims[*id].in_flight).count();
+                let idle: Vec<usize> = ids
                     .iter()
-                    .filter(|(_, c)| c.node == node && !c.in_flight && c.acked.is_none())
-                    .map(|(id, _)| *id)
+                    .filter(|id| !sim.claims[*id].in_flight && sim.claims[*id].acked.is_none())
+                    .copied()
                     .take(in_flight.saturating_sub(busy))
                     .collect();
                 for id in idle {
-                    sim.prepare_one(&node, id);
+                    sim.prepare_one(node, id);
                 }
             }
             let pending = sim.world.lock().pending.len();
