@@ -18,7 +18,7 @@
 //! those inside their blocks, so only one actually handed out is (the last rule).
 
 use std::collections::BTreeSet;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
@@ -192,7 +192,7 @@ pub fn message(conflicts: &[Conflict]) -> String {
     let mut text =
         conflicts.iter().take(SHOWN).map(ToString::to_string).collect::<Vec<_>>().join("; ");
     if conflicts.len() > SHOWN {
-        text.push_str(&format!("; and {} more", conflicts.len() - SHOWN));
+        let _ = write!(text, "; and {} more", conflicts.len() - SHOWN);
     }
     text.push_str(": nodes hand out no new address of this network until this is resolved");
     text

@@ -22,7 +22,7 @@ use super::gc::{BlockFacts, ClusterFacts, Collector};
 use super::metrics::{ControllerMetrics, ReasonLabel};
 use super::ports::{BlockDeleted, ClusterApi, ClusterApiError, StatusWritten};
 use super::usage::{leased_addresses, node_usage, observed_status};
-use crate::model::pod_network::{IpBlock, PodNetwork};
+use crate::model::pod_network::{CONDITION_CONFLICT, IpBlock, PodNetwork, PodNetworkStatus};
 
 /// After a trigger, the sweep waits this long for more before running, so a burst of block
 /// creations costs one sweep.
@@ -129,9 +129,9 @@ impl Sweeper {
             let name = network.name_any();
             let mine: Vec<&IpBlock> =
                 blocks.iter().copied().filter(|block| block.spec.pod_network == name).collect();
-            let leases = leased.get(&name).map(Vec::as_slice).unwrap_or_default();
-            let found = conflicts::find(network, &mine, leases);
-            let desired = observed_status(network, &found, node_usage(&mine, leases), wall);
+            let held = leased.get(&name).map(Vec::as_slice).unwrap_or_default();
+            let found = conflicts::find(network, &mine, held);
+            let desired = observed_status(network, &found, node_usage(&mine, held), wall);
             if !found.is_empty() {
                 outcome.conflicts.insert(name.clone(), found);
             }
@@ -192,9 +192,9 @@ impl Sweeper {
 async fn write_if_changed<A: ClusterApi + ?Sized>(
     api: &A,
     network: &PodNetwork,
-    desired: &crate::model::pod_network::PodNetworkStatus,
+    desired: &PodNetworkStatus,
 ) -> bool {
-    if network.status.as_ref().unwrap_or(&Default::default()) == desired {
+    if network.status.as_ref().unwrap_or(&PodNetworkStatus::default()) == desired {
         return false;
     }
     let name = network.name_any();
@@ -204,11 +204,10 @@ async fn write_if_changed<A: ClusterApi + ?Sized>(
         Ok(StatusWritten::Written) => {
             let now_conflict = conflict_status(Some(desired));
             if now_conflict != was_conflict {
-                match now_conflict {
-                    Some((true, message)) => {
-                        tracing::warn!(network = %name, %message, "PodNetwork Conflict")
-                    }
-                    _ => tracing::info!(network = %name, "PodNetwork conflict resolved"),
+                if let Some((true, message)) = now_conflict {
+                    tracing::warn!(network = %name, %message, "PodNetwork Conflict");
+                } else {
+                    tracing::info!(network = %name, "PodNetwork conflict resolved");
                 }
             }
             true
@@ -221,13 +220,11 @@ async fn write_if_changed<A: ClusterApi + ?Sized>(
     }
 }
 
-fn conflict_status(
-    status: Option<&crate::model::pod_network::PodNetworkStatus>,
-) -> Option<(bool, String)> {
+fn conflict_status(status: Option<&PodNetworkStatus>) -> Option<(bool, String)> {
     status?
         .conditions
         .iter()
-        .find(|c| c.type_ == crate::model::pod_network::CONDITION_CONFLICT)
+        .find(|c| c.type_ == CONDITION_CONFLICT)
         .map(|c| (c.status == "True", c.message.clone()))
 }
 
