@@ -153,9 +153,10 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         Ok(summary)
     }
 
-    /// Tries to claim a lost block again under the name it had (never a name derived again:
-    /// an older release's block keeps its own), unless a live object of the network overlaps
-    /// it by CIDR (another node took it, under any name).
+    /// Tries to claim a lost block again, unless a live object of the network overlaps it by
+    /// CIDR (another node took it, under any name). A claim is a create, so it races on the
+    /// name this release derives (the one the admission policy allows); a block an older
+    /// release named otherwise is recorded under its new name from then on.
     pub(super) async fn reclaim_lost(&self, ports: &NetworkPorts, block: &OwnedBlock) {
         match ports.blocks.list_network(&block.pod_network).await {
             Ok(all) => {
@@ -171,13 +172,12 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 return;
             }
         }
-        let mut object = IpBlock::new(IpBlockSpec {
+        let object = IpBlock::new(IpBlockSpec {
             pod_network: block.pod_network.clone(),
             cidr: block.cidr.to_string(),
             node_name: self.identity.node.clone(),
             claim: block.claim.clone(),
         });
-        object.metadata.name = Some(block.name.clone());
         let answer = ports.blocks.create(object).await;
         let object = match answer {
             Ok(Created::Created(object)) => object,
@@ -200,9 +200,19 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         };
         let mut renewed = block.clone();
         renewed.uid = object.metadata.uid.unwrap_or_default();
-        lock(&self.state).ipam.add_block(renewed.clone(), false);
+        renewed.name = object.metadata.name.unwrap_or_else(|| block.name.clone());
+        let renamed = renewed.name != block.name;
+        {
+            let mut state = lock(&self.state);
+            if renamed {
+                state.ipam.remove_block(&block.name);
+            }
+            state.ipam.add_block(renewed.clone(), false);
+        }
         lock(&self.supervision.seen).remove(&block.name);
-        let commit = IpamCommit { put_blocks: vec![renewed], ..IpamCommit::default() };
+        let remove_blocks = if renamed { vec![block.name.clone()] } else { Vec::new() };
+        let commit =
+            IpamCommit { put_blocks: vec![renewed], remove_blocks, ..IpamCommit::default() };
         if let Err(err) = self.commit_blocks(&commit).await {
             tracing::warn!(block = %block.name, error = %err, "recording a reclaimed IPBlock failed; adopted again at the next start");
         } else {

@@ -998,3 +998,31 @@ async fn a_block_named_by_an_older_release_is_adopted_used_and_released_by_that_
     assert!(upkeep.released.contains(&old_name), "{upkeep:?}");
     assert!(world.blocks.all().is_empty());
 }
+
+#[tokio::test]
+async fn a_lost_block_of_an_older_name_is_claimed_again_under_the_derived_name() {
+    use crate::model::pod_network::{ip_block_name, legacy_ip_block_name};
+    let world = World::new();
+    let first = first_v4_block("node-a").await;
+    let mut old = IpBlock::new(spec("medianet", &first.to_string(), "node-a"));
+    let old_name = legacy_ip_block_name("medianet", &first.to_string());
+    old.metadata.name = Some(old_name.clone());
+    world.blocks.insert(old);
+    let node = world.node("node-a");
+    node.service.reconcile_blocks().await.unwrap();
+    let got = world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    assert!(first.contains(got[0].ip()), "{got:?}");
+    // Deleted by hand while the pod runs: the restart finds it lost and claims it again.
+    world.blocks.remove(&old_name);
+    let node = world.reopen(node, "node-a");
+    assert_eq!(node.service.reconcile_blocks().await.unwrap().lost, 1);
+    let new_name = ip_block_name("medianet", &first.to_string());
+    assert!(world.blocks.get(&new_name).is_some(), "{:?}", world.blocks.all());
+    let owned: Vec<String> = node.service.owned_blocks().into_iter().map(|b| b.name).collect();
+    assert!(owned.contains(&new_name) && !owned.contains(&old_name), "{owned:?}");
+    leases_in_owned_blocks(&node).unwrap();
+    // Recorded under the new name: a restart keeps it.
+    let node = world.reopen(node, "node-a");
+    assert_eq!(node.service.reconcile_blocks().await.unwrap(), Default::default());
+    leases_in_owned_blocks(&node).unwrap();
+}
