@@ -205,6 +205,13 @@ pub trait VfPort: Send + Sync + 'static {
     /// Where the VF with PCI address `pci` is now: its PF's interface name and its index
     /// (sysfs `physfn`); `None` when there is no such VF (or its PF has no netdev).
     fn locate(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<VfRef>, VfPortError>>;
+    /// The name the netdev of the VF at PCI address `pci` has now in the host netns (sysfs
+    /// `bus/pci/devices/<pci>/net`); `None` when it has none there. The name recorded at
+    /// prepare may be another after a reboot (DESIGN §6).
+    fn netdev(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<String>, VfPortError>> {
+        let _ = pci;
+        Box::pin(async { Ok(None) })
+    }
     /// The id of the running boot (`/proc/sys/kernel/random/boot_id`): VF settings do not
     /// survive a reboot, so values read in another boot are not this VF's any more.
     fn boot_id(&self) -> Result<String, VfPortError>;

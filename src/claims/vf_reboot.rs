@@ -86,8 +86,15 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                     "the node rebooted since the claim's VF values were read: the values this boot gave the VF are now the ones set back at unprepare");
                 current
             };
+            // The VF's netdev by its PCI address too: the name recorded at prepare may be
+            // another's after a reboot (udev, PF renames), and the MAC must reach this VF.
+            let netdev = match port.netdev(pci).await {
+                Ok(Some(name)) => name,
+                Ok(None) => device.if_name.clone(),
+                Err(source) => return Err(vf_error(VfError::Locate { what: what(), source })),
+            };
             let wanted = vf::wanted(&before, &device.config);
-            vf::apply(port, &now, &device.if_name, &wanted).await.map_err(vf_error)?;
+            vf::apply(port, &now, &netdev, &wanted).await.map_err(vf_error)?;
             Ok(())
         })
         .await

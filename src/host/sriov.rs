@@ -227,6 +227,14 @@ impl VfPort for NetlinkVfSettings {
         async move { found }.boxed()
     }
 
+    fn netdev(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<String>, VfPortError>> {
+        let found = self
+            .sysfs
+            .pci_netdev(pci)
+            .map_err(|err| sysfs_error(format!("finding the netdev of the VF at PCI {pci}"), &err));
+        async move { found }.boxed()
+    }
+
     fn boot_id(&self) -> Result<String, VfPortError> {
         std::fs::read_to_string(&self.boot_id).map(|text| text.trim().to_owned()).map_err(|err| {
             VfPortError {

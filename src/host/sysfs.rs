@@ -126,6 +126,14 @@ impl Sysfs {
         Ok(self.vf_index(&pf_dir, vf)?.map(|index| (pf_name, index)))
     }
 
+    /// The name of the netdev of the PCI function `pci` now (`bus/pci/devices/<pci>/net/*`,
+    /// in the netns that mounted this sysfs); `None` when it has none here (no such device,
+    /// no driver bound, or its netdev is in another netns). Names change at boot and when
+    /// udev renames; the PCI address does not.
+    pub fn pci_netdev(&self, pci: PciAddress) -> Result<Option<String>, SysfsError> {
+        first_entry(&self.root.join("bus/pci/devices").join(pci.to_string()).join("net"))
+    }
+
     /// The `N` of the PF's `virtfnN` link that points at `vf`.
     #[expect(clippy::unused_self, reason = "kept a method so every read goes through the root")]
     fn vf_index(&self, pf_dir: &Path, vf: PciAddress) -> Result<Option<u32>, SysfsError> {

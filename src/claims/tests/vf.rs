@@ -498,3 +498,28 @@ async fn a_pf_renamed_at_boot_never_gets_another_pfs_vf_rewritten() {
         host.sent.lock().unwrap()[sent..].iter().map(|(vf, _)| vf.to_string()).collect();
     assert!(!targets.is_empty() && targets.iter().all(|t| t == "VF 1 of eth10"), "{targets:?}");
 }
+
+#[tokio::test]
+async fn after_a_reboot_the_claims_mac_goes_to_the_vfs_netdev_under_its_new_name() {
+    let host = two_pfs();
+    let api = Arc::new(MapClaims::default());
+    api.put(settings_claim());
+    let dir = tempfile::tempdir().unwrap();
+    let service = with_host(service(&api, dir.path()), &host);
+    prepare_one(&service, &reference("vf-net", VF_UID)).await.unwrap();
+    let recorded = service.prepared(VF_UID).unwrap().devices[0].if_name.clone();
+    // The boot names the VF's netdev otherwise (udev, its PF renamed); the PF's view of the
+    // VF is blank, its netdev has a random MAC.
+    host.reboot(&[(VF_A, "eth11")]);
+    host.name_netdev(VF_A, "vf-boot2");
+    assert_ne!(recorded, "vf-boot2");
+    host.netdev_macs.lock().unwrap().clear();
+    service.reapply_vf_settings(VF_UID, "vf").await.unwrap();
+    let mac: crate::model::network_config::MacAddr = "02:00:00:00:00:bb".parse().unwrap();
+    assert_eq!(host.state_of(VF_A).mac, mac, "the PF's view");
+    assert_eq!(
+        *host.netdev_macs.lock().unwrap(),
+        vec![("vf-boot2".to_owned(), mac)],
+        "the netdev found by PCI address, not the name recorded at prepare ({recorded})"
+    );
+}

@@ -105,6 +105,10 @@ pub(crate) const FAKE_PF_VF: PciAddress = PciAddress { domain: 0, bus: 9, device
 pub(crate) struct FakeHost {
     state: Mutex<HostState>,
     pub(crate) sent: Mutex<Vec<(VfRef, VfChange)>>,
+    /// The VFs' netdevs by PCI address (none unless [`Self::name_netdev`] gave one).
+    netdevs: Mutex<Vec<(PciAddress, String)>>,
+    /// Each MAC written to a netdev, with the name it went to.
+    pub(crate) netdev_macs: Mutex<Vec<(String, MacAddr)>>,
 }
 
 struct HostState {
@@ -121,7 +125,20 @@ impl FakeHost {
                 (pci.parse().unwrap(), VfRef { pf: (*pf).into(), index: *index }, *state)
             })
             .collect();
-        Self { state: Mutex::new(HostState { boot: 1, vfs }), sent: Mutex::new(Vec::new()) }
+        Self {
+            state: Mutex::new(HostState { boot: 1, vfs }),
+            sent: Mutex::new(Vec::new()),
+            netdevs: Mutex::new(Vec::new()),
+            netdev_macs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The VF at `pci` has a netdev named `name` now (as udev names it at each boot).
+    pub(crate) fn name_netdev(&self, pci: &str, name: &str) {
+        let pci: PciAddress = pci.parse().unwrap();
+        let mut netdevs = self.netdevs.lock().unwrap();
+        netdevs.retain(|(p, _)| *p != pci);
+        netdevs.push((pci, name.to_owned()));
     }
 
     /// The settings of the VF at `pci`.
@@ -187,10 +204,22 @@ impl VfPort for FakeHost {
 
     fn set_netdev_mac<'a>(
         &'a self,
-        _if_name: &'a str,
-        _mac: MacAddr,
+        if_name: &'a str,
+        mac: MacAddr,
     ) -> BoxFuture<'a, Result<(), VfPortError>> {
-        async move { Ok(()) }.boxed()
+        async move {
+            self.netdev_macs.lock().unwrap().push((if_name.to_owned(), mac));
+            // ENODEV for a name no VF netdev has (named ones only).
+            let named = self.netdevs.lock().unwrap().iter().any(|(_, n)| n == if_name);
+            if named { Ok(()) } else { Err(refused(19)) }
+        }
+        .boxed()
+    }
+
+    fn netdev(&self, pci: PciAddress) -> BoxFuture<'_, Result<Option<String>, VfPortError>> {
+        let found =
+            self.netdevs.lock().unwrap().iter().find(|(p, _)| *p == pci).map(|e| e.1.clone());
+        async move { Ok(found) }.boxed()
     }
 
     fn pci_address<'a>(
