@@ -38,7 +38,11 @@ mod fault_tests;
 #[cfg(any(test, feature = "testkit"))]
 #[cfg_attr(
     not(test),
-    allow(dead_code, reason = "the store's fault tests use every knob; the simulation a few")
+    allow(
+        dead_code,
+        clippy::assigning_clones,
+        reason = "the store's fault tests use every knob, the simulation a few; its page-cache copies are lint-clean under cfg(test) only"
+    )
 )]
 pub(crate) mod sim_disk;
 #[cfg(test)]
