@@ -1023,6 +1023,9 @@ async fn a_lost_block_of_an_older_name_is_claimed_again_under_the_derived_name()
     leases_in_owned_blocks(&node).unwrap();
     // Recorded under the new name: a restart keeps it.
     let node = world.reopen(node, "node-a");
-    assert_eq!(node.service.reconcile_blocks().await.unwrap(), Default::default());
+    assert_eq!(
+        node.service.reconcile_blocks().await.unwrap(),
+        crate::claims::networks::BlockReconcile::default()
+    );
     leases_in_owned_blocks(&node).unwrap();
 }
