@@ -99,10 +99,10 @@ pub trait BlockLossSink: Send + Sync + 'static {
 /// blocks of that network lost (the note is [`BlockLoss`]'s text).
 pub const REASON_BLOCK_LOST: &str = "IPBlockLost";
 
-/// Condition type the controller sets (`status: "True"`) on a `PodNetwork` whose spec
-/// conflicts with its live `IPBlock`s (an edit that bypassed the CRD's rules) or whose
-/// blocks a node reported lost; nodes hand out no new address on it until it is resolved.
-pub const CONDITION_CONFLICT: &str = "Conflict";
+/// The condition type the controller sets (`status: "True"`) on a `PodNetwork` whose spec
+/// conflicts with its live `IPBlock`s (an edit that bypassed the CRD's rules); nodes hand
+/// out no new address on it until it is resolved. One constant, the model's, for both sides.
+pub use crate::model::pod_network::CONDITION_CONFLICT;
 
 /// Why a prepare cannot get addresses of a `PodNetwork`'s blocks now (decision 0017).
 #[derive(Debug, Clone, thiserror::Error)]
