@@ -50,6 +50,17 @@ pub trait PodClaimSource: Send + Sync + 'static {
         let _ = (claim_uid, request);
         async { Ok(()) }
     }
+    /// The name the host netns gives the device of `request` now, when the claims know it
+    /// by an identity that survives a reboot (a VF's PCI address; DESIGN §6: never by a name
+    /// that can change at boot). `None`: the name recorded at prepare holds.
+    fn current_host_name(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> impl Future<Output = Result<Option<String>, ClaimError>> + Send {
+        let _ = (claim_uid, request);
+        async { Ok(None) }
+    }
 }
 
 /// Netlink access: per-pod [`LinkPort`] and a view of the host's links.
@@ -163,5 +174,13 @@ where
         request: &str,
     ) -> Result<(), ClaimError> {
         self.reapply_vf_settings(claim_uid, request).await
+    }
+
+    async fn current_host_name(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> Result<Option<String>, ClaimError> {
+        self.vf_netdev_name(claim_uid, request).await
     }
 }

@@ -311,6 +311,7 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
             .get(&sandbox.uid)
             .filter(|r| r.state == AttachmentState::Attached)
             .cloned();
+        let claims = &self.with_current_host_names(claims).await?;
         let slots = assign_slots(claims, existing.as_ref())?;
         // Each open costs an OS thread and a socket: a burst of sandboxes queues here.
         let _slot = self.kernel_slots.acquire().await;
@@ -412,6 +413,42 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
             }
         }
         None
+    }
+
+    /// `claims` with each `sriov-vf` device's host interface named as the host netns names
+    /// it now (found by the VF's PCI address, DESIGN §6): after a reboot or a rename the name
+    /// recorded at prepare may be another's. The pod-side name is the claim's either way.
+    async fn with_current_host_names(
+        &self,
+        claims: &[PreparedClaim],
+    ) -> Result<Vec<PreparedClaim>, AttachFailure> {
+        let mut claims = claims.to_vec();
+        for claim in &mut claims {
+            for device in &mut claim.devices {
+                if device.vf.is_none() {
+                    continue;
+                }
+                let now = self.claims.current_host_name(&claim.uid, &device.request).await;
+                match now {
+                    Ok(Some(name)) if name != device.if_name => {
+                        tracing::info!(claim = %claim.name, request = %device.request,
+                            recorded = %device.if_name, now = %name,
+                            "the VF's netdev has another name than at prepare: moved by its current one");
+                        device.if_name = name;
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        return Err(AttachFailure::DeviceSettings {
+                            claim: format!("{}/{}", claim.namespace, claim.name),
+                            request: device.request.clone(),
+                            device: device.device.clone(),
+                            source: Box::new(err),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(claims)
     }
 
     /// Puts a moved VF's settings on it before the move (DESIGN §6: they do not survive a

@@ -87,6 +87,9 @@ struct FakeClaims {
     settings: Mutex<Vec<(String, String, bool)>>,
     settings_fail: std::sync::atomic::AtomicBool,
     kernel: Mutex<Option<Arc<FakeKernel>>>,
+    /// `(claim uid, request, name)`: the host netdev name the claims find now for a device
+    /// (a VF by its PCI address).
+    host_names: Mutex<Vec<(String, String, String)>>,
 }
 
 impl PodClaimSource for Arc<FakeClaims> {
@@ -140,6 +143,14 @@ impl PodClaimSource for Arc<FakeClaims> {
             });
         }
         Ok(())
+    }
+    async fn current_host_name(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> Result<Option<String>, crate::claims::ClaimError> {
+        let names = self.host_names.lock().unwrap();
+        Ok(names.iter().find(|(u, r, _)| u == claim_uid && r == request).map(|e| e.2.clone()))
     }
 }
 
@@ -1086,4 +1097,37 @@ async fn a_vf_gets_its_settings_before_every_move_into_a_pod_and_is_not_moved_wi
         ],
         "once per attach, before the move, for the VF only"
     );
+}
+
+/// DESIGN §6 ("never by a name that can change at boot"): a VF whose netdev has another name
+/// than at prepare (a reboot, udev, its PF renamed) is found by its PCI address through the
+/// claims and moved under its current name; in the pod it still gets the claim's name.
+#[tokio::test]
+async fn a_vf_renamed_since_prepare_is_found_by_pci_address_and_moved_under_the_claims_name() {
+    let world = World::new();
+    world.kernel.add_host_link("vf-boot2", 1500, None);
+    *world.claims.kernel.lock().unwrap() = Some(Arc::clone(&world.kernel));
+    let config = json!({"mode": "host-device", "interface": {"name": "vf0"}});
+    let mut vf_claim = claim("vf", "p1", &[("vf", "eth9v1", config)]);
+    vf_claim.devices[0].config.mode = crate::model::network_config::ResolvedMode::SriovVf;
+    vf_claim.devices[0].kind = Some(DeviceKind::SriovVf);
+    vf_claim.devices[0].vf = Some(crate::claims::PreparedVf {
+        vf: crate::claims::vf::VfRef { pf: "eth9".to_owned(), index: 1 },
+        pci: Some("0000:09:00.1".parse().unwrap()),
+        boot_id: Some("boot-1".to_owned()),
+        unresolved: false,
+        before: crate::claims::vf::tests::fresh(),
+    });
+    world.add_claim(vf_claim);
+    world.claims.host_names.lock().unwrap().push((
+        "uid-vf".to_owned(),
+        "vf".to_owned(),
+        "vf-boot2".to_owned(),
+    ));
+    let service = world.service();
+    run(&service, world.pod("p1")).await.unwrap();
+    assert!(world.kernel.get(Side::Host, "vf-boot2").is_none(), "moved");
+    assert_eq!(world.kernel.links(Side::Pod), ["vf0"], "the claim's pod-side name");
+    let attachment = service.attachment("p1").unwrap();
+    assert_eq!(attachment.moved_host_devices().collect::<Vec<_>>(), ["vf-boot2"]);
 }

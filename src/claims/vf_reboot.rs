@@ -100,6 +100,38 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         .await
     }
 
+    /// The name the netdev of the VF of request `request` of claim `claim_uid` has now in
+    /// the host netns, found by the VF's PCI address; `None` for a device without a VF
+    /// record of this release (its recorded name is all there is) or a VF without a netdev
+    /// here. The attach moves the VF by this name: the one recorded at prepare may be
+    /// another device's after a reboot.
+    ///
+    /// # Errors
+    /// Sysfs cannot be read.
+    pub async fn vf_netdev_name(
+        &self,
+        claim_uid: &str,
+        request: &str,
+    ) -> Result<Option<String>, ClaimError> {
+        let device = lock(&self.state)
+            .prepared
+            .get(claim_uid)
+            .and_then(|claim| claim.devices.iter().find(|d| d.request == request).cloned());
+        let Some(device) = device else { return Ok(None) };
+        let Some(pci) = device.vf.and_then(|done| done.pci.filter(|_| !done.unresolved)) else {
+            return Ok(None);
+        };
+        let Some(port) = &self.vf_port else { return Ok(None) };
+        port.netdev(pci).await.map_err(|source| ClaimError::Vf {
+            request: device.request.clone(),
+            device: device.device.clone(),
+            source: Box::new(VfError::Locate {
+                what: format!("the netdev of the VF at PCI {pci}"),
+                source,
+            }),
+        })
+    }
+
     /// Replaces a prepared claim's record (durably, then in memory).
     async fn save_claim_record(&self, claim: PreparedClaim) -> Result<(), ClaimError> {
         let store = self.store.clone();

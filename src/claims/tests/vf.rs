@@ -514,6 +514,8 @@ async fn after_a_reboot_the_claims_mac_goes_to_the_vfs_netdev_under_its_new_name
     host.name_netdev(VF_A, "vf-boot2");
     assert_ne!(recorded, "vf-boot2");
     host.netdev_macs.lock().unwrap().clear();
+    // The attach moves the VF by the name found now.
+    assert_eq!(service.vf_netdev_name(VF_UID, "vf").await.unwrap().as_deref(), Some("vf-boot2"));
     service.reapply_vf_settings(VF_UID, "vf").await.unwrap();
     let mac: crate::model::network_config::MacAddr = "02:00:00:00:00:bb".parse().unwrap();
     assert_eq!(host.state_of(VF_A).mac, mac, "the PF's view");

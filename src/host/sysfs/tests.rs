@@ -244,3 +244,22 @@ fn a_vf_is_found_by_pci_address_on_its_pf_whatever_the_pf_is_called() {
     assert_eq!(sysfs.locate_vf("0000:77:00.1".parse().unwrap()).unwrap(), None);
     assert_eq!(sysfs.vf_pci_address("eth9", 3).unwrap(), None);
 }
+
+/// A VF's netdev by its PCI address (decision 0018): whatever udev named it this boot.
+#[test]
+fn a_pci_functions_netdev_is_found_by_its_address_under_its_current_name() {
+    let sys = FakeSysfs::new();
+    let devices = sys.root().join("bus/pci/devices");
+    fs::create_dir_all(&devices).unwrap();
+    let vf = sys.pci_function("0000:5e:00.2", "0x8086", "0x10ca", "igbvf", 0);
+    symlink(&vf, devices.join("0000:5e:00.2")).unwrap();
+    let sysfs = Sysfs::new(sys.root());
+    let address: PciAddress = "0000:5e:00.2".parse().unwrap();
+    assert_eq!(sysfs.pci_netdev(address).unwrap(), None, "no driver bound: no netdev");
+    sys.netdev("enp94s0f0v0", Some(&vf), "1000");
+    assert_eq!(sysfs.pci_netdev(address).unwrap().as_deref(), Some("enp94s0f0v0"));
+    fs::remove_dir_all(vf.join("net")).unwrap();
+    sys.netdev("vf-renamed", Some(&vf), "1000");
+    assert_eq!(sysfs.pci_netdev(address).unwrap().as_deref(), Some("vf-renamed"));
+    assert_eq!(sysfs.pci_netdev("0000:77:00.1".parse().unwrap()).unwrap(), None);
+}
