@@ -22,8 +22,8 @@ pub(super) const FORMAT_NAME: &str = "netclaim-state";
 /// - 3: VF records keyed by PCI address with the boot id of their "before" values
 ///   (`prepared-claims` version 6, `vf-snapshots` version 2; decision 0018): a release before
 ///   them would find a VF by a PF name that may have changed at boot and set back values of
-///   an earlier boot; and the ipam releasing intents (the record an `IPBlock` release writes
-///   before it deletes the block), which a release before would not finish.
+///   an earlier boot; and the ipam releasing intents (`ipam-block-releases`: the record an `IPBlock` release
+///   writes before it deletes the block; decision 0017), which a release before would not finish.
 pub const FORMAT_VERSION: u32 = 3;
 /// Hex digits of the SHA-256 prefix that guards each line.
 pub(super) const CHECKSUM_HEX: usize = 16;
