@@ -306,7 +306,7 @@ mod tests {
     fn the_cache_keeps_at_most_its_bound_and_drops_expired_entries() {
         let mut cache = super::Cache::default();
         let now = std::time::Instant::now();
-        let later = now + std::time::Duration::from_secs(60);
+        let later = now + std::time::Duration::from_mins(1);
         for i in 0..(super::CACHE_ENTRIES + 10) {
             let mut key = [0u8; 32];
             key[..8].copy_from_slice(&(i as u64).to_le_bytes());

@@ -397,14 +397,16 @@ impl DiskFile for SimFile {
         self.disk.pass_sync_hold();
         let inode = self.inode;
         let mut state = self.enter(SimOp::SyncData)?;
-        state.inodes[inode].durable = state.inodes[inode].cached.clone();
+        let node = &mut state.inodes[inode];
+        node.durable.clone_from(&node.cached);
         Ok(())
     }
 
     fn sync_all(&mut self) -> io::Result<()> {
         let inode = self.inode;
         let mut state = self.enter(SimOp::SyncAll)?;
-        state.inodes[inode].durable = state.inodes[inode].cached.clone();
+        let node = &mut state.inodes[inode];
+        node.durable.clone_from(&node.cached);
         Ok(())
     }
 

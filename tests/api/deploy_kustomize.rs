@@ -176,12 +176,18 @@ fn the_base_holds_together() {
     assert_eq!(container["ports"][0]["containerPort"], 9178);
     assert_eq!(daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
 
+    admission_policies_name_the_daemon(&objects, daemonset);
+}
+
+/// The node policies match the DaemonSet's ServiceAccount, and every policy is bound.
+fn admission_policies_name_the_daemon(objects: &[Value], daemonset: &Value) {
+    let pod = &daemonset["spec"]["template"]["spec"];
     // The node policies (slices, IPBlocks) match the ServiceAccount the DaemonSet runs as.
     let service_account = pod["serviceAccountName"].as_str().unwrap();
     let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
     for name in ["netclaim-node-slices", "netclaim-node-ipblocks", "netclaim-node-ipblocks-network"]
     {
-        let policy = find(&objects, "ValidatingAdmissionPolicy", name)
+        let policy = find(objects, "ValidatingAdmissionPolicy", name)
             .unwrap_or_else(|| panic!("no policy {name}"));
         let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
         assert!(
@@ -191,12 +197,12 @@ fn the_base_holds_together() {
     }
     // The IPBlock network policy's parameters are the PodNetworks, all of them.
     let binding =
-        find(&objects, "ValidatingAdmissionPolicyBinding", "netclaim-node-ipblocks-network")
+        find(objects, "ValidatingAdmissionPolicyBinding", "netclaim-node-ipblocks-network")
             .unwrap();
     assert_eq!(binding["spec"]["paramRef"]["selector"], serde_json::json!({}));
     for policy in objects.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicy") {
         let name = policy["metadata"]["name"].as_str().unwrap();
-        let binding = find(&objects, "ValidatingAdmissionPolicyBinding", name)
+        let binding = find(objects, "ValidatingAdmissionPolicyBinding", name)
             .unwrap_or_else(|| panic!("policy {name} has no binding"));
         assert_eq!(binding["spec"]["policyName"], name);
         assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));

@@ -6,6 +6,8 @@
 //! probes carry no token). In the default mode (the binary's flag defaults) it serves plain
 //! HTTP on loopback.
 
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
 use std::sync::Arc;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;

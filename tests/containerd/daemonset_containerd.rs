@@ -730,18 +730,18 @@ async fn scrape_as_deploy_monitoring_says(admin: &kube::Client, port: u16) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use serde::Deserialize as _;
 
-    let post = PostParams::default();
+    let create = PostParams::default();
     let namespace: Namespace =
         serde_json::from_value(json!({"metadata": {"name": "monitoring"}})).unwrap();
-    let _exists = Api::<Namespace>::all(admin.clone()).create(&post, &namespace).await;
+    let _exists = Api::<Namespace>::all(admin.clone()).create(&create, &namespace).await;
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "monitoring");
     let mut tokens = Vec::new();
     for name in ["prometheus", "nobody"] {
         let account: ServiceAccount =
             serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        let _exists = accounts.create(&post, &account).await;
+        let _exists = accounts.create(&create, &account).await;
         let request: TokenRequest = serde_json::from_value(json!({"spec": {}})).unwrap();
-        let issued = accounts.create_token_request(name, &post, &request).await.unwrap();
+        let issued = accounts.create_token_request(name, &create, &request).await.unwrap();
         tokens.push(issued.status.unwrap().token.unwrap());
     }
     let text =
@@ -752,7 +752,7 @@ async fn scrape_as_deploy_monitoring_says(admin: &kube::Client, port: u16) {
         .find(|o| o["kind"] == "ClusterRole")
         .unwrap();
     let role: ClusterRole = serde_json::from_value(role).unwrap();
-    let _exists = Api::<ClusterRole>::all(admin.clone()).create(&post, &role).await;
+    let _exists = Api::<ClusterRole>::all(admin.clone()).create(&create, &role).await;
     let binding: ClusterRoleBinding = serde_json::from_value(json!({
         "metadata": {"name": "prometheus-netclaim-metrics"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -760,7 +760,7 @@ async fn scrape_as_deploy_monitoring_says(admin: &kube::Client, port: u16) {
         "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
     }))
     .unwrap();
-    let _exists = Api::<ClusterRoleBinding>::all(admin.clone()).create(&post, &binding).await;
+    let _exists = Api::<ClusterRoleBinding>::all(admin.clone()).create(&create, &binding).await;
     let (code, body) = kit::https::get(port, "/metrics", Some(&tokens[0])).await.unwrap();
     assert_eq!(code, 200, "a permitted scraper: {body}");
     assert!(body.contains("netclaim_devices_published"), "{body}");

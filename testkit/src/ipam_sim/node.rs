@@ -98,7 +98,14 @@ pub struct SimNode {
 
 impl std::fmt::Debug for SimNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimNode").field("name", &self.name).field("epoch", &self.epoch).finish()
+        // The service, store and tasks print nothing useful; a node is told apart by its name,
+        // its life and whether it is gone.
+        f.debug_struct("SimNode")
+            .field("name", &self.name)
+            .field("epoch", &self.epoch)
+            .field("deleted", &self.deleted)
+            .field("reconcile_pending", &self.reconcile_pending)
+            .finish_non_exhaustive()
     }
 }
 

@@ -2,6 +2,7 @@
 //! nothing behind, and the scale run.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,10 @@ const OTHER_NETWORK: &str = "othernet";
 const TRACE_TAIL: usize = 300;
 
 /// What one simulation run does.
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "each bool switches one independent kind of step on or off, set by name in a scenario"
+)]
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// The seed: every choice comes from it.
@@ -81,7 +86,7 @@ impl SimConfig {
             block_prefix: 28,
             static_range: "10.10.0.0/26".to_owned(),
             gateway: "10.10.0.1".to_owned(),
-            grace: Duration::from_secs(60),
+            grace: Duration::from_mins(1),
             verbose: std::env::var_os("IPAM_SIM_VERBOSE").is_some(),
         }
     }
@@ -191,7 +196,7 @@ impl Sim {
         }
     }
 
-    fn log(&mut self, line: String) {
+    fn log(&mut self, line: &str) {
         let line = format!("[{}] {line}", self.step);
         for byte in line.bytes() {
             self.report.trace_hash =
@@ -266,7 +271,7 @@ impl Sim {
             self.world.lock().violations.push(format!("{name}: {err}"));
         }
         self.nodes.insert(name.clone(), node);
-        self.log(format!("node {name} joins"));
+        self.log(&format!("node {name} joins"));
     }
 
     pub(super) fn shutdown(&mut self) {
@@ -297,7 +302,7 @@ impl Sim {
             .map(|n| n.name.clone())
             .collect();
         for name in off {
-            self.log(format!("{name}: power cut reached (disk operation failed), restarting"));
+            self.log(&format!("{name}: power cut reached (disk operation failed), restarting"));
             self.crash(&name, true);
         }
         for node in self.nodes.values_mut() {
@@ -337,11 +342,11 @@ impl Sim {
                         if c.want_prepared {
                             c.acked = Some(addresses.clone());
                         }
-                        self.log(format!("{node}: prepared {name} -> {addresses:?}"));
+                        self.log(&format!("{node}: prepared {name} -> {addresses:?}"));
                     }
                     Err(err) => {
                         self.report.refused += 1;
-                        self.log(format!("{node}: prepare {name} failed: {err}"));
+                        self.log(&format!("{node}: prepare {name} failed: {err}"));
                     }
                 }
             }
@@ -357,9 +362,9 @@ impl Sim {
                         self.report.unprepared += 1;
                         let c = self.claims.remove(&claim).expect("looked up above");
                         self.world.lock().claims.remove(&(c.namespace.clone(), c.name.clone()));
-                        self.log(format!("{node}: unprepared {name}; claim deleted"));
+                        self.log(&format!("{node}: unprepared {name}; claim deleted"));
                     }
-                    Err(err) => self.log(format!("{node}: unprepare {name} failed: {err}")),
+                    Err(err) => self.log(&format!("{node}: unprepare {name} failed: {err}")),
                 }
             }
             Done::Upkeep { node, epoch, reconciled } => {
@@ -372,7 +377,7 @@ impl Sim {
                 {
                     n.reconcile_pending = false;
                 }
-                self.log(format!("{node}: upkeep done (reconciled: {reconciled:?})"));
+                self.log(&format!("{node}: upkeep done (reconciled: {reconciled:?})"));
             }
         }
     }
@@ -389,7 +394,7 @@ impl Sim {
         for claim in self.claims.values_mut().filter(|c| c.node == name) {
             claim.in_flight = false;
         }
-        self.log(format!("{name}: {} and restart", if power { "power loss" } else { "kill -9" }));
+        self.log(&format!("{name}: {} and restart", if power { "power loss" } else { "kill -9" }));
     }
 
     fn live_nodes(&self) -> Vec<String> {
@@ -456,11 +461,11 @@ impl Sim {
             self.cfg.seed, self.step, self.cfg.seed
         );
         for line in broken {
-            out.push_str(&format!("  BROKEN: {line}\n"));
+            writeln!(out, "  BROKEN: {line}").expect("writing to a String cannot fail");
         }
         out.push_str("last steps:\n");
         for line in &self.trace {
-            out.push_str(&format!("  {line}\n"));
+            writeln!(out, "  {line}").expect("writing to a String cannot fail");
         }
         out
     }
@@ -470,13 +475,13 @@ impl Sim {
         let roll = self.rng.below(100);
         match roll {
             0..=49 if pending > 0 => self.release_one(),
-            0..=49 | 50..=61 => self.start_prepares(),
+            0..=61 => self.start_prepares(),
             62..=69 => self.start_unprepare(),
             70..=76 => self.new_claim(),
             77..=80 => self.start_upkeep(),
             81..=83 => {
                 let secs = 1 + self.rng.below(40) as u64;
-                self.log(format!("time passes: {secs} s"));
+                self.log(&format!("time passes: {secs} s"));
                 tokio::time::sleep(Duration::from_secs(secs)).await;
             }
             84..=87 => self.watch_sync(),
@@ -490,7 +495,7 @@ impl Sim {
                 if let Some(name) = self.pick(&self.live_nodes()) {
                     let after = 1 + self.rng.below(40) as u64;
                     self.nodes[&name].disk.cut_power_after(after);
-                    self.log(format!(
+                    self.log(&format!(
                         "{name}: power goes off at the {after}th disk operation from now"
                     ));
                 }
@@ -498,10 +503,8 @@ impl Sim {
             92..=93 if self.cfg.hostile => self.edit_network(),
             94..=96 => self.sweep(),
             97 if self.cfg.node_churn => self.delete_node(),
-            98 if self.cfg.node_churn => {
-                if self.live_nodes().len() < self.cfg.nodes + 2 {
-                    self.add_node();
-                }
+            98 if self.cfg.node_churn && self.live_nodes().len() < self.cfg.nodes + 2 => {
+                self.add_node();
             }
             99 if self.cfg.foreign_deletes => self.delete_someones_block(),
             _ => {}
@@ -527,7 +530,7 @@ impl Sim {
         };
         if let Some(applied) = applied_crash {
             if let Some((node, _, call)) = self.world.drop_call(&id, applied) {
-                self.log(format!("{node}: {} -> {what}", call.describe()));
+                self.log(&format!("{node}: {} -> {what}", call.describe()));
                 self.crash(&node, false);
             }
             return;
@@ -545,7 +548,7 @@ impl Sim {
                 }
                 _ => String::new(),
             };
-            self.log(format!("{node}: {} -> {what}{extra}", call.describe()));
+            self.log(&format!("{node}: {} -> {what}{extra}", call.describe()));
         }
     }
 
@@ -592,12 +595,12 @@ impl Sim {
             // got its addresses is what counts (a gateway added later over a running pod's
             // address is a conflict for the controller to report, not a new lease).
             if c.acked.is_none() {
-                c.forbidden = forbidden.clone();
+                c.forbidden.clone_from(&forbidden);
             }
             refs.push((*id, Self::claim_ref(c)));
         }
         let names: Vec<String> = refs.iter().map(|(_, r)| r.name.clone()).collect();
-        self.log(format!("{node}: kubelet prepares {names:?}"));
+        self.log(&format!("{node}: kubelet prepares {names:?}"));
         let n = &self.nodes[&node];
         let Some(service) = n.service.clone() else { return };
         let (epoch, tx, name) = (n.epoch, self.tx.clone(), node.clone());
@@ -637,7 +640,7 @@ impl Sim {
         c.want_prepared = false;
         c.in_flight = true;
         let (claim, node) = (Self::claim_ref(c), c.node.clone());
-        self.log(format!("{node}: kubelet unprepares {}", claim.name));
+        self.log(&format!("{node}: kubelet unprepares {}", claim.name));
         let n = &self.nodes[&node];
         let Some(service) = n.service.clone() else { return };
         let (epoch, tx, name) = (n.epoch, self.tx.clone(), node.clone());
@@ -661,7 +664,7 @@ impl Sim {
         let own = match roll {
             0..=69 => json!({}),
             70..=79 => {
-                let offset = 2 + self.rng.below(6) as u32;
+                let offset = 2 + u32::try_from(self.rng.below(6)).expect("below 6 fits in a u32");
                 let ip = std::net::Ipv4Addr::from(u32::from(first_v4(statics)) + offset);
                 json!({"ipam": {"addresses": [format!("{ip}/{}", subnet.prefix())]}})
             }
@@ -692,7 +695,7 @@ impl Sim {
         let uid = format!("uid-{name}");
         let object = claim_object(&namespace, &name, &uid, &node, &own);
         self.world.lock().claims.insert((namespace.clone(), name.clone()), object);
-        self.log(format!("{node}: new claim {namespace}/{name} {own}"));
+        self.log(&format!("{node}: new claim {namespace}/{name} {own}"));
         self.claims.insert(
             id,
             SimClaim {
@@ -724,7 +727,7 @@ impl Sim {
         let (epoch, tx, name, reconcile) =
             (n.epoch, self.tx.clone(), node.to_owned(), n.reconcile_pending);
         self.upkeep_running.insert(node.to_owned());
-        self.log(format!(
+        self.log(&format!(
             "{node}: block upkeep ({})",
             if reconcile { "reconcile" } else { "release" }
         ));
@@ -744,7 +747,7 @@ impl Sim {
         let Some(node) = self.pick(&self.live_nodes()) else { return };
         let networks = self.world.lock().networks.clone();
         self.nodes[&node].view.sync(&networks);
-        self.log(format!("{node}: the PodNetwork watch catches up"));
+        self.log(&format!("{node}: the PodNetwork watch catches up"));
     }
 
     /// An edit that bypasses the CRD's rules (an old API server, `kubectl replace`).
@@ -770,7 +773,8 @@ impl Sim {
                 format!("gateway {ip} added")
             }
             1 => {
-                let block = self.rng.below(blocks_in_subnet as usize) as u32;
+                let block = u32::try_from(self.rng.below(blocks_in_subnet as usize))
+                    .expect("below a u32 count fits in a u32");
                 let size = 1u32 << (32 - u32::from(self.cfg.block_prefix));
                 let start = std::net::Ipv4Addr::from(u32::from(first_v4(subnet)) + block * size);
                 let cidr = format!("{start}/{}", self.cfg.block_prefix);
@@ -791,7 +795,7 @@ impl Sim {
         network.metadata.generation = Some(network.metadata.generation.unwrap_or(1) + 1);
         network.metadata.resource_version = Some(rv);
         drop(world);
-        self.log(format!("hostile PodNetwork edit: {what}"));
+        self.log(&format!("hostile PodNetwork edit: {what}"));
     }
 
     /// The controller's IPBlock sweep (`controller::gc::Collector`): blocks of deleted nodes
@@ -841,9 +845,9 @@ impl Sim {
             }
         }
         drop(world);
-        self.log("controller sweep".to_owned());
+        self.log("controller sweep");
         for line in lines {
-            self.log(line);
+            self.log(&line);
         }
     }
 
@@ -873,7 +877,7 @@ impl Sim {
             }
         }
         drop(world);
-        self.log(format!("node {name} deleted with its claims"));
+        self.log(&format!("node {name} deleted with its claims"));
     }
 
     /// Someone (an administrator, another node's identity) deletes a live node's block.
@@ -890,7 +894,7 @@ impl Sim {
         let Some(name) = self.pick(&names) else { return };
         self.world.lock().blocks.remove(&name);
         self.hostile_deleted.insert(name.clone());
-        self.log(format!("someone deletes IPBlock {name}"));
+        self.log(&format!("someone deletes IPBlock {name}"));
     }
 
     /// Every claim goes, time passes beyond the grace and the quarantine, the upkeep and the
@@ -900,12 +904,12 @@ impl Sim {
         for node in self.nodes.values() {
             node.disk.cancel_power_cut();
         }
-        self.log("teardown: every claim goes".to_owned());
+        self.log("teardown: every claim goes");
         for claim in self.claims.values_mut() {
             claim.want_prepared = false;
         }
         let mut rounds = 0;
-        while !self.claims.is_empty() || self.world.lock().pending.len() > 0 {
+        while !self.claims.is_empty() || !self.world.lock().pending.is_empty() {
             rounds += 1;
             self.step += 1;
             if rounds > 20_000 {
@@ -1040,46 +1044,10 @@ pub fn run_scale(
         .build()
         .map_err(|e| format!("building the runtime: {e}"))?;
     runtime.block_on(async {
-        let mut cfg = SimConfig::small(seed);
-        cfg.nodes = nodes;
-        cfg.subnet = subnet.to_owned();
-        cfg.block_prefix = block_prefix;
-        let first = first_v4(subnet.parse().map_err(|e| format!("{subnet}: {e}"))?);
-        cfg.static_range = format!("{first}/{block_prefix}");
-        cfg.gateway = std::net::Ipv4Addr::from(u32::from(first) + 1).to_string();
-        cfg.grace = Duration::from_secs(600);
-        cfg.max_claims = usize::MAX;
-        cfg.faults = false;
-        cfg.crashes = false;
-        cfg.hostile = false;
-        cfg.verbose = false;
-        let mut sim = Sim::new(cfg);
+        let mut sim = Sim::new(scale_config(seed, nodes, subnet, block_prefix)?);
         sim.setup();
         sim.calm = true;
-        for node in sim.live_nodes() {
-            sim.spawn_upkeep(&node);
-            for _ in 0..per_node {
-                let id = sim.next_claim;
-                sim.next_claim += 1;
-                let name = format!("c{id}");
-                let uid = format!("uid-{name}");
-                let object = claim_object("default", &name, &uid, &node, &json!({}));
-                sim.world.lock().claims.insert(("default".to_owned(), name.clone()), object);
-                sim.claims.insert(
-                    id,
-                    SimClaim {
-                        namespace: "default".to_owned(),
-                        name,
-                        uid,
-                        node: node.clone(),
-                        want_prepared: true,
-                        acked: None,
-                        in_flight: false,
-                        forbidden: BTreeSet::new(),
-                    },
-                );
-            }
-        }
+        sim.add_scale_claims(per_node);
         let total = sim.claims.len();
         let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (id, claim) in &sim.claims {
@@ -1140,7 +1108,60 @@ pub fn run_scale(
     })
 }
 
+/// The scale run's cluster: `nodes` nodes on one network `subnet` cut into `/block_prefix`
+/// blocks, its first block static, no faults, crashes or hostile tenants.
+fn scale_config(
+    seed: u64,
+    nodes: usize,
+    subnet: &str,
+    block_prefix: u8,
+) -> Result<SimConfig, String> {
+    let mut cfg = SimConfig::small(seed);
+    cfg.nodes = nodes;
+    subnet.clone_into(&mut cfg.subnet);
+    cfg.block_prefix = block_prefix;
+    let first = first_v4(subnet.parse().map_err(|e| format!("{subnet}: {e}"))?);
+    cfg.static_range = format!("{first}/{block_prefix}");
+    cfg.gateway = std::net::Ipv4Addr::from(u32::from(first) + 1).to_string();
+    cfg.grace = Duration::from_mins(10);
+    cfg.max_claims = usize::MAX;
+    cfg.faults = false;
+    cfg.crashes = false;
+    cfg.hostile = false;
+    cfg.verbose = false;
+    Ok(cfg)
+}
+
 impl Sim {
+    /// The scale run's claims: `per_node` dynamic claims on every live node, each node's block
+    /// upkeep running.
+    fn add_scale_claims(&mut self, per_node: usize) {
+        for node in self.live_nodes() {
+            self.spawn_upkeep(&node);
+            for _ in 0..per_node {
+                let id = self.next_claim;
+                self.next_claim += 1;
+                let name = format!("c{id}");
+                let uid = format!("uid-{name}");
+                let object = claim_object("default", &name, &uid, &node, &json!({}));
+                self.world.lock().claims.insert(("default".to_owned(), name.clone()), object);
+                self.claims.insert(
+                    id,
+                    SimClaim {
+                        namespace: "default".to_owned(),
+                        name,
+                        uid,
+                        node: node.clone(),
+                        want_prepared: true,
+                        acked: None,
+                        in_flight: false,
+                        forbidden: BTreeSet::new(),
+                    },
+                );
+            }
+        }
+    }
+
     /// One prepare call of one claim (the scale run).
     fn prepare_one(&mut self, node: &str, id: usize) {
         let Some(c) = self.claims.get_mut(&id) else { return };
