@@ -10,7 +10,10 @@
 //! race the network's blocks are listed once and every taken one skipped. The created block is
 //! owned in memory at once and recorded in the store with the first commit that uses it; a
 //! crash before that leaves a block in the API with this node's name, adopted at the next
-//! start from the list of this node's blocks. Decision 0014 has every crash case.
+//! start from the list of this node's blocks. Decision 0014 has every crash case. A create that
+//! fails without proving nothing was created (a timeout, a 5xx) leaves its name uncertain
+//! until the next upkeep pass or block claim lists the network: adopted if it is this node's
+//! block, forgotten if absent.
 //!
 //! Decision 0017 (trust): the node acts only on blocks of networks whose `provider` is its
 //! driver ([`Provenance`]); the IPBlocks are the truth, so a block or reservation is created
@@ -23,6 +26,7 @@
 mod claim;
 mod reconcile;
 mod statics;
+mod uncertain;
 mod upkeep;
 mod watch;
 
@@ -186,6 +190,8 @@ pub(super) struct Supervision {
     patience: Duration,
     /// The watch of this node's blocks has listed them at least once.
     watch_synced: AtomicBool,
+    /// Block creates whose answer was lost, until a list settles them.
+    uncertain: uncertain::UncertainCreates,
 }
 
 impl Default for Supervision {
@@ -197,6 +203,7 @@ impl Default for Supervision {
             seen: std::sync::Mutex::new(HashMap::new()),
             patience: FIRST_RECONCILE_PATIENCE,
             watch_synced: AtomicBool::new(false),
+            uncertain: uncertain::UncertainCreates::default(),
         }
     }
 }

@@ -86,10 +86,9 @@ fn a_seed_replays_exactly() {
 /// Finding of seed 325 (sim-findings F1): a block create that took effect on the server but
 /// whose answer was lost (a timeout) leaves an IPBlock of the node in the API that the node
 /// never learns of, after its start-up reconcile: it is never released while the daemon
-/// runs (leaked until a restart or a create colliding with the same name). Ignored until the
-/// node adopts it (a read after a failed create, or its watch of its own blocks).
+/// runs (leaked until a restart or a create colliding with the same name). The node now keeps
+/// the name as uncertain and settles it by a list at the next upkeep pass (or block claim).
 #[test]
-#[ignore = "F1 in decision 0017: fails until a block created by a create whose answer was lost is adopted"]
 fn seed_325_a_create_whose_answer_was_lost_leaks_no_block() {
     if let Err(failure) = run(&SimConfig::small(325)) {
         panic!("{failure}");

@@ -42,7 +42,14 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         let node = &self.identity.node;
         let api_error =
             |source| ClaimError::BlockApi { pod_network: plan.pod_network.clone(), source };
+        // Taken before the list: a create failing after the list started is not settled by it.
+        let pending = self.supervision.uncertain.of_network(&plan.pod_network);
         let listed = ports.blocks.list_network(&plan.pod_network).await.map_err(api_error)?;
+        if self.settle_with(ports, pending, &listed).await > 0
+            && lock(&self.state).ipam.has_room(plan, ipv4, claim_uid)
+        {
+            return Ok(());
+        }
         let mut taken = TakenRanges::default();
         {
             let state = lock(&self.state);
@@ -82,7 +89,22 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 node_name: node.clone(),
                 claim: None,
             });
-            match ports.blocks.create(object).await.map_err(api_error)? {
+            let name = object
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_else(|| ip_block_name(&plan.pod_network, &cidr.to_string()));
+            let answer = match ports.blocks.create(object).await {
+                Ok(answer) => answer,
+                Err(err) => {
+                    // The port does not say whether the server acted (a timeout or a 5xx
+                    // after the write; a 4xx refusal, which proves it did not, costs one
+                    // list): the name stays uncertain until a list settles it.
+                    self.supervision.uncertain.remember(&name, &plan.pod_network, cidr);
+                    return Err(api_error(err));
+                }
+            };
+            match answer {
                 Created::Created(block) => {
                     self.take_block(&block, cidr, None);
                     tracing::info!(pod_network = %plan.pod_network, block = %cidr, "claimed an IPBlock");

@@ -84,11 +84,14 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// One pass of block upkeep: deletes in the API the blocks of this driver's networks
     /// empty past the grace (at once for a network being deleted), the reservations of claims
     /// no longer prepared and the releases journaled before (a failed delete, a crash),
-    /// forgets them durably, claims lost blocks again, and prunes release records past their
+    /// forgets them durably, settles block creates whose answer was lost, claims lost blocks again, and prunes release records past their
     /// quarantine.
     pub async fn release_idle_blocks(&self) -> BlockUpkeep {
         let mut upkeep = BlockUpkeep::default();
         let Some(ports) = self.ports() else { return upkeep };
+        // Creates whose answer was lost: adopted here (empty, released after the grace like
+        // any block) or forgotten, so none leaks while the daemon runs.
+        self.settle_uncertain_creates(ports).await;
         let networks: BTreeSet<String> =
             lock(&self.state).ipam.blocks().map(|s| s.block.pod_network.clone()).collect();
         let owners = self.provenances(ports, networks).await;

@@ -30,6 +30,8 @@ pub(super) struct FakeBlocks {
     pub(super) failing_deletes: AtomicBool,
     /// Deletes delete, but the answer is lost (a timeout after the server acted).
     pub(super) lost_delete_answers: AtomicBool,
+    /// Creates create, but the answer is lost (a timeout or a 503 after the server acted).
+    pub(super) lost_create_answers: AtomicBool,
 }
 
 fn api_failure(op: &'static str) -> BlockApiError {
@@ -89,6 +91,9 @@ impl IpBlockApi for FakeBlocks {
             Some(existing) => Created::Exists(existing),
             None => Created::Created(self.insert(block)),
         };
+        if self.lost_create_answers.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(api_failure("create")) });
+        }
         Box::pin(async move { Ok(answer) })
     }
 
@@ -1028,4 +1033,35 @@ async fn a_lost_block_of_an_older_name_is_claimed_again_under_the_derived_name()
         crate::claims::networks::BlockReconcile::default()
     );
     leases_in_owned_blocks(&node).unwrap();
+}
+
+/// F1 of the IPAM simulation (seed 325): a block create that took effect in the API but
+/// whose answer was lost left a block with this node's name that the node did not know,
+/// until a restart. The next upkeep pass (after one whose list failed) adopts it as an empty
+/// block, and the idle release deletes it after the grace.
+#[tokio::test]
+async fn a_block_whose_create_answer_was_lost_is_adopted_by_the_next_upkeep_and_released() {
+    let world = World::new();
+    let node = world.node("node-a");
+    world.blocks.lost_create_answers.store(true, Ordering::SeqCst);
+    world.prepare(&node, "node-a", "a", json!({})).await.unwrap_err();
+    world.blocks.lost_create_answers.store(false, Ordering::SeqCst);
+    let created: Vec<String> =
+        world.blocks.all().iter().filter_map(|b| b.metadata.name.clone()).collect();
+    assert_eq!(created.len(), 1, "the create took effect: {created:?}");
+    assert!(node.service.owned_blocks().is_empty(), "the node does not know it yet");
+    // A pass whose list fails keeps the name uncertain.
+    world.blocks.failing_lists.store(true, Ordering::SeqCst);
+    node.service.release_idle_blocks().await;
+    world.blocks.failing_lists.store(false, Ordering::SeqCst);
+    assert!(node.service.owned_blocks().is_empty());
+    let upkeep = node.service.release_idle_blocks().await;
+    assert!(upkeep.released.is_empty(), "adopted empty, inside the grace: {upkeep:?}");
+    let owned: Vec<String> = node.service.owned_blocks().into_iter().map(|b| b.name).collect();
+    assert_eq!(owned, created, "adopted by the upkeep");
+    world.clock.advance(Duration::from_mins(11));
+    let upkeep = node.service.release_idle_blocks().await;
+    assert_eq!(upkeep.released, created, "released after the grace");
+    assert!(world.blocks.all().is_empty(), "no block left in the API");
+    assert!(node.service.owned_blocks().is_empty());
 }
