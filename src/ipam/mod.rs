@@ -40,10 +40,10 @@ mod tests;
 pub use allocator::Ipam;
 pub use clock::{ManualClock, SystemClock};
 pub use error::IpamError;
-pub use occupancy::TakenRanges;
 use lease::QUARANTINE_MS;
 pub use lease::{
     BlockRelease, BlockState, IpamCommit, Lease, LeaseOwner, OwnedBlock, QUARANTINE,
     ReleasedAddress,
 };
+pub use occupancy::TakenRanges;
 pub use ports::{Clock, LeaseStore};

@@ -1,7 +1,7 @@
 //! Kubernetes API adapter: client construction, ResourceSlices, ResourceClaims, Events, our custom kinds.
 
-pub mod claim_status;
 pub mod access_review;
+pub mod claim_status;
 pub mod claims;
 pub mod controller_cluster;
 pub mod events;
