@@ -16,7 +16,7 @@
 //! block, forgotten if absent.
 //!
 //! Decision 0017 (trust): the node acts only on blocks of networks whose `provider` is its
-//! driver ([`Provenance`]); the IPBlocks are the truth, so a block or reservation is created
+//! driver (`Provenance`); the IPBlocks are the truth, so a block or reservation is created
 //! only where the network's list has no live object overlapping it by CIDR (whatever its
 //! name); a release is journaled before its delete; blocks loaded from the store serve only
 //! after the first reconcile confirmed them (a prepare waits for it); a watch of this node's

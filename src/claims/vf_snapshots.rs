@@ -130,7 +130,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     }
 
     /// At start, before kubelet is served. First the VF records of a release before state
-    /// format 3 get their PCI address ([`Self::migrate_vf_records`]). Then every VF with a
+    /// format 3 get their PCI address (`migrate_vf_records`). Then every VF with a
     /// snapshot and no prepared claim was changed by a prepare that was killed before its
     /// claim was recorded: each is set back to its snapshot through the VF port (found by
     /// PCI address) and the snapshot removed; kubelet's repeated prepare then starts from the

@@ -1,6 +1,6 @@
 //! The controller's port: the cluster objects its IPBlock sweep reads and the writes it makes
 //! ([`ClusterApi`]). The production adapter is `k8s::controller_cluster::KubeCluster`; a
-//! simulation implements it in memory and drives [`super::sweep::sweep`] step by step.
+//! simulation implements it in memory and drives [`super::sweep::Sweeper::sweep`] step by step.
 
 use std::collections::BTreeSet;
 

@@ -49,7 +49,7 @@ pub struct SweepOutcome {
 pub struct SweepTrigger(Arc<Notify>);
 
 impl SweepTrigger {
-    /// A sweep runs within [`TRIGGER_COALESCE`] of this (one for any number of calls).
+    /// A sweep runs within `TRIGGER_COALESCE` of this (one for any number of calls).
     pub fn trigger(&self) {
         self.0.notify_one();
     }

@@ -4,7 +4,7 @@
 //! a gate; a seeded driver picks one step at a time (release a call with an outcome, start a
 //! prepare or unprepare, crash a node at an API call or a disk operation, edit the network,
 //! sweep as the controller, delete a node, let time pass) and checks the invariants after
-//! each ([`checks`]).
+//! each (`checks`).
 //!
 //! Replay: everything runs on one current-thread runtime with paused time; the driver waits
 //! for quiescence by sleeping on that clock, which tokio advances only when no task is
