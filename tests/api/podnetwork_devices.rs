@@ -17,6 +17,7 @@ use k8s_openapi::api::resource::v1::{Device as ApiDevice, ResourceClaim, Resourc
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube_inmemory::apiserver::{ApiServer, ServerOptions, start};
+use netclaim::claims::networks::NetworkPorts;
 use netclaim::claims::{ClaimService, DeviceSource, ServiceIdentity};
 use netclaim::inventory::device_lookup::DiscoveredDevices;
 use netclaim::inventory::networks::NetworkInputs;
@@ -27,6 +28,7 @@ use netclaim::inventory::publish::{
 use netclaim::inventory::slices::PoolIdentity;
 use netclaim::inventory::{Selection, SharingMode};
 use netclaim::k8s::claims::KubeClaims;
+use netclaim::k8s::ip_blocks::{KubeIpBlocks, WatchedPodNetworks};
 use netclaim::k8s::resource_slices::KubeSlices;
 use netclaim::metrics::{Health, Metrics};
 use netclaim::model::ClaimRef;
@@ -247,8 +249,10 @@ async fn allocated_claim(client: &kube::Client, name: &str, device: &str, share:
     }))
     .unwrap();
     let created = claims.create(&PostParams::default(), &claim).await.unwrap();
+    // The config the network's DeviceClass carries (`controller::device_class`): a network's
+    // device serves only claims naming that network (decision 0017).
     let config = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig",
-                        "mode": "macvlan"});
+                        "podNetwork": "medianet"});
     let status = json!({"status": {
         "allocation": {"devices": {
             "results": [{"request": "net", "driver": DRIVER, "pool": NODE, "device": device,
@@ -310,7 +314,15 @@ async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
         node_side.lookup.clone(),
         Arc::new(Store::open(state.path()).unwrap()),
     )
-    .unwrap();
+    .unwrap()
+    .with_pod_networks(NetworkPorts {
+        networks: Arc::new(WatchedPodNetworks::new(
+            netclaim::k8s::pod_networks::spawn_watch(client.clone(), node_side.watches.clone()),
+            PATIENCE,
+        )),
+        blocks: Arc::new(KubeIpBlocks::new(client.clone())),
+        release_grace: Duration::ZERO,
+    });
     let early = allocated_claim(&client, "early", "medianet-eth1", "share-1").await;
     let late = allocated_claim(&client, "late", "medianet-eth1", "share-2").await;
     let answer = service.prepare_claim(&early).await.unwrap();
@@ -381,6 +393,13 @@ async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
     assert!(
         named(&devices, "medianet-eth1").is_some() && named(&devices, "copycat-eth1").is_none()
     );
+    // The Warning goes out from the publisher's round that left copycat-eth1 out, which may
+    // finish after the slice it wrote is visible: wait for it, then count.
+    let started = Instant::now();
+    while node_side.warnings.0.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < PATIENCE, "no PodNetworkConflict warning");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let warnings = node_side.warnings.0.lock().unwrap().clone();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(warnings[0].0, "PodNetworkConflict");
