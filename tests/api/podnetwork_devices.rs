@@ -286,6 +286,30 @@ async fn cluster() -> (ApiServer, kube::Client) {
     (server, client)
 }
 
+/// The node's claim service on `state` with the network ports, reading devices through the
+/// node side's lookup.
+fn claim_service(
+    client: &kube::Client,
+    node_side: &NodeSide,
+    state: &std::path::Path,
+) -> ClaimService<KubeClaims, DiscoveredDevices<FixedInterfaces>, Arc<Store>> {
+    ClaimService::load(
+        ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
+        KubeClaims::new(client.clone()),
+        node_side.lookup.clone(),
+        Arc::new(Store::open(state).unwrap()),
+    )
+    .unwrap()
+    .with_pod_networks(NetworkPorts {
+        networks: Arc::new(WatchedPodNetworks::new(
+            netclaim::k8s::pod_networks::spawn_watch(client.clone(), node_side.watches.clone()),
+            PATIENCE,
+        )),
+        blocks: Arc::new(KubeIpBlocks::new(client.clone())),
+        release_grace: Duration::ZERO,
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
     let (server, client) = cluster().await;
@@ -308,21 +332,7 @@ async fn a_podnetwork_device_follows_its_network_and_its_claims_outlive_it() {
     // Claims on the device: one prepared now, one allocated now and prepared after the
     // network is disabled (kubelet may be slower than the administrator).
     let state = tempfile::tempdir().unwrap();
-    let service = ClaimService::load(
-        ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
-        KubeClaims::new(client.clone()),
-        node_side.lookup.clone(),
-        Arc::new(Store::open(state.path()).unwrap()),
-    )
-    .unwrap()
-    .with_pod_networks(NetworkPorts {
-        networks: Arc::new(WatchedPodNetworks::new(
-            netclaim::k8s::pod_networks::spawn_watch(client.clone(), node_side.watches.clone()),
-            PATIENCE,
-        )),
-        blocks: Arc::new(KubeIpBlocks::new(client.clone())),
-        release_grace: Duration::ZERO,
-    });
+    let service = claim_service(&client, &node_side, state.path());
     let early = allocated_claim(&client, "early", "medianet-eth1", "share-1").await;
     let late = allocated_claim(&client, "late", "medianet-eth1", "share-2").await;
     let answer = service.prepare_claim(&early).await.unwrap();
