@@ -168,7 +168,7 @@ fn write_json(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), Inve
 
 fn write_yaml(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
     for slice in slices {
-        let text = serde_yaml::to_string(slice).map_err(|err| InventoryCommandError::Encode {
+        let text = yaml_serde::to_string(slice).map_err(|err| InventoryCommandError::Encode {
             format: "yaml",
             message: err.to_string(),
         })?;

@@ -30,7 +30,7 @@ pub enum CrdError {
         file: &'static str,
         /// The decoder's error.
         #[source]
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     /// The API server refused a definition or could not be reached.
     #[error("applying CustomResourceDefinition {name} (deploy/crds/{file}): {source}")]
@@ -63,7 +63,7 @@ pub enum CrdError {
 pub fn definitions() -> Result<Vec<(&'static str, CustomResourceDefinition)>, CrdError> {
     CRDS.iter()
         .map(|(file, text)| {
-            serde_yaml::from_str(text)
+            yaml_serde::from_str(text)
                 .map(|crd| (*file, crd))
                 .map_err(|source| CrdError::Parse { file, source })
         })
@@ -127,7 +127,7 @@ mod tests {
             .map(|e| e.unwrap().path())
             .filter(|p| {
                 let text = std::fs::read_to_string(p).unwrap_or_default();
-                serde_yaml::from_str::<serde_yaml::Value>(&text)
+                yaml_serde::from_str::<yaml_serde::Value>(&text)
                     .is_ok_and(|v| v["kind"] == "CustomResourceDefinition")
             })
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())

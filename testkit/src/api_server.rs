@@ -26,7 +26,7 @@ pub async fn install_crds(client: &kube::Client) {
     for file in ["podnetworks.yaml", "ipblocks.yaml"] {
         let path = super::repo().join("deploy/crds").join(file);
         let crd: CustomResourceDefinition =
-            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            yaml_serde::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         match crds.create(&PostParams::default(), &crd).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 || status.is_already_exists() => {}

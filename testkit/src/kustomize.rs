@@ -32,7 +32,7 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
+    yaml_serde::Deserializer::from_str(&text)
         .map(|document| Value::deserialize(document).unwrap())
         .filter(|v| !v.is_null())
         .collect()

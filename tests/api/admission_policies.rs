@@ -60,8 +60,8 @@ fn compile(expression: &str) -> Program {
         .unwrap_or_else(|e| panic!("CEL expression does not compile: {expression}\n{e}"))
 }
 
-fn text(value: &serde_yaml::Value, key: &str) -> Option<String> {
-    value.get(key).and_then(serde_yaml::Value::as_str).map(str::to_owned)
+fn text(value: &yaml_serde::Value, key: &str) -> Option<String> {
+    value.get(key).and_then(yaml_serde::Value::as_str).map(str::to_owned)
 }
 
 /// The policy named `name` from deploy/base/admission-*.yaml (or an overlay's).
@@ -77,8 +77,8 @@ fn policy(name: &str) -> Policy {
             continue;
         }
         let source = std::fs::read_to_string(&path).unwrap();
-        for document in serde_yaml::Deserializer::from_str(&source) {
-            let doc = serde_yaml::Value::deserialize(document).unwrap();
+        for document in yaml_serde::Deserializer::from_str(&source) {
+            let doc = yaml_serde::Value::deserialize(document).unwrap();
             if text(&doc, "kind").as_deref() != Some("ValidatingAdmissionPolicy")
                 || text(&doc["metadata"], "name").as_deref() != Some(name)
             {

@@ -35,7 +35,7 @@ fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
 fn metrics_reader() -> ClusterRole {
     let path = kit::repo().join("deploy/monitoring/metrics-reader-rbac.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
+    yaml_serde::Deserializer::from_str(&text)
         .map(|document| serde_json::Value::deserialize(document).unwrap())
         .find(|o| o["kind"] == "ClusterRole")
         .map(object)

@@ -102,7 +102,7 @@ fn shipped_generic_selectors() -> Vec<(String, kube_inmemory::allocator::selecto
         // The class is the first document of each file.
         let first = text.split("\n---").next().unwrap();
         let class: k8s_openapi::api::resource::v1::DeviceClass =
-            serde_yaml::from_str(first).unwrap();
+            yaml_serde::from_str(first).unwrap();
         for selector in class.spec.unwrap().selectors.unwrap() {
             let expression = selector.cel.unwrap().expression;
             let compiled = kube_inmemory::allocator::selector::Selector::compile(&expression)
@@ -178,7 +178,7 @@ async fn the_namespace_cache_follows_labels_and_fails_closed() {
     assert_eq!(labels.get("team").map(String::as_str), Some("media"), "{labels:?}");
     // As a real API server does, every namespace carries its name as a label, which the
     // example network's namespaceSelector relies on.
-    let example: netclaim::model::pod_network::PodNetwork = serde_yaml::from_str(
+    let example: netclaim::model::pod_network::PodNetwork = yaml_serde::from_str(
         &std::fs::read_to_string(crate::kit::repo().join("deploy/examples/podnetwork.yaml"))
             .unwrap(),
     )

@@ -747,7 +747,7 @@ async fn scrape_as_deploy_monitoring_says(admin: &kube::Client, port: u16) {
     let text =
         std::fs::read_to_string(kit::repo().join("deploy/monitoring/metrics-reader-rbac.yaml"))
             .unwrap();
-    let role = serde_yaml::Deserializer::from_str(&text)
+    let role = yaml_serde::Deserializer::from_str(&text)
         .map(|document| Value::deserialize(document).unwrap())
         .find(|o| o["kind"] == "ClusterRole")
         .unwrap();

@@ -194,7 +194,7 @@ fn slot_mode_and_environment_variables() {
     let slices: Vec<Value> = text
         .split("---\n")
         .filter(|doc| !doc.trim().is_empty())
-        .map(|doc| serde_yaml::from_str(doc).expect("each document is YAML"))
+        .map(|doc| yaml_serde::from_str(doc).expect("each document is YAML"))
         .collect();
     assert_eq!(slices.len(), 1);
     assert_eq!(slices[0]["spec"]["pool"]["name"], "env-node");

@@ -50,7 +50,7 @@ mod tests {
         let path = dir.path().join("kubeconfig");
         write(&path, "http://127.0.0.1:1234", Some("s3cr3t")).unwrap();
         let v: serde_json::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            yaml_serde::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["clusters"][0]["cluster"]["server"], "http://127.0.0.1:1234");
         assert_eq!(v["current-context"], "netclaim-dev");
         assert_eq!(v["users"][0]["user"]["token"], "s3cr3t");

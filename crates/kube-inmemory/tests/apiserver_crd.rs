@@ -137,7 +137,7 @@ spec:
 "#;
 
 fn crd(yaml: &str) -> CustomResourceDefinition {
-    serde_yaml::from_str(yaml).unwrap()
+    yaml_serde::from_str(yaml).unwrap()
 }
 
 fn widgets(client: &kube::Client) -> Api<DynamicObject> {

@@ -721,7 +721,7 @@ fn print(report: &DemoReport, output: DemoOutput, progress: &Progress) {
                 );
             }
             if let Some(status) = &report.claim_status {
-                let yaml = serde_yaml::to_string(status).unwrap_or_default();
+                let yaml = yaml_serde::to_string(status).unwrap_or_default();
                 let _ = writeln!(out, "\nstatus.devices of one claim:\n{yaml}");
             }
             let _ = out.flush();

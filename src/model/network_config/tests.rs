@@ -897,7 +897,7 @@ mod decoder_props {
 
         #[test]
         fn arbitrary_yaml_text_never_panics(text in "[ -~\n]{0,400}") {
-            if let Ok(parameters) = serde_yaml::from_str::<Value>(&text) {
+            if let Ok(parameters) = yaml_serde::from_str::<Value>(&text) {
                 exercise(&parameters)?;
             }
         }

@@ -176,7 +176,7 @@ fn parse_body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
         return Err(ApiError::unsupported_media_type(ct));
     }
     if ct.contains("yaml") {
-        serde_yaml::from_slice(req.body)
+        yaml_serde::from_slice(req.body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
         serde_json::from_slice(req.body)
@@ -475,7 +475,7 @@ fn server_side_apply_patch(
             &[super::error::FieldError::required("fieldManager", "is required for apply patch")],
         )
     })?;
-    let mut config: Value = serde_yaml::from_slice(req.body)
+    let mut config: Value = yaml_serde::from_slice(req.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
     objects::check_type_meta(r, &mut config)?;
     for (field, what) in [("apiVersion", "apiVersion"), ("kind", "kind")] {

@@ -179,7 +179,7 @@ fn statics_are_refused_on_gateways_reserved_addresses_and_outside_static_ranges(
     }
     // The example network of deploy/examples: its gateway is refused as a static.
     let example: PodNetwork =
-        serde_yaml::from_str(include_str!("../../../../deploy/examples/podnetwork.yaml")).unwrap();
+        yaml_serde::from_str(include_str!("../../../../deploy/examples/podnetwork.yaml")).unwrap();
     let err = resolve(&example, json!({"ipam": {"addresses": ["10.10.0.1/16"]}})).unwrap_err();
     assert!(err.starts_with("ipam.addresses[0]:") && err.contains("gateway"), "{err}");
     let ranges = &example.spec.ipam.as_ref().unwrap().static_ranges;
