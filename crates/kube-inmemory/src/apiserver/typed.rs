@@ -6,6 +6,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event as EventsEvent;
@@ -68,6 +71,12 @@ fn typed_form(resource: &ResourceInfo, v: &Value) -> Option<Result<Value, String
         ("resource.k8s.io", "DeviceClass") => roundtrip::<DeviceClass>(v),
         ("resource.k8s.io", "ResourceClaim") => roundtrip::<ResourceClaim>(v),
         ("resource.k8s.io", "ResourceClaimTemplate") => roundtrip::<ResourceClaimTemplate>(v),
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => {
+            roundtrip::<ValidatingAdmissionPolicy>(v)
+        }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => {
+            roundtrip::<ValidatingAdmissionPolicyBinding>(v)
+        }
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             roundtrip::<CustomResourceDefinition>(v)
         }
