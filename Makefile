@@ -5,7 +5,12 @@ CARGO ?= cargo
 
 # First command of the README: install what the demo needs (base tools, ping), build, run
 # `netclaim dev --demo` (15 pods with a macvlan each on a veth it creates; cleans up after).
+# The first release build is long (~14 min on 2 cores, issue 32), so that is said before it
+# starts; cargo's own "Compiling …" lines (and its bar on a terminal) show it moving.
 demo:
+	@echo "make demo: installs base tools and ping, then builds netclaim (release) and runs"
+	@echo "  'netclaim dev --demo'. The first build takes ~14 min on 2 cores (cargo shows its"
+	@echo "  progress below); once built, seconds."
 	bash scripts/setup/00-base.sh
 	bash scripts/setup/20-podnet.sh
 	$(CARGO) build --release --bin netclaim
