@@ -7,6 +7,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::gc::Reason;
+use crate::metrics::standard::{self, Declared};
 use crate::metrics::{MetricsRegistry, encode};
 use crate::model::pod_network::reason;
 
@@ -33,7 +35,8 @@ pub struct BlockLabels {
     pub node: String,
 }
 
-/// The controller's metric families (prefix `netclaim_controller_`).
+/// The controller's metric families (prefix `netclaim_controller_`), with
+/// `netclaim_build_info` and the process families.
 #[derive(Debug)]
 pub struct ControllerMetrics {
     registry: Registry,
@@ -60,7 +63,9 @@ impl ControllerMetrics {
     /// Creates and registers every family.
     #[must_use]
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("netclaim_controller");
+        let mut root = Registry::default();
+        standard::register(&mut root);
+        let registry = root.sub_registry_with_prefix("netclaim_controller");
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -68,22 +73,37 @@ impl ControllerMetrics {
             leader.clone(),
         );
         let reconciles = Family::<ResultLabel, Counter>::default();
-        registry.register("reconciles", "PodNetwork reconciles by outcome", reconciles.clone());
+        registry.register(
+            "reconciles",
+            "PodNetwork reconciles by outcome",
+            Declared(reconciles.clone()),
+        );
+        // Both outcomes from the start: an alert on `increase()` sees the first error.
+        for result in ["success", "error"] {
+            drop(reconciles.get_or_create(&ResultLabel { result }));
+        }
         let pod_networks = Family::<ReasonLabel, Gauge>::default();
         registry.register(
             "pod_networks",
             "PodNetworks of this driver by Ready reason",
-            pod_networks.clone(),
+            Declared(pod_networks.clone()),
         );
         let ip_blocks = Family::<BlockLabels, Gauge>::default();
-        registry.register("ip_blocks", "IPBlocks per PodNetwork and node", ip_blocks.clone());
+        registry.register(
+            "ip_blocks",
+            "IPBlocks per PodNetwork and node",
+            Declared(ip_blocks.clone()),
+        );
         let gc_deletions = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "gc_deletions",
             "IPBlocks deleted by the controller's garbage collection",
-            gc_deletions.clone(),
+            Declared(gc_deletions.clone()),
         );
-        Self { registry, leader, reconciles, pod_networks, ip_blocks, gc_deletions }
+        for reason in [Reason::NodeGone, Reason::ClaimGone] {
+            drop(gc_deletions.get_or_create(&ReasonLabel { reason: reason.as_str() }));
+        }
+        Self { registry: root, leader, reconciles, pod_networks, ip_blocks, gc_deletions }
     }
 
     /// Sets the PodNetworks gauge from the reasons of every network (each reason has a series,

@@ -1,5 +1,6 @@
 //! The operations endpoint of both processes, `netclaim node` and `netclaim controller`:
-//! `/metrics` (the process's registry in the Prometheus text format), `/healthz` (live while
+//! `/metrics` (the process's registry, in OpenMetrics or the Prometheus text format 0.0.4 as
+//! the scraper's `Accept` asks: [`super::exposition`]), `/healthz` (live while
 //! it serves) and `/readyz` (its [`Health`]). Each process gives [`serve`] its own registry
 //! and readiness; the answers are the same for both.
 //!
@@ -41,13 +42,10 @@ pub trait MetricsRegistry: Send + Sync + 'static {
     fn registry(&self) -> &Registry;
 }
 
-/// `registry` in the text exposition format.
+/// `registry` in the OpenMetrics text format (`# EOF` included), as Prometheus asks for it.
 #[must_use]
 pub fn encode(registry: &Registry) -> String {
-    let mut text = String::new();
-    // Writing into a String cannot fail.
-    let _infallible = prometheus_client::encoding::text::encode(&mut text, registry);
-    text
+    super::exposition::encode_openmetrics(registry)
 }
 
 /// A condition that keeps `/readyz` failing while it holds: `Some(why)`.
@@ -282,9 +280,12 @@ async fn metrics_handler(State(endpoint): State<Endpoint>, headers: HeaderMap) -
             }
         }
     }
+    let accept = headers.get(header::ACCEPT).and_then(|value| value.to_str().ok());
+    let format = super::exposition::negotiate(accept);
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        encode(endpoint.metrics.registry()),
+        // `Vary`: the body depends on `Accept`, a cache between must not mix the formats.
+        [(header::CONTENT_TYPE, format.content_type()), (header::VARY, "Accept")],
+        super::exposition::encode_as(endpoint.metrics.registry(), format),
     )
         .into_response()
 }

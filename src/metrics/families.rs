@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::endpoint::{MetricsRegistry, encode};
+use super::standard::{self, Declared};
 use crate::inventory::publish::{PublishSink, SyncReport};
 use crate::model::stats::{Direction, InterfaceStats, PROTOCOLS};
 
@@ -133,7 +134,9 @@ impl Metrics {
     /// (`--metrics-pod-labels=false`).
     #[must_use]
     pub fn with_pod_labels(pod_labels: bool) -> Self {
-        let mut registry = Registry::with_prefix("netclaim");
+        let mut root = Registry::default();
+        standard::register(&mut root);
+        let registry = root.sub_registry_with_prefix("netclaim");
         let devices_published = Gauge::default();
         registry.register(
             "devices_published",
@@ -150,16 +153,20 @@ impl Metrics {
         registry.register(
             "slice_writes",
             "ResourceSlice server-side apply calls",
-            slice_writes.clone(),
+            Declared(slice_writes.clone()),
         );
         let status_writes = Family::<ResultLabel, Counter>::default();
         registry.register(
             "status_writes",
             "ResourceClaim status server-side apply calls",
-            status_writes.clone(),
+            Declared(status_writes.clone()),
         );
         let slice_syncs = Family::<ResultLabel, Counter>::default();
-        registry.register("slice_syncs", "ResourceSlice publication rounds", slice_syncs.clone());
+        registry.register(
+            "slice_syncs",
+            "ResourceSlice publication rounds",
+            Declared(slice_syncs.clone()),
+        );
         let capacity_dropped = Gauge::default();
         registry.register(
             "consumable_capacity_dropped",
@@ -184,40 +191,44 @@ impl Metrics {
         registry.register(
             "kubelet_requests",
             "Kubelet DRA calls by method and outcome",
-            kubelet_requests.clone(),
+            Declared(kubelet_requests.clone()),
         );
         let attach_duration: DurationFamily<ModeLabel> =
             Family::new_with_constructor(link_duration_histogram);
         registry.register(
             "attach_duration_seconds",
             "Sandbox event received to pod interface configured, per interface",
-            attach_duration.clone(),
+            Declared(attach_duration.clone()),
         );
         let detach_duration: DurationFamily<ModeLabel> =
             Family::new_with_constructor(link_duration_histogram);
         registry.register(
             "detach_duration_seconds",
             "Detach of one pod interface",
-            detach_duration.clone(),
+            Declared(detach_duration.clone()),
         );
         let nri_events = Family::<NriEventLabels, Counter>::default();
-        registry.register("nri_events", "NRI events handled, by outcome", nri_events.clone());
+        registry.register(
+            "nri_events",
+            "NRI events handled, by outcome",
+            Declared(nri_events.clone()),
+        );
         let ipblocks_lost = Family::<PodNetworkLabel, Counter>::default();
         registry.register(
             "ipblocks_lost",
             "IPBlocks of this node deleted or changed under it (their addresses may be in use twice)",
-            ipblocks_lost.clone(),
+            Declared(ipblocks_lost.clone()),
         );
         let ipam_addresses = Family::<IpamLabels, Gauge>::default();
         registry.register(
             "ipam_addresses",
             "Addresses of node-local pools by state",
-            ipam_addresses.clone(),
+            Declared(ipam_addresses.clone()),
         );
         let interface_traffic = Arc::new(InterfaceTraffic::new(pod_labels));
         registry.register_collector(Box::new(Arc::clone(&interface_traffic)));
-        Self {
-            registry,
+        let metrics = Self {
+            registry: root,
             devices_published,
             pool_generation,
             slice_writes,
@@ -233,6 +244,43 @@ impl Metrics {
             ipam_addresses,
             ipblocks_lost,
             interface_traffic,
+        };
+        metrics.start_known_series();
+        metrics
+    }
+
+    /// Creates, at 0, the series of every label value the daemon counts (the values its
+    /// callers pass), so each starts at 0 rather than at its first event: `increase()` and
+    /// `rate()` see the first error (a series born at 1 shows no increase), and a dashboard
+    /// shows 0 rather than no data. Families whose labels name objects (pools, PodNetworks,
+    /// interfaces) have no series until there is one: only their declaration shows.
+    fn start_known_series(&self) {
+        for result in ["success", "error"] {
+            drop(self.slice_syncs.get_or_create(&ResultLabel { result }));
+        }
+        // The publisher counts applied writes only; a failed round is a failed sync.
+        drop(self.slice_writes.get_or_create(&ResultLabel { result: "success" }));
+        // k8s::claim_status' outcomes.
+        for result in ["success", "error", "gone", "rejected"] {
+            drop(self.status_writes.get_or_create(&ResultLabel { result }));
+        }
+        // kubelet::metered's methods and codes.
+        for method in ["NodePrepareResources", "NodeUnprepareResources"] {
+            for code in ["OK", "ClaimError"] {
+                drop(self.kubelet_requests.get_or_create(&KubeletRequestLabels { method, code }));
+            }
+        }
+        // attach::handler's events.
+        for event in [
+            "RunPodSandbox",
+            "StopPodSandbox",
+            "RemovePodSandbox",
+            "CreateContainer",
+            "Synchronize",
+        ] {
+            for result in ["success", "error"] {
+                drop(self.nri_events.get_or_create(&NriEventLabels { event, result }));
+            }
         }
     }
 
@@ -428,10 +476,8 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
         use prometheus_client::metrics::counter::ConstCounter;
 
         type Field = fn(&InterfaceStats) -> u64;
+        // Declared even without interfaces (no series then), as every family is.
         let series = self.series();
-        if series.is_empty() {
-            return Ok(());
-        }
         let families: [(&str, &str, Field); 6] = [
             ("interface_rx_bytes", "Bytes received by a pod interface", |s| s.rx.bytes),
             ("interface_rx_packets", "Packets received by a pod interface", |s| s.rx.packets),
@@ -509,7 +555,9 @@ mod tests {
             r#"netclaim_interface_protocol_packets_total{namespace="default",pod="web-0",claim="web-0-net",interface="net1",direction="rx",protocol="icmp"} 7"#
         ));
         metrics.interface_traffic.replace(Vec::new());
-        assert!(!metrics.encode().contains("netclaim_interface_"), "series of a gone interface");
+        let text = metrics.encode();
+        assert!(!text.contains("netclaim_interface_rx_bytes_total{"), "series of a gone interface");
+        assert!(text.contains("# TYPE netclaim_interface_rx_bytes counter\n"), "declared: {text}");
     }
 
     fn sample(
