@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use super::cache::NetworkCache;
 use super::device_class::{device_class, is_current, is_managed_for};
 use super::metrics::{ControllerMetrics, ResultLabel};
-use super::status::{Verdict, desired_status, needs_write, verdict};
+use super::status::{Verdict, deleting_status, desired_status, needs_write, verdict};
 use super::sweep::SweepTrigger;
-use crate::model::pod_network::{FINALIZER, IpBlock, PodNetwork, device_class_name};
+use crate::model::pod_network::{FINALIZER, IpBlock, PodNetwork, device_class_name, reason};
 
 /// A reconciled network is looked at again this often even without events (a missed watch
 /// event, a DeviceClass edited while the controller was down).
@@ -262,9 +262,11 @@ async fn finalize(network: &PodNetwork, ctx: &Context) -> Result<Action, Reconci
         tracing::info!(
             network = %name,
             blocks = blocks.len(),
-            first = %blocks[0],
+            first = %blocks[0].0,
             "PodNetwork deletion waits for its IPBlocks"
         );
+        write_deleting_status(network, &blocks, ctx).await?;
+        ctx.record_reason(&name, Some(reason::DELETING));
         return Ok(Action::requeue(DELETION_RECHECK));
     }
     let networks: Api<PodNetwork> = Api::all(ctx.client.clone());
@@ -276,14 +278,47 @@ async fn finalize(network: &PodNetwork, ctx: &Context) -> Result<Action, Reconci
     Ok(Action::await_change())
 }
 
-/// Names of the IPBlocks of `pod_network`, read from the API server (not a cache: a block
+/// Says in `Ready` that the deletion waits for `blocks` (`kubectl get podnetwork` showed
+/// `Ready` until the object went, up to [`DELETION_RECHECK`] and more later).
+async fn write_deleting_status(
+    network: &PodNetwork,
+    blocks: &[(String, String)],
+    ctx: &Context,
+) -> Result<(), ReconcileError> {
+    let name = network.name_any();
+    let desired = deleting_status(network, blocks, Timestamp::now());
+    if !needs_write(network, &desired) {
+        return Ok(());
+    }
+    let mut body = serde_json::to_value(&desired).unwrap_or(Value::Null);
+    // A merge patch keeps fields it does not name: the class is gone.
+    body["deviceClassName"] = Value::Null;
+    let patch = json!({
+        "metadata": {"resourceVersion": network.resource_version()},
+        "status": body,
+    });
+    let params = PatchParams { field_manager: Some(ctx.driver.clone()), ..PatchParams::default() };
+    match Api::<PodNetwork>::all(ctx.client.clone())
+        .patch_status(&name, &params, &Patch::Merge(patch))
+        .await
+    {
+        // Changed since the read (the sweep's status, a block's release): the change
+        // triggers another reconcile; gone: the last finalizer went meanwhile.
+        Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => Ok(()),
+        result => result
+            .map(|_| ())
+            .map_err(api_error("patching the status of", format!("PodNetwork {name}"))),
+    }
+}
+
+/// Names and nodes of the IPBlocks of `pod_network`, read from the API server (not a cache: a block
 /// created a moment ago must hold the finalizer). Uses the CRD's selectable field
 /// `spec.podNetwork`; a server without selectable fields for custom resources (before
 /// Kubernetes 1.31) refuses it, and then every block is listed and filtered here.
 async fn blocks_of(
     client: &kube::Client,
     pod_network: &str,
-) -> Result<Vec<String>, ReconcileError> {
+) -> Result<Vec<(String, String)>, ReconcileError> {
     let api: Api<IpBlock> = Api::all(client.clone());
     let selected = ListParams::default().fields(&format!("spec.podNetwork={pod_network}"));
     let list = match api.list(&selected).await {
@@ -298,6 +333,6 @@ async fn blocks_of(
         .items
         .into_iter()
         .filter(|block| block.spec.pod_network == pod_network)
-        .map(|block| block.name_any())
+        .map(|block| (block.name_any(), block.spec.node_name))
         .collect())
 }

@@ -1,6 +1,7 @@
 //! What a `PodNetwork`'s status should say (pure): the verdict on its spec among the other
 //! networks (Invalid, Overlaps, Disabled, Ready), the `Ready` condition with
-//! `observedGeneration`, and whether that is a change worth a write.
+//! `observedGeneration` (`Deleting` while a deleted network waits for its IPBlocks), and
+//! whether that is a change worth a write.
 
 use std::cmp::Ordering;
 
@@ -156,6 +157,59 @@ pub fn desired_status(
         conditions,
         device_class_name: device_class,
         // The sweep's count: kept as it is.
+        nodes: current.nodes,
+    }
+}
+
+/// How many IPBlocks a `Deleting` message names before "and N more".
+const LISTED_BLOCKS: usize = 5;
+
+/// The status of a network being deleted whose finalizer waits for `blocks` (`(name,
+/// node)`): `Ready=False`, reason `Deleting`, a message naming the blocks and their nodes;
+/// the DeviceClass is gone; other conditions and the node count stay. `lastTransitionTime`
+/// moves only when `Ready` was True.
+#[must_use]
+pub fn deleting_status(
+    network: &PodNetwork,
+    blocks: &[(String, String)],
+    now: Timestamp,
+) -> PodNetworkStatus {
+    let mut listed: Vec<String> = blocks
+        .iter()
+        .take(LISTED_BLOCKS)
+        .map(|(block, node)| format!("{block} (node {node})"))
+        .collect();
+    if blocks.len() > LISTED_BLOCKS {
+        listed.push(format!("and {} more", blocks.len() - LISTED_BLOCKS));
+    }
+    let message = format!(
+        "being deleted: waiting for {} IPBlock(s) to be released by their nodes, each once no \
+         pod holds an address in it: {}",
+        blocks.len(),
+        listed.join(", ")
+    );
+    let generation = network.metadata.generation;
+    let current = network.status.clone().unwrap_or_default();
+    let previous = current.conditions.iter().find(|c| c.type_ == CONDITION_READY);
+    let last_transition_time = match previous {
+        Some(previous) if previous.status == "False" => previous.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    let ready = Condition {
+        type_: CONDITION_READY.to_owned(),
+        status: "False".to_owned(),
+        reason: reason::DELETING.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    };
+    let mut conditions: Vec<Condition> =
+        current.conditions.iter().filter(|c| c.type_ != CONDITION_READY).cloned().collect();
+    conditions.insert(0, ready);
+    PodNetworkStatus {
+        observed_generation: generation,
+        conditions,
+        device_class_name: None,
         nodes: current.nodes,
     }
 }
@@ -318,6 +372,33 @@ mod tests {
         let fourth = desired_status(&net, &Verdict::Disabled, None, at(5000));
         assert_eq!(fourth.conditions[0].last_transition_time, Time(at(5000)));
         assert_eq!(fourth.conditions[0].reason, "Disabled");
+    }
+
+    #[test]
+    fn a_network_being_deleted_says_which_blocks_it_waits_for() {
+        let mut net = network("n", 100, &subnets(&["10.10.0.0/16"]));
+        net.status = Some(desired_status(&net, &Verdict::Ready, Some("c".into()), at(10)));
+        let blocks: Vec<(String, String)> =
+            (0..7).map(|i| (format!("n-10-10-{i}-0-24"), format!("node-{i}"))).collect();
+        let status = deleting_status(&net, &blocks[..2], at(20));
+        let ready = &status.conditions[0];
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::DELETING));
+        assert_eq!(ready.last_transition_time, Time(at(20)));
+        assert!(
+            ready.message.ends_with(
+                "waiting for 2 IPBlock(s) to be released by their nodes, each once no pod \
+                 holds an address in it: n-10-10-0-0-24 (node node-0), n-10-10-1-0-24 (node node-1)"
+            ),
+            "{}",
+            ready.message
+        );
+        assert_eq!(status.device_class_name, None);
+        assert!(needs_write(&net, &status));
+        // Still waiting, fewer blocks: the time stays; many blocks: five named, the rest counted.
+        net.status = Some(status);
+        let later = deleting_status(&net, &blocks, at(30));
+        assert_eq!(later.conditions[0].last_transition_time, Time(at(20)));
+        assert!(later.conditions[0].message.ends_with("n-10-10-4-0-24 (node node-4), and 2 more"));
     }
 
     #[test]

@@ -218,9 +218,13 @@ impl Cluster {
 
     async fn start_in(options: ClusterOptions, run_dir: PathBuf) -> Result<Self, ClusterError> {
         let (stop_server, server_stopped) = watch::channel(false);
+        let mut server_options = options.server.clone();
+        // Bare pods are network namespaces pinned there: `kubectl logs`/`exec` name the path.
+        if options.containerd.is_none() {
+            server_options.pod_netns_dir = Some(run_dir.join("netns"));
+        }
         let (addr, server) =
-            apiserver::serve(options.listen, options.server.clone(), stopped(server_stopped))
-                .await?;
+            apiserver::serve(options.listen, server_options, stopped(server_stopped)).await?;
         let url = format!("http://{addr}");
         let kubeconfig = run_dir.join("kubeconfig");
         let token = options.server.bearer_token.as_deref();
@@ -277,17 +281,21 @@ impl Cluster {
         let node = spawn_node_daemon(node_config, node_stopped)?;
 
         let (stop_allocator, allocator_stopped) = watch::channel(false);
-        let allocator = tokio::spawn(kube_inmemory::allocator::run(
+        // The allocator is the scheduler even with one node: a pod is bound only once its
+        // claims fit, and one that does not fit stays unbound with `PodScheduled=False` and
+        // a `FailedScheduling` Event, as on a real cluster (the kubelet binding every pod
+        // at once showed `PodScheduled=True` and no reason for a pod that could never run).
+        let allocator = tokio::spawn(kube_inmemory::allocator::run_for_nodes(
             client.clone(),
-            &options.node_name,
+            std::slice::from_ref(&options.node_name),
             stopped(allocator_stopped),
         ));
 
         let dra_socket = plugin_dir.join(crate::kubelet::DRA_SOCKET_NAME);
-        let dev_kubelet = DevKubelet::new(
-            client.clone(),
-            DevKubeletConfig::new(&options.node_name, dra_socket.clone(), backend),
-        )?;
+        let mut kubelet_config =
+            DevKubeletConfig::new(&options.node_name, dra_socket.clone(), backend);
+        kubelet_config.bind_unbound_pods = false;
+        let dev_kubelet = DevKubelet::new(client.clone(), kubelet_config)?;
         let sandboxes = dev_kubelet.sandboxes();
         let (stop_kubelet, kubelet_stopped) = watch::channel(false);
         let kubelet = tokio::spawn(dev_kubelet.run(stopped(kubelet_stopped)));

@@ -245,6 +245,9 @@ pub mod reason {
     pub const DISABLED: &str = "Disabled";
     /// A subnet overlaps another `PodNetwork`'s; the message names it.
     pub const OVERLAPS: &str = "Overlaps";
+    /// Being deleted: the finalizer waits for the network's IPBlocks, which the message
+    /// names with their nodes (a node releases a block once no address in it is in use).
+    pub const DELETING: &str = "Deleting";
 }
 
 /// An `IPBlock` object: one CIDR of a `PodNetwork` owned by one node.

@@ -329,6 +329,20 @@ async fn deletion_waits_behind_the_finalizer_while_an_ipblock_exists() {
     cluster.wait_gone(&cluster.classes(), &device_class_name("held")).await;
     let deleting = cluster.networks().get("held").await.unwrap();
     assert!(deleting.metadata.deletion_timestamp.is_some());
+    // While it waits, Ready says so and names the block and its node (it said Ready).
+    let block = netclaim::model::pod_network::ip_block_name("held", "10.40.0.64/26");
+    let waiting = cluster
+        .wait_network("held", "Ready=False Deleting", |n| {
+            ready(n).is_some_and(|(status, reason, _, _)| status == "False" && reason == "Deleting")
+        })
+        .await;
+    let (_, _, message, _) = ready(&waiting).unwrap();
+    assert!(
+        message.contains("waiting for 1 IPBlock(s)")
+            && message.contains(&format!("{block} (node node-1)")),
+        "{message}"
+    );
+    assert_eq!(waiting.status.as_ref().unwrap().device_class_name, None);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let still = cluster.networks().get_opt("held").await.unwrap();
     assert!(
@@ -337,8 +351,7 @@ async fn deletion_waits_behind_the_finalizer_while_an_ipblock_exists() {
     );
 
     // The node releases the block: the network goes.
-    let name = netclaim::model::pod_network::ip_block_name("held", "10.40.0.64/26");
-    cluster.blocks().delete(&name, &DeleteParams::default()).await.unwrap();
+    cluster.blocks().delete(&block, &DeleteParams::default()).await.unwrap();
     cluster.wait_gone(&cluster.networks(), "held").await;
     assert!(cluster.networks().get_opt("other").await.unwrap().is_some());
     running.stop().await;

@@ -24,24 +24,23 @@ use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
     ResourceClaimTemplate, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource as _};
 
 use super::allocate::{AllocationInput, allocate};
+use super::report::SchedulingReporter;
 use super::schedule::{self, NodeCandidate, PlacementError, SchedulingInput};
 
 /// How often pending claims are retried even without a watch event (an event can be lost
 /// across a watch restart; this bounds how long a claim waits).
 const RETRY_INTERVAL: Duration = Duration::from_secs(2);
-/// `reportingController` of our Events, and the reason of a failed allocation (the
-/// scheduler reports `FailedScheduling` on the Pod; we report on the claim itself).
+/// `reportingController` of our Events, and the reason of a failed allocation of a claim
+/// whose pod is already bound (pods no node fits get kube-scheduler's `FailedScheduling`,
+/// see [`super::report`]).
 const REPORTER: &str = "netclaim-dev-allocator";
 const REASON_FAILED: &str = "FailedAllocation";
-/// The scheduler's reason on a Pod no node fits (Event and `PodScheduled` condition).
-const REASON_UNSCHEDULABLE: &str = "FailedScheduling";
 /// How many times [`reserve_for`] retries after a write conflict.
 const CONFLICT_RETRIES: usize = 8;
 
@@ -94,6 +93,7 @@ pub struct AllocatorController {
     reasons: PendingReasons,
     unscheduled: PendingReasons,
     recorder: Recorder,
+    reporter: Arc<SchedulingReporter>,
 }
 
 /// Outcome of one pass.
@@ -118,6 +118,29 @@ struct World {
     pods: Vec<Pod>,
     templates: Vec<ResourceClaimTemplate>,
     candidates: Vec<NodeCandidate>,
+}
+
+impl World {
+    /// A hash of what kube-scheduler watches to retry an unschedulable pod (DeviceClasses,
+    /// ResourceSlices, ResourceClaims and whether they are allocated, templates, Nodes):
+    /// a changed signature makes a failed attempt count as a new one in the Event series.
+    fn signature(&self) -> u64 {
+        use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+        let mut hasher = DefaultHasher::new();
+        let meta = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            (m.uid.clone(), m.resource_version.clone())
+        };
+        self.classes.iter().map(|c| meta(&c.metadata)).for_each(|k| k.hash(&mut hasher));
+        self.slices.iter().map(|s| meta(&s.metadata)).for_each(|k| k.hash(&mut hasher));
+        self.templates.iter().map(|t| meta(&t.metadata)).for_each(|k| k.hash(&mut hasher));
+        for claim in &self.claims {
+            (claim.metadata.uid.as_deref(), is_allocated(claim)).hash(&mut hasher);
+        }
+        for node in &self.candidates {
+            (&node.name, &node.labels).hash(&mut hasher);
+        }
+        hasher.finish()
+    }
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -169,6 +192,7 @@ impl AllocatorController {
             Reporter { controller: REPORTER.to_owned(), instance: Some(instance.to_owned()) };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
+            reporter: Arc::new(SchedulingReporter::new(client.clone(), REPORTER, instance)),
             client,
             nodes,
             reasons: PendingReasons::default(),
@@ -362,8 +386,10 @@ impl AllocatorController {
             if let Ok(mut shared) = self.unscheduled.lock() {
                 shared.clear();
             }
+            self.reporter.retain(|_| false);
             return (0, 0);
         }
+        let signature = world.signature();
         unbound.sort_by(|a, b| {
             (a.metadata.creation_timestamp.as_ref().map(|t| t.0), pod_key(a))
                 .cmp(&(b.metadata.creation_timestamp.as_ref().map(|t| t.0), pod_key(b)))
@@ -398,11 +424,13 @@ impl AllocatorController {
                 Err(error) => {
                     let reason = error.to_string();
                     let previous = self.unscheduled.lock().ok().and_then(|r| r.get(&key).cloned());
-                    if previous.as_deref() != Some(reason.as_str())
-                        && !matches!(error, PlacementError::Waiting(_))
-                    {
-                        tracing::warn!(pod = %key, %reason, "pod cannot be placed");
-                        self.record_unschedulable(pod, &reason).await;
+                    // A claim or template that does not exist yet: kube-scheduler's
+                    // PreEnqueue holds the pod back without an attempt, so no Event.
+                    if !matches!(error, PlacementError::Waiting(_)) {
+                        if previous.as_deref() != Some(reason.as_str()) {
+                            tracing::warn!(pod = %key, %reason, "pod cannot be placed");
+                        }
+                        self.reporter.unschedulable(pod, &reason, signature).await;
                     }
                     reasons.insert(key, reason);
                     waiting += 1;
@@ -412,6 +440,7 @@ impl AllocatorController {
             match self.bind(pod, &placement.node).await {
                 Ok(()) => {
                     tracing::info!(pod = %key, node = %placement.node, "pod placed");
+                    self.reporter.scheduled(pod).await;
                     if let Some(slot) = pods.iter_mut().find(|p| p.metadata.uid == pod.metadata.uid)
                     {
                         slot.spec.get_or_insert_with(Default::default).node_name =
@@ -430,6 +459,13 @@ impl AllocatorController {
                 }
             }
         }
+        let failing: Vec<&str> = world
+            .pods
+            .iter()
+            .filter(|p| reasons.contains_key(&pod_key(p)))
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        self.reporter.retain(|uid| failing.contains(&uid));
         if let Ok(mut shared) = self.unscheduled.lock() {
             *shared = reasons;
         }
@@ -450,38 +486,6 @@ impl AllocatorController {
             .await
             .map_err(api_error(format!("bind pod {namespace}/{name} to {node}")))?;
         Ok(())
-    }
-
-    /// A Warning Event and the `PodScheduled=False` condition on a pod no node fits, as the
-    /// scheduler reports it (`kubectl describe pod` shows both). Failures are logged.
-    async fn record_unschedulable(&self, pod: &Pod, reason: &str) {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: REASON_UNSCHEDULABLE.to_owned(),
-            note: Some(reason.to_owned()),
-            action: "Scheduling".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, &pod.object_ref(&())).await {
-            tracing::warn!(%error, "could not record an Event on the pod");
-        }
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        // Nothing else writes conditions of a pod no node runs.
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": reason,
-            "lastTransitionTime": now,
-        }]}});
-        if let Err(error) = Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::warn!(%error, "could not write the pod's PodScheduled condition");
-        }
     }
 
     /// A Warning Event on the claim (`kubectl describe resourceclaim` shows it); failures to

@@ -17,6 +17,11 @@
 //! - [`schedule::place`] (pure): for a cluster of several nodes, the node an unbound pod goes
 //!   to (one whose devices satisfy all its claims, the least loaded first), and
 //!   [`schedule::consumer_node`], the node a claim is allocated for (its pod's).
+//!   Its errors are worded as kube-scheduler's ("0/1 nodes are available: 1 cannot allocate
+//!   all claims.", "request net: device class x does not exist"), each node's reason after.
+//! - [`report`]: what a pod no node fits shows, as with kube-scheduler: `PodScheduled=False`
+//!   (`Unschedulable`, the message) and one `FailedScheduling` Event whose series counts the
+//!   attempts.
 //! - [`controller`]: [`run`] / [`run_for_nodes`] / [`AllocatorController`] watch claims,
 //!   slices and classes (and pods for several nodes) over the API, bind pods and allocate
 //!   pending claims; [`reserve_for`] / [`unreserve`] edit `status.reservedFor` for the dev
@@ -25,6 +30,7 @@
 pub mod allocate;
 pub mod controller;
 pub mod quantity;
+pub mod report;
 pub mod schedule;
 pub mod selector;
 

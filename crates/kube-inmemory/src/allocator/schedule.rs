@@ -70,6 +70,25 @@ pub struct SchedulingInput<'a> {
     pub pods: &'a [Pod],
 }
 
+/// kube-scheduler's DynamicResources Filter reason for a node on which the pod's claims
+/// cannot all be allocated.
+pub const CANNOT_ALLOCATE: &str = "cannot allocate all claims";
+/// kube-scheduler's DynamicResources Filter reason for a node outside an allocated claim's
+/// `nodeSelector`.
+pub const NOT_AVAILABLE_ON_NODE: &str = "resourceclaim not available on the node";
+
+/// Why one node does not fit a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRejection {
+    /// The node.
+    pub node: String,
+    /// The scheduler's short reason ([`CANNOT_ALLOCATE`] or [`NOT_AVAILABLE_ON_NODE`]),
+    /// counted per reason in the message as kube-scheduler does.
+    pub reason: &'static str,
+    /// Which claim and why (the allocator's error), which kube-scheduler only logs.
+    pub detail: String,
+}
+
 /// Why a pod is not placed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
@@ -85,19 +104,56 @@ pub enum PlacementError {
         /// What is wrong.
         message: String,
     },
-    /// No node fits; why not, per node.
-    #[error("0/{} nodes are available: {}", reasons.len(), describe_reasons(reasons))]
+    /// A request of a claim to be allocated names a DeviceClass that does not exist: no
+    /// node is tried (kube-scheduler's PreFilter rejects the pod until a DeviceClass is
+    /// created or changed). The first sentence is kube-scheduler's wording.
+    #[error(
+        "0/{nodes} nodes are available: request {request}: device class {class} does not \
+         exist. The request is in {origin}."
+    )]
+    MissingClass {
+        /// How many nodes there are.
+        nodes: usize,
+        /// Where the request is: `ResourceClaim x in namespace y` or `ResourceClaimTemplate
+        /// x in namespace y` (a template's claim is made only once the pod is bound).
+        origin: String,
+        /// The request (`<main>/<sub>` for a subrequest).
+        request: String,
+        /// The class it names.
+        class: String,
+    },
+    /// No node fits; why not, per node, in the order the nodes were given.
+    #[error("{}", describe_rejections(reasons))]
     Unschedulable {
-        /// `(node, why)` for every node.
-        reasons: Vec<(String, String)>,
+        /// Every node's rejection.
+        reasons: Vec<NodeRejection>,
     },
 }
 
-fn describe_reasons(reasons: &[(String, String)]) -> String {
+/// kube-scheduler's message for a pod no node fits ("0/2 nodes are available: 1 cannot
+/// allocate all claims, 1 resourceclaim not available on the node.": a count per reason,
+/// reasons sorted), followed by each node's detail, which kube-scheduler only logs. Without
+/// the scheduler's "preemption: ..." sentence: nothing here preempts.
+fn describe_rejections(reasons: &[NodeRejection]) -> String {
     if reasons.is_empty() {
-        return "no nodes".to_owned();
+        return "no nodes available to schedule pods".to_owned();
     }
-    reasons.iter().map(|(node, why)| format!("{node}: {why}")).collect::<Vec<_>>().join("; ")
+    let mut histogram: BTreeMap<&str, usize> = BTreeMap::new();
+    for rejection in reasons {
+        *histogram.entry(rejection.reason).or_default() += 1;
+    }
+    let mut counts: Vec<String> =
+        histogram.iter().map(|(reason, count)| format!("{count} {reason}")).collect();
+    // kube-scheduler sorts the "<count> <reason>" strings.
+    counts.sort();
+    let details: Vec<String> =
+        reasons.iter().map(|r| format!("{}: {}", r.node, r.detail)).collect();
+    format!(
+        "0/{} nodes are available: {}. Per node: {}.",
+        reasons.len(),
+        counts.join(", "),
+        details.join("; ")
+    )
 }
 
 /// Where a pod goes.
@@ -114,8 +170,8 @@ pub struct Placement {
 enum PodClaim<'a> {
     /// An existing claim.
     Existing(&'a ResourceClaim),
-    /// One to be made from a template (not yet there).
-    FromTemplate(Box<ResourceClaim>),
+    /// One to be made from a template (not yet there), and the template's name.
+    FromTemplate(Box<ResourceClaim>, String),
 }
 
 fn is_terminal(pod: &Pod) -> bool {
@@ -253,11 +309,10 @@ fn pod_claims<'a>(
                             namespace.unwrap_or_default()
                         ))
                     })?;
-                out.push(PodClaim::FromTemplate(Box::new(claim_from_template(
-                    pod,
-                    &entry.name,
-                    template,
-                ))));
+                out.push(PodClaim::FromTemplate(
+                    Box::new(claim_from_template(pod, &entry.name, template)),
+                    template_name.clone(),
+                ));
             }
             _ => {
                 return Err(PlacementError::InvalidPod {
@@ -322,14 +377,15 @@ fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str
     }
 }
 
-/// Allocates `pod`'s claims on `node` tentatively; `Err(why)` when one does not fit.
+/// Allocates `pod`'s claims on `node` tentatively; `Err((reason, detail))` when one does not
+/// fit.
 fn fit(
     input: &SchedulingInput<'_>,
     claims_now: &[ResourceClaim],
     pod_claims: &[PodClaim<'_>],
     node: &NodeCandidate,
     new_share_id: &mut dyn FnMut() -> String,
-) -> Result<Vec<ResourceClaim>, String> {
+) -> Result<Vec<ResourceClaim>, (&'static str, String)> {
     let mut world: Vec<ResourceClaim> = claims_now.to_vec();
     let mut assumed = Vec::new();
     for claim in pod_claims {
@@ -341,16 +397,19 @@ fn fit(
                         .as_ref()
                         .is_none_or(|selector| node_selector_matches(selector, node));
                     if !usable {
-                        return Err(format!(
-                            "claim {} is allocated for another node",
-                            claim.metadata.name.as_deref().unwrap_or_default()
+                        return Err((
+                            NOT_AVAILABLE_ON_NODE,
+                            format!(
+                                "claim {} is allocated for another node",
+                                claim.metadata.name.as_deref().unwrap_or_default()
+                            ),
                         ));
                     }
                     continue;
                 }
                 (*claim).clone()
             }
-            PodClaim::FromTemplate(claim) => (**claim).clone(),
+            PodClaim::FromTemplate(claim, _) => (**claim).clone(),
         };
         let allocation_input = AllocationInput {
             node: &node.name,
@@ -359,13 +418,61 @@ fn fit(
             claims: &world,
         };
         let allocation = allocate(&allocation_input, &claim, new_share_id).map_err(|e| {
-            format!("claim {}: {e}", claim.metadata.name.as_deref().unwrap_or_default())
+            (
+                CANNOT_ALLOCATE,
+                format!("claim {}: {e}", claim.metadata.name.as_deref().unwrap_or_default()),
+            )
         })?;
         let allocated = with_allocation(claim, allocation);
         world.push(allocated.clone());
         assumed.push(allocated);
     }
     Ok(assumed)
+}
+
+/// The first request of a claim still to be allocated that names a DeviceClass which does
+/// not exist (kube-scheduler's PreFilter check, made before any node is tried).
+fn missing_class(
+    input: &SchedulingInput<'_>,
+    pod_claims: &[PodClaim<'_>],
+) -> Option<PlacementError> {
+    let exists =
+        |class: &str| input.classes.iter().any(|c| c.metadata.name.as_deref() == Some(class));
+    for pod_claim in pod_claims {
+        let (claim, source) = match pod_claim {
+            PodClaim::Existing(claim) if allocation_of(claim).is_none() => (
+                *claim,
+                format!("ResourceClaim {}", claim.metadata.name.as_deref().unwrap_or_default()),
+            ),
+            PodClaim::Existing(_) => continue,
+            PodClaim::FromTemplate(claim, template) => {
+                (&**claim, format!("ResourceClaimTemplate {template}"))
+            }
+        };
+        let requests = claim.spec.as_ref().and_then(|s| s.devices.as_ref()?.requests.as_ref());
+        for request in requests.into_iter().flatten() {
+            let mut named: Vec<(String, &str)> = Vec::new();
+            if let Some(exactly) = &request.exactly {
+                named.push((request.name.clone(), &exactly.device_class_name));
+            }
+            for sub in request.first_available.iter().flatten() {
+                named.push((format!("{}/{}", request.name, sub.name), &sub.device_class_name));
+            }
+            if let Some((request, class)) = named.into_iter().find(|(_, class)| !exists(class)) {
+                return Some(PlacementError::MissingClass {
+                    nodes: input.nodes.len(),
+                    origin: format!(
+                        "{} in namespace {}",
+                        source,
+                        claim.metadata.namespace.as_deref().unwrap_or_default()
+                    ),
+                    request,
+                    class: class.to_owned(),
+                });
+            }
+        }
+    }
+    None
 }
 
 /// Chooses the node for `pod`. `assumed` are tentative allocations made earlier in the same
@@ -378,6 +485,9 @@ pub fn place(
     new_share_id: &mut dyn FnMut() -> String,
 ) -> Result<Placement, PlacementError> {
     let pod_claims = pod_claims(pod, input.claims, input.templates)?;
+    if let Some(error) = missing_class(input, &pod_claims) {
+        return Err(error);
+    }
     let mut claims_now: Vec<ResourceClaim> = input.claims.to_vec();
     claims_now.extend(assumed.iter().cloned());
     let loads = loads(input.nodes, input.pods);
@@ -392,11 +502,13 @@ pub fn place(
     for (_, _, node) in order {
         match fit(input, &claims_now, &pod_claims, node, new_share_id) {
             Ok(assumed) => return Ok(Placement { node: node.name.clone(), assumed }),
-            Err(why) => reasons.push((node.name.clone(), why)),
+            Err((reason, detail)) => {
+                reasons.push(NodeRejection { node: node.name.clone(), reason, detail });
+            }
         }
     }
     // Report in the order the nodes were given, not the load order.
-    reasons.sort_by_key(|(name, _)| input.nodes.iter().position(|n| &n.name == name));
+    reasons.sort_by_key(|r| input.nodes.iter().position(|n| n.name == r.node));
     Err(PlacementError::Unschedulable { reasons })
 }
 
@@ -416,7 +528,7 @@ pub fn assumed_claims(
         };
         let Ok(claims) = pod_claims(pod, input.claims, input.templates) else { continue };
         for claim in claims {
-            let PodClaim::FromTemplate(claim) = claim else { continue };
+            let PodClaim::FromTemplate(claim, _) = claim else { continue };
             let mut world: Vec<ResourceClaim> = input.claims.to_vec();
             world.extend(assumed.iter().cloned());
             let allocation_input = AllocationInput {

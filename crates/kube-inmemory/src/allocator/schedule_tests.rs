@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::allocate::node_selector;
 use super::schedule::{
-    NodeCandidate, PlacementError, SchedulingInput, assumed_claims, consumer_node, is_unbound,
-    node_selector_matches, place,
+    CANNOT_ALLOCATE, NOT_AVAILABLE_ON_NODE, NodeCandidate, PlacementError, SchedulingInput,
+    assumed_claims, consumer_node, is_unbound, node_selector_matches, place,
 };
 
 const DRIVER: &str = "netclaim.dev";
@@ -186,11 +186,88 @@ fn a_pod_goes_where_its_claims_fit_and_an_exclusive_device_is_taken_once() {
     let error = world.schedule(pod("nic-b", "nic-net", None)).unwrap_err();
     let PlacementError::Unschedulable { reasons } = &error else { panic!("{error:?}") };
     assert_eq!(reasons.len(), 2, "{error}");
-    assert_eq!(reasons[0].0, "node-1");
-    assert!(reasons[0].1.contains("cannot be satisfied"), "{error}");
-    assert_eq!(reasons[1].0, "node-2");
-    assert!(reasons[1].1.contains("eth1: allocated to another claim"), "{error}");
-    assert!(error.to_string().starts_with("0/2 nodes are available: node-1: "), "{error}");
+    assert_eq!((reasons[0].node.as_str(), reasons[0].reason), ("node-1", CANNOT_ALLOCATE));
+    assert!(reasons[0].detail.contains("cannot be satisfied"), "{error}");
+    assert_eq!(reasons[1].node, "node-2");
+    assert!(reasons[1].detail.contains("eth1: allocated to another claim"), "{error}");
+    // kube-scheduler's sentence first, then each node's reason.
+    let message = error.to_string();
+    assert!(
+        message.starts_with("0/2 nodes are available: 2 cannot allocate all claims. Per node: node-1: claim nic-b-net: "),
+        "{message}"
+    );
+    assert!(message.contains("; node-2: claim nic-b-net: "), "{message}");
+}
+
+#[test]
+fn rejections_are_counted_per_reason_as_kube_scheduler_words_them() {
+    let mut world = World::new(
+        &["node-1", "node-2", "node-3"],
+        vec![slice("node-1", 256, &[]), slice("node-2", 256, &[]), slice("node-3", 256, &[])],
+    );
+    // Allocated for node-3 only, and one more claim no node can satisfy.
+    let mut pinned = claim("pinned", "shared");
+    pinned.status = Some(from(json!({"allocation": {
+        "devices": {"results": [{"request": "net", "driver": DRIVER, "pool": "node-3",
+                                  "device": "uplink0", "shareID": "s1",
+                                  "consumedCapacity": {"interfaces": "1"}}]},
+        "nodeSelector": node_selector("node-3"),
+    }})));
+    world.claims.extend([pinned, claim("nic", "nic")]);
+    let mut both = pod("p", "claim:pinned", None);
+    both.spec
+        .as_mut()
+        .unwrap()
+        .resource_claims
+        .as_mut()
+        .unwrap()
+        .push(from(json!({"name": "nic", "resourceClaimName": "nic"})));
+    let error = world.schedule(both).unwrap_err();
+    let PlacementError::Unschedulable { reasons } = &error else { panic!("{error:?}") };
+    let got: Vec<_> = reasons.iter().map(|r| (r.node.as_str(), r.reason)).collect();
+    assert_eq!(
+        got,
+        [
+            ("node-1", NOT_AVAILABLE_ON_NODE),
+            ("node-2", NOT_AVAILABLE_ON_NODE),
+            ("node-3", CANNOT_ALLOCATE)
+        ]
+    );
+    assert!(
+        error.to_string().starts_with(
+            "0/3 nodes are available: 1 cannot allocate all claims, 2 resourceclaim not available on the node. Per node: node-1: claim pinned is allocated for another node; "
+        ),
+        "{error}"
+    );
+    let none = World::new(&[], Vec::new()).schedule(pod("q", "shared-net", None)).unwrap_err();
+    assert_eq!(none.to_string(), "no nodes available to schedule pods");
+}
+
+#[test]
+fn a_missing_device_class_rejects_the_pod_before_any_node_is_tried() {
+    let mut world = World::new(&["node-1"], vec![slice("node-1", 256, &[])]);
+    world.templates.push(template("ghost-net", "ghost"));
+    let error = world.schedule(pod("p", "ghost-net", None)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "0/1 nodes are available: request net: device class ghost does not exist. \
+         The request is in ResourceClaimTemplate ghost-net in namespace default."
+    );
+    // A subrequest of firstAvailable is named `<main>/<sub>`; an allocated claim's class is
+    // not looked at (kube-scheduler checks only the claims it allocates).
+    world.claims.push(from(json!({
+        "metadata": {"name": "alt", "namespace": "default", "uid": "alt-uid"},
+        "spec": {"devices": {"requests": [{"name": "net", "firstAvailable": [
+            {"name": "fast", "deviceClassName": "shared"},
+            {"name": "slow", "deviceClassName": "gone"}]}]}},
+    })));
+    let error = world.schedule(pod("q", "claim:alt", None)).unwrap_err();
+    assert!(
+        matches!(&error, PlacementError::MissingClass { request, class, .. } if request == "net/slow" && class == "gone"),
+        "{error:?}"
+    );
+    world.classes.push(class("ghost", "shared"));
+    assert_eq!(world.schedule(pod("p", "ghost-net", None)).unwrap(), "node-1");
 }
 
 #[test]
