@@ -7,6 +7,7 @@ use netclaim_testkit as kit;
 mod dev_demo;
 mod dev_kubelet;
 mod dev_nodes;
+mod dev_scheduling;
 mod example_attach_macvlan;
 mod health_netns;
 mod inventory_netns;

@@ -25,8 +25,9 @@
 //! by Kubernetes' RBAC rules (`reviews`, `rbac`).
 //!
 //! Known gaps: requests themselves are not authorised (an authenticated caller may do
-//! everything: RBAC answers SubjectAccessReviews only); no admission (namespaces need not
-//! exist); no garbage collection of owned objects and no cascading namespace deletion;
+//! everything: RBAC answers SubjectAccessReviews only); of admission only
+//! ValidatingAdmissionPolicies (`admission`; namespaces need not exist); no garbage
+//! collection of owned objects and no cascading namespace deletion;
 //! strategic-merge-patch merge keys come from the server-side apply list table (a subset
 //! of the built-in schemas); list pages and `resourceVersionMatch=Exact` are served from
 //! the current state; core and events.k8s.io Events are separate stores; no defaulting of
@@ -34,6 +35,7 @@
 //! server owns; no `/openapi/v2` (kubectl falls back to its compiled-in types or JSON merge
 //! patch); no aggregated discovery (kubectl falls back to the per-group documents).
 
+mod admission;
 mod apply;
 mod crd;
 mod discovery;
@@ -169,6 +171,8 @@ pub(crate) struct Shared {
     active_watches: Arc<AtomicUsize>,
     /// ServiceAccount tokens issued by TokenRequest.
     tokens: reviews::IssuedTokens,
+    /// The ValidatingAdmissionPolicies compiled so far.
+    admission: admission::PolicyCache,
 }
 
 /// A running server (from [`start`]).
@@ -246,6 +250,7 @@ async fn bind_and_serve(
         shutdown: stop_rx,
         active_watches: Arc::new(AtomicUsize::new(0)),
         tokens: reviews::IssuedTokens::default(),
+        admission: admission::PolicyCache::default(),
     });
     let active_watches = shared.active_watches.clone();
     let app = axum::Router::new().fallback(handle).with_state(shared);
@@ -292,12 +297,12 @@ fn json_response(code: u16, body: &serde_json::Value, warnings: &[String]) -> Re
 /// token (when one is configured); a `Host` that is not a loopback name (a web page that
 /// rebinds its DNS name to 127.0.0.1 sends its own name); any `Origin` (browsers send it on
 /// cross-site requests, kubectl and client libraries never do). Returns the caller's user
-/// name.
+/// identity.
 fn check_caller(
     shared: &Shared,
     headers: &axum::http::HeaderMap,
     client: SocketAddr,
-) -> Result<String, ApiError> {
+) -> Result<reviews::UserInfo, ApiError> {
     let (options, server) = (&shared.options, shared.addr);
     if let Some(origin) = headers.get(header::ORIGIN) {
         return Err(ApiError::with(
@@ -325,10 +330,10 @@ fn check_caller(
         .filter(|token| options.bearer_token.as_deref() != Some(*token))
         .and_then(|token| reviews::authenticate(shared, token))
     {
-        return Ok(user.name);
+        return Ok(user);
     }
     if options.bearer_token.is_none() && !options.same_user && options.user_tokens.is_empty() {
-        return Ok(ANONYMOUS_USER.to_owned());
+        return Ok(reviews::anonymous());
     }
     let token_ok = options.bearer_token.as_deref().is_some_and(|t| presented == Some(t));
     // Only without the token: reading `/proc/net/tcp` walks the kernel's whole TCP hash
@@ -338,7 +343,7 @@ fn check_caller(
             && peer::own_uid().is_some_and(|own| peer::owner_uid(client, server) == Some(own))
     };
     if token_ok || user_ok() {
-        Ok(ADMIN_USER.to_owned())
+        Ok(reviews::admin())
     } else {
         Err(ApiError::with(401, "Unauthorized", "Unauthorized"))
     }
@@ -384,13 +389,14 @@ async fn handle(
             });
         }
     };
-    let user = match caller {
+    let user_info = match caller {
         Ok(user) => user,
         Err(refused) => {
             log(ANONYMOUS_USER, refused.code);
             return error_response(&refused);
         }
     };
+    let user = user_info.name.clone();
     let body = match axum::body::to_bytes(req.into_body(), shared.options.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
@@ -411,6 +417,7 @@ async fn handle(
         content_type: &content_type,
         user_agent: &user_agent,
         body: &body,
+        user: &user_info,
     };
     let result = rest::handle(&shared, &api_req);
     tracing::debug!(method = %method, path = %path, ok = result.is_ok(), "api request");

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::admission;
 use super::apply::{self, ApplyOutcome, Operation, Writer};
 use super::crd;
 use super::error::ApiError;
@@ -49,6 +50,8 @@ pub(crate) struct WriteContext<'a> {
     /// Drop consumable-capacity fields from `ResourceSlices`, like a server with the
     /// `DRAConsumableCapacity` gate off.
     pub(crate) drop_consumable_capacity: bool,
+    /// Who writes, for the admission policies (None: the server's own writes).
+    pub(crate) admission: Option<admission::Caller<'a>>,
 }
 
 /// The result of a write: the stored (or unchanged) object and warnings.
@@ -259,6 +262,14 @@ pub(crate) fn create(
     label_namespace_name(resource, &mut obj);
     obj["apiVersion"] = json!(resource.storage_api_version());
     let definition = validate_write(txn, resource, &mut obj, None, "", &mut warnings)?;
+    let write = admission::Write {
+        resource,
+        operation: admission::Operation::Create,
+        subresource: "",
+        object: Some(&obj),
+        old_object: None,
+    };
+    admission::admit(txn, ctx.admission.as_ref(), &write, &mut warnings)?;
     let key = key_of(&obj);
     if txn.get(resource, &key).is_some() {
         return Err(ApiError::already_exists(&resource.group, &resource.plural, &key.1));
@@ -414,6 +425,14 @@ pub(crate) fn update(
     let is_definition = crd::is_definition(resource);
     let definition =
         validate_write(txn, resource, &mut new, Some(old), ctx.subresource, &mut warnings)?;
+    let write = admission::Write {
+        resource,
+        operation: admission::Operation::Update,
+        subresource: ctx.subresource,
+        object: Some(&new),
+        old_object: Some(old),
+    };
+    admission::admit(txn, ctx.admission.as_ref(), &write, &mut warnings)?;
     if spec_part(&new) != spec_part(old) {
         let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
         new["metadata"]["generation"] = json!(generation + 1);
@@ -551,6 +570,7 @@ pub(crate) fn create_initial_namespaces(txn: &mut Txn<'_>) -> Result<(), ApiErro
         subresource: "",
         field_validation: FieldValidation::Strict,
         drop_consumable_capacity: false,
+        admission: None,
     };
     for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});

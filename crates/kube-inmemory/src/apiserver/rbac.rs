@@ -218,6 +218,7 @@ pub(crate) fn create_bootstrap_policy(txn: &mut Txn<'_>) -> Result<(), ApiError>
         subresource: "",
         field_validation: FieldValidation::Strict,
         drop_consumable_capacity: false,
+        admission: None,
     };
     let labels = json!({"kubernetes.io/bootstrapping": "rbac-defaults"});
     let objects = [

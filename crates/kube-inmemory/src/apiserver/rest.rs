@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Shared;
+use super::admission;
 use super::discovery;
 use super::error::ApiError;
 use super::objects::{self, DeleteOptions, WriteContext, Written};
@@ -35,6 +36,8 @@ pub(crate) struct ApiRequest<'a> {
     pub(crate) user_agent: &'a str,
     /// Body bytes.
     pub(crate) body: &'a [u8],
+    /// Who asks (admission policies see it as `request.userInfo`).
+    pub(crate) user: &'a reviews::UserInfo,
 }
 
 /// What the REST layer answers.
@@ -386,7 +389,7 @@ fn watch(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiRe
 }
 
 fn context<'a>(
-    shared: &Shared,
+    shared: &'a Shared,
     req: &'a ApiRequest<'_>,
     manager: &'a str,
     target: &'a Target,
@@ -396,7 +399,35 @@ fn context<'a>(
         subresource: target.subresource.as_deref().unwrap_or_default(),
         field_validation: FieldValidation::parse(q(req, "fieldValidation"))?,
         drop_consumable_capacity: shared.options.drop_consumable_capacity,
+        admission: Some(caller(shared, req)),
     })
+}
+
+/// The request's caller as admission sees it.
+fn caller<'a>(shared: &'a Shared, req: &'a ApiRequest<'_>) -> admission::Caller<'a> {
+    admission::Caller {
+        policies: &shared.admission,
+        user: req.user,
+        dry_run: q(req, "dryRun").is_some_and(|d| !d.is_empty()),
+    }
+}
+
+/// Admits the deletion of `old` by the admission policies (warnings of `Warn` bindings).
+fn admit_delete(
+    t: &super::store::Txn<'_>,
+    r: &ResourceInfo,
+    caller: &admission::Caller<'_>,
+    old: &Value,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
+    let write = admission::Write {
+        resource: r,
+        operation: admission::Operation::Delete,
+        subresource: "",
+        object: None,
+        old_object: Some(old),
+    };
+    admission::admit(t, Some(caller), &write, warnings)
 }
 
 fn create(shared: &Shared, req: &ApiRequest<'_>, target: &Target) -> Result<ApiResponse, ApiError> {
@@ -607,13 +638,16 @@ fn delete(
 ) -> Result<ApiResponse, ApiError> {
     let r = &*target.resource;
     let opts = delete_options(req)?;
+    let caller = caller(shared, req);
+    let mut warnings = Vec::new();
     let obj = shared.store.transact(dry_run(req)?, |t| {
         let old = t
             .get(r, &key(target, name))
             .ok_or_else(|| ApiError::not_found(&r.group, &r.plural, name))?;
+        admit_delete(t, r, &caller, &old, &mut warnings)?;
         objects::delete(t, r, &old, &opts)
     })?;
-    Ok(ok(r.present(&obj).into_owned()))
+    Ok(ApiResponse::Json { code: 200, body: r.present(&obj).into_owned(), warnings })
 }
 
 fn delete_collection(
@@ -624,20 +658,22 @@ fn delete_collection(
     let r = &*target.resource;
     let (labels, fields) = selectors(req, r)?;
     let opts = delete_options(req)?;
+    let caller = caller(shared, req);
+    let mut warnings = Vec::new();
     let deleted: Vec<Value> =
         shared.store.transact(dry_run(req)?, |t| -> Result<Vec<Value>, ApiError> {
             let all = t.list(r, target.namespace.as_deref());
             let mut out = Vec::new();
             for o in all.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
+                admit_delete(t, r, &caller, o, &mut warnings)?;
                 let gone = objects::delete(t, r, o, &opts)?;
                 out.push(r.present(&gone).into_owned());
             }
             Ok(out)
         })?;
     let rv = shared.store.current_rv();
-    Ok(ok(
-        json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
-    ))
+    let body = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": deleted});
+    Ok(ApiResponse::Json { code: 200, body, warnings })
 }
 
 /// An events.k8s.io/v1 Event in core/v1 form (the fields kubectl describe prints).

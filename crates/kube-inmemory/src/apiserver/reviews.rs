@@ -12,13 +12,19 @@
 //!   `system:serviceaccounts:<ns>`, as a real service-account token would;
 //! - a token issued by TokenRequest: its ServiceAccount, while that ServiceAccount exists
 //!   with the same uid (deleting it revokes its tokens, as for bound tokens) and until the
-//!   token expires.
+//!   token expires. A token bound to an object (`spec.boundObjectRef`: a Pod, a Node or a
+//!   Secret) dies with that object too, and carries the user extra kube-apiserver gives it:
+//!   `authentication.kubernetes.io/pod-name` and `pod-uid` for a pod, `node-name` (and
+//!   `node-uid` when the node exists) for a pod's node or a node (ServiceAccountTokenPodNodeInfo
+//!   and ServiceAccountTokenNodeBinding, GA in 1.32 and 1.33), and `credential-id`
+//!   (`JTI=<id>`, ServiceAccountTokenJTI) on every issued token. Admission policies read it
+//!   as `request.userInfo.extra` (see [`super::admission`]).
 //!
 //! Issued tokens are opaque random strings the server remembers (the real ones are signed
 //! JWTs that any holder of the public key can check); they are valid for the audiences they
 //! were requested for, the API server's own ([`DEFAULT_AUDIENCE`]) by default.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde_json::{Value, json};
@@ -46,8 +52,24 @@ pub(crate) struct UserInfo {
     pub(crate) uid: String,
     /// Groups, `system:authenticated` among them.
     pub(crate) groups: Vec<String>,
+    /// User extra (`authentication.kubernetes.io/node-name`, ...).
+    pub(crate) extra: BTreeMap<String, Vec<String>>,
     /// Audiences the credential is valid for.
     audiences: Vec<String>,
+}
+
+/// The prefix of the user extra keys of bound ServiceAccount tokens.
+const EXTRA: &str = "authentication.kubernetes.io/";
+
+/// The object a token is bound to (`spec.boundObjectRef`): it lives while that object does.
+#[derive(Debug, Clone)]
+struct BoundObject {
+    /// `""` and `pods`, `nodes` or `secrets`.
+    plural: &'static str,
+    /// Empty for nodes.
+    namespace: String,
+    name: String,
+    uid: String,
 }
 
 /// A token issued by TokenRequest.
@@ -59,6 +81,10 @@ struct Issued {
     audiences: Vec<String>,
     /// Unix seconds.
     expires: i64,
+    /// The object it is bound to, if any.
+    bound: Option<BoundObject>,
+    /// User extra, fixed at issue.
+    extra: BTreeMap<String, Vec<String>>,
 }
 
 /// The tokens issued so far (expired ones are dropped at the next issue).
@@ -93,7 +119,19 @@ fn static_user(name: &str) -> UserInfo {
         name: name.to_owned(),
         uid: String::new(),
         groups: groups_of(name),
+        extra: BTreeMap::new(),
         audiences: vec![DEFAULT_AUDIENCE.to_owned()],
+    }
+}
+
+/// Who calls with no credential, when the server asks for none.
+pub(crate) fn anonymous() -> UserInfo {
+    UserInfo {
+        name: super::request_log::ANONYMOUS_USER.to_owned(),
+        uid: String::new(),
+        groups: vec!["system:unauthenticated".to_owned()],
+        extra: BTreeMap::new(),
+        audiences: Vec::new(),
     }
 }
 
@@ -119,16 +157,108 @@ pub(crate) fn authenticate(shared: &Shared, token: &str) -> Option<UserInfo> {
     if current_uid != issued.uid {
         return None;
     }
+    // A bound token dies with its object too (the real server checks it on every request).
+    if let Some(bound) = &issued.bound
+        && object_uid(shared, bound.plural, &bound.namespace, &bound.name).as_deref()
+            != Some(bound.uid.as_str())
+    {
+        return None;
+    }
     let name = format!("system:serviceaccount:{}:{}", issued.namespace, issued.service_account);
-    Some(UserInfo { groups: groups_of(&name), name, uid: issued.uid, audiences: issued.audiences })
+    Some(UserInfo {
+        groups: groups_of(&name),
+        name,
+        uid: issued.uid,
+        extra: issued.extra,
+        audiences: issued.audiences,
+    })
 }
 
 fn service_account_uid(shared: &Shared, namespace: &str, name: &str) -> Option<String> {
-    let resource = shared.store.with_registry(|r| r.lookup("", "v1", "serviceaccounts"))?;
+    object_uid(shared, "serviceaccounts", namespace, name)
+}
+
+/// A core object, if it exists.
+fn core_object(shared: &Shared, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+    let resource = shared.store.with_registry(|r| r.lookup("", "v1", plural))?;
     let object = shared
         .store
         .transact(false, |t| t.get(&resource, &(namespace.to_owned(), name.to_owned())))?;
+    Some((*object).clone())
+}
+
+fn object_uid(shared: &Shared, plural: &str, namespace: &str, name: &str) -> Option<String> {
+    let object = core_object(shared, plural, namespace, name)?;
     object.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// The object of `spec.boundObjectRef` and the user extra it gives the token, checked as
+/// kube-apiserver checks it (kind, existence, uid, the pod's ServiceAccount).
+fn bind(
+    shared: &Shared,
+    namespace: &str,
+    service_account: &str,
+    reference: &Value,
+) -> Result<(BoundObject, BTreeMap<String, Vec<String>>), ApiError> {
+    let text = |field: &str| reference[field].as_str().unwrap_or_default().to_owned();
+    let (kind, name, uid) = (text("kind"), text("name"), text("uid"));
+    let (plural, object_namespace) = match (text("apiVersion").as_str(), kind.as_str()) {
+        ("v1", "Pod") => ("pods", namespace.to_owned()),
+        ("v1", "Node") => ("nodes", String::new()),
+        ("v1", "Secret") => ("secrets", namespace.to_owned()),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "cannot bind token to object of type {}, {kind}",
+                text("apiVersion")
+            )));
+        }
+    };
+    let object = core_object(shared, plural, &object_namespace, &name)
+        .ok_or_else(|| ApiError::not_found("", plural, &name))?;
+    let actual_uid = object.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
+    if !uid.is_empty() && uid != actual_uid {
+        return Err(ApiError::conflict(
+            "",
+            plural,
+            &name,
+            &format!(
+                "the UID in the bound object reference ({uid}) does not match the UID in record. The object might have been deleted and then recreated"
+            ),
+        ));
+    }
+    let mut extra = BTreeMap::new();
+    let mut put = |key: &str, value: &str| {
+        extra.insert(format!("{EXTRA}{key}"), vec![value.to_owned()]);
+    };
+    let node_name = match plural {
+        "pods" => {
+            let pod_account = object.pointer("/spec/serviceAccountName").and_then(Value::as_str);
+            if pod_account.unwrap_or("default") != service_account {
+                return Err(ApiError::bad_request(format!(
+                    "cannot bind token for serviceaccount {service_account:?} to pod running with different serviceaccount name."
+                )));
+            }
+            put("pod-name", &name);
+            put("pod-uid", actual_uid);
+            object.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default().to_owned()
+        }
+        "nodes" => name.clone(),
+        _ => String::new(),
+    };
+    if !node_name.is_empty() {
+        put("node-name", &node_name);
+        // The node's uid only when the node exists (a pod may name one that does not yet).
+        if let Some(node_uid) = object_uid(shared, "nodes", "", &node_name) {
+            put("node-uid", &node_uid);
+        }
+    }
+    let bound = BoundObject {
+        plural,
+        namespace: object_namespace,
+        name,
+        uid: actual_uid.to_owned(),
+    };
+    Ok((bound, extra))
 }
 
 fn body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
@@ -181,6 +311,15 @@ pub(crate) fn token_request(
     if audiences.is_empty() {
         audiences.push(DEFAULT_AUDIENCE.to_owned());
     }
+    let (bound, mut extra) = match request.pointer("/spec/boundObjectRef") {
+        Some(reference) if reference.is_object() => {
+            let (bound, extra) = bind(shared, namespace, name, reference)?;
+            (Some(bound), extra)
+        }
+        _ => (None, BTreeMap::new()),
+    };
+    let credential = uuid::Uuid::new_v4();
+    extra.insert(format!("{EXTRA}credential-id"), vec![format!("JTI={credential}")]);
     let now = objects::unix_now();
     let expires = now.saturating_add(expiration);
     let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
@@ -195,12 +334,17 @@ pub(crate) fn token_request(
                 uid,
                 audiences: audiences.clone(),
                 expires,
+                bound: bound.clone(),
+                extra,
             },
         );
     }
     let mut spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
     spec["audiences"] = json!(audiences);
     spec["expirationSeconds"] = json!(expiration);
+    if let Some(bound) = bound {
+        spec["boundObjectRef"]["uid"] = json!(bound.uid);
+    }
     Ok(created(json!({
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",
@@ -259,6 +403,9 @@ pub(crate) fn token_review(
                 let mut user_json = json!({"username": user.name, "groups": user.groups});
                 if !user.uid.is_empty() {
                     user_json["uid"] = json!(user.uid);
+                }
+                if !user.extra.is_empty() {
+                    user_json["extra"] = json!(user.extra);
                 }
                 json!({"authenticated": true, "user": user_json, "audiences": audiences})
             }

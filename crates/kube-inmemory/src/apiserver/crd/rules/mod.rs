@@ -32,7 +32,7 @@ pub(crate) use self::evaluate::{validate, validate_at};
 
 /// The CEL environment of CRD rules: the standard library, the strings extension and
 /// the Kubernetes IP, CIDR and list libraries.
-static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
+pub(crate) static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     // Declaring a library on a fresh environment cannot conflict.
     env.add_extension(cel::extensions::strings).expect("the strings extension declares once");
