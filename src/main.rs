@@ -68,14 +68,26 @@ fn main() -> ExitCode {
             let usage = result.as_ref().err().is_some_and(cli::dev::DevCommandError::is_usage);
             (result.map_err(anyhow::Error::from), usage)
         }
-        Command::Inventory(args) => (print_with(|out| Ok(cli::inventory::run(args, out)?)), false),
+        Command::Inventory(args) => {
+            let mut usage = false;
+            let result = print_with(|out| {
+                cli::inventory::run(args, out).map_err(|err| {
+                    usage = err.is_usage();
+                    anyhow::Error::from(err)
+                })
+            });
+            (result, usage)
+        }
         Command::Status(args) => (print_with(|out| Ok(cli::status::run(args, out)?)), false),
-        Command::Version => (print_with(version), false),
+        Command::Version(args) => (print_with(|out| Ok(cli::version::run(args, out)?)), false),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // One line, each cause once: a message that already quotes its cause (an
+            // io::Error's text) does not get it appended again, as anyhow's `{:#}` would.
+            let err: &(dyn std::error::Error + 'static) = err.as_ref();
+            eprintln!("error: {}", netclaim::model::cause::chain(err));
             ExitCode::from(if usage { EXIT_USAGE } else { 1 })
         }
     }
@@ -128,13 +140,5 @@ fn print_with(
     let mut out = std::io::stdout().lock();
     write(&mut out)?;
     out.flush()?;
-    Ok(())
-}
-
-fn version(out: &mut std::io::StdoutLock<'static>) -> anyhow::Result<()> {
-    writeln!(out, "netclaim {}", env!("CARGO_PKG_VERSION"))?;
-    writeln!(out, "resource API: resource.k8s.io/v1 (Kubernetes 1.34+)")?;
-    writeln!(out, "kubelet plugin API: v1.DRAPlugin, v1beta1.DRAPlugin")?;
-    writeln!(out, "device health API: v1.DRAResourceHealth, v1alpha1.DRAResourceHealth")?;
     Ok(())
 }

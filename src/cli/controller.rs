@@ -16,10 +16,10 @@ pub enum ControllerCommandError {
     #[error("invalid POD_NAMESPACE {0:?}: must be a lowercase DNS label (RFC 1123)")]
     InvalidPodNamespace(String),
     /// The async runtime could not start.
-    #[error("starting the async runtime: {0}")]
+    #[error("starting the async runtime")]
     Runtime(#[source] std::io::Error),
     /// A signal handler could not be installed.
-    #[error("installing a signal handler: {0}")]
+    #[error("installing a signal handler")]
     Signal(#[source] std::io::Error),
     /// No API client.
     #[error(transparent)]

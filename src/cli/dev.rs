@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{DemoOutputArg, DevArgs, SharingModeArg};
+use super::{DevArgs, OutputFormat, SharingModeArg};
 use crate::dev::api_only::{self, ApiOnlyError};
 use crate::dev::cluster::{Cluster, ClusterError, ClusterOptions, ContainerdSockets};
 use crate::dev::demo::{self, DemoOptions, DemoOutput};
@@ -26,7 +26,7 @@ pub enum DevCommandError {
     #[error(transparent)]
     Selection(#[from] InventoryError),
     /// The async runtime could not start.
-    #[error("starting the async runtime: {0}")]
+    #[error("starting the async runtime")]
     Runtime(#[source] std::io::Error),
     /// The server failed.
     #[error(transparent)]
@@ -38,7 +38,7 @@ pub enum DevCommandError {
     #[error(transparent)]
     Nodes(#[from] NodesError),
     /// This process's executable (the node daemons run it) could not be found.
-    #[error("finding this program's executable for the node daemons: {0}")]
+    #[error("finding this program's executable for the node daemons")]
     Executable(#[source] std::io::Error),
     /// A node daemon ended while the cluster ran (everything was stopped and removed).
     #[error("node {node}: the node daemon ended ({status}); the cluster was stopped")]
@@ -49,7 +49,7 @@ pub enum DevCommandError {
         status: String,
     },
     /// A signal handler could not be installed.
-    #[error("installing a signal handler: {0}")]
+    #[error("installing a signal handler")]
     Signal(#[source] std::io::Error),
     /// The demo ran but something did not work (the report says what).
     #[error("the demo failed: {0}")]
@@ -207,10 +207,7 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
                         nodes,
                         pods: usize::from(args.pods),
                         ready_timeout: Duration::from_secs(args.ready_timeout),
-                        output: match args.output {
-                            DemoOutputArg::Human => DemoOutput::Human,
-                            DemoOutputArg::Json => DemoOutput::Json,
-                        },
+                        output: demo_output(args.output),
                     },
                     shutdown,
                 ))
@@ -229,10 +226,7 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
                 pods: usize::from(args.pods),
                 image: args.pod_image.clone(),
                 ready_timeout: Duration::from_secs(args.ready_timeout),
-                output: match args.output {
-                    DemoOutputArg::Human => DemoOutput::Human,
-                    DemoOutputArg::Json => DemoOutput::Json,
-                },
+                output: demo_output(args.output),
             };
             let report = demo::run(demo_options, shutdown).await;
             if report.success {
@@ -247,6 +241,15 @@ pub fn run(args: &DevArgs) -> Result<(), DevCommandError> {
     // Watches and netlink tasks end with the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(200));
     result
+}
+
+/// The demo's report in the format `-o` names.
+fn demo_output(format: OutputFormat) -> DemoOutput {
+    match format {
+        OutputFormat::Table => DemoOutput::Human,
+        OutputFormat::Json => DemoOutput::Json,
+        OutputFormat::Yaml => DemoOutput::Yaml,
+    }
 }
 
 async fn serve_cluster(

@@ -32,7 +32,7 @@ pub enum InventoryCommandError {
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
     /// No node name was given and the host name could not be read.
-    #[error("no --node-name and the host name is unreadable ({path}): {source}")]
+    #[error("no --node-name and the host name is unreadable ({path})")]
     HostName {
         /// Where the host name was read from.
         path: &'static str,
@@ -41,24 +41,25 @@ pub enum InventoryCommandError {
         source: io::Error,
     },
     /// The async runtime could not start.
-    #[error("starting the async runtime: {0}")]
+    #[error("starting the async runtime")]
     Runtime(#[source] io::Error),
     /// Serialising the output failed.
-    #[error("encoding {format} output: {message}")]
+    #[error("encoding {format} output")]
     Encode {
         /// `json` or `yaml`.
         format: &'static str,
-        /// The encoder's message.
-        message: String,
+        /// The encoder's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Writing to stdout failed.
-    #[error("writing output: {0}")]
+    #[error("writing output")]
     Write(#[from] io::Error),
     /// `--kubeconfig` gives no client.
     #[error(transparent)]
     Client(#[from] ClientError),
     /// Reading the PodNetworks or the Node failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Api {
         /// What was read.
         what: &'static str,
@@ -66,6 +67,14 @@ pub enum InventoryCommandError {
         #[source]
         source: kube::Error,
     },
+}
+
+impl InventoryCommandError {
+    /// Whether this is a usage error (exit code 2): a flag value only checked after parsing.
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Selection(_))
+    }
 }
 
 /// The generation `inventory` prints; the daemon continues from the pool's existing one.
@@ -159,19 +168,16 @@ fn default_node_name() -> Result<String, InventoryCommandError> {
 
 fn write_json(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
     let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": slices });
-    serde_json::to_writer_pretty(&mut *out, &list).map_err(|err| {
-        InventoryCommandError::Encode { format: "json", message: err.to_string() }
-    })?;
+    serde_json::to_writer_pretty(&mut *out, &list)
+        .map_err(|err| InventoryCommandError::Encode { format: "json", source: err.into() })?;
     writeln!(out)?;
     Ok(())
 }
 
 fn write_yaml(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
     for slice in slices {
-        let text = yaml_serde::to_string(slice).map_err(|err| InventoryCommandError::Encode {
-            format: "yaml",
-            message: err.to_string(),
-        })?;
+        let text = yaml_serde::to_string(slice)
+            .map_err(|err| InventoryCommandError::Encode { format: "yaml", source: err.into() })?;
         write!(out, "---\n{text}")?;
     }
     Ok(())

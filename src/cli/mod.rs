@@ -1,7 +1,9 @@
 //! Command-line interface: flags, environment variables and their validation (DESIGN §1).
 //!
-//! Every flag of a subcommand also reads `NETCLAIM_<FLAG>` from the environment. Parse
-//! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2.
+//! Every flag of a subcommand also reads `NETCLAIM_<FLAG>` from the environment, except
+//! `-o/--output`, which reads `NETCLAIM_<COMMAND>_OUTPUT` ([`ENVIRONMENT_HELP`]). Parse
+//! errors are reported by [`parse`] as one line naming the flag or value, with exit code 2;
+//! so are the values only checked after parsing (an interface glob).
 
 pub mod controller;
 #[cfg(feature = "dev")]
@@ -10,6 +12,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod node;
 pub mod status;
+pub mod version;
 
 use std::path::PathBuf;
 
@@ -19,9 +22,27 @@ pub use self::metrics::MetricsSecurityArgs;
 use crate::inventory::naming;
 use crate::model::names::DEFAULT_DRIVER_NAME;
 
+/// How flags map to environment variables, printed under `netclaim --help`.
+pub const ENVIRONMENT_HELP: &str = "\
+Environment: every flag also reads NETCLAIM_<FLAG> (--state-dir: NETCLAIM_STATE_DIR), a flag \
+on the command line wins. -o/--output (table, json or yaml on every command that prints data) \
+reads NETCLAIM_<COMMAND>_OUTPUT instead (NETCLAIM_STATUS_OUTPUT, NETCLAIM_INVENTORY_OUTPUT, \
+NETCLAIM_DEV_OUTPUT, NETCLAIM_VERSION_OUTPUT), so a format set for one command leaves the \
+others alone. NO_COLOR=1 turns log colours off (they are only used on a terminal).
+
+Exit codes: 0 success, 1 failure, 2 invalid command line or flag value (one line naming the \
+flag).";
+
 /// netclaim: pod network interfaces through Kubernetes DRA, without CNI.
 #[derive(Debug, Parser)]
-#[command(name = "netclaim", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "netclaim",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = ENVIRONMENT_HELP
+)]
 pub struct Cli {
     /// Log line format (level from RUST_LOG, default info).
     #[arg(long, global = true, env = "NETCLAIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -50,7 +71,7 @@ pub enum Command {
     /// its status socket `<state-dir>/netclaim.sock`.
     Status(StatusArgs),
     /// Print version and supported API versions.
-    Version,
+    Version(VersionArgs),
 }
 
 /// Log output format.
@@ -110,8 +131,9 @@ pub struct InventoryArgs {
     #[arg(long, env = "NETCLAIM_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
     pub driver_name: String,
 
-    /// Output format.
-    #[arg(short, long, env = "NETCLAIM_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    /// Output: a table with the reason for every interface left out, or the ResourceSlices
+    /// as a JSON `List` or YAML documents (`kubectl apply -f` takes both).
+    #[arg(short, long, env = "NETCLAIM_INVENTORY_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 
     /// Root of the sysfs tree to read (for tests and for inspecting another mount).
@@ -344,7 +366,8 @@ pub struct DevArgs {
 
     /// Run the demo: a shared parent, a DeviceClass, a ResourceClaimTemplate and 15 pods
     /// with a macvlan each; ping between them; clean up; exit 0 only if all of it worked.
-    /// With --nodes: pods on every node with static addresses, pinging across nodes.
+    /// With --nodes: the pods get their addresses from PodNetwork demo-net (each node
+    /// claims IPBlocks of 10.10.1.0/24) and ping across nodes.
     #[arg(long, env = "NETCLAIM_DEMO")]
     pub demo: bool,
 
@@ -419,9 +442,10 @@ pub struct DevArgs {
     #[arg(long, env = "NETCLAIM_RUN_DIR")]
     pub run_dir: Option<PathBuf>,
 
-    /// Demo: how the result is printed.
-    #[arg(short, long, env = "NETCLAIM_OUTPUT", value_enum, default_value_t = DemoOutputArg::Human)]
-    pub output: DemoOutputArg,
+    /// Demo: progress lines and tables for people, or the report as one JSON or YAML
+    /// document (`human` is accepted for `table`).
+    #[arg(short, long, env = "NETCLAIM_DEV_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 
     /// Demo: number of pods.
     #[arg(long, env = "NETCLAIM_DEMO_PODS", default_value_t = 15, value_parser = clap::value_parser!(u16).range(1..=200))]
@@ -436,24 +460,18 @@ pub struct DevArgs {
     pub ready_timeout: u64,
 }
 
-/// Output of `netclaim dev --demo`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DemoOutputArg {
-    /// Progress lines, a table and a claim status for people.
-    Human,
-    /// One JSON document.
-    Json,
-}
-
-/// Output format of `netclaim inventory`.
+/// `-o/--output` of every command that prints data: one vocabulary, so a value that works
+/// for one command works for all (each command reads its own `NETCLAIM_<COMMAND>_OUTPUT`,
+/// so a setting meant for one does not change another).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
-    /// ResourceSlices as YAML documents.
-    Yaml,
-    /// ResourceSlices as a JSON `List`.
-    Json,
-    /// A table for people, with the reason for every interface left out.
+    /// For people: tables (and the demo's progress lines).
+    #[value(alias = "human")]
     Table,
+    /// One JSON document.
+    Json,
+    /// YAML.
+    Yaml,
 }
 
 /// Flags of `netclaim status`.
@@ -463,18 +481,18 @@ pub struct StatusArgs {
     #[arg(long, env = "NETCLAIM_STATE_DIR", default_value = "/var/lib/netclaim")]
     pub state_dir: PathBuf,
 
-    /// Output format.
-    #[arg(short, long, env = "NETCLAIM_OUTPUT", value_enum, default_value_t = StatusOutput::Table)]
-    pub output: StatusOutput,
+    /// Output: a summary, then devices, claims and pods as tables; or the daemon's
+    /// `NodeStatus` document as JSON or YAML.
+    #[arg(short, long, env = "NETCLAIM_STATUS_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
-/// Output format of `netclaim status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StatusOutput {
-    /// A summary, then devices, claims and pods as tables.
-    Table,
-    /// The daemon's `NodeStatus` document.
-    Json,
+/// Flags of `netclaim version`.
+#[derive(Debug, Clone, Args)]
+pub struct VersionArgs {
+    /// Output: lines for people, or one JSON or YAML document.
+    #[arg(short, long, env = "NETCLAIM_VERSION_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 /// A Kubernetes node name: a DNS subdomain.
@@ -597,6 +615,37 @@ mod tests {
         assert!(
             matches!(parse(["netclaim", "--version"]), Parsed::Print(text) if text.contains("netclaim"))
         );
+    }
+
+    #[test]
+    fn every_output_flag_reads_its_commands_variable_and_takes_the_same_values() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let mut commands = 0;
+        for command in cli.get_subcommands() {
+            let Some(output) = command.get_arguments().find(|a| a.get_id() == "output") else {
+                continue;
+            };
+            commands += 1;
+            let name = command.get_name().to_uppercase();
+            let env = output.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env.as_deref(), Some(format!("NETCLAIM_{name}_OUTPUT").as_str()));
+            let values: Vec<String> =
+                output.get_possible_values().iter().map(|v| v.get_name().to_owned()).collect();
+            assert_eq!(values, ["table", "json", "yaml"], "{name}");
+        }
+        let expected = if cfg!(feature = "dev") { 4 } else { 3 };
+        assert_eq!(commands, expected, "status, inventory, version (and dev) print data");
+    }
+
+    #[cfg(feature = "dev")]
+    #[test]
+    fn the_demos_old_output_value_still_works() {
+        let Parsed::Run(cli) = parse(["netclaim", "dev", "--demo", "-o", "human"]) else {
+            panic!("-o human rejected");
+        };
+        let Command::Dev(args) = cli.command else { panic!("wrong subcommand") };
+        assert_eq!(args.output, OutputFormat::Table);
     }
 
     #[test]

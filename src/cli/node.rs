@@ -23,7 +23,7 @@ pub enum NodeCommandError {
     #[error(transparent)]
     Kubelet(#[from] KubeletError),
     /// The async runtime could not start.
-    #[error("starting the async runtime: {0}")]
+    #[error("starting the async runtime")]
     Runtime(#[source] std::io::Error),
     /// The daemon failed.
     #[error(transparent)]

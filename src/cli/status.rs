@@ -1,26 +1,32 @@
 //! `netclaim status`: what the node daemon on this node is doing, read from its local status
 //! API (`<state-dir>/netclaim.sock`, DESIGN §5 item 9), printed as a summary and sections
-//! (devices, claims, pods) or as the `NodeStatus` JSON document.
+//! (devices, claims, pods) or as the `NodeStatus` document in JSON or YAML.
 
 use std::io::{self, Write};
 
-use super::{StatusArgs, StatusOutput};
+use super::{OutputFormat, StatusArgs};
 use crate::node::status_api::{self, NodeStatus, StatusClientError};
 
 /// Why `netclaim status` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusCommandError {
     /// The async runtime could not start.
-    #[error("starting the async runtime: {0}")]
+    #[error("starting the async runtime")]
     Runtime(#[source] io::Error),
     /// The daemon could not be asked.
     #[error(transparent)]
     Fetch(#[from] StatusClientError),
-    /// Encoding JSON failed.
-    #[error("encoding json output: {0}")]
-    Encode(#[source] serde_json::Error),
+    /// Encoding the output failed.
+    #[error("encoding {format} output")]
+    Encode {
+        /// `json` or `yaml`.
+        format: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Writing to stdout failed.
-    #[error("writing output: {0}")]
+    #[error("writing output")]
     Write(#[from] io::Error),
 }
 
@@ -33,10 +39,16 @@ pub fn run(args: &StatusArgs, out: &mut impl Write) -> Result<(), StatusCommandE
         .map_err(StatusCommandError::Runtime)?;
     let status = runtime.block_on(status_api::fetch(&socket))?;
     match args.output {
-        StatusOutput::Table => render_table(&status, out)?,
-        StatusOutput::Json => {
-            serde_json::to_writer_pretty(&mut *out, &status).map_err(StatusCommandError::Encode)?;
+        OutputFormat::Table => render_table(&status, out)?,
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &status)
+                .map_err(|err| StatusCommandError::Encode { format: "json", source: err.into() })?;
             writeln!(out)?;
+        }
+        OutputFormat::Yaml => {
+            let text = yaml_serde::to_string(&status)
+                .map_err(|err| StatusCommandError::Encode { format: "yaml", source: err.into() })?;
+            write!(out, "{text}")?;
         }
     }
     Ok(())

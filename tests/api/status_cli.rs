@@ -52,7 +52,7 @@ fn document() -> NodeStatus {
 
 fn netclaim(args: &[&str], env: &[(&str, &Path)]) -> Output {
     let mut command = Command::new(NETCLAIM);
-    command.args(args).env_remove("NETCLAIM_STATE_DIR").env_remove("NETCLAIM_OUTPUT");
+    command.args(args).env_remove("NETCLAIM_STATE_DIR").env_remove("NETCLAIM_STATUS_OUTPUT");
     for (key, value) in env {
         command.env(key, value);
     }
@@ -96,7 +96,7 @@ async fn prints_the_daemons_status_as_a_table_or_json() {
         assert!(table.contains(expected), "{expected:?} missing from\n{table}");
     }
 
-    // -o json through the environment, as every flag also reads NETCLAIM_<FLAG>.
+    // -o json, and --state-dir through the environment (every flag reads NETCLAIM_<FLAG>).
     let state_dir = dir.path().to_owned();
     let output = blocking(move || {
         let mut command = Command::new(NETCLAIM);
@@ -106,6 +106,20 @@ async fn prints_the_daemons_status_as_a_table_or_json() {
     .await;
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let parsed: NodeStatus = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(parsed, document());
+
+    // YAML through the command's own output variable (-o reads NETCLAIM_STATUS_OUTPUT).
+    let state_dir = dir.path().to_owned();
+    let output = blocking(move || {
+        let mut command = Command::new(NETCLAIM);
+        command
+            .args(["status", "--state-dir", state_dir.to_str().unwrap()])
+            .env("NETCLAIM_STATUS_OUTPUT", "yaml");
+        command.output().unwrap()
+    })
+    .await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let parsed: NodeStatus = yaml_serde::from_slice(&output.stdout).unwrap();
     assert_eq!(parsed, document());
 
     stop.send(()).unwrap();
@@ -126,8 +140,8 @@ fn without_a_daemon_it_fails_naming_the_socket() {
 
 #[test]
 fn a_bad_output_format_is_a_usage_error() {
-    let output = netclaim(&["status", "-o", "yaml"], &[]);
+    let output = netclaim(&["status", "-o", "xml"], &[]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("yaml") && stderr.contains("table"), "{stderr}");
+    assert!(stderr.contains("xml") && stderr.contains("table, json, yaml"), "{stderr}");
 }

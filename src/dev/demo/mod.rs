@@ -30,8 +30,9 @@ use super::cluster::{Cluster, ClusterOptions};
 use super::kubelet::pod_claims;
 use crate::dev::kernel::demo_network::{self as topology, Topology, TopologyNames};
 
-/// The demo's address pool and the peer's address in it (outside the pool's range).
-const SUBNET: &str = "10.10.1.0/24";
+/// The demo's address pool and the peer's address in it (outside the pool's range);
+/// `netclaim dev --help` names the subnet (a test checks).
+pub const SUBNET: &str = "10.10.1.0/24";
 const PEER_ADDRESS: &str = "10.10.1.254/24";
 const RANGE_START: &str = "10.10.1.10";
 const RANGE_END: &str = "10.10.1.200";
@@ -49,6 +50,8 @@ pub enum DemoOutput {
     Human,
     /// One JSON document on stdout.
     Json,
+    /// The same document as YAML on stdout.
+    Yaml,
 }
 
 /// Settings of the demo.
@@ -700,6 +703,14 @@ fn print(report: &DemoReport, output: DemoOutput, progress: &Progress) {
                 format!("{{\"success\": false, \"errors\": [\"serializing the report: {e}\"]}}")
             });
             let _ = writeln!(out, "{text}");
+        }
+        DemoOutput::Yaml => {
+            // A JSON string is a YAML scalar, whatever the message holds.
+            let text = yaml_serde::to_string(report).unwrap_or_else(|e| {
+                let message = serde_json::Value::from(format!("serializing the report: {e}"));
+                format!("success: false\nerrors:\n- {message}\n")
+            });
+            let _ = write!(out, "{text}");
         }
         DemoOutput::Human => {
             if !report.pods.is_empty() {

@@ -31,8 +31,8 @@ use crate::dev::kernel::nodes::UPLINK;
 use crate::dev::nodes::{NodesCluster, NodesError, NodesOptions};
 use crate::model::pod_network::{CONDITION_READY, IpBlock, LABEL_POD_NETWORK, PodNetwork, reason};
 
-/// The demo's PodNetwork.
-const NETWORK: &str = "demo-net";
+/// The demo's PodNetwork (`netclaim dev --help` names it; a test checks).
+pub const NETWORK: &str = "demo-net";
 /// Prefix length of its per-node blocks (16 addresses: two nodes visibly own different ones).
 const BLOCK_PREFIX: u8 = 28;
 /// The bridge's own address, never handed to a pod.
