@@ -544,9 +544,11 @@ pub(super) enum Staged<'s, R, D, S: ClaimStore> {
     Ready(Box<StagedClaim<'s, R, D, S>>),
 }
 
-/// The message kubelet gets for a claim that failed.
-pub(super) fn failure(claim: &ClaimRef, err: &ClaimError) -> ClaimFailure {
-    ClaimFailure::new(format!("claim {}/{}: {err}", claim.namespace, claim.name))
+/// The message kubelet gets for a claim that failed: the error and each cause once, without
+/// the claim's name, which kubelet puts in front ("NodePrepareResources failed for
+/// ResourceClaim <name>: <message>", pkg/kubelet/cm/dra/manager.go).
+pub(super) fn failure(err: &ClaimError) -> ClaimFailure {
+    ClaimFailure::new(crate::model::cause::chain(err))
 }
 
 impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimPreparer for ClaimService<R, D, S> {
@@ -558,7 +560,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimPreparer for ClaimServ
                 if let Err(err) = &result {
                     tracing::warn!(claim = %claim, error = %err, "prepare failed");
                 }
-                (claim.uid.clone(), result.map_err(|e| failure(&claim, &e)))
+                (claim.uid.clone(), result.map_err(|e| failure(&e)))
             })
             .collect()
     }
@@ -567,7 +569,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimPreparer for ClaimServ
         futures::stream::iter(claims)
             .map(|claim| async move {
                 let result = self.unprepare_claim(&claim).await;
-                (claim.uid.clone(), result.map_err(|e| failure(&claim, &e)))
+                (claim.uid.clone(), result.map_err(|e| failure(&e)))
             })
             .buffer_unordered(MAX_CONCURRENT_CLAIMS)
             .collect()

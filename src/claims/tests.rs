@@ -235,7 +235,7 @@ async fn a_claim_without_results_for_this_node_is_refused() {
     api.put(claim("other", "u1", vec![result("nic", DRIVER, "node-b", "eth1")], vec![]));
     let dir = tempfile::tempdir().unwrap();
     let err = prepare_one(&service(&api, dir.path()), &reference("other", "u1")).await.unwrap_err();
-    assert!(err.starts_with("claim default/other: status.allocation.devices.results"), "{err}");
+    assert!(err.starts_with("status.allocation.devices.results"), "{err}");
     assert!(err.contains("pool node-a"), "{err}");
 }
 
@@ -260,10 +260,10 @@ async fn uid_mismatch_and_missing_claims_are_named_errors() {
     let dir = tempfile::tempdir().unwrap();
     let service = service(&api, dir.path());
     let err = prepare_one(&service, &reference("foo", "old-uid")).await.unwrap_err();
-    assert!(err.starts_with("claim default/foo: uid mismatch"), "{err}");
+    assert!(err.starts_with("uid mismatch"), "{err}");
     assert!(err.contains("old-uid") && err.contains("new-uid"), "{err}");
     let err = prepare_one(&service, &reference("gone", "u3")).await.unwrap_err();
-    assert_eq!(err, "claim default/gone: ResourceClaim not found");
+    assert_eq!(err, "ResourceClaim not found");
     let mut unallocated = simple_claim("pending", "u4");
     unallocated.status.as_mut().unwrap().allocation = None;
     api.put(unallocated);
@@ -341,10 +341,7 @@ async fn invalid_config_names_the_field_and_reserves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let service = service(&api, dir.path());
     let err = prepare_one(&service, &reference("long", "u1")).await.unwrap_err();
-    assert!(
-        err.starts_with("claim default/long: request nic, device eth2: interface.name:"),
-        "{err}"
-    );
+    assert!(err.starts_with("request nic, device eth2: interface.name:"), "{err}");
     assert!(err.contains("this-name-is-far-too-long"), "{err}");
     assert_eq!(lock(&service.state).ipam.leases().count(), 0);
     // An unknown source of our own entry is an error naming the field.
@@ -432,7 +429,7 @@ async fn a_mode_the_node_cannot_attach_fails_the_prepare_naming_mode_and_reserve
     let err = prepare_one(&service, &reference("ipvl", "u1")).await.unwrap_err();
     assert!(
         err.starts_with(
-            "claim default/ipvl: request nic, device eth2: mode: \"ipvlan\": not available on \
+            "request nic, device eth2: mode: \"ipvlan\": not available on \
              this node: ipvlan is not available on this node's kernel (EOPNOTSUPP)"
         ),
         "{err}"

@@ -119,7 +119,7 @@ async fn a_networks_device_serves_only_claims_naming_that_network() {
     api.put(tenant_claim("default", "plain", "medianet-eth2", Some(plain.clone())));
     let err = prepare_in(&service, "default", "plain").await.unwrap_err();
     assert!(
-        err.starts_with("claim default/plain: ")
+        err.starts_with("request ")
             && err.contains("device medianet-eth2 belongs to PodNetwork medianet")
             && err.contains("names no PodNetwork"),
         "{err}"
@@ -133,7 +133,7 @@ async fn a_networks_device_serves_only_claims_naming_that_network() {
     ));
     let err = prepare_in(&service, "default", "other").await.unwrap_err();
     assert!(
-        err.starts_with("claim default/other: ")
+        err.starts_with("request ")
             && err.contains("belongs to PodNetwork medianet")
             && err.contains("names PodNetwork othernet"),
         "{err}"

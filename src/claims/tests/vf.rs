@@ -76,7 +76,7 @@ async fn a_field_the_nic_cannot_set_fails_the_prepare_naming_it_and_holds_nothin
     for (body, message) in [
         (
             json!({"sriov": {"linkState": "enable"}, "ipam": {"addresses": ["10.9.1.7/24"]}}),
-            "claim default/vf-net: request vf, device eth9v1: sriov.linkState: enable: not \
+            "request vf, device eth9v1: sriov.linkState: enable: not \
              supported by this NIC (VF 1 of eth9: ",
         ),
         (
