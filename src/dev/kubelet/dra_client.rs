@@ -36,31 +36,27 @@ pub enum DraClientError {
         #[source]
         source: tonic::transport::Error,
     },
-    /// The call failed as a whole.
-    #[error("{call} failed: {code:?}: {message}")]
+    /// The call failed as a whole. No variant names the call: each caller says which call
+    /// failed (the pod condition's step, the log line), so naming it here would repeat it.
+    #[error("{code:?}: {message}")]
     Call {
-        /// `NodePrepareResources` or `NodeUnprepareResources`.
-        call: &'static str,
         /// gRPC status code.
         code: tonic::Code,
         /// The driver's message.
         message: String,
     },
-    /// The driver answered with an error for one claim.
-    #[error("{call} of claim {claim}: {message}")]
+    /// The driver answered with an error for one claim (as kubelet, which writes
+    /// "NodePrepareResources failed for ResourceClaim <name>: <message>").
+    #[error("ResourceClaim {claim}: {message}")]
     Claim {
-        /// The call.
-        call: &'static str,
         /// `namespace/name`.
         claim: String,
         /// The driver's error.
         message: String,
     },
     /// The driver did not answer for a claim.
-    #[error("{call}: no answer for claim {claim}")]
+    #[error("no answer for ResourceClaim {claim}")]
     Missing {
-        /// The call.
-        call: &'static str,
         /// `namespace/name`.
         claim: String,
     },
@@ -90,14 +86,13 @@ impl DraClient {
         &self,
         claims: &[ClaimRef],
     ) -> Result<Vec<Vec<PreparedDevice>>, DraClientError> {
-        const CALL: &str = "NodePrepareResources";
         let request = v1::NodePrepareResourcesRequest { claims: claims.iter().map(wire).collect() };
         let response = self
             .inner
             .clone()
             .node_prepare_resources(request)
             .await
-            .map_err(|s| call_error(CALL, &s))?
+            .map_err(|s| call_error(&s))?
             .into_inner();
         claims
             .iter()
@@ -106,10 +101,9 @@ impl DraClient {
                 let answer = response
                     .claims
                     .get(&claim.uid)
-                    .ok_or_else(|| DraClientError::Missing { call: CALL, claim: key.clone() })?;
+                    .ok_or_else(|| DraClientError::Missing { claim: key.clone() })?;
                 if !answer.error.is_empty() {
                     return Err(DraClientError::Claim {
-                        call: CALL,
                         claim: key,
                         message: answer.error.clone(),
                     });
@@ -131,7 +125,6 @@ impl DraClient {
 
     /// `NodeUnprepareResources` for `claims`; the first claim error fails the call.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> Result<(), DraClientError> {
-        const CALL: &str = "NodeUnprepareResources";
         let request =
             v1::NodeUnprepareResourcesRequest { claims: claims.iter().map(wire).collect() };
         let response = self
@@ -139,20 +132,16 @@ impl DraClient {
             .clone()
             .node_unprepare_resources(request)
             .await
-            .map_err(|s| call_error(CALL, &s))?
+            .map_err(|s| call_error(&s))?
             .into_inner();
         for claim in claims {
             let key = format!("{}/{}", claim.namespace, claim.name);
             let answer = response
                 .claims
                 .get(&claim.uid)
-                .ok_or_else(|| DraClientError::Missing { call: CALL, claim: key.clone() })?;
+                .ok_or_else(|| DraClientError::Missing { claim: key.clone() })?;
             if !answer.error.is_empty() {
-                return Err(DraClientError::Claim {
-                    call: CALL,
-                    claim: key,
-                    message: answer.error.clone(),
-                });
+                return Err(DraClientError::Claim { claim: key, message: answer.error.clone() });
             }
         }
         Ok(())
@@ -167,6 +156,6 @@ fn wire(claim: &ClaimRef) -> v1::Claim {
     }
 }
 
-fn call_error(call: &'static str, status: &tonic::Status) -> DraClientError {
-    DraClientError::Call { call, code: status.code(), message: status.message().to_owned() }
+fn call_error(status: &tonic::Status) -> DraClientError {
+    DraClientError::Call { code: status.code(), message: status.message().to_owned() }
 }
