@@ -15,6 +15,7 @@ mod core_imports;
 mod deploy_kustomize;
 mod dev_allocator;
 mod dev_api_crds;
+mod dev_kubectl;
 mod examples_subnets;
 mod health_grpc;
 mod ipam_sim;

@@ -37,12 +37,15 @@
 
 mod admission;
 mod apply;
+mod catalog;
 mod crd;
 mod discovery;
 pub mod error;
 mod fieldset;
 mod objects;
 pub mod peer;
+mod pod_streams;
+mod protobuf;
 mod rbac;
 pub mod request_log;
 mod resources;
@@ -139,6 +142,9 @@ pub struct ServerOptions {
     /// When set, every request is recorded there with its user and authorization
     /// attributes (see [`request_log`]).
     pub request_log: Option<RequestLog>,
+    /// Where the dev cluster pins each pod's network namespace (a file named by the pod's
+    /// uid), named in the answer to `kubectl logs`/`exec` (the pods run no containers).
+    pub pod_netns_dir: Option<std::path::PathBuf>,
 }
 
 /// The user of [`ServerOptions::bearer_token`] and of [`ServerOptions::same_user`] callers.
@@ -157,6 +163,7 @@ impl Default for ServerOptions {
             same_user: false,
             user_tokens: HashMap::new(),
             request_log: None,
+            pod_netns_dir: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use std::sync::LazyLock;
 
 use serde_json::Value;
 
+use super::catalog;
 use super::crd::CustomVersion;
 
 /// How server-side apply treats a list (the `x-kubernetes-list-type` of the real schema).
@@ -143,7 +144,17 @@ impl ResourceInfo {
 
     fn kind_list_type(&self, path: &str) -> ListType {
         let keys = |k: &[&str]| ListType::Map(k.iter().map(|s| (*s).to_owned()).collect());
-        match (self.kind.as_str(), path) {
+        // A workload's pod template has the Pod's lists (containers merged by name, ...).
+        let template = match self.kind.as_str() {
+            "Deployment" | "DaemonSet" | "StatefulSet" | "ReplicaSet" | "Job" => {
+                path.strip_prefix("spec.template.")
+            }
+            "CronJob" => path.strip_prefix("spec.jobTemplate.spec.template."),
+            _ => None,
+        };
+        let (kind, path) = template.map_or((self.kind.as_str(), path), |rest| ("Pod", rest));
+        match (kind, path) {
+            ("Service", "spec.ports") => keys(&["port", "protocol"]),
             // k8s.io/api resource/v1 types.go: `+listType=map`, keys driver, device, pool,
             // shareID. Note: ResourceSlice `spec.devices` is `+listType=atomic` upstream.
             ("ResourceClaim", "status.devices") => keys(&["driver", "device", "pool", "shareID"]),
@@ -161,6 +172,9 @@ impl ResourceInfo {
             | ("CustomResourceDefinition", "spec.versions") => keys(&["name"]),
             ("Pod", "spec.containers[].ports" | "spec.initContainers[].ports") => {
                 keys(&["containerPort", "protocol"])
+            }
+            ("Pod", "spec.containers[].volumeMounts" | "spec.initContainers[].volumeMounts") => {
+                keys(&["mountPath"])
             }
             ("Pod", "status.podIPs" | "status.hostIPs") => keys(&["ip"]),
             ("Node", "status.addresses") | ("CustomResourceDefinition", "status.conditions") => {
@@ -429,31 +443,48 @@ fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// The built-in resources, storage ids `0..`.
+/// The built-in resources, storage ids `0..`: [`BUILT_IN`], then the stored-only kinds
+/// of [`catalog::KINDS`].
 fn built_in() -> Vec<Arc<ResourceInfo>> {
-    BUILT_IN
-        .iter()
+    let core = BUILT_IN.iter().map(|b| {
+        let (group, version, plural, singular, kind, namespaced, status, reset, short, fields) = *b;
+        ResourceInfo {
+            storage: 0,
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: singular.into(),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            namespaced,
+            has_status: status,
+            reset_status_on_create: reset,
+            short_names: strings(short),
+            // `kubectl get all` includes pods, as upstream's category does.
+            categories: if kind == "Pod" { strings(&["all"]) } else { Vec::new() },
+            selectable_fields: strings(fields),
+            custom: None,
+        }
+    });
+    let stored = catalog::KINDS.iter().map(|k| ResourceInfo {
+        storage: 0,
+        group: k.group.into(),
+        version: k.version.into(),
+        plural: k.plural.into(),
+        singular: k.kind.to_ascii_lowercase(),
+        kind: k.kind.into(),
+        list_kind: format!("{}List", k.kind),
+        namespaced: k.namespaced,
+        has_status: k.status,
+        reset_status_on_create: k.status,
+        short_names: strings(k.short_names),
+        categories: strings(k.categories),
+        selectable_fields: Vec::new(),
+        custom: None,
+    });
+    core.chain(stored)
         .enumerate()
-        .map(|(i, b)| {
-            let (group, version, plural, singular, kind, namespaced, status, reset, short, fields) =
-                *b;
-            Arc::new(ResourceInfo {
-                storage: i as StorageId,
-                group: group.into(),
-                version: version.into(),
-                plural: plural.into(),
-                singular: singular.into(),
-                kind: kind.into(),
-                list_kind: format!("{kind}List"),
-                namespaced,
-                has_status: status,
-                reset_status_on_create: reset,
-                short_names: strings(short),
-                categories: Vec::new(),
-                selectable_fields: strings(fields),
-                custom: None,
-            })
-        })
+        .map(|(i, r)| Arc::new(ResourceInfo { storage: i as StorageId, ..r }))
         .collect()
 }
 

@@ -12,6 +12,8 @@ use super::admission;
 use super::discovery;
 use super::error::ApiError;
 use super::objects::{self, DeleteOptions, WriteContext, Written};
+use super::pod_streams;
+use super::protobuf;
 use super::resources::ResourceInfo;
 use super::reviews;
 use super::selectors::{FieldSelector, LabelSelector};
@@ -134,6 +136,11 @@ pub(crate) fn handle(shared: &Shared, req: &ApiRequest<'_>) -> Result<ApiRespons
         {
             reviews::token_request(shared, req, namespace, name)
         }
+        ["api", "v1", "namespaces", namespace, "pods", name, sub]
+            if pod_streams::SUBRESOURCES.contains(sub) =>
+        {
+            Err(pod_streams::answer(shared, namespace, name, sub))
+        }
         ["api", version, rest @ ..] => {
             resource_request(shared, req, &parse_target(shared, "", version, rest, req.path)?)
         }
@@ -173,6 +180,9 @@ fn update_manager<'a>(req: &'a ApiRequest<'_>) -> &'a str {
 
 fn parse_body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
     let ct = req.content_type.split(';').next().unwrap_or_default().trim();
+    if ct == protobuf::MEDIA_TYPE {
+        return protobuf::decode(req.body);
+    }
     // Only the media types API clients send: a `text/plain` or form body is what a web page
     // can send without a CORS preflight, and is never parsed.
     if ct != "application/json" && ct != "application/yaml" {

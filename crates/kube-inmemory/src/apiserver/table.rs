@@ -167,8 +167,113 @@ fn columns(kind: &str) -> Vec<Column> {
                 cell: |o| o.pointer("/spec/pool/generation").cloned().unwrap_or(Value::Null),
             },
         ],
+        "Deployment" => vec![
+            name,
+            Column { name: "Ready", wide: false, cell: |o| replicas(o, "readyReplicas") },
+            Column {
+                name: "Up-to-date",
+                wide: false,
+                cell: |o| count(o, "/status/updatedReplicas"),
+            },
+            Column {
+                name: "Available",
+                wide: false,
+                cell: |o| count(o, "/status/availableReplicas"),
+            },
+            age,
+            Column { name: "Containers", wide: true, cell: |o| containers(o, "name") },
+            Column { name: "Images", wide: true, cell: |o| containers(o, "image") },
+        ],
+        "DaemonSet" => vec![
+            name,
+            Column {
+                name: "Desired",
+                wide: false,
+                cell: |o| count(o, "/status/desiredNumberScheduled"),
+            },
+            Column {
+                name: "Current",
+                wide: false,
+                cell: |o| count(o, "/status/currentNumberScheduled"),
+            },
+            Column { name: "Ready", wide: false, cell: |o| count(o, "/status/numberReady") },
+            Column {
+                name: "Available",
+                wide: false,
+                cell: |o| count(o, "/status/numberAvailable"),
+            },
+            age,
+            Column { name: "Containers", wide: true, cell: |o| containers(o, "name") },
+            Column { name: "Images", wide: true, cell: |o| containers(o, "image") },
+        ],
+        "Service" => vec![
+            name,
+            Column {
+                name: "Type",
+                wide: false,
+                cell: |o| {
+                    json!(o.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP"))
+                },
+            },
+            Column { name: "Cluster-IP", wide: false, cell: |o| text(o, "/spec/clusterIP") },
+            Column { name: "Port(s)", wide: false, cell: service_ports },
+            age,
+        ],
+        "ConfigMap" | "Secret" => vec![
+            name,
+            Column {
+                name: "Data",
+                wide: false,
+                cell: |o| {
+                    json!(entries(o, "data") + entries(o, "binaryData") + entries(o, "stringData"))
+                },
+            },
+            age,
+        ],
         _ => vec![name, age],
     }
+}
+
+/// A count from the status (0 when the status has none: no controller fills it here).
+fn count(obj: &Value, pointer: &str) -> Value {
+    json!(obj.pointer(pointer).and_then(Value::as_i64).unwrap_or(0))
+}
+
+/// kubectl's `READY` of a workload: `<status field>/<spec.replicas>` (1 by default).
+fn replicas(obj: &Value, status_field: &str) -> Value {
+    let want = obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    let have = obj.pointer(&format!("/status/{status_field}")).and_then(Value::as_i64);
+    json!(format!("{}/{want}", have.unwrap_or(0)))
+}
+
+/// A field of each container of a workload's pod template, comma-separated.
+fn containers(obj: &Value, field: &str) -> Value {
+    let items = obj.pointer("/spec/template/spec/containers").and_then(Value::as_array);
+    let values: Vec<&str> =
+        items.into_iter().flatten().filter_map(|c| c.get(field)?.as_str()).collect();
+    json!(values.join(","))
+}
+
+fn entries(obj: &Value, field: &str) -> usize {
+    obj.get(field).and_then(Value::as_object).map_or(0, serde_json::Map::len)
+}
+
+/// `80/TCP,443:30443/TCP`, as kubectl prints a Service's ports.
+fn service_ports(obj: &Value) -> Value {
+    let ports = obj.pointer("/spec/ports").and_then(Value::as_array);
+    let shown: Vec<String> = ports
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
+            let protocol = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+            match p.get("nodePort").and_then(Value::as_i64) {
+                Some(node) => format!("{port}:{node}/{protocol}"),
+                None => format!("{port}/{protocol}"),
+            }
+        })
+        .collect();
+    json!(if shown.is_empty() { "<none>".to_owned() } else { shown.join(",") })
 }
 
 fn row_object(o: &Value, include_object: bool) -> Value {

@@ -1,0 +1,241 @@
+//! Request bodies in `application/vnd.kubernetes.protobuf`, decoded into the JSON objects
+//! the server stores.
+//!
+//! kubectl's typed clients (`kubectl create namespace|configmap|secret|deployment|service|
+//! serviceaccount|role|rolebinding|clusterrole|clusterrolebinding`) encode built-in kinds as
+//! protobuf whatever discovery says, and client-go falls back to JSON after a 415 only for
+//! CBOR: a server that refuses protobuf makes those commands fail. The schema is
+//! `proto/kubectl_create.proto`, the subset of the upstream `generated.proto` files those
+//! commands fill; a field outside it is refused (400) rather than dropped.
+//!
+//! The JSON follows what the Go types marshal to: `Time` as RFC 3339 (the zero time left
+//! out, as `creationTimestamp: null` means nothing), `Quantity` and `IntOrString` as their
+//! scalar, `bytes` as base64, `RawExtension`/`FieldsV1` as their embedded JSON. Empty
+//! strings, zeros and false are left out except in fields that are pointers in Go: Go's
+//! protobuf encoder writes every non-pointer field, set or not, where its JSON encoder
+//! leaves the zero ones out (`omitempty`) and the server reads zero and absent alike.
+
+use std::sync::LazyLock;
+
+use prost_reflect::{DescriptorPool, DynamicMessage, MapKey, MessageDescriptor, ReflectMessage};
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+
+/// The media type of Kubernetes' protobuf encoding.
+pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+/// Every protobuf body starts with these 4 bytes, then a `runtime.Unknown` envelope.
+const MAGIC: &[u8] = b"k8s\0";
+
+/// The package of `proto/kubectl_create.proto`.
+const PACKAGE: &str = "netclaim.k8s";
+
+/// The kinds decoded, by `apiVersion`: the ones kubectl creates with typed clients and this
+/// server serves.
+const KINDS: &[(&str, &[&str])] = &[
+    ("v1", &["Namespace", "ConfigMap", "Secret", "ServiceAccount", "Service"]),
+    ("apps/v1", &["Deployment"]),
+    ("rbac.authorization.k8s.io/v1", &["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]),
+];
+
+static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(
+        include_bytes!(concat!(env!("OUT_DIR"), "/kubectl_create.bin")).as_slice(),
+    )
+    .expect("build.rs encodes the descriptor set protox compiled, which decodes")
+});
+
+fn message(name: &str) -> Option<MessageDescriptor> {
+    POOL.get_message_by_name(&format!("{PACKAGE}.{name}"))
+}
+
+fn refused(message: String) -> ApiError {
+    ApiError::with(415, "UnsupportedMediaType", message)
+}
+
+/// Decodes a protobuf request body into the object's JSON (with `apiVersion` and `kind`).
+pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
+    let rest = body.strip_prefix(MAGIC).ok_or_else(|| {
+        ApiError::bad_request("a protobuf body must start with the 4 bytes \"k8s\\x00\"")
+    })?;
+    let envelope_type = message("Unknown").ok_or_else(|| ApiError::internal("no Unknown type"))?;
+    let envelope = DynamicMessage::decode(envelope_type, rest)
+        .map_err(|e| ApiError::bad_request(format!("error decoding protobuf envelope: {e}")))?;
+    let text = |m: &DynamicMessage, field: &str| {
+        m.get_field_by_name(field).and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+    };
+    let type_meta = envelope
+        .get_field_by_name("typeMeta")
+        .and_then(|v| v.as_message().cloned())
+        .unwrap_or_else(|| DynamicMessage::new(envelope.descriptor()));
+    let (api_version, kind) = (text(&type_meta, "apiVersion"), text(&type_meta, "kind"));
+    let encoding = text(&envelope, "contentEncoding");
+    if !encoding.is_empty() {
+        return Err(refused(format!("protobuf content encoding {encoding:?} is not supported")));
+    }
+    let known = KINDS
+        .iter()
+        .any(|(version, kinds)| *version == api_version && kinds.contains(&kind.as_str()));
+    let descriptor = message(&kind).filter(|_| known).ok_or_else(|| {
+        refused(format!(
+            "this dev API server decodes protobuf only for the kinds kubectl creates imperatively ({}); send {api_version} {kind} as application/json (kubectl create -f or kubectl apply -f)",
+            KINDS.iter().flat_map(|(_, k)| k.iter().copied()).collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    let raw = envelope.get_field_by_name("raw").and_then(|v| v.as_bytes().cloned());
+    let object = DynamicMessage::decode(descriptor, raw.unwrap_or_default())
+        .map_err(|e| ApiError::bad_request(format!("error decoding protobuf {kind}: {e}")))?;
+    let mut json = to_json(&object, &kind)
+        .map_err(|field| {
+            ApiError::bad_request(format!(
+                "{kind}: field {field} is not decoded from protobuf by this dev API server; send the object as JSON (kubectl create -f or kubectl apply -f)"
+            ))
+        })?
+        .unwrap_or_else(|| Value::Object(Map::new()));
+    json["apiVersion"] = Value::String(api_version);
+    json["kind"] = Value::String(kind);
+    Ok(json)
+}
+
+/// A message as JSON (`None`: a zero `Time`, left out); `Err` names the path of a field
+/// the schema does not know.
+fn to_json(msg: &DynamicMessage, path: &str) -> Result<Option<Value>, String> {
+    if let Some(unknown) = msg.unknown_fields().next() {
+        return Err(format!("{path} (#{})", unknown.number()));
+    }
+    let field = |name: &str| msg.get_field_by_name(name);
+    match msg.descriptor().name() {
+        "Time" | "MicroTime" => {
+            let seconds = field("seconds").and_then(|v| v.as_i64()).unwrap_or_default();
+            let nanos = field("nanos").and_then(|v| v.as_i32()).unwrap_or_default();
+            if seconds == 0 && nanos == 0 {
+                return Ok(None);
+            }
+            let time = k8s_openapi::jiff::Timestamp::new(seconds, nanos)
+                .map_err(|_| format!("{path} (a time out of range)"))?;
+            let text = if msg.descriptor().name() == "Time" {
+                time.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+            } else {
+                time.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string()
+            };
+            return Ok(Some(Value::String(text)));
+        }
+        "Quantity" => {
+            let text = field("string").and_then(|v| v.as_str().map(str::to_owned));
+            return Ok(Some(Value::String(text.unwrap_or_default())));
+        }
+        // k8s.io/apimachinery/pkg/util/intstr: type 0 is an int, 1 a string.
+        "IntOrString" => {
+            return Ok(Some(if field("type").and_then(|v| v.as_i64()) == Some(1) {
+                Value::String(
+                    field("strVal").and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                )
+            } else {
+                Value::from(field("intVal").and_then(|v| v.as_i32()).unwrap_or_default())
+            }));
+        }
+        "RawExtension" | "FieldsV1" => {
+            let raw = field("raw").and_then(|v| v.as_bytes().cloned()).unwrap_or_default();
+            if raw.is_empty() {
+                return Ok(None);
+            }
+            return serde_json::from_slice(&raw)
+                .map(Some)
+                .map_err(|_| format!("{path}.raw (not JSON)"));
+        }
+        _ => {}
+    }
+    let mut out = Map::new();
+    for (desc, value) in msg.fields() {
+        let name = desc.name();
+        let at = format!("{path}.{name}");
+        if is_zero(value) && !KEEP_ZERO.contains(&name) {
+            continue;
+        }
+        if let Some(json) = value_json(value, &at)? {
+            out.insert(name.to_owned(), json);
+        }
+    }
+    Ok(Some(Value::Object(out)))
+}
+
+/// The scalar fields of the schema that are pointers in the Go types (`*int32`, `*bool`),
+/// where zero or false is a value the user chose (`replicas: 0`, `immutable: false`),
+/// unlike the other scalars, whose zero Go's protobuf encoder writes and its JSON encoder
+/// leaves out.
+const KEEP_ZERO: &[&str] = &[
+    "activeDeadlineSeconds",
+    "allocateLoadBalancerNodePorts",
+    "automountServiceAccountToken",
+    "blockOwnerDeletion",
+    "collisionCount",
+    "controller",
+    "deletionGracePeriodSeconds",
+    "enableServiceLinks",
+    "hostUsers",
+    "immutable",
+    "priority",
+    "progressDeadlineSeconds",
+    "replicas",
+    "revisionHistoryLimit",
+    "setHostnameAsFQDN",
+    "shareProcessNamespace",
+    "terminatingReplicas",
+    "terminationGracePeriodSeconds",
+    "timeoutSeconds",
+];
+
+/// An empty string, zero number or false: what a non-pointer Go field holds when unset.
+fn is_zero(value: &prost_reflect::Value) -> bool {
+    use prost_reflect::Value as P;
+    match value {
+        P::String(s) => s.is_empty(),
+        P::Bool(b) => !b,
+        P::I32(n) | P::EnumNumber(n) => *n == 0,
+        P::I64(n) => *n == 0,
+        P::U32(n) => *n == 0,
+        P::U64(n) => *n == 0,
+        _ => false,
+    }
+}
+
+fn value_json(value: &prost_reflect::Value, path: &str) -> Result<Option<Value>, String> {
+    use prost_reflect::Value as P;
+    Ok(Some(match value {
+        P::Bool(b) => Value::Bool(*b),
+        P::I32(n) | P::EnumNumber(n) => Value::from(*n),
+        P::I64(n) => Value::from(*n),
+        P::U32(n) => Value::from(*n),
+        P::U64(n) => Value::from(*n),
+        P::F32(n) => Value::from(f64::from(*n)),
+        P::F64(n) => Value::from(*n),
+        P::String(s) => Value::String(s.clone()),
+        // Go marshals []byte as standard base64, as `Secret.data` is served.
+        P::Bytes(b) => serde_json::to_value(k8s_openapi::ByteString(b.to_vec()))
+            .map_err(|_| format!("{path} (bytes)"))?,
+        P::Message(m) => return to_json(m, path),
+        P::List(items) => Value::Array(
+            items
+                .iter()
+                .map(|item| Ok(value_json(item, &format!("{path}[]"))?.unwrap_or(Value::Null)))
+                .collect::<Result<_, String>>()?,
+        ),
+        P::Map(entries) => {
+            let mut out = Map::new();
+            for (key, item) in entries {
+                let key = match key {
+                    MapKey::String(s) => s.clone(),
+                    MapKey::Bool(b) => b.to_string(),
+                    MapKey::I32(n) => n.to_string(),
+                    MapKey::I64(n) => n.to_string(),
+                    MapKey::U32(n) => n.to_string(),
+                    MapKey::U64(n) => n.to_string(),
+                };
+                let at = format!("{path}[{key}]");
+                out.insert(key, value_json(item, &at)?.unwrap_or(Value::Null));
+            }
+            Value::Object(out)
+        }
+    }))
+}
