@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
+use netclaim::dev::kubelet::pod_status::Step;
 use netclaim::kubelet::proto::k8s::io::kubelet::pkg::apis::dra::v1;
 use serde_json::json;
 
@@ -75,6 +76,22 @@ async fn prepare_is_idempotent_names_bad_fields_and_unprepare_releases_the_addre
     // kubelet names the claim in front of the driver's message ("NodePrepareResources failed
     // for ResourceClaim <name>: <message>", pkg/kubelet/cm/dra/manager.go): not again here.
     assert!(!error.contains("default/long"), "{error}");
+    // The dev kubelet's pod condition for it names the call and the claim once each.
+    let dev_kubelet = netclaim::dev::kubelet::dra_client::DraClient::connect_lazy(
+        &plugin.dra_socket(),
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    let reference = netclaim::model::ClaimRef {
+        namespace: "default".into(),
+        name: "long".into(),
+        uid: long.metadata.uid.clone().unwrap(),
+    };
+    let refused = dev_kubelet.prepare(&[reference]).await.unwrap_err();
+    let message = format!("{}: {refused}", Step::Prepare.describe());
+    assert!(message.starts_with("NodePrepareResources: ResourceClaim default/long: "), "{message}");
+    assert_eq!(message.matches("NodePrepareResources").count(), 1, "{message}");
+    assert_eq!(message.matches("long:").count(), 1, "{message}");
 
     // A stale UID (claim re-created under the same name) is refused.
     let mut stale = claim_ref(&shared);
