@@ -184,4 +184,28 @@ mod tests {
         assert!(text.contains("netclaim_controller_leader 0"), "{text}");
         assert!(!text.contains("ip_blocks{"), "{text}");
     }
+
+    #[test]
+    fn every_family_is_declared_before_its_first_event() {
+        let declarations = |text: &str| -> Vec<String> {
+            text.lines().filter(|line| line.starts_with("# TYPE ")).map(str::to_owned).collect()
+        };
+        let fresh = ControllerMetrics::new().encode();
+        let used = ControllerMetrics::new();
+        used.leader.set(1);
+        used.reconciles.get_or_create(&ResultLabel { result: "error" }).inc();
+        used.set_pod_networks(["Ready"]);
+        used.set_ip_blocks([(("net".to_owned(), "node-1".to_owned()), 1)]);
+        used.gc_deletions.get_or_create(&ReasonLabel { reason: "claim-gone" }).inc();
+        let used = used.encode();
+        assert_eq!(declarations(&fresh), declarations(&used), "fresh:\n{fresh}\nused:\n{used}");
+        for line in [
+            "netclaim_controller_reconciles_total{result=\"error\"} 0\n",
+            "netclaim_controller_gc_deletions_total{reason=\"node-gone\"} 0\n",
+            "# TYPE netclaim_build info\n",
+            "# TYPE process_cpu_seconds counter\n",
+        ] {
+            assert!(fresh.contains(line), "{line} in:\n{fresh}");
+        }
+    }
 }

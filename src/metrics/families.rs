@@ -580,6 +580,59 @@ mod tests {
 
     use crate::model::stats::{DirectionCounters, InterfaceStats};
 
+    /// The `# TYPE` lines of `text`.
+    fn declarations(text: &str) -> Vec<&str> {
+        text.lines().filter(|line| line.starts_with("# TYPE ")).collect()
+    }
+
+    #[test]
+    fn every_family_is_declared_before_its_first_event() {
+        use super::{
+            IpamLabels, KubeletRequestLabels, ModeLabel, NriEventLabels, PodNetworkLabel,
+            ResultLabel,
+        };
+        let fresh = super::Metrics::new().encode();
+        let used = super::Metrics::new();
+        used.devices_published.set(1);
+        used.pool_generation.set(2);
+        used.slice_writes.get_or_create(&ResultLabel { result: "success" }).inc();
+        used.status_writes.get_or_create(&ResultLabel { result: "error" }).inc();
+        used.slice_syncs.get_or_create(&ResultLabel { result: "error" }).inc();
+        used.capacity_dropped.set(1);
+        used.prepare_duration.observe(0.01);
+        used.unprepare_duration.observe(0.01);
+        let call = KubeletRequestLabels { method: "NodePrepareResources", code: "OK" };
+        used.kubelet_requests.get_or_create(&call).inc();
+        let mode = ModeLabel { mode: "macvlan" };
+        used.attach_duration.get_or_create(&mode).observe(0.001);
+        used.detach_duration.get_or_create(&mode).observe(0.001);
+        let event = NriEventLabels { event: "RunPodSandbox", result: "success" };
+        used.nri_events.get_or_create(&event).inc();
+        let pool = IpamLabels { pool: "10.0.0.0/24".to_owned(), state: "leased" };
+        used.ipam_addresses.get_or_create(&pool).set(1);
+        let network = PodNetworkLabel { pod_network: "net".to_owned() };
+        used.ipblocks_lost.get_or_create(&network).inc();
+        used.interface_traffic.replace(vec![sample("web-0", "net1", 1)]);
+        let used = used.encode();
+        assert_eq!(declarations(&fresh), declarations(&used), "fresh:\n{fresh}\nused:\n{used}");
+        for line in [
+            // The counters' known series, at 0 until their first event.
+            "netclaim_status_writes_total{result=\"error\"} 0\n",
+            "netclaim_slice_syncs_total{result=\"error\"} 0\n",
+            "netclaim_kubelet_requests_total{method=\"NodePrepareResources\",code=\"ClaimError\"} 0\n",
+            "netclaim_nri_events_total{event=\"CreateContainer\",result=\"error\"} 0\n",
+            // What every process serves.
+            "# TYPE netclaim_build info\n",
+            "# TYPE process_cpu_seconds counter\n",
+            "# TYPE process_resident_memory_bytes gauge\n",
+            "# TYPE process_open_fds gauge\n",
+        ] {
+            assert!(fresh.contains(line), "{line} in:\n{fresh}");
+        }
+        let build = format!("netclaim_build_info{{version=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION"));
+        assert!(fresh.contains(&build), "{fresh}");
+    }
+
     #[test]
     fn without_pod_labels_the_series_are_summed_per_interface_name_and_never_go_down() {
         let metrics = super::Metrics::with_pod_labels(false);

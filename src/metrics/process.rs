@@ -70,40 +70,40 @@ impl Collector for ProcessCollector {
         if let Some(sample) = &sample {
             ConstCounter::new(sample.cpu_seconds).encode(cpu)?;
         }
-        let gauges: [(&str, &str, Option<f64>); 5] = [
+        let counts: [(&str, &str, Option<u64>); 4] = [
             (
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes",
-                sample.map(|s| s.resident_memory_bytes as f64),
+                sample.map(|s| s.resident_memory_bytes),
             ),
             (
                 "process_virtual_memory_bytes",
                 "Virtual memory size in bytes",
-                sample.map(|s| s.virtual_memory_bytes as f64),
+                sample.map(|s| s.virtual_memory_bytes),
             ),
-            (
-                "process_open_fds",
-                "Number of open file descriptors",
-                sample.map(|s| s.open_fds as f64),
-            ),
+            ("process_open_fds", "Number of open file descriptors", sample.map(|s| s.open_fds)),
             (
                 "process_max_fds",
                 "Maximum number of open file descriptors (soft limit)",
                 // Linux refuses an unlimited RLIMIT_NOFILE (it is capped by fs.nr_open), so
                 // `None` is only a parse of something else: no sample then.
-                sample.and_then(|s| s.max_fds).map(|max| max as f64),
-            ),
-            (
-                "process_start_time_seconds",
-                "Start time of the process since unix epoch in seconds",
-                sample.map(|s| s.start_time_seconds),
+                sample.and_then(|s| s.max_fds),
             ),
         ];
-        for (name, help, value) in gauges {
+        for (name, help, value) in counts {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             if let Some(value) = value {
                 ConstGauge::new(value).encode(family)?;
             }
+        }
+        let family = encoder.encode_descriptor(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            None,
+            MetricType::Gauge,
+        )?;
+        if let Some(sample) = &sample {
+            ConstGauge::new(sample.start_time_seconds).encode(family)?;
         }
         Ok(())
     }
