@@ -107,6 +107,10 @@ fn imperative_kubectl_create_is_served() {
         &["-n", "shop", "create", "rolebinding", "robot", "--role=reader", "--user=robot"],
         &["create", "clusterrole", "nodes", "--verb=get,list", "--resource=nodes"],
         &["create", "clusterrolebinding", "nodes", "--clusterrole=nodes", "--user=robot"],
+        &["-n", "shop", "create", "job", "once", "--image=busybox", "--", "true"],
+        &["-n", "shop", "create", "cronjob", "tick", "--image=busybox", "--schedule=* * * * *"],
+        &["-n", "shop", "create", "pdb", "web", "--selector=app=web", "--min-available=1"],
+        &["create", "priorityclass", "high", "--value=1000"],
     ] {
         dev.ok(args);
     }
@@ -125,6 +129,13 @@ fn imperative_kubectl_create_is_served() {
     assert!(idle["spec"].get("paused").is_none(), "{idle}");
     let port = &dev.json(&["-n", "shop", "get", "service", "web"])["spec"]["ports"][0];
     assert_eq!((&port["port"], &port["targetPort"]), (&Value::from(80), &Value::from(8080)));
+    let job = dev.json(&["-n", "shop", "get", "job", "once"]);
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["command"][0], "true");
+    let cron = dev.json(&["-n", "shop", "get", "cronjob", "tick"]);
+    assert_eq!(cron["spec"]["schedule"], "* * * * *");
+    let pdb = dev.json(&["-n", "shop", "get", "pdb", "web"]);
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(dev.json(&["get", "priorityclass", "high"])["value"], 1000);
     let binding = dev.json(&["get", "clusterrolebinding", "nodes"]);
     assert_eq!(binding["roleRef"]["name"], "nodes");
     assert_eq!(binding["subjects"][0]["name"], "robot");
@@ -169,14 +180,15 @@ fn deploy() -> PathBuf {
 fn apply_k_stores_every_object_of_each_install() {
     for dir in ["base", "overlays/slots", "overlays/k8s-1.34"] {
         let dir = deploy().join(dir);
-        let rendered = kustomize(&dir).len();
+        let objects = kustomize(&dir);
+        let rendered = objects.len();
         let dev = Dev::start();
         let path = dir.to_str().unwrap();
         let applied = dev.ok(&["apply", "-k", path]);
         assert_eq!(applied.lines().count(), rendered, "{path}: {applied}");
         // Every object reads back (`get -f` fails on the first it cannot find).
-        let manifest = dev.ok(&["kustomize", path]);
-        let got = dev.run(&["get", "-f", "-", "-o", "name"], Some(manifest.as_bytes()));
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        let got = dev.run(&["get", "-f", "-", "-o", "name"], Some(list.to_string().as_bytes()));
         let stderr = String::from_utf8_lossy(&got.stderr);
         assert!(got.status.success(), "{path}: {stderr}");
         assert_eq!(String::from_utf8_lossy(&got.stdout).lines().count(), rendered, "{path}");

@@ -2,9 +2,10 @@
 //! the server stores.
 //!
 //! kubectl's typed clients (`kubectl create namespace|configmap|secret|deployment|service|
-//! serviceaccount|role|rolebinding|clusterrole|clusterrolebinding`) encode built-in kinds as
-//! protobuf whatever discovery says, and client-go falls back to JSON after a 415 only for
-//! CBOR: a server that refuses protobuf makes those commands fail. The schema is
+//! serviceaccount|role|rolebinding|clusterrole|clusterrolebinding|job|cronjob|pdb|
+//! priorityclass|token`) encode built-in kinds as protobuf whatever discovery says, and
+//! client-go falls back to JSON after a 415 only for CBOR: a server that refuses protobuf
+//! makes those commands fail. The schema is
 //! `proto/kubectl_create.proto`, the subset of the upstream `generated.proto` files those
 //! commands fill; a field outside it is refused (400) rather than dropped.
 //!
@@ -36,7 +37,12 @@ const PACKAGE: &str = "netclaim.k8s";
 const KINDS: &[(&str, &[&str])] = &[
     ("v1", &["Namespace", "ConfigMap", "Secret", "ServiceAccount", "Service"]),
     ("apps/v1", &["Deployment"]),
+    ("batch/v1", &["Job", "CronJob"]),
+    ("policy/v1", &["PodDisruptionBudget"]),
+    ("scheduling.k8s.io/v1", &["PriorityClass"]),
     ("rbac.authorization.k8s.io/v1", &["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]),
+    // `kubectl create token` (the serviceaccounts/token subresource).
+    ("authentication.k8s.io/v1", &["TokenRequest"]),
 ];
 
 static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
@@ -168,22 +174,35 @@ const KEEP_ZERO: &[&str] = &[
     "activeDeadlineSeconds",
     "allocateLoadBalancerNodePorts",
     "automountServiceAccountToken",
+    "backoffLimit",
+    "backoffLimitPerIndex",
     "blockOwnerDeletion",
     "collisionCount",
+    "completions",
     "controller",
     "deletionGracePeriodSeconds",
     "enableServiceLinks",
+    "failedJobsHistoryLimit",
     "hostUsers",
     "immutable",
+    "manualSelector",
+    "maxFailedIndexes",
+    "parallelism",
     "priority",
     "progressDeadlineSeconds",
+    "ready",
     "replicas",
     "revisionHistoryLimit",
     "setHostnameAsFQDN",
     "shareProcessNamespace",
+    "startingDeadlineSeconds",
+    "successfulJobsHistoryLimit",
+    "suspend",
+    "terminating",
     "terminatingReplicas",
     "terminationGracePeriodSeconds",
     "timeoutSeconds",
+    "ttlSecondsAfterFinished",
 ];
 
 /// An empty string, zero number or false: what a non-pointer Go field holds when unset.
