@@ -153,6 +153,9 @@ fn imperative_kubectl_create_is_served() {
     let container = &web["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["image"], "nginx:2");
     assert!(container.get("resources").is_some(), "the patch replaced the container: {web}");
+    // kubectl scale goes through the scale subresource kubectl finds in discovery.
+    dev.ok(&["-n", "shop", "scale", "deployment", "web", "--replicas=5"]);
+    assert_eq!(dev.json(&["-n", "shop", "get", "deployment", "web"])["spec"]["replicas"], 5);
 }
 
 #[test]

@@ -107,6 +107,9 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
             doc["storageVersionHash"] = json!(custom.storage_version_hash);
         }
         resources.push(doc);
+        if super::scale::has_scale(r) {
+            resources.push(super::scale::discovery_entry(r));
+        }
         if r.has_status {
             resources.push(json!({
                 "name": format!("{}/status", r.plural),

@@ -51,6 +51,7 @@ pub mod request_log;
 mod resources;
 mod rest;
 mod reviews;
+mod scale;
 mod selectors;
 mod store;
 mod strategic;

@@ -16,6 +16,7 @@ use super::pod_streams;
 use super::protobuf;
 use super::resources::ResourceInfo;
 use super::reviews;
+use super::scale;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::strategic;
 use super::table;
@@ -88,7 +89,8 @@ fn parse_target(
         _ => return Err(ApiError::no_route(path)),
     };
     if let Some(sub) = &subresource
-        && (sub != "status" || !resource.has_status)
+        && !((sub == "status" && resource.has_status)
+            || (sub == "scale" && scale::has_scale(&resource)))
     {
         return Err(ApiError::no_route(path));
     }
@@ -213,6 +215,12 @@ fn resource_request(
     let r = &*target.resource;
     if !r.namespaced && target.namespace.is_some() {
         return Err(ApiError::no_route(req.path));
+    }
+    if let (Some("scale"), Some(name)) = (target.subresource.as_deref(), target.name.as_deref()) {
+        // A write through /scale changes the main object's spec.replicas.
+        let ctx =
+            WriteContext { subresource: "", ..context(shared, req, update_manager(req), target)? };
+        return scale::handle(shared, req, r, &key(target, name), &ctx, dry_run(req)?);
     }
     match (req.method, target.name.as_deref()) {
         ("GET", None) if q_bool(req, "watch") => watch(shared, req, target),
