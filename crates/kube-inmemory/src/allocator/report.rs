@@ -86,7 +86,7 @@ impl SchedulingReporter {
         self.write_condition(pod, "False", Some(message)).await;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let now = Instant::now();
-        // Some(Some(n)): count attempt n of the series; Some(None): start a new Event.
+        // (Some(name), n): attempt n of the series `name`; (None, 1): a new Event.
         let decision = {
             let series = self.series.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match series.get(&uid) {
@@ -97,42 +97,10 @@ impl SchedulingReporter {
             }
         };
         let Some((existing, count)) = decision else { return };
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        let stamp = MicroTime(Timestamp::now());
-        let written = match existing {
-            Some(name) => {
-                let patch =
-                    serde_json::json!({"series": {"count": count, "lastObservedTime": stamp}});
-                events
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| name)
-            }
-            None => {
-                let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-                let event = Event {
-                    metadata: ObjectMeta {
-                        // client-go's naming: the object's name and the time in hex.
-                        name: Some(format!("{pod_name}.{:x}", stamp.0.as_nanosecond())),
-                        namespace: Some(namespace.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    event_time: Some(stamp),
-                    action: Some("Scheduling".to_owned()),
-                    reason: Some(EVENT_REASON.to_owned()),
-                    note: Some(message.to_owned()),
-                    type_: Some("Warning".to_owned()),
-                    regarding: Some(reference(pod)),
-                    reporting_controller: Some(self.controller.clone()),
-                    reporting_instance: Some(self.instance.clone()),
-                    ..Event::default()
-                };
-                events
-                    .create(&PostParams::default(), &event)
-                    .await
-                    .map(|e| e.metadata.name.unwrap_or_default())
-            }
+        let written = if let Some(name) = existing {
+            self.count_attempt(pod, name, count).await
+        } else {
+            self.create_event(pod, message).await
         };
         match written {
             Ok(name) => {
@@ -143,6 +111,45 @@ impl SchedulingReporter {
             }
             Err(error) => tracing::warn!(%error, "could not record a FailedScheduling Event"),
         }
+    }
+
+    /// Sets the series of Event `name` to `count` attempts, last seen now.
+    async fn count_attempt(&self, pod: &Pod, name: String, count: i32) -> kube::Result<String> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let stamp = MicroTime(Timestamp::now());
+        let patch = serde_json::json!({"series": {"count": count, "lastObservedTime": stamp}});
+        Api::<Event>::namespaced(self.client.clone(), namespace)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| name)
+    }
+
+    /// Creates a new `FailedScheduling` Event on `pod`; returns its name.
+    async fn create_event(&self, pod: &Pod, message: &str) -> kube::Result<String> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+        let stamp = MicroTime(Timestamp::now());
+        let event = Event {
+            metadata: ObjectMeta {
+                // client-go's naming: the object's name and the time in hex.
+                name: Some(format!("{pod_name}.{:x}", stamp.0.as_nanosecond())),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(stamp),
+            action: Some("Scheduling".to_owned()),
+            reason: Some(EVENT_REASON.to_owned()),
+            note: Some(message.to_owned()),
+            type_: Some("Warning".to_owned()),
+            regarding: Some(reference(pod)),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Event::default()
+        };
+        Api::<Event>::namespaced(self.client.clone(), &namespace)
+            .create(&PostParams::default(), &event)
+            .await
+            .map(|e| e.metadata.name.unwrap_or_default())
     }
 
     /// `pod` was bound: `PodScheduled` turns True if it said otherwise (the binding
