@@ -28,4 +28,5 @@ mod network_config_doc;
 mod podnetwork_devices;
 mod podnetwork_ipam;
 mod podnetwork_rules;
+mod prometheus_rule;
 mod status_cli;
