@@ -13,6 +13,7 @@ mod controller_api;
 mod controller_leader;
 mod core_imports;
 mod deploy_kustomize;
+mod dev_admission;
 mod dev_allocator;
 mod dev_api_crds;
 mod dev_kubectl;

@@ -42,6 +42,7 @@ mod crd;
 mod discovery;
 pub mod error;
 mod fieldset;
+mod impersonation;
 mod objects;
 pub mod peer;
 mod pod_streams;
@@ -385,7 +386,8 @@ async fn handle(
         };
         (header(header::ACCEPT), header(header::CONTENT_TYPE), header(header::USER_AGENT))
     };
-    let caller = check_caller(&shared, req.headers(), client);
+    let caller = check_caller(&shared, req.headers(), client)
+        .and_then(|user| impersonation::apply(user, req.headers()));
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
     let log = |user: &str, code: u16| {

@@ -124,6 +124,18 @@ fn static_user(name: &str) -> UserInfo {
     }
 }
 
+impl UserInfo {
+    /// The identity an impersonating request names (see [`super::impersonation`]).
+    pub(crate) fn impersonated(
+        name: String,
+        uid: String,
+        groups: Vec<String>,
+        extra: BTreeMap<String, Vec<String>>,
+    ) -> Self {
+        Self { name, uid, groups, extra, audiences: vec![DEFAULT_AUDIENCE.to_owned()] }
+    }
+}
+
 /// Who calls with no credential, when the server asks for none.
 pub(crate) fn anonymous() -> UserInfo {
     UserInfo {
@@ -263,7 +275,13 @@ fn bind(
 
 fn body(req: &ApiRequest<'_>) -> Result<Value, ApiError> {
     let ct = req.content_type.split(';').next().unwrap_or_default().trim();
-    if ct != "application/json" {
+    // `kubectl create token` sends its TokenRequest as protobuf.
+    if ct == super::protobuf::MEDIA_TYPE {
+        return super::protobuf::decode(req.body);
+    }
+    // No Content-Type is JSON, the server's first media type (`kubectl create --raw` sends
+    // none).
+    if !ct.is_empty() && ct != "application/json" {
         return Err(ApiError::unsupported_media_type(ct));
     }
     serde_json::from_slice(req.body)
