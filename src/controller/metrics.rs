@@ -114,6 +114,7 @@ impl ControllerMetrics {
             (reason::INVALID, 0),
             (reason::DISABLED, 0),
             (reason::OVERLAPS, 0),
+            (reason::DELETING, 0),
         ];
         for seen in reasons {
             if let Some((_, count)) = counts.iter_mut().find(|(name, _)| *name == seen) {

@@ -265,8 +265,8 @@ async fn finalize(network: &PodNetwork, ctx: &Context) -> Result<Action, Reconci
             first = %blocks[0].0,
             "PodNetwork deletion waits for its IPBlocks"
         );
-        write_deleting_status(network, &blocks, ctx).await?;
         ctx.record_reason(&name, Some(reason::DELETING));
+        write_deleting_status(network, &blocks, ctx).await?;
         return Ok(Action::requeue(DELETION_RECHECK));
     }
     let networks: Api<PodNetwork> = Api::all(ctx.client.clone());

@@ -312,7 +312,7 @@ async fn the_newer_of_two_overlapping_networks_gets_overlaps_until_the_older_goe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_waits_behind_the_finalizer_while_an_ipblock_exists() {
     let cluster = Cluster::start().await;
-    let (_metrics, running) = cluster.spawn_controller(ControllerConfig::new(DRIVER));
+    let (metrics, running) = cluster.spawn_controller(ControllerConfig::new(DRIVER));
     cluster.create_network("held", spec("10.40.0.0/16", "10.40.0.1")).await;
     cluster
         .wait_network("held", "Ready with the finalizer", |n| {
@@ -343,6 +343,8 @@ async fn deletion_waits_behind_the_finalizer_while_an_ipblock_exists() {
         "{message}"
     );
     assert_eq!(waiting.status.as_ref().unwrap().device_class_name, None);
+    let text = metrics.encode();
+    assert!(text.contains("netclaim_controller_pod_networks{reason=\"Deleting\"} 1"), "{text}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let still = cluster.networks().get_opt("held").await.unwrap();
     assert!(
