@@ -39,6 +39,10 @@ const MAX_DYNAMIC_TABLE: u32 = 4096;
 /// What an unusable authority is replaced with (what grpc-go sends for `unix:` targets).
 pub(crate) const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 
+/// The first octet of a dynamic table size update is `001xxxxx` (RFC 7541 §6.3).
+const SIZE_UPDATE_MASK: u8 = 0xe0;
+const SIZE_UPDATE_PATTERN: u8 = 0x20;
+
 const FRAME_HEADERS: u8 = 0x1;
 const FRAME_PUSH_PROMISE: u8 = 0x5;
 const FRAME_CONTINUATION: u8 = 0x9;
@@ -352,11 +356,21 @@ impl ClientStreamRewriter {
         let mut encoded = Vec::with_capacity(remaining.len() + 64);
         let mut decoded_size = 0_usize;
         let mut rewritten = false;
+        let mut rewritten_fields = 0_usize;
         // One representation at a time (the capacity of `fields` bounds how many the decoder
         // takes per call), so an oversized list is refused before it is materialised.
         let mut fields = Vec::with_capacity(1);
         while !remaining.is_empty() {
             let before = remaining.len();
+            // A dynamic table size update may only open a header block (RFC 7541 §4.2), and
+            // h2 refuses one after a field. httlib-hpack 0.1.3 applies it anywhere, and the
+            // re-encoded block would hide it from the server, so it is refused here.
+            if rewritten_fields > 0 && remaining[0] & SIZE_UPDATE_MASK == SIZE_UPDATE_PATTERN {
+                return Err(AuthorityRewriteError::Hpack {
+                    stream_id,
+                    source: DecoderError::InvalidMaxDynamicSize,
+                });
+            }
             // httlib-hpack 0.1.3 indexes past the end of a block that stops inside a literal
             // representation (a name index with no value string after it): it panics instead
             // of returning an error. Such a block is refused like any undecodable one; the
@@ -373,6 +387,7 @@ impl ClientStreamRewriter {
                 });
             }
             for (name, value, _flags) in fields.drain(..) {
+                rewritten_fields += 1;
                 decoded_size = decoded_size.saturating_add(name.len() + value.len() + 32);
                 if decoded_size > MAX_DECODED_HEADER_LIST {
                     return Err(AuthorityRewriteError::HeaderBlockTooLarge {
@@ -775,6 +790,36 @@ mod tests {
                 "{block:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_size_update_after_a_field_is_refused() {
+        // `:method: GET` (static index 2), then a size update to 0: RFC 7541 §4.2 allows one
+        // only at the start of a block, and h2 ends the connection on this one. Found by the
+        // fuzz property (the decoder crate applies it anywhere).
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &[0x82, 0x20]));
+        let err = ClientStreamRewriter::new()
+            .process(&mut BytesMut::from(&input[..]), &mut BytesMut::new())
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AuthorityRewriteError::Hpack {
+                    stream_id: 1,
+                    source: DecoderError::InvalidMaxDynamicSize
+                }
+            ),
+            "{err}"
+        );
+        // At the start of a block it is applied as before.
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &[0x20, 0x82]));
+        let (_, out) = run(&input);
+        assert_eq!(
+            server_view(&out).header_lists,
+            vec![vec![(b":method".to_vec(), b"GET".to_vec())]]
+        );
     }
 
     #[test]
