@@ -258,3 +258,132 @@ fn value_json(value: &prost_reflect::Value, path: &str) -> Result<Option<Value>,
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use prost_reflect::Value as P;
+    use prost_reflect::prost::Message as _;
+
+    use super::*;
+
+    fn msg(name: &str, fields: Vec<(&str, P)>) -> DynamicMessage {
+        let mut m = DynamicMessage::new(message(name).unwrap());
+        for (field, value) in fields {
+            m.set_field_by_name(field, value);
+        }
+        m
+    }
+
+    /// `object` of `kind` in the envelope kubectl sends.
+    fn body(api_version: &str, kind: &str, object: &DynamicMessage) -> Vec<u8> {
+        let type_meta = msg(
+            "TypeMeta",
+            vec![("apiVersion", P::String(api_version.into())), ("kind", P::String(kind.into()))],
+        );
+        let envelope = msg(
+            "Unknown",
+            vec![
+                ("typeMeta", P::Message(type_meta)),
+                ("raw", P::Bytes(object.encode_to_vec().into())),
+            ],
+        );
+        [MAGIC, envelope.encode_to_vec().as_slice()].concat()
+    }
+
+    #[test]
+    fn go_zero_values_are_left_out_but_chosen_zeros_stay() {
+        // As Go encodes a Deployment: every non-pointer field written, zero or not.
+        let meta = msg(
+            "ObjectMeta",
+            vec![
+                ("name", P::String("web".into())),
+                ("generateName", P::String(String::new())),
+                ("generation", P::I64(0)),
+                ("creationTimestamp", P::Message(msg("Time", vec![]))),
+            ],
+        );
+        let spec = msg(
+            "DeploymentSpec",
+            vec![
+                ("replicas", P::I32(0)),
+                ("paused", P::Bool(false)),
+                ("minReadySeconds", P::I32(0)),
+            ],
+        );
+        let deployment =
+            msg("Deployment", vec![("metadata", P::Message(meta)), ("spec", P::Message(spec))]);
+        let json = decode(&body("apps/v1", "Deployment", &deployment)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web"}, "spec": {"replicas": 0}})
+        );
+    }
+
+    #[test]
+    fn kubernetes_scalars_become_their_json() {
+        let time = msg("Time", vec![("seconds", P::I64(1_700_000_000))]);
+        let meta = msg(
+            "ObjectMeta",
+            vec![("name", P::String("s".into())), ("creationTimestamp", P::Message(time))],
+        );
+        let port = msg(
+            "ServicePort",
+            vec![
+                ("port", P::I32(80)),
+                (
+                    "targetPort",
+                    P::Message(msg(
+                        "IntOrString",
+                        vec![("type", P::I64(1)), ("strVal", P::String("http".into()))],
+                    )),
+                ),
+            ],
+        );
+        let service = msg(
+            "Service",
+            vec![
+                ("metadata", P::Message(meta)),
+                (
+                    "spec",
+                    P::Message(msg(
+                        "ServiceSpec",
+                        vec![("ports", P::List(vec![P::Message(port)]))],
+                    )),
+                ),
+            ],
+        );
+        let json = decode(&body("v1", "Service", &service)).unwrap();
+        assert_eq!(json["metadata"]["creationTimestamp"], "2023-11-14T22:13:20Z");
+        assert_eq!(json["spec"]["ports"][0], serde_json::json!({"port": 80, "targetPort": "http"}));
+    }
+
+    #[test]
+    fn unknown_fields_and_kinds_are_refused() {
+        // Field 99 of a ConfigMap is not in the schema: refused, not dropped.
+        let mut raw = msg("ConfigMap", vec![]).encode_to_vec();
+        raw.extend_from_slice(&[0x98, 0x06, 0x01]);
+        let envelope = msg(
+            "Unknown",
+            vec![
+                (
+                    "typeMeta",
+                    P::Message(msg(
+                        "TypeMeta",
+                        vec![
+                            ("apiVersion", P::String("v1".into())),
+                            ("kind", P::String("ConfigMap".into())),
+                        ],
+                    )),
+                ),
+                ("raw", P::Bytes(raw.into())),
+            ],
+        );
+        let err = decode(&[MAGIC, envelope.encode_to_vec().as_slice()].concat()).unwrap_err();
+        assert_eq!(err.code, 400, "{}", err.message);
+        assert!(err.message.contains("ConfigMap (#99)"), "{}", err.message);
+        let err = decode(&body("v1", "Pod", &msg("ConfigMap", vec![]))).unwrap_err();
+        assert_eq!(err.code, 415, "{}", err.message);
+        assert_eq!(decode(b"{}").unwrap_err().code, 400);
+    }
+}
