@@ -24,6 +24,13 @@
 //! SubjectAccessReview, the latter answered from the stored Roles, ClusterRoles and bindings
 //! by Kubernetes' RBAC rules (`reviews`, `rbac`).
 //!
+//! kubectl's usual calls work: request bodies in protobuf are decoded for the kinds
+//! `kubectl create <kind>` sends that way (`protobuf`; responses are JSON); workloads,
+//! ConfigMaps, Secrets, Services and the like are stored with every verb and no controller
+//! behind them (`catalog`), Deployments and their kin with the `scale` subresource;
+//! `logs`/`exec`/`attach`/`portforward` answer 400 naming the pod's network namespace
+//! (`pod_streams`: the dev cluster runs no containers).
+//!
 //! Known gaps: requests themselves are not authorised (an authenticated caller may do
 //! everything: RBAC answers SubjectAccessReviews only); of admission only
 //! ValidatingAdmissionPolicies (`admission`; namespaces need not exist); no garbage
