@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::kit::kustomize::{kubectl, kustomize};
 
@@ -119,6 +119,14 @@ fn imperative_kubectl_create_is_served() {
     assert_eq!(config["data"]["colour"], "blue");
     // Secret data is bytes on the wire and base64 in JSON.
     assert_eq!(dev.json(&["-n", "shop", "get", "secret", "pass"])["data"]["word"], "czNjcmV0");
+    // stringData is write-only: merged into data, as a real server does.
+    let secret = r#"{"apiVersion": "v1", "kind": "Secret", "stringData": {"user": "admin"},
+        "metadata": {"name": "login", "namespace": "shop"}}"#;
+    let applied = dev.run(&["apply", "-f", "-"], Some(secret.as_bytes()));
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    let login = dev.json(&["-n", "shop", "get", "secret", "login"]);
+    assert_eq!((&login["data"]["user"], &login["type"]), (&json!("YWRtaW4="), &json!("Opaque")));
+    assert!(login.get("stringData").is_none(), "{login}");
     let web = dev.json(&["-n", "shop", "get", "deployment", "web"]);
     assert_eq!(web["spec"]["replicas"], 3);
     assert_eq!(web["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1");
@@ -190,7 +198,7 @@ fn apply_k_stores_every_object_of_each_install() {
         let applied = dev.ok(&["apply", "-k", path]);
         assert_eq!(applied.lines().count(), rendered, "{path}: {applied}");
         // Every object reads back (`get -f` fails on the first it cannot find).
-        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
         let got = dev.run(&["get", "-f", "-", "-o", "name"], Some(list.to_string().as_bytes()));
         let stderr = String::from_utf8_lossy(&got.stderr);
         assert!(got.status.success(), "{path}: {stderr}");

@@ -260,6 +260,7 @@ pub(crate) fn create(
         obj["status"] = json!({"phase": "Active"});
     }
     label_namespace_name(resource, &mut obj);
+    secret_string_data(resource, &mut obj);
     obj["apiVersion"] = json!(resource.storage_api_version());
     let definition = validate_write(txn, resource, &mut obj, None, "", &mut warnings)?;
     let write = admission::Write {
@@ -393,6 +394,33 @@ fn label_namespace_name(resource: &ResourceInfo, obj: &mut Value) {
     labels["kubernetes.io/metadata.name"] = json!(name);
 }
 
+/// A Secret's `stringData` is write-only, as the real server treats it: each entry is
+/// merged into `data` (base64), winning over a `data` entry of the same key, and the field
+/// is not stored; an absent `type` is `Opaque`.
+fn secret_string_data(resource: &ResourceInfo, obj: &mut Value) {
+    if resource.custom.is_some() || !resource.group.is_empty() || resource.kind != "Secret" {
+        return;
+    }
+    if obj.get("type").is_none_or(Value::is_null) {
+        obj["type"] = json!("Opaque");
+    }
+    let Some(object) = obj.as_object_mut() else { return };
+    let Some(string_data) = object.remove("stringData") else { return };
+    let data = object.entry("data").or_insert_with(|| json!({}));
+    if data.is_null() {
+        *data = json!({});
+    }
+    // A `data` that is not an object is left for validation to refuse.
+    let Some(data) = data.as_object_mut() else { return };
+    for (key, value) in string_data.as_object().into_iter().flatten() {
+        if let Some(text) = value.as_str()
+            && let Ok(encoded) = serde_json::to_value(k8s_openapi::ByteString(text.into()))
+        {
+            data.insert(key.clone(), encoded);
+        }
+    }
+}
+
 /// Stores `candidate` as the new state of `old` (an update, patch or apply result):
 /// restores server-owned metadata, applies status subresource rules, validates, bumps the
 /// generation, records field ownership (unless `apply_managed` already did), skips no-op
@@ -420,6 +448,7 @@ pub(crate) fn update(
         m.remove("selfLink");
     }
     label_namespace_name(resource, &mut new);
+    secret_string_data(resource, &mut new);
     new["apiVersion"] = json!(resource.storage_api_version());
     new["kind"] = json!(resource.kind);
     let is_definition = crd::is_definition(resource);
