@@ -183,8 +183,8 @@ pub fn deleting_status(
         listed.push(format!("and {} more", blocks.len() - LISTED_BLOCKS));
     }
     let message = format!(
-        "being deleted: waiting for {} IPBlock(s) to be released by their nodes, each once no \
-         pod holds an address in it: {}",
+        "being deleted: waiting for {} IPBlock(s), which their nodes release at their next \
+         release pass once no pod holds an address in them: {}",
         blocks.len(),
         listed.join(", ")
     );
@@ -386,8 +386,9 @@ mod tests {
         assert_eq!(ready.last_transition_time, Time(at(20)));
         assert!(
             ready.message.ends_with(
-                "waiting for 2 IPBlock(s) to be released by their nodes, each once no pod \
-                 holds an address in it: n-10-10-0-0-24 (node node-0), n-10-10-1-0-24 (node node-1)"
+                "waiting for 2 IPBlock(s), which their nodes release at their next release \
+                 pass once no pod holds an address in them: n-10-10-0-0-24 (node node-0), \
+                 n-10-10-1-0-24 (node node-1)"
             ),
             "{}",
             ready.message
