@@ -352,7 +352,9 @@ impl ClientStreamRewriter {
         };
         let stream_id = block.stream_id;
 
-        let mut remaining = block.fragment;
+        // The decoder drains `remaining`; `block.fragment` keeps each representation's bytes
+        // for the Huffman check below.
+        let mut remaining = block.fragment.clone();
         let mut encoded = Vec::with_capacity(remaining.len() + 64);
         let mut decoded_size = 0_usize;
         let mut rewritten = false;
@@ -386,8 +388,16 @@ impl ClientStreamRewriter {
                     source: DecoderError::InvalidInput,
                 });
             }
+            let start = block.fragment.len() - before;
+            let representation = &block.fragment[start..block.fragment.len() - remaining.len()];
             for (name, value, _flags) in fields.drain(..) {
                 rewritten_fields += 1;
+                if !huffman_strings_are_canonical(representation, &name, &value) {
+                    return Err(AuthorityRewriteError::Hpack {
+                        stream_id,
+                        source: DecoderError::InvalidInput,
+                    });
+                }
                 decoded_size = decoded_size.saturating_add(name.len() + value.len() + 32);
                 if decoded_size > MAX_DECODED_HEADER_LIST {
                     return Err(AuthorityRewriteError::HeaderBlockTooLarge {
@@ -449,6 +459,65 @@ impl ClientStreamRewriter {
 #[must_use]
 pub fn is_acceptable_authority(value: &[u8]) -> bool {
     http::uri::Authority::try_from(value).is_ok()
+}
+
+/// Whether each Huffman-coded string of the literal field `representation` is the one
+/// encoding of what it decoded to (`name`, `value`). RFC 7541 §5.2 makes padding longer
+/// than 7 bits or not all ones a decoding error, and h2 ends the connection on it;
+/// httlib-hpack 0.1.3 accepts any padding, and the re-encoded block would hide it from the
+/// server. A Huffman code is prefix-free and its padding fixed, so a string is valid exactly
+/// when encoding its decoded bytes gives it back. Indexed fields and size updates hold no
+/// strings.
+fn huffman_strings_are_canonical(representation: &[u8], name: &[u8], value: &[u8]) -> bool {
+    let Some(&first) = representation.first() else {
+        return true;
+    };
+    if first & 0x80 != 0 || first & SIZE_UPDATE_MASK == SIZE_UPDATE_PATTERN {
+        return true;
+    }
+    // Literal with incremental indexing: 6-bit name index; the other literals: 4-bit.
+    let prefix_bits = if first & 0x40 != 0 { 6 } else { 4 };
+    let Some((name_index, mut at)) = decode_integer(representation, prefix_bits) else {
+        return false;
+    };
+    let strings: &[&[u8]] = if name_index == 0 { &[name, value] } else { &[value] };
+    for decoded in strings {
+        let Some(rest) = representation.get(at..) else {
+            return false;
+        };
+        let Some((len, used)) = decode_integer(rest, 7) else {
+            return false;
+        };
+        let Some(raw) = rest.get(used..used + len) else {
+            return false;
+        };
+        if rest[0] & 0x80 != 0 {
+            let mut canonical = Vec::with_capacity(len);
+            if httlib_huffman::encode(decoded, &mut canonical).is_err() || canonical != raw {
+                return false;
+            }
+        }
+        at += used + len;
+    }
+    true
+}
+
+/// An integer with an N-bit prefix (RFC 7541 §5.1) at the start of `bytes`: its value and
+/// how many bytes it took. `None` when it is cut off or longer than the decoder accepts.
+fn decode_integer(bytes: &[u8], prefix_bits: u8) -> Option<(usize, usize)> {
+    let max_prefix = (1_usize << prefix_bits) - 1;
+    let first = usize::from(*bytes.first()?) & max_prefix;
+    if first < max_prefix {
+        return Some((first, 1));
+    }
+    let mut value = max_prefix;
+    for (i, &byte) in bytes.iter().enumerate().skip(1).take(4) {
+        value += usize::from(byte & 0x7f) << (7 * (i - 1));
+        if byte & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
 }
 
 /// Appends one "literal header field never indexed, new name" representation (RFC 7541
@@ -820,6 +889,30 @@ mod tests {
             server_view(&out).header_lists,
             vec![vec![(b":method".to_vec(), b"GET".to_vec())]]
         );
+    }
+
+    #[test]
+    fn huffman_strings_with_wrong_padding_are_refused() {
+        // `:authority` (static name 1) with the Huffman value "a": code 00011, then the
+        // padding. Only `111` (the start of EOS) is valid; h2 ends the connection on the rest.
+        let block = |value: &[u8]| {
+            let mut input = PREFACE.to_vec();
+            let mut payload = vec![0x01, 0x80 | u8::try_from(value.len()).unwrap()];
+            payload.extend(value);
+            input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &payload));
+            input
+        };
+        let (_, out) = run(&block(&[0x1f]));
+        assert_eq!(
+            server_view(&out).header_lists[0],
+            vec![(b":authority".to_vec(), b"a".to_vec())]
+        );
+        for wrong in [&[0x18][..], &[0x1e], &[0x1f, 0xff]] {
+            let err = ClientStreamRewriter::new()
+                .process(&mut BytesMut::from(&block(wrong)[..]), &mut BytesMut::new())
+                .unwrap_err();
+            assert!(matches!(err, AuthorityRewriteError::Hpack { stream_id: 1, .. }), "{wrong:?}");
+        }
     }
 
     #[test]

@@ -466,7 +466,7 @@ mod fuzz {
         fn mutated_blocks_are_refused_or_passed_as_h2_reads_them(
             requests in proptest::collection::vec(request(), 1..4),
             seed in any::<u64>(),
-            mutations in proptest::collection::vec((0usize..4, 0u8..6, any::<usize>(), any::<u8>()), 1..4),
+            mutations in proptest::collection::vec((0usize..4, 0u8..7, any::<usize>(), any::<u8>()), 1..4),
             cuts in proptest::collection::vec(any::<usize>(), 0..6),
         ) {
             let stream = connection(&requests, seed, |index, block| {
@@ -481,6 +481,11 @@ mod fuzz {
                         2 => block.insert(at, byte),
                         3 if at < block.len() => { block.remove(at); }
                         4 => block.truncate(at),
+                        // The last byte usually ends a Huffman string: its padding bits.
+                        5 if !block.is_empty() => {
+                            let last = block.len() - 1;
+                            block[last] ^= 1 << (byte % 8);
+                        }
                         _ => block.extend(std::iter::repeat_n(byte, usize::from(byte % 9))),
                     }
                 }
@@ -510,13 +515,16 @@ mod fuzz {
                 prop_assert_eq!((&seen.0, &seen.1, &seen.3), (method, path, fields));
                 prop_assert_eq!(seen.2.as_ref(), authority.as_ref());
             }
-            if error.is_none() && rewritten == 0 {
-                // Nothing was repaired: h2 must reach the same verdict on the connection
-                // behind the rewriter as on the client's own bytes (a block h2 refuses must
-                // not be made acceptable by decoding it leniently and re-encoding it).
+            if error.is_none() {
+                // h2 must reach the same verdict on the connection behind the rewriter as on
+                // the client's own bytes: a block h2 refuses must not become acceptable by
+                // being decoded leniently and re-encoded. (A repaired authority only changes
+                // a stream: h2 resets a stream whose authority it cannot parse.)
                 prop_assert_eq!(behind_error.is_some(), direct_error.is_some(),
                     "behind {:?} direct {:?}", behind_error, direct_error);
-                prop_assert_eq!(behind.keys().collect::<Vec<_>>(), direct.keys().collect::<Vec<_>>());
+                if rewritten == 0 {
+                    prop_assert_eq!(behind.keys().collect::<Vec<_>>(), direct.keys().collect::<Vec<_>>());
+                }
             }
         }
     }
