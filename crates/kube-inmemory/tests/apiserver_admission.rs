@@ -389,3 +389,52 @@ async fn raw_post(srv: &ApiServer, path: &str, body: &Value) -> String {
     stream.read_to_string(&mut response).await.unwrap();
     response
 }
+
+#[tokio::test]
+async fn status_subresource_rules_match_status_writes_only() {
+    let (_srv, admin) = server().await;
+    let policies = dynamic(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+    );
+    let bindings = dynamic(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    );
+    create(&admin, &policies, json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "frozen-status"},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["resourceclaims/status"]}]},
+            "validations": [{"expression": "false",
+                "reason": "Forbidden", "message": "the status is frozen"}],
+        },
+    }))
+    .await;
+    create(&admin, &bindings, binding("frozen-status", "frozen-status", &["Deny"])).await;
+    let claims = Api::<DynamicObject>::namespaced_with(
+        admin.clone(),
+        "default",
+        &dynamic("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"),
+    );
+    claims
+        .create(&PostParams::default(), &object(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
+            "spec": {"devices": {"requests": [{"name": "net", "exactly": {"deviceClassName": "x"}}]}},
+        })))
+        .await
+        .unwrap();
+    // The main resource is not matched by a status rule.
+    let label = Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}));
+    claims.patch("c", &PatchParams::default(), &label).await.unwrap();
+    let status = Patch::Merge(json!({"metadata": {"labels": {"c": "d"}}}));
+    let err =
+        refusal(claims.patch_status("c", &PatchParams::default(), &status).await.unwrap_err());
+    assert_eq!(err.code, 403);
+    assert!(err.message.ends_with("denied request: the status is frozen"), "{}", err.message);
+}
