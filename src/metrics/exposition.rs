@@ -73,9 +73,10 @@ pub fn negotiate(accept: Option<&str>) -> Format {
         }
         let Some(quality) = quality.filter(|q| *q > 0.0) else { continue };
         let format = match (media.as_str(), version.as_deref()) {
-            ("application/openmetrics-text", None | Some("1.0.0")) => Format::OpenMetrics1,
+            ("application/openmetrics-text", None | Some("1.0.0")) | ("application/*", _) => {
+                Format::OpenMetrics1
+            }
             ("application/openmetrics-text", Some("0.0.1")) => Format::OpenMetrics0,
-            ("application/*", _) => Format::OpenMetrics1,
             ("text/plain", None | Some("0.0.4")) | ("text/*" | "*/*", _) => Format::Text,
             // Other versions (the text format 1.0.0 with UTF-8 names, …), protobuf: not served.
             _ => continue,

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::endpoint::{MetricsRegistry, encode};
-use super::standard::{self, Declared};
+use super::standard::{self, declare};
 use crate::inventory::publish::{PublishSink, SyncReport};
 use crate::model::stats::{Direction, InterfaceStats, PROTOCOLS};
 
@@ -117,6 +117,44 @@ pub struct Metrics {
     pub interface_traffic: Arc<InterfaceTraffic>,
 }
 
+/// `netclaim_{prepare,unprepare}_duration_seconds`, registered.
+fn call_durations(registry: &mut Registry) -> (Histogram, Histogram) {
+    // 100 µs to ~3.3 s: a repeated prepare is sub-millisecond, a new one a few ms, a
+    // slow API server seconds.
+    let prepare_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+    registry.register(
+        "prepare_duration_seconds",
+        "Duration of NodePrepareResources calls",
+        prepare_duration.clone(),
+    );
+    let unprepare_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+    registry.register(
+        "unprepare_duration_seconds",
+        "Duration of NodeUnprepareResources calls",
+        unprepare_duration.clone(),
+    );
+    (prepare_duration, unprepare_duration)
+}
+
+/// `netclaim_{attach,detach}_duration_seconds{mode}`, registered.
+fn link_durations(
+    registry: &mut Registry,
+) -> (DurationFamily<ModeLabel>, DurationFamily<ModeLabel>) {
+    let attach_duration: DurationFamily<ModeLabel> = declare(
+        registry,
+        "attach_duration_seconds",
+        "Sandbox event received to pod interface configured, per interface",
+        Family::new_with_constructor(link_duration_histogram),
+    );
+    let detach_duration: DurationFamily<ModeLabel> = declare(
+        registry,
+        "detach_duration_seconds",
+        "Detach of one pod interface",
+        Family::new_with_constructor(link_duration_histogram),
+    );
+    (attach_duration, detach_duration)
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -149,23 +187,23 @@ impl Metrics {
             "Generation of this node's pool",
             pool_generation.clone(),
         );
-        let slice_writes = Family::<ResultLabel, Counter>::default();
-        registry.register(
+        let slice_writes = declare(
+            registry,
             "slice_writes",
             "ResourceSlice server-side apply calls",
-            Declared(slice_writes.clone()),
+            Family::<ResultLabel, Counter>::default(),
         );
-        let status_writes = Family::<ResultLabel, Counter>::default();
-        registry.register(
+        let status_writes = declare(
+            registry,
             "status_writes",
             "ResourceClaim status server-side apply calls",
-            Declared(status_writes.clone()),
+            Family::<ResultLabel, Counter>::default(),
         );
-        let slice_syncs = Family::<ResultLabel, Counter>::default();
-        registry.register(
+        let slice_syncs = declare(
+            registry,
             "slice_syncs",
             "ResourceSlice publication rounds",
-            Declared(slice_syncs.clone()),
+            Family::<ResultLabel, Counter>::default(),
         );
         let capacity_dropped = Gauge::default();
         registry.register(
@@ -173,57 +211,31 @@ impl Metrics {
             "1 when the API server dropped allowMultipleAllocations/capacity (feature off)",
             capacity_dropped.clone(),
         );
-        // 100 µs to ~3.3 s: a repeated prepare is sub-millisecond, a new one a few ms, a
-        // slow API server seconds.
-        let prepare_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        registry.register(
-            "prepare_duration_seconds",
-            "Duration of NodePrepareResources calls",
-            prepare_duration.clone(),
-        );
-        let unprepare_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        registry.register(
-            "unprepare_duration_seconds",
-            "Duration of NodeUnprepareResources calls",
-            unprepare_duration.clone(),
-        );
-        let kubelet_requests = Family::<KubeletRequestLabels, Counter>::default();
-        registry.register(
+        let (prepare_duration, unprepare_duration) = call_durations(registry);
+        let kubelet_requests = declare(
+            registry,
             "kubelet_requests",
             "Kubelet DRA calls by method and outcome",
-            Declared(kubelet_requests.clone()),
+            Family::<KubeletRequestLabels, Counter>::default(),
         );
-        let attach_duration: DurationFamily<ModeLabel> =
-            Family::new_with_constructor(link_duration_histogram);
-        registry.register(
-            "attach_duration_seconds",
-            "Sandbox event received to pod interface configured, per interface",
-            Declared(attach_duration.clone()),
-        );
-        let detach_duration: DurationFamily<ModeLabel> =
-            Family::new_with_constructor(link_duration_histogram);
-        registry.register(
-            "detach_duration_seconds",
-            "Detach of one pod interface",
-            Declared(detach_duration.clone()),
-        );
-        let nri_events = Family::<NriEventLabels, Counter>::default();
-        registry.register(
+        let (attach_duration, detach_duration) = link_durations(registry);
+        let nri_events = declare(
+            registry,
             "nri_events",
             "NRI events handled, by outcome",
-            Declared(nri_events.clone()),
+            Family::<NriEventLabels, Counter>::default(),
         );
-        let ipblocks_lost = Family::<PodNetworkLabel, Counter>::default();
-        registry.register(
+        let ipblocks_lost = declare(
+            registry,
             "ipblocks_lost",
             "IPBlocks of this node deleted or changed under it (their addresses may be in use twice)",
-            Declared(ipblocks_lost.clone()),
+            Family::<PodNetworkLabel, Counter>::default(),
         );
-        let ipam_addresses = Family::<IpamLabels, Gauge>::default();
-        registry.register(
+        let ipam_addresses = declare(
+            registry,
             "ipam_addresses",
             "Addresses of node-local pools by state",
-            Declared(ipam_addresses.clone()),
+            Family::<IpamLabels, Gauge>::default(),
         );
         let interface_traffic = Arc::new(InterfaceTraffic::new(pod_labels));
         registry.register_collector(Box::new(Arc::clone(&interface_traffic)));

@@ -29,6 +29,10 @@ pub struct ProcessSample {
 
 /// Reads [`ProcessSample`] from `/proc/self` (and `/proc/stat`'s boot time: the kernel gives
 /// a process's start in clock ticks since boot).
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "clock ticks and seconds since 1970 stay far below 2^52, exact in an f64"
+)]
 pub fn read() -> procfs::ProcResult<ProcessSample> {
     let process = Process::myself()?;
     let stat = process.stat()?;

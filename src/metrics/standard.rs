@@ -30,6 +30,18 @@ impl<M: EncodeMetric> EncodeMetric for Declared<M> {
     }
 }
 
+/// Registers `metric` on `registry` as `name`, declared from the start ([`Declared`]), and
+/// returns it for the caller to update.
+pub fn declare<M: EncodeMetric + Clone + Send + Sync + std::fmt::Debug + 'static>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, Declared(metric.clone()));
+    metric
+}
+
 /// Labels of `netclaim_build_info`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {

@@ -27,7 +27,7 @@ const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 const CONTROLLER_METRICS: &str = "127.0.0.1:19179";
 const NODE_METRICS: &str = crate::kit::netns::NETNS_METRICS_LISTEN;
 /// Bound for the processes to start serving; only keeps a broken build from hanging.
-const PATIENCE: Duration = Duration::from_secs(60);
+const PATIENCE: Duration = Duration::from_mins(1);
 /// Prometheus' `Accept` with its default `scrape_protocols` (2.x).
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 /// The Debian interpreter, where the Debian package installs the library (a `python3` first
