@@ -1,7 +1,7 @@
 //! The field-by-field merge of the config entries that apply to one request: class entries
 //! first, then claim entries, a later field winning.
 
-use super::{ConfigEntry, ConfigError, IpamConfig, NetworkConfig, decode};
+use super::{ConfigEntry, ConfigError, IpamConfig, NetworkConfig, SriovConfig, decode};
 
 impl NetworkConfig {
     /// Applies a later entry on top of this one, field by field: a field the later entry
@@ -43,12 +43,24 @@ impl NetworkConfig {
         merge_nested(&mut self.ipam, ipam, merge_ipam);
         override_with(&mut self.routes, routes);
         merge_nested(&mut self.sriov, sriov, |a, b| {
-            override_with(&mut a.qos, b.qos);
-            override_with(&mut a.spoof_check, b.spoof_check);
-            override_with(&mut a.trust, b.trust);
-            override_with(&mut a.max_tx_rate_mbps, b.max_tx_rate_mbps);
-            override_with(&mut a.min_tx_rate_mbps, b.min_tx_rate_mbps);
-            override_with(&mut a.link_state, b.link_state);
+            // Destructured whole so that a new VF setting cannot be left out of the merge
+            // (`vlanProtocol` once was: a claim's 802.1ad became 802.1Q under a class entry).
+            let SriovConfig {
+                qos,
+                spoof_check,
+                trust,
+                max_tx_rate_mbps,
+                min_tx_rate_mbps,
+                link_state,
+                vlan_protocol,
+            } = b;
+            override_with(&mut a.qos, qos);
+            override_with(&mut a.spoof_check, spoof_check);
+            override_with(&mut a.trust, trust);
+            override_with(&mut a.max_tx_rate_mbps, max_tx_rate_mbps);
+            override_with(&mut a.min_tx_rate_mbps, min_tx_rate_mbps);
+            override_with(&mut a.link_state, link_state);
+            override_with(&mut a.vlan_protocol, vlan_protocol);
         });
         override_with(&mut self.stats, stats);
     }

@@ -751,6 +751,18 @@ fn claim_addresses_replace_class_pool_and_a_new_subnet_replaces_the_pool() {
 }
 
 #[test]
+fn every_vf_setting_of_a_claim_entry_wins_over_the_class_entry() {
+    let decode = |value: Value| {
+        serde_json::from_value::<NetworkConfig>(params(value)).expect("a valid config entry")
+    };
+    let mut merged = decode(json!({"sriov": {"trust": true, "vlanProtocol": "802.1Q"}}));
+    merged.merge(decode(json!({"sriov": {"vlanProtocol": "802.1ad", "qos": 3}})));
+    let sriov = merged.sriov.expect("both entries set sriov");
+    assert_eq!(sriov.vlan_protocol, Some(VfVlanProtocol::Ieee8021Ad));
+    assert_eq!((sriov.trust, sriov.qos), (Some(true), Some(3)));
+}
+
+#[test]
 fn resolved_config_round_trips_through_json() {
     let r = check(
         json!({"interface": {"name": "net1", "hardwareAddress": "02:00:00:00:00:01"},
