@@ -186,6 +186,32 @@ pub(crate) enum ApplyOutcome {
     Conflicts(Vec<(String, String)>),
 }
 
+/// Value equality as server-side apply sees it: numbers compare by value, an integer equal
+/// to a float (`1` and `1.0`) as upstream's structured-merge-diff compares them. A client
+/// that decodes a schema into typed structs re-encodes `minimum: 1` as `1.0`; exact JSON
+/// equality made the same value a conflict.
+fn same_value(a: Option<&Value>, b: Option<&Value>) -> bool {
+    fn eq(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => {
+                x == y || ((x.is_f64() || y.is_f64()) && x.as_f64() == y.as_f64())
+            }
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| eq(x, y))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| eq(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+    match (a, b) {
+        (Some(a), Some(b)) => eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
 /// Server-side apply of `applied` (already restricted to the subresource's fields) onto
 /// `live` (`None`: the object is being created).
 pub(crate) fn apply(
@@ -212,7 +238,7 @@ pub(crate) fn apply(
         }
         let live_val = fieldset::value_at(resource, live_v, &path);
         let applied_val = fieldset::value_at(resource, applied, &path);
-        if live_val == applied_val {
+        if same_value(live_val, applied_val) {
             continue;
         }
         for (i, e) in entries.iter().enumerate() {
