@@ -23,7 +23,7 @@ const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
 struct Dev {
     child: Child,
     kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Dev {
@@ -51,7 +51,7 @@ impl Dev {
             assert!(started.elapsed() < Duration::from_secs(30), "no kubeconfig after 30 s");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Self { child, kubeconfig, _dir: dir }
+        Self { child, kubeconfig, dir }
     }
 
     /// A kubeconfig acting as the node daemon's ServiceAccount on `node` (None: with no
@@ -62,7 +62,7 @@ impl Dev {
         let extra = node.map_or(String::new(), |n| {
             format!(", as-user-extra: {{authentication.kubernetes.io/node-name: [{n}]}}")
         });
-        let path = self._dir.path().join(format!("node-{}", node.unwrap_or("none")));
+        let path = self.dir.path().join(format!("node-{}", node.unwrap_or("none")));
         let config = format!(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: dev, cluster: {{server: {server}}}}}]\n\
              users: [{{name: node, user: {{as: system:serviceaccount:netclaim-system:netclaim-node{extra}}}}}]\n\
