@@ -68,6 +68,58 @@ fn pod_and_template(pod: &str, class: &str, subnet: &str) -> String {
 
 const SCHEDULED: &str = r#"{.spec.nodeName}|{.status.conditions[?(@.type=="PodScheduled")].status}|{.status.conditions[?(@.type=="PodScheduled")].reason}|{.status.conditions[?(@.type=="PodScheduled")].message}"#;
 
+/// ghost's one `FailedScheduling` Event, as `kubectl get events` (core/v1) and `kubectl
+/// describe` show it; a retry after a change is counted in its series.
+fn event_series(ns: &kit::netns::Netns, kubeconfig: &Path, dir: &Path) {
+    let events = |pod: &str| {
+        kubectl(
+            ns,
+            kubeconfig,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                &format!("involvedObject.name={pod}"),
+                "-o",
+                "jsonpath={range .items[*]}{.type}|{.reason}|{.count}|{.message}{\"\\n\"}{end}",
+            ],
+        )
+        .unwrap_or_default()
+    };
+    // The series count of the pod's one FailedScheduling Event (core/v1 shows none for 1).
+    let count = |out: &str| -> u32 {
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "one Event, not one per attempt: {out}");
+        lines[0].split('|').nth(2).unwrap().parse().unwrap_or(1)
+    };
+    let first = wait("ghost's FailedScheduling Event", || {
+        let out = events("ghost");
+        out.contains("|FailedScheduling|").then_some(out)
+    });
+    let lines: Vec<&str> = first.lines().collect();
+    assert!(
+        lines[0].starts_with("Warning|FailedScheduling|")
+            && lines[0].ends_with("device class nc does not exist. The request is in ResourceClaimTemplate ghost in namespace default."),
+        "{first}"
+    );
+    // A DeviceClass appears (not the one it needs): kube-scheduler retries the pod, and the
+    // attempt is counted in the same Event.
+    let other = dir.join("other.yaml");
+    let before = count(&events("ghost"));
+    std::fs::write(&other, class("other", "no-such-nic")).unwrap();
+    kubectl(ns, kubeconfig, &["apply", "-f", other.to_str().unwrap()]).unwrap();
+    let counted = wait("the retry counted in the Event series", || {
+        let now = count(&events("ghost"));
+        (now > before).then_some(now)
+    });
+    let described = kubectl(ns, kubeconfig, &["describe", "pod", "ghost"]).unwrap();
+    assert!(
+        described.contains("Warning  FailedScheduling")
+            && described.contains(&format!("(x{counted} over")),
+        "{described}"
+    );
+}
+
 fn scenario(ns: &kit::netns::Netns, kubeconfig: &Path, dir: &Path, parent: &str) {
     // The node's slice first: its publication is itself a change the scheduler retries on.
     wait("the node's ResourceSlice", || {
@@ -119,54 +171,7 @@ fn scenario(ns: &kit::netns::Netns, kubeconfig: &Path, dir: &Path, parent: &str)
         "{nomatch}"
     );
 
-    // The Event, as `kubectl get events` lists it (core/v1).
-    let events = |pod: &str| {
-        kubectl(
-            ns,
-            kubeconfig,
-            &[
-                "get",
-                "events",
-                "--field-selector",
-                &format!("involvedObject.name={pod}"),
-                "-o",
-                "jsonpath={range .items[*]}{.type}|{.reason}|{.count}|{.message}{\"\\n\"}{end}",
-            ],
-        )
-        .unwrap_or_default()
-    };
-    // The series count of the pod's one FailedScheduling Event (core/v1 shows none for 1).
-    let count = |out: &str| -> u32 {
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.len(), 1, "one Event, not one per attempt: {out}");
-        lines[0].split('|').nth(2).unwrap().parse().unwrap_or(1)
-    };
-    let first = wait("ghost's FailedScheduling Event", || {
-        let out = events("ghost");
-        out.contains("|FailedScheduling|").then_some(out)
-    });
-    let lines: Vec<&str> = first.lines().collect();
-    assert!(
-        lines[0].starts_with("Warning|FailedScheduling|")
-            && lines[0].ends_with("device class nc does not exist. The request is in ResourceClaimTemplate ghost in namespace default."),
-        "{first}"
-    );
-    // A DeviceClass appears (not the one it needs): kube-scheduler retries the pod, and the
-    // attempt is counted in the same Event.
-    let other = dir.join("other.yaml");
-    let before = count(&events("ghost"));
-    std::fs::write(&other, class("other", "no-such-nic")).unwrap();
-    kubectl(ns, kubeconfig, &["apply", "-f", other.to_str().unwrap()]).unwrap();
-    let counted = wait("the retry counted in the Event series", || {
-        let now = count(&events("ghost"));
-        (now > before).then_some(now)
-    });
-    let described = kubectl(ns, kubeconfig, &["describe", "pod", "ghost"]).unwrap();
-    assert!(
-        described.contains("Warning  FailedScheduling")
-            && described.contains(&format!("(x{counted} over")),
-        "{described}"
-    );
+    event_series(ns, kubeconfig, dir);
 
     // The class is created: the pod is bound, PodScheduled turns True, and it runs.
     let nc = dir.join("nc.yaml");
