@@ -264,12 +264,8 @@ fn bind(
             put("node-uid", &node_uid);
         }
     }
-    let bound = BoundObject {
-        plural,
-        namespace: object_namespace,
-        name,
-        uid: actual_uid.to_owned(),
-    };
+    let bound =
+        BoundObject { plural, namespace: object_namespace, name, uid: actual_uid.to_owned() };
     Ok((bound, extra))
 }
 
