@@ -46,7 +46,7 @@ pub enum DraClientError {
         message: String,
     },
     /// The driver answered with an error for one claim (as kubelet, which writes
-    /// "NodePrepareResources failed for ResourceClaim <name>: <message>").
+    /// `NodePrepareResources failed for ResourceClaim <name>: <message>`).
     #[error("ResourceClaim {claim}: {message}")]
     Claim {
         /// `namespace/name`.
