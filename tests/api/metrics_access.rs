@@ -189,7 +189,13 @@ async fn by_default_the_endpoint_is_plain_http_on_loopback() {
     .unwrap();
     let response = plain_get(bound.port(), "/metrics").await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    assert!(response.contains("netclaim_interface_rx_bytes_total"), "{response}");
+    // The sample, not only the family's `# TYPE` line (every family is declared from start).
+    assert!(
+        response
+            .lines()
+            .any(|l| l.starts_with("netclaim_interface_rx_bytes_total{") && l.ends_with(" 4242")),
+        "{response}"
+    );
     let _ = stop.send(());
     task.await.unwrap();
 }
