@@ -125,8 +125,8 @@ fn prepare_benches(c: &mut Criterion) {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let api = rt.block_on(DevApi::start());
-    let state_dir = api.dir.path().join("state");
-    let plugin = rt.block_on(Plugin::start(&api, &state_dir, api.dir.path()));
+    let state_dir = api.dir().join("state");
+    let plugin = rt.block_on(Plugin::start(&api, &state_dir, api.dir()));
     // kubelet's side: its own single-threaded runtime on this thread, as kubelet is its own
     // process; the plugin runs on `rt`'s two workers, as in the daemon on this machine.
     let kubelet = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -11,6 +11,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::ListParams;
 
+use super::document::{DocumentError, write_json, write_yaml};
 use super::{InventoryArgs, OutputFormat, SharingModeArg};
 use crate::host::discovery::{self, DiscoveryError};
 use crate::host::sysfs::Sysfs;
@@ -43,15 +44,9 @@ pub enum InventoryCommandError {
     /// The async runtime could not start.
     #[error("starting the async runtime")]
     Runtime(#[source] io::Error),
-    /// Serialising the output failed.
-    #[error("encoding {format} output")]
-    Encode {
-        /// `json` or `yaml`.
-        format: &'static str,
-        /// The encoder's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// Writing the JSON or YAML document failed.
+    #[error(transparent)]
+    Document(#[from] DocumentError),
     /// Writing to stdout failed.
     #[error("writing output")]
     Write(#[from] io::Error),
@@ -117,8 +112,8 @@ pub fn run(args: &InventoryArgs, out: &mut impl Write) -> Result<(), InventoryCo
         PoolIdentity { driver: args.driver_name.clone(), node, generation: PREVIEW_GENERATION };
     let slices = build_slices(&pool, &inventory.devices);
     match args.output {
-        OutputFormat::Json => write_json(&slices, out),
-        OutputFormat::Yaml => write_yaml(&slices, out),
+        OutputFormat::Json => write_slices_json(&slices, out),
+        OutputFormat::Yaml => write_slices_yaml(&slices, out),
         OutputFormat::Table => write_table(&inventory, &networks, out),
     }
 }
@@ -166,19 +161,23 @@ fn default_node_name() -> Result<String, InventoryCommandError> {
         .map_err(|source| InventoryCommandError::HostName { path: HOSTNAME_PATH, source })
 }
 
-fn write_json(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
+/// The slices as a `List`, as `kubectl get -o json` prints several objects.
+fn write_slices_json(
+    slices: &[ResourceSlice],
+    out: &mut impl Write,
+) -> Result<(), InventoryCommandError> {
     let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": slices });
-    serde_json::to_writer_pretty(&mut *out, &list)
-        .map_err(|err| InventoryCommandError::Encode { format: "json", source: err.into() })?;
-    writeln!(out)?;
-    Ok(())
+    Ok(write_json(&list, out)?)
 }
 
-fn write_yaml(slices: &[ResourceSlice], out: &mut impl Write) -> Result<(), InventoryCommandError> {
+/// The slices as a YAML stream, one document each.
+fn write_slices_yaml(
+    slices: &[ResourceSlice],
+    out: &mut impl Write,
+) -> Result<(), InventoryCommandError> {
     for slice in slices {
-        let text = yaml_serde::to_string(slice)
-            .map_err(|err| InventoryCommandError::Encode { format: "yaml", source: err.into() })?;
-        write!(out, "---\n{text}")?;
+        writeln!(out, "---")?;
+        write_yaml(slice, out)?;
     }
     Ok(())
 }

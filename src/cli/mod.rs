@@ -8,6 +8,7 @@
 pub mod controller;
 #[cfg(feature = "dev")]
 pub mod dev;
+pub mod document;
 pub mod inventory;
 pub mod metrics;
 pub mod node;

@@ -4,6 +4,7 @@
 
 use std::io::{self, Write};
 
+use super::document::{DocumentError, write_json, write_yaml};
 use super::{OutputFormat, StatusArgs};
 use crate::node::status_api::{self, NodeStatus, StatusClientError};
 
@@ -16,15 +17,9 @@ pub enum StatusCommandError {
     /// The daemon could not be asked.
     #[error(transparent)]
     Fetch(#[from] StatusClientError),
-    /// Encoding the output failed.
-    #[error("encoding {format} output")]
-    Encode {
-        /// `json` or `yaml`.
-        format: &'static str,
-        /// The encoder's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// Writing the JSON or YAML document failed.
+    #[error(transparent)]
+    Document(#[from] DocumentError),
     /// Writing to stdout failed.
     #[error("writing output")]
     Write(#[from] io::Error),
@@ -40,16 +35,8 @@ pub fn run(args: &StatusArgs, out: &mut impl Write) -> Result<(), StatusCommandE
     let status = runtime.block_on(status_api::fetch(&socket))?;
     match args.output {
         OutputFormat::Table => render_table(&status, out)?,
-        OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &status)
-                .map_err(|err| StatusCommandError::Encode { format: "json", source: err.into() })?;
-            writeln!(out)?;
-        }
-        OutputFormat::Yaml => {
-            let text = yaml_serde::to_string(&status)
-                .map_err(|err| StatusCommandError::Encode { format: "yaml", source: err.into() })?;
-            write!(out, "{text}")?;
-        }
+        OutputFormat::Json => write_json(&status, out)?,
+        OutputFormat::Yaml => write_yaml(&status, out)?,
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
+use super::document::{DocumentError, write_json, write_yaml};
 use super::{OutputFormat, VersionArgs};
 
 /// What `netclaim version` reports.
@@ -35,15 +36,9 @@ pub const VERSION: VersionInfo = VersionInfo {
 /// Why `netclaim version` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum VersionCommandError {
-    /// Encoding the output failed.
-    #[error("encoding {format} output")]
-    Encode {
-        /// `json` or `yaml`.
-        format: &'static str,
-        /// The encoder's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// Writing the JSON or YAML document failed.
+    #[error(transparent)]
+    Document(#[from] DocumentError),
     /// Writing to stdout failed.
     #[error("writing output")]
     Write(#[from] io::Error),
@@ -59,19 +54,8 @@ pub fn run(args: &VersionArgs, out: &mut impl Write) -> Result<(), VersionComman
             writeln!(out, "kubelet plugin API: {}", info.kubelet_plugin_apis.join(", "))?;
             writeln!(out, "device health API: {}", info.device_health_apis.join(", "))?;
         }
-        OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, info).map_err(|err| {
-                VersionCommandError::Encode { format: "json", source: err.into() }
-            })?;
-            writeln!(out)?;
-        }
-        OutputFormat::Yaml => {
-            let text = yaml_serde::to_string(info).map_err(|err| VersionCommandError::Encode {
-                format: "yaml",
-                source: err.into(),
-            })?;
-            write!(out, "{text}")?;
-        }
+        OutputFormat::Json => write_json(info, out)?,
+        OutputFormat::Yaml => write_yaml(info, out)?,
     }
     Ok(())
 }

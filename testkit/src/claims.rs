@@ -3,7 +3,6 @@
 //! inventory, and a DRA v1 client on the plugin's socket.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,37 +20,28 @@ use netclaim::testing::facts::{FactsBuilder as _, physical_nic};
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
 
+use super::dev_api::DevApiServer;
 use super::kubelet::tonic_channel;
 
 pub use super::DRIVER;
 pub const NODE: &str = "node-a";
 
-/// `netclaim dev --api-only` as a child process, killed on drop.
+/// `netclaim dev --api-only` as a child process (stopped on drop) with an admin client.
 pub struct DevApi {
-    child: Child,
-    pub dir: tempfile::TempDir,
+    server: DevApiServer,
     pub client: kube::Client,
 }
 
 impl DevApi {
     pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        let log = std::fs::File::create(dir.path().join("api.log")).unwrap();
-        let child = Command::new(super::netclaim_bin())
-            .args(["dev", "--api-only", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !kubeconfig.exists() {
-            assert!(Instant::now() < deadline, "the dev API server wrote no kubeconfig");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let client = netclaim::k8s::client(Some(&kubeconfig)).await.unwrap();
-        Self { child, dir, client }
+        let server = DevApiServer::start();
+        let client = server.client().await;
+        Self { server, client }
+    }
+
+    /// The server's temp dir, which the claim tests also use for their state and plugin dirs.
+    pub fn dir(&self) -> &Path {
+        self.server.dir.path()
     }
 
     /// Creates a claim with one request per entry of `results`, then writes its allocation
@@ -118,13 +108,6 @@ impl DevApi {
     pub async fn delete_claim(&self, name: &str) {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
         api.delete(name, &DeleteParams::default()).await.unwrap();
-    }
-}
-
-impl Drop for DevApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -32,6 +32,7 @@ pub mod containerd;
 pub mod counters;
 pub mod daemon;
 pub mod daemonset;
+pub mod dev_api;
 pub mod examples;
 pub mod https;
 pub mod image;

@@ -31,7 +31,7 @@ async fn prepare(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_is_idempotent_names_bad_fields_and_unprepare_releases_the_address() {
     let api = DevApi::start().await;
-    let plugin = Plugin::start(&api, &api.dir.path().join("state"), api.dir.path()).await;
+    let plugin = Plugin::start(&api, &api.dir().join("state"), api.dir()).await;
     let mut client = dra_client(&plugin.dra_socket()).await;
 
     let shared =
@@ -127,7 +127,7 @@ async fn prepare_is_idempotent_names_bad_fields_and_unprepare_releases_the_addre
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_claims_in_one_request() {
     let api = DevApi::start().await;
-    let plugin = Plugin::start(&api, &api.dir.path().join("state"), api.dir.path()).await;
+    let plugin = Plugin::start(&api, &api.dir().join("state"), api.dir()).await;
     let mut client = dra_client(&plugin.dra_socket()).await;
     let mut refs = Vec::new();
     for i in 0..50 {
@@ -162,8 +162,8 @@ async fn fifty_claims_in_one_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_preparer_still_knows_the_claim() {
     let api = DevApi::start().await;
-    let state = api.dir.path().join("state");
-    let plugin = Plugin::start(&api, &state, api.dir.path()).await;
+    let state = api.dir().join("state");
+    let plugin = Plugin::start(&api, &state, api.dir()).await;
     let mut client = dra_client(&plugin.dra_socket()).await;
     let claim = api
         .allocated_claim(
@@ -178,7 +178,7 @@ async fn a_restarted_preparer_still_knows_the_claim() {
 
     // The claim is gone from the API: only the state dir can answer now.
     api.delete_claim("keep").await;
-    let plugin = Plugin::start(&api, &state, api.dir.path()).await;
+    let plugin = Plugin::start(&api, &state, api.dir()).await;
     let mut client = dra_client(&plugin.dra_socket()).await;
     let again = prepare(&mut client, vec![claim_ref(&claim)]).await;
     assert_eq!(first, again);
@@ -191,7 +191,7 @@ async fn a_restarted_preparer_still_knows_the_claim() {
         .into_inner();
     assert!(unprepared.claims.values().all(|c| c.error.is_empty()));
     plugin.stop().await;
-    let plugin = Plugin::start(&api, &state, api.dir.path()).await;
+    let plugin = Plugin::start(&api, &state, api.dir()).await;
     assert!(plugin.service.prepared_uids().is_empty(), "unprepare was durable");
     plugin.stop().await;
 }

@@ -12,57 +12,30 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
+use crate::kit::dev_api::DevApiServer;
 use crate::kit::kustomize::kubectl;
 
-const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
-
-/// `netclaim dev --api-only` on a free port, stopped (SIGTERM, then waited for) on drop.
+/// `netclaim dev --api-only` on a free port, driven with kubectl.
 struct Dev {
-    child: Child,
-    kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.child.wait();
-    }
+    server: DevApiServer,
 }
 
 impl Dev {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        let mut child = Command::new(NETCLAIM)
-            .args(["dev", "--api-only", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while !kubeconfig.exists() {
-            assert!(child.try_wait().unwrap().is_none(), "netclaim dev --api-only exited");
-            assert!(started.elapsed() < Duration::from_secs(30), "no kubeconfig after 30 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, kubeconfig, dir }
+        Self { server: DevApiServer::start() }
     }
 
     /// A kubeconfig acting as the node daemon's ServiceAccount on `node` (None: with no
     /// node), as a user writes one (the server from the dev kubeconfig).
     fn as_node(&self, node: Option<&str>) -> PathBuf {
-        let dev = std::fs::read_to_string(&self.kubeconfig).unwrap();
+        let dev = std::fs::read_to_string(&self.server.kubeconfig).unwrap();
         let server = dev.lines().find_map(|l| l.trim().strip_prefix("server: ")).unwrap();
         let extra = node.map_or(String::new(), |n| {
             format!(", as-user-extra: {{authentication.kubernetes.io/node-name: [{n}]}}")
         });
-        let path = self.dir.path().join(format!("node-{}", node.unwrap_or("none")));
+        let path = self.server.dir.path().join(format!("node-{}", node.unwrap_or("none")));
         let config = format!(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: dev, cluster: {{server: {server}}}}}]\n\
              users: [{{name: node, user: {{as: system:serviceaccount:netclaim-system:netclaim-node{extra}}}}}]\n\
@@ -75,7 +48,7 @@ impl Dev {
     /// `kubectl <args>` (with another kubeconfig when given), `stdin` piped in.
     fn kubectl(&self, kubeconfig: Option<&Path>, args: &[&str], stdin: &str) -> Output {
         let mut command = Command::new(kubectl());
-        command.arg("--kubeconfig").arg(kubeconfig.unwrap_or(&self.kubeconfig));
+        command.arg("--kubeconfig").arg(kubeconfig.unwrap_or(&self.server.kubeconfig));
         command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = command.spawn().unwrap();
         let mut input = child.stdin.take().unwrap();

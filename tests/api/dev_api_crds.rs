@@ -5,56 +5,17 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
-const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
-
-/// The server process, stopped (SIGTERM, then waited for) when the test ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.0.wait();
-    }
-}
-
-async fn client(kubeconfig: &Path) -> kube::Client {
-    let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config =
-        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
-            .await
-            .unwrap();
-    kube::Client::try_from(config).unwrap()
-}
+use crate::kit::dev_api::DevApiServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_only_serves_the_project_crds_and_their_rules() {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    let mut server = Server(
-        Command::new(NETCLAIM)
-            .args(["dev", "--api-only", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = Instant::now();
-    while !kubeconfig.exists() {
-        assert!(server.0.try_wait().unwrap().is_none(), "netclaim dev --api-only exited");
-        assert!(started.elapsed() < Duration::from_secs(30), "no kubeconfig after 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let client = client(&kubeconfig).await;
+    let server = DevApiServer::start();
+    let client = server.client().await;
 
     // Both definitions are there and Established before the kubeconfig was written.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());

@@ -7,45 +7,26 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
+use crate::kit::dev_api::DevApiServer;
 use crate::kit::kustomize::{kubectl, kustomize};
 
-const NETCLAIM: &str = env!("CARGO_BIN_EXE_netclaim");
-
-/// `netclaim dev --api-only` on a free port, stopped (SIGTERM, then waited for) on drop.
+/// `netclaim dev --api-only` on a free port, driven with kubectl.
 struct Dev {
-    child: Child,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
+    server: DevApiServer,
 }
 
 impl Dev {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        let mut child = Command::new(NETCLAIM)
-            .args(["dev", "--api-only", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while !kubeconfig.exists() {
-            assert!(child.try_wait().unwrap().is_none(), "netclaim dev --api-only exited");
-            assert!(started.elapsed() < Duration::from_secs(30), "no kubeconfig after 30 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, kubeconfig, _dir: dir }
+        Self { server: DevApiServer::start() }
     }
 
     fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let mut command = Command::new(kubectl());
-        command.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        command.arg("--kubeconfig").arg(&self.server.kubeconfig).args(args);
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = command.spawn().unwrap();
         let mut input = child.stdin.take().unwrap();
@@ -79,14 +60,6 @@ impl Dev {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
         serde_json::from_str(&self.ok(&all)).unwrap()
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.child.wait();
     }
 }
 

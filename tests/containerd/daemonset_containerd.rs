@@ -382,7 +382,7 @@ async fn flow(
     std::fs::copy(&ca, service_account.join("ca.crt")).unwrap();
     std::fs::write(service_account.join("token"), "netclaim-node-token").unwrap();
     std::fs::write(service_account.join("namespace"), "netclaim-system").unwrap();
-    let api_backend = kubeconfig_server(&node.api.dir.path().join("kubeconfig"));
+    let api_backend = kubeconfig_server(&node.api.dir().join("kubeconfig"));
     let api_port = kit::daemonset::tls_front(&cert, &key, api_backend).await;
     let ctx = KubeletContext {
         pod_name: pod_name.clone(),

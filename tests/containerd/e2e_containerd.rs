@@ -184,7 +184,7 @@ impl Cluster {
     }
 
     fn dir(&self) -> &Path {
-        self.api.dir.path()
+        self.api.dir()
     }
 
     fn state_dir(&self) -> PathBuf {
