@@ -230,8 +230,112 @@ fn columns(kind: &str) -> Vec<Column> {
             },
             age,
         ],
+        // kubectl's columns for Events (core/v1 and events.k8s.io/v1 share the kind; each
+        // cell reads the core field first, then the events.k8s.io one).
+        "Event" => vec![
+            Column { name: "Last Seen", wide: false, cell: event_last_seen },
+            Column { name: "Type", wide: false, cell: |o| text(o, "/type") },
+            Column { name: "Reason", wide: false, cell: |o| text(o, "/reason") },
+            Column { name: "Object", wide: false, cell: event_object },
+            Column {
+                name: "Subobject",
+                wide: true,
+                cell: |o| {
+                    json!(first_text(o, &["/involvedObject/fieldPath", "/regarding/fieldPath"]))
+                },
+            },
+            Column { name: "Source", wide: true, cell: event_source },
+            Column {
+                name: "Message",
+                wide: false,
+                cell: |o| json!(first_text(o, &["/message", "/note"]).trim()),
+            },
+            Column { name: "First Seen", wide: true, cell: event_first_seen },
+            Column { name: "Count", wide: true, cell: event_count },
+            Column { name: "Name", wide: true, cell: |o| text(o, "/metadata/name") },
+        ],
         _ => vec![name, age],
     }
+}
+
+/// The first of `pointers` that holds a non-empty string ("" when none does).
+fn first_text<'a>(obj: &'a Value, pointers: &[&str]) -> &'a str {
+    pointers
+        .iter()
+        .filter_map(|p| obj.pointer(p).and_then(Value::as_str))
+        .find(|s| !s.is_empty())
+        .unwrap_or("")
+}
+
+/// How long ago the first of `pointers` holding a timestamp was, as kubectl prints ages.
+fn age_at(obj: &Value, pointers: &[&str]) -> Value {
+    let seen = pointers
+        .iter()
+        .filter_map(|p| obj.pointer(p).and_then(Value::as_str))
+        .find_map(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    json!(seen.map_or_else(
+        || "<unknown>".to_owned(),
+        |t| human_age(super::objects::unix_now() - t.as_second())
+    ))
+}
+
+/// A series' last observation, else the last timestamp, else the event time.
+fn event_last_seen(obj: &Value) -> Value {
+    age_at(
+        obj,
+        &[
+            "/series/lastObservedTime",
+            "/lastTimestamp",
+            "/deprecatedLastTimestamp",
+            "/eventTime",
+            "/metadata/creationTimestamp",
+        ],
+    )
+}
+
+fn event_first_seen(obj: &Value) -> Value {
+    age_at(
+        obj,
+        &[
+            "/firstTimestamp",
+            "/deprecatedFirstTimestamp",
+            "/eventTime",
+            "/metadata/creationTimestamp",
+        ],
+    )
+}
+
+/// `kind/name` of the object the event is about, the kind in lower case as kubectl shows it.
+fn event_object(obj: &Value) -> Value {
+    let kind = first_text(obj, &["/involvedObject/kind", "/regarding/kind"]).to_lowercase();
+    let name = first_text(obj, &["/involvedObject/name", "/regarding/name"]);
+    json!(format!("{kind}/{name}"))
+}
+
+/// The reporting component (the reporting controller when no source was written), with the
+/// host after a comma when one was.
+fn event_source(obj: &Value) -> Value {
+    let component = first_text(
+        obj,
+        &[
+            "/source/component",
+            "/deprecatedSource/component",
+            "/reportingController",
+            "/reportingComponent",
+        ],
+    );
+    let host = first_text(obj, &["/source/host", "/deprecatedSource/host"]);
+    json!(if host.is_empty() { component.to_owned() } else { format!("{component}, {host}") })
+}
+
+/// A series' count, else the event's count, else 1.
+fn event_count(obj: &Value) -> Value {
+    let count = ["/series/count", "/count", "/deprecatedCount"]
+        .iter()
+        .filter_map(|p| obj.pointer(p).and_then(Value::as_i64))
+        .find(|n| *n > 0)
+        .unwrap_or(1);
+    json!(count)
 }
 
 /// A count from the status (0 when the status has none: no controller fills it here).
@@ -460,6 +564,67 @@ mod tests {
                 .unwrap();
         let cells = &table(&leases, &[&claim], "5", false)["rows"][0]["cells"];
         assert_eq!(cells.as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn events_get_kubectls_columns_from_either_api() {
+        let core = json!({
+            "metadata": {"name": "ghost.1"},
+            "involvedObject": {"kind": "Pod", "name": "ghost"},
+            "type": "Warning",
+            "reason": "FailedScheduling",
+            "message": "0/1 nodes are available. ",
+            "source": {"component": "netclaim-dev-allocator"},
+            "series": {"count": 3, "lastObservedTime": "2026-11-22T10:00:00.000000Z"},
+        });
+        let events = super::super::resources::built_in_resource("", "v1", "events").unwrap();
+        let t = table(&events, &[&core], "5", false);
+        let names: Vec<&str> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Last Seen",
+                "Type",
+                "Reason",
+                "Object",
+                "Subobject",
+                "Source",
+                "Message",
+                "First Seen",
+                "Count",
+                "Name"
+            ]
+        );
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(
+            (&cells[1], &cells[2], &cells[3], &cells[5], &cells[6], &cells[8]),
+            (
+                &json!("Warning"),
+                &json!("FailedScheduling"),
+                &json!("pod/ghost"),
+                &json!("netclaim-dev-allocator"),
+                &json!("0/1 nodes are available."),
+                &json!(3)
+            )
+        );
+        let modern = json!({
+            "metadata": {"name": "e"},
+            "regarding": {"kind": "PodNetwork", "name": "medianet"},
+            "note": "lost",
+            "reportingController": "netclaim.dev/node",
+        });
+        let events =
+            super::super::resources::built_in_resource("events.k8s.io", "v1", "events").unwrap();
+        let cells = &table(&events, &[&modern], "5", false)["rows"][0]["cells"];
+        assert_eq!(
+            (&cells[3], &cells[5], &cells[6], &cells[8]),
+            (&json!("podnetwork/medianet"), &json!("netclaim.dev/node"), &json!("lost"), &json!(1))
+        );
     }
 
     #[test]
