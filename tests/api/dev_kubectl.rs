@@ -143,7 +143,8 @@ fn imperative_kubectl_create_is_served() {
 #[ignore = "needs kubectl (scripts/setup/kubectl.sh): run `make test`"]
 fn logs_and_exec_say_where_the_pods_netns_is() {
     let dev = Dev::start();
-    dev.ok(&["run", "box", "--image=busybox"]);
+    // Bound to a node as the scheduler would (--api-only runs none): it has a sandbox.
+    dev.ok(&["run", "box", "--image=busybox", r#"--overrides={"spec":{"nodeName":"n1"}}"#]);
     let uid = dev.json(&["get", "pod", "box"])["metadata"]["uid"].as_str().unwrap().to_owned();
     for args in [&["logs", "box"][..], &["exec", "box", "--", "ip", "address"]] {
         let said = dev.fails(args);
@@ -151,6 +152,10 @@ fn logs_and_exec_say_where_the_pods_netns_is() {
         assert!(said.contains("runs no containers"), "{args:?}: {said}");
         assert!(said.contains(&format!("nsenter --net=<run dir>/netns/{uid}")), "{said}");
     }
+    // An unbound pod has no network namespace yet: the answer says so instead of a path.
+    dev.ok(&["run", "waiting", "--image=busybox"]);
+    let said = dev.fails(&["logs", "waiting"]);
+    assert!(said.contains("not scheduled to a node yet") && !said.contains("nsenter"), "{said}");
     let said = dev.fails(&["logs", "nobody"]);
     assert!(said.contains("NotFound") && said.contains("\"nobody\" not found"), "{said}");
 }

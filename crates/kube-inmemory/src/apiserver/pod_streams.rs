@@ -22,12 +22,22 @@ pub(crate) fn answer(shared: &Shared, namespace: &str, name: &str, subresource: 
     let Some(pod) = pod else {
         return ApiError::not_found("", "pods", name);
     };
-    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("<pod uid>");
     let what = match subresource {
         "log" => "no container logs",
         "portforward" => "no container ports to forward",
         _ => "no container to run commands in",
     };
+    // An unbound pod has no sandbox, so no network namespace to point at: say why it waits.
+    if pod.pointer("/spec/nodeName").and_then(Value::as_str).is_none_or(str::is_empty) {
+        return ApiError::with(
+            400,
+            "BadRequest",
+            format!(
+                "pod {namespace}/{name} has {what}: it is not scheduled to a node yet, so it has no network namespace (its PodScheduled condition says why)"
+            ),
+        );
+    }
+    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("<pod uid>");
     let look = match &shared.options.pod_netns_dir {
         Some(dir) => format!("nsenter --net={} ip address", dir.join(uid).display()),
         None => format!(
