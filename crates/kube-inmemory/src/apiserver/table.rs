@@ -230,32 +230,34 @@ fn columns(kind: &str) -> Vec<Column> {
             },
             age,
         ],
-        // kubectl's columns for Events (core/v1 and events.k8s.io/v1 share the kind; each
-        // cell reads the core field first, then the events.k8s.io one).
-        "Event" => vec![
-            Column { name: "Last Seen", wide: false, cell: event_last_seen },
-            Column { name: "Type", wide: false, cell: |o| text(o, "/type") },
-            Column { name: "Reason", wide: false, cell: |o| text(o, "/reason") },
-            Column { name: "Object", wide: false, cell: event_object },
-            Column {
-                name: "Subobject",
-                wide: true,
-                cell: |o| {
-                    json!(first_text(o, &["/involvedObject/fieldPath", "/regarding/fieldPath"]))
-                },
-            },
-            Column { name: "Source", wide: true, cell: event_source },
-            Column {
-                name: "Message",
-                wide: false,
-                cell: |o| json!(first_text(o, &["/message", "/note"]).trim()),
-            },
-            Column { name: "First Seen", wide: true, cell: event_first_seen },
-            Column { name: "Count", wide: true, cell: event_count },
-            Column { name: "Name", wide: true, cell: |o| text(o, "/metadata/name") },
-        ],
+        "Event" => event_columns(),
         _ => vec![name, age],
     }
+}
+
+/// kubectl's columns for Events (core/v1 and events.k8s.io/v1 share the kind; each cell reads
+/// the core field first, then the events.k8s.io one).
+fn event_columns() -> Vec<Column> {
+    vec![
+        Column { name: "Last Seen", wide: false, cell: event_last_seen },
+        Column { name: "Type", wide: false, cell: |o| text(o, "/type") },
+        Column { name: "Reason", wide: false, cell: |o| text(o, "/reason") },
+        Column { name: "Object", wide: false, cell: event_object },
+        Column {
+            name: "Subobject",
+            wide: true,
+            cell: |o| json!(first_text(o, &["/involvedObject/fieldPath", "/regarding/fieldPath"])),
+        },
+        Column { name: "Source", wide: true, cell: event_source },
+        Column {
+            name: "Message",
+            wide: false,
+            cell: |o| json!(first_text(o, &["/message", "/note"]).trim()),
+        },
+        Column { name: "First Seen", wide: true, cell: event_first_seen },
+        Column { name: "Count", wide: true, cell: event_count },
+        Column { name: "Name", wide: true, cell: |o| text(o, "/metadata/name") },
+    ]
 }
 
 /// The first of `pointers` that holds a non-empty string ("" when none does).
