@@ -44,6 +44,8 @@ pub struct HostInterface {
     pub global_addresses: Vec<String>,
     /// Facts of the backing bus device, from sysfs.
     pub hardware: HardwareFacts,
+    /// The RDMA function on the same device (RoCE, InfiniBand, soft-RoCE), when it has one.
+    pub rdma: Option<super::rdma::RdmaFacts>,
 }
 
 impl HostInterface {
@@ -67,6 +69,7 @@ impl HostInterface {
             has_default_route: false,
             global_addresses: Vec::new(),
             hardware: HardwareFacts::default(),
+            rdma: None,
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod link;
 pub mod names;
 pub mod network_config;
 pub mod pod_network;
+pub mod rdma;
 pub mod refs;
 pub mod stats;
 pub mod support;

@@ -94,6 +94,16 @@ pub mod attr {
     pub const VLAN: &str = "vlan";
     /// `exclusive` or `shared`.
     pub const SHARING: &str = "sharing";
+    /// Name of the RDMA device on the same function (`mlx5_0`, `rxe0`).
+    pub const RDMA_DEVICE: &str = "rdmaDevice";
+    /// Link layer of the netdev's RDMA port: `Ethernet` (RoCE) or `InfiniBand`.
+    pub const RDMA_LINK_LAYER: &str = "rdmaLinkLayer";
+    /// Node GUID of the RDMA device, `xxxx:xxxx:xxxx:xxxx`.
+    pub const RDMA_NODE_GUID: &str = "rdmaNodeGuid";
+    /// How many ports the RDMA device has.
+    pub const RDMA_PORTS: &str = "rdmaPorts";
+    /// The node's RDMA netns mode: `exclusive` or `shared`.
+    pub const RDMA_NETNS_MODE: &str = "rdmaNetnsMode";
 }
 
 #[cfg(test)]
