@@ -1,5 +1,6 @@
 //! Domain vocabulary shared by every module: pure data, no I/O.
 
+pub mod bandwidth;
 pub mod cause;
 pub mod device;
 pub mod link;

@@ -7,6 +7,7 @@
 //! Every error names the field path (`interface.name`, `routes[1].gateway`) and the
 //! offending value, because the message ends up in the claim status and in a Pod Event.
 
+mod bandwidth;
 mod config;
 mod decode;
 mod error;
@@ -19,6 +20,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+pub use bandwidth::BandwidthRule;
 pub use config::{
     InterfaceConfig, IpamConfig, NetworkConfig, PoolConfig, SriovConfig, VfLinkState,
     VfVlanProtocol,

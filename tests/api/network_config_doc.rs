@@ -22,6 +22,7 @@ use netclaim::model::network_config::{
     MacvlanMode, Mode, NetworkConfig, PoolConfig, RouteConfig, SriovConfig, VfLinkState,
     VfVlanProtocol,
 };
+use netclaim::model::bandwidth::{BandwidthConfig, IngressPolicy};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -141,6 +142,10 @@ fn every_field() -> NetworkConfig {
             vlan_protocol: Some(VfVlanProtocol::Ieee8021Q),
         }),
         stats: Some(true),
+        bandwidth: Some(BandwidthConfig {
+            limit: Some("500M".into()),
+            ingress: Some(IngressPolicy::Police),
+        }),
     }
 }
 

@@ -133,6 +133,7 @@ fn plan_for(mode: IpvlanMode, flag: IpvlanFlag, parent: &str, pod: &Netns, host:
         vlan: None,
         sriov: None,
         stats: false,
+        bandwidth: None,
     };
     let device = HostDevice {
         if_name: parent.to_owned(),

@@ -48,6 +48,9 @@ pub struct NetworkConfig {
     /// eBPF per-interface counters (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<bool>,
+    /// Egress ceiling and ingress policing (DESIGN §3 `bandwidth`; `model::bandwidth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<crate::model::bandwidth::BandwidthConfig>,
 }
 
 /// Pod-side interface settings.

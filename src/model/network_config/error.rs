@@ -211,6 +211,9 @@ pub enum Rule {
     /// The named `PodNetwork` cannot serve claims (missing, being deleted, invalid, ...).
     #[error("{0}")]
     PodNetworkUnusable(String),
+    /// A `bandwidth` value the driver cannot honour (`model::network_config::BandwidthRule`).
+    #[error("{0}")]
+    Bandwidth(super::BandwidthRule),
     /// The `PodNetwork`'s own spec is invalid where the claim inherits from it.
     #[error("PodNetwork {pod_network}: {field}: {why}")]
     PodNetworkInvalid {

@@ -93,6 +93,8 @@ pub(super) fn inherit(
         routes: (!spec.routes.is_empty()).then(|| spec.routes.clone()),
         sriov: None,
         stats: None,
+        // A PodNetwork's `bandwidth` is its parents' capacity (DESIGN §4), not a claim's ceiling.
+        bandwidth: None,
     };
     // A claim that picks another mode than the network's takes none of the network's
     // mode-specific settings (they would be refused as belonging to another mode).

@@ -22,6 +22,7 @@ impl NetworkConfig {
             routes,
             sriov,
             stats,
+            bandwidth,
         } = later;
         override_with(&mut self.api_version, api_version);
         override_with(&mut self.kind, kind);
@@ -63,6 +64,7 @@ impl NetworkConfig {
             override_with(&mut a.vlan_protocol, vlan_protocol);
         });
         override_with(&mut self.stats, stats);
+        merge_nested(&mut self.bandwidth, bandwidth, |a, b| a.merge(b));
     }
 }
 

@@ -27,6 +27,11 @@ pub struct ResolvedNetworkConfig {
     pub sriov: Option<SriovSettings>,
     /// eBPF counters on the interface.
     pub stats: bool,
+    /// Egress ceiling and ingress policing (`model::bandwidth`): `None` when the config has no
+    /// `bandwidth` section and the allocation consumed no bandwidth. The ceiling to enforce
+    /// is `bandwidth.ceiling`, completed by the claim service at prepare.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<crate::model::bandwidth::ResolvedBandwidth>,
 }
 
 /// The mode with its settings.

@@ -116,6 +116,7 @@ pub(super) fn validate(
         ResolvedMode::SriovVf => Some(resolve_sriov(&cfg.sriov.clone().unwrap_or_default())?),
         _ => None,
     };
+    let bandwidth = super::bandwidth::resolve(cfg, mode, device)?;
     Ok(ResolvedNetworkConfig {
         pod_network: cfg.pod_network.clone(),
         mode,
@@ -125,6 +126,7 @@ pub(super) fn validate(
         vlan,
         sriov,
         stats: cfg.stats.unwrap_or(true),
+        bandwidth,
     })
 }
 

@@ -1,0 +1,102 @@
+//! Validation of a config's `bandwidth` section against the allocated device (DESIGN §3,
+//! issue 35): what can be checked before the allocation's consumed capacity is looked at.
+//! The claim service completes the ceiling at prepare (`claims::bandwidth`).
+
+use super::validate::{invalid, quoted};
+use super::{ConfigError, DeviceFacts, Mode, NetworkConfig, ResolvedMode, Sharing};
+use crate::model::bandwidth::{
+    BANDWIDTH_STEP, BandwidthParseError, BitsPerSecond, ResolvedBandwidth,
+};
+
+/// Why a `bandwidth` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BandwidthRule {
+    /// Not a bandwidth quantity.
+    #[error("{0}")]
+    Parse(#[from] BandwidthParseError),
+    /// A zero limit; no ceiling is written by leaving the field out.
+    #[error("must be above 0 (leave bandwidth.limit out for no ceiling)")]
+    Zero,
+    /// Slot devices are exclusive devices standing for one child each: the scheduler has no
+    /// bandwidth capacity to count a share against (DESIGN §2).
+    #[error(
+        "the parent is published in slots mode (--sharing-mode slots, or auto without \
+         consumable capacity), which cannot account bandwidth: use a cluster with \
+         DRAConsumableCapacity, or leave bandwidth out"
+    )]
+    SlotsMode,
+    /// A mode whose interface has no netdev in the pod to hold to a rate.
+    #[error("mode {0} cannot enforce a bandwidth ceiling")]
+    ModeCannotEnforce(Mode),
+    /// A VF's rate is set in whole Mb/s (`IFLA_VF_RATE.max_tx_rate`).
+    #[error("a VF's max_tx_rate is set in whole Mb/s: use a multiple of 1M")]
+    VfWholeMbps,
+    /// Two settings of one VF rate.
+    #[error("sriov.maxTxRateMbps {0} sets the same VF rate: set one of the two")]
+    VfRateTwice(u32),
+    /// Above what the device can carry.
+    #[error("above the {capacity} bit/s {what}")]
+    AboveCapacity {
+        /// The capacity.
+        capacity: BitsPerSecond,
+        /// Whose (`netclaim.dev/bandwidth capacity of parent eth1`, `link speed of eth3`).
+        what: String,
+    },
+    /// Ingress policing needs a rate.
+    #[error(
+        "police needs a ceiling: set bandwidth.limit or request capacity netclaim.dev/bandwidth"
+    )]
+    PoliceWithoutCeiling,
+}
+
+/// Resolves the `bandwidth` section of `cfg` for `mode` on `device`; `None` when the config
+/// has none.
+pub(super) fn resolve(
+    cfg: &NetworkConfig,
+    mode: ResolvedMode,
+    device: &DeviceFacts,
+) -> Result<Option<ResolvedBandwidth>, ConfigError> {
+    let Some(section) = &cfg.bandwidth else { return Ok(None) };
+    let refuse = |path: &str, value: String, rule: BandwidthRule| {
+        invalid(path, value, super::Rule::Bandwidth(rule))
+    };
+    if device.sharing == Sharing::Slot {
+        return Err(refuse("bandwidth", "slots".to_owned(), BandwidthRule::SlotsMode));
+    }
+    if !can_enforce(mode.mode()) {
+        return Err(refuse(
+            "bandwidth",
+            mode.mode().to_string(),
+            BandwidthRule::ModeCannotEnforce(mode.mode()),
+        ));
+    }
+    let limit = match &section.limit {
+        None => None,
+        Some(text) => {
+            let value = quoted(&text.0);
+            let rate =
+                text.parse().map_err(|e| refuse("bandwidth.limit", value.clone(), e.into()))?;
+            if rate == BitsPerSecond::ZERO {
+                return Err(refuse("bandwidth.limit", value, BandwidthRule::Zero));
+            }
+            if mode == ResolvedMode::SriovVf {
+                if !rate.get().is_multiple_of(BANDWIDTH_STEP.get()) {
+                    return Err(refuse("bandwidth.limit", value, BandwidthRule::VfWholeMbps));
+                }
+                let set = cfg.sriov.as_ref().and_then(|s| s.max_tx_rate_mbps).unwrap_or(0);
+                if set != 0 {
+                    return Err(refuse("bandwidth.limit", value, BandwidthRule::VfRateTwice(set)));
+                }
+            }
+            Some(rate)
+        }
+    };
+    Ok(Some(ResolvedBandwidth::from_limit(limit, section.ingress.unwrap_or_default())))
+}
+
+/// Every mode this build attaches gives the pod a netdev a qdisc, an eBPF program or the
+/// PF's VF rate can hold to a rate. A mode without one (a device bound to vfio-pci for a VM)
+/// is refused here when it arrives.
+fn can_enforce(mode: Mode) -> bool {
+    matches!(mode, Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice | Mode::SriovVf)
+}
