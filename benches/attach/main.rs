@@ -96,6 +96,7 @@ fn plan_for(
         vlan: None,
         sriov: None,
         stats: false,
+        routing: Default::default(),
     };
     let pod = PodNetns { pod_uid: "bench".to_owned(), path: path(pod) };
     plan_attach(&AttachRequest {

@@ -425,7 +425,7 @@ async fn a_mode_the_node_cannot_attach_fails_the_prepare_naming_mode_and_reserve
     let dir = tempfile::tempdir().unwrap();
     let missing = Probe::Missing { detail: "EOPNOTSUPP".to_owned() };
     let service = service(&api, dir.path())
-        .with_kernel_support(&KernelSupport { ipvlan: missing.clone(), vlan: missing });
+        .with_kernel_support(&KernelSupport { ipvlan: missing.clone(), vlan: missing.clone(), vrf: missing });
     let err = prepare_one(&service, &reference("ipvl", "u1")).await.unwrap_err();
     assert!(
         err.starts_with(

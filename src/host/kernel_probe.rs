@@ -1,5 +1,5 @@
-//! The start-up probe of the child link kinds the node's kernel offers (DESIGN §2): ipvlan and
-//! 802.1Q VLAN links are created and deleted on a veth inside a private, unnamed network
+//! The start-up probe of the link kinds the node's kernel offers (DESIGN §2): ipvlan, 802.1Q
+//! VLAN and VRF links are created and deleted on a veth inside a private, unnamed network
 //! namespace that dies with the probe's thread, so the host never sees a probe link and a
 //! crash leaves nothing behind. The result is handed to the core as data
 //! ([`KernelSupport`]).
@@ -66,12 +66,14 @@ pub fn probe() -> KernelSupport {
             let detail = cause::chain(&err);
             KernelSupport {
                 ipvlan: Probe::Unknown { detail: detail.clone() },
-                vlan: Probe::Unknown { detail },
+                vlan: Probe::Unknown { detail: detail.clone() },
+                vrf: Probe::Unknown { detail },
             }
         });
     tracing::info!(
         ipvlan = %support.ipvlan,
         vlan = %support.vlan,
+        vrf = %support.vrf,
         elapsed_ms = started.elapsed().as_millis(),
         "probed the kernel's child link kinds"
     );
@@ -111,7 +113,15 @@ fn probe_in_private_netns() -> Result<KernelSupport, ProbeError> {
             LinkVlan::new("probe0.7", parent, VLAN_ID).build(),
         )
         .await;
-        Ok(KernelSupport { ipvlan, vlan })
+        // A VRF needs no parent; its table id is any free one (the netns is private).
+        let vrf = try_kind(
+            &handle,
+            ("vrf", "vrf module"),
+            "probevrf",
+            rtnetlink::LinkVrf::new("probevrf", 10).build(),
+        )
+        .await;
+        Ok(KernelSupport { ipvlan, vlan, vrf })
     })
 }
 

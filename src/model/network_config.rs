@@ -15,6 +15,8 @@ mod inherit;
 mod mac;
 mod merge;
 mod resolved;
+mod routing;
+pub mod sysctls;
 mod validate;
 
 #[cfg(test)]
@@ -31,6 +33,11 @@ pub use error::{ConfigError, Rule};
 pub use inherit::check_network_serves;
 pub use mac::{MacAddr, MacAddrParseError};
 pub use merge::merge_for_request;
+pub use routing::{
+    AUTO_TABLE_FIRST, PolicyRouting, RoutingConfig, RoutingRefusal, RoutingSettings,
+    SOURCE_RULE_PRIORITY, Vrf, VrfConfig,
+};
+pub use sysctls::{Sysctl, SysctlFamily, SysctlRefusal};
 pub use resolved::{
     Addressing, NetworkAddressing, PoolSpec, ResolvedInterface, ResolvedMode,
     ResolvedNetworkConfig, Route, SriovSettings,

@@ -133,6 +133,16 @@ pub struct PodNetworkSpec {
     /// Routes every pod of the network gets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteConfig>,
+    /// Source-based policy routing every pod of the network gets (as `NetworkConfig.routing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<super::network_config::RoutingConfig>,
+    /// The VRF every pod's interface is enslaved to (as `NetworkConfig.vrf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vrf: Option<super::network_config::VrfConfig>,
+    /// Interface sysctls (as `NetworkConfig.sysctls`; administrator-owned, so keys a claim may
+    /// not set are accepted here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sysctls: Option<BTreeMap<String, String>>,
 }
 
 /// `PodNetwork.spec.ipam`.

@@ -51,6 +51,9 @@ pub struct KernelSupport {
     pub ipvlan: Probe,
     /// `IFLA_INFO_KIND` `vlan` (module `8021q`): VLAN sub-interfaces of shared parents.
     pub vlan: Probe,
+    /// `IFLA_INFO_KIND` `vrf` (module `vrf`): `vrf` in a claim's config.
+    #[serde(default = "Probe::not_probed")]
+    pub vrf: Probe,
 }
 
 impl KernelSupport {
@@ -58,7 +61,15 @@ impl KernelSupport {
     #[must_use]
     pub fn unprobed() -> Self {
         let unknown = || Probe::Unknown { detail: "not probed".to_owned() };
-        Self { ipvlan: unknown(), vlan: unknown() }
+        Self { ipvlan: unknown(), vlan: unknown(), vrf: unknown() }
+    }
+}
+
+impl Probe {
+    /// [`Probe::Unknown`]: not probed.
+    #[must_use]
+    pub fn not_probed() -> Self {
+        Probe::Unknown { detail: "not probed".to_owned() }
     }
 }
 
@@ -69,6 +80,7 @@ impl KernelSupport {
 pub struct NodeSupport {
     refused_modes: BTreeMap<&'static str, String>,
     refused_vlan: Option<String>,
+    refused_vrf: Option<String>,
 }
 
 impl NodeSupport {
@@ -98,6 +110,19 @@ impl NodeSupport {
     #[must_use]
     pub fn mode_refusal(&self, mode: Mode) -> Option<&str> {
         self.refused_modes.get(mode.as_str()).map(String::as_str)
+    }
+
+    /// Refuses `vrf` in a config with `why`.
+    #[must_use]
+    pub fn refuse_vrf(mut self, why: impl Into<String>) -> Self {
+        self.refused_vrf.get_or_insert_with(|| why.into());
+        self
+    }
+
+    /// Why a VRF cannot be created on this node, or `None` when it can.
+    #[must_use]
+    pub fn vrf_refusal(&self) -> Option<&str> {
+        self.refused_vrf.as_deref()
     }
 
     /// Why a VLAN sub-interface cannot be created on this node, or `None` when it can.

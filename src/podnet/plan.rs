@@ -596,6 +596,9 @@ pub fn node_support(kernel: &KernelSupport) -> NodeSupport {
             format!("ipvlan is not available on this node's kernel ({detail})"),
         );
     }
+    if let Probe::Missing { detail } = &kernel.vrf {
+        support = support.refuse_vrf(format!("VRF is not available on this node's kernel ({detail})"));
+    }
     if let Probe::Missing { detail } = &kernel.vlan {
         support = support.refuse_vlan(format!(
             "VLAN sub-interfaces are not available on this node's kernel ({detail})"

@@ -142,6 +142,10 @@ fn every_field() -> NetworkConfig {
             vlan_protocol: Some(VfVlanProtocol::Ieee8021Q),
         }),
         stats: Some(true),
+        routing: Some(network_config::RoutingConfig { table: Some(0), source_rules: Some(true) }),
+        vrf: Some(network_config::VrfConfig { name: Some("vrf-red".to_owned()), table: Some(100) }),
+        // A map has no fixed fields: its row documents the keys.
+        sysctls: Some(std::collections::BTreeMap::new()),
         bandwidth: Some(BandwidthConfig {
             limit: Some("500M".into()),
             ingress: Some(IngressPolicy::Police),

@@ -76,6 +76,7 @@ fn config(
         vlan: None,
         sriov: None,
         stats: false,
+        routing: Default::default(),
         bandwidth: None,
     }
 }

@@ -83,6 +83,7 @@ fn config(mode: ResolvedMode) -> ResolvedNetworkConfig {
         vlan: None,
         sriov: None,
         stats: false,
+        routing: Default::default(),
         bandwidth: None,
     }
 }

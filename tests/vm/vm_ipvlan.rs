@@ -133,6 +133,7 @@ fn plan_for(mode: IpvlanMode, flag: IpvlanFlag, parent: &str, pod: &Netns, host:
         vlan: None,
         sriov: None,
         stats: false,
+        routing: Default::default(),
         bandwidth: None,
     };
     let device = HostDevice {

@@ -182,6 +182,7 @@ fn plan_for(original: &Original, pod: &Netns) -> AttachPlan {
         vlan: None,
         sriov: None,
         stats: false,
+        routing: Default::default(),
         bandwidth: None,
     };
     let device = HostDevice {

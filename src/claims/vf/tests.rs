@@ -274,6 +274,7 @@ fn config(mac: Option<&str>, vlan: Option<u16>, sriov: SriovSettings) -> Resolve
         vlan,
         sriov: Some(sriov),
         stats: true,
+        routing: Default::default(),
         bandwidth: None,
     }
 }

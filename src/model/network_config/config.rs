@@ -48,6 +48,15 @@ pub struct NetworkConfig {
     /// eBPF per-interface counters (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<bool>,
+    /// Source-based policy routing of the interface (`super::routing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<super::RoutingConfig>,
+    /// A VRF in the pod netns the interface is enslaved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vrf: Option<super::VrfConfig>,
+    /// Kernel settings of the interface, by dotted key (`super::sysctls`); merged key by key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sysctls: Option<std::collections::BTreeMap<String, String>>,
     /// Egress ceiling and ingress policing (DESIGN §3 `bandwidth`; `model::bandwidth`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<crate::model::bandwidth::BandwidthConfig>,

@@ -211,6 +211,12 @@ pub enum Rule {
     /// The named `PodNetwork` cannot serve claims (missing, being deleted, invalid, ...).
     #[error("{0}")]
     PodNetworkUnusable(String),
+    /// A `routing` or `vrf` value refused (`super::routing`).
+    #[error("{0}")]
+    Routing(super::RoutingRefusal),
+    /// A `sysctls` key or value refused (`super::sysctls`).
+    #[error("{0}")]
+    Sysctl(super::SysctlRefusal),
     /// A `bandwidth` value the driver cannot honour (`model::network_config::BandwidthRule`).
     #[error("{0}")]
     Bandwidth(super::BandwidthRule),

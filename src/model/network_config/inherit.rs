@@ -93,6 +93,10 @@ pub(super) fn inherit(
         routes: (!spec.routes.is_empty()).then(|| spec.routes.clone()),
         sriov: None,
         stats: None,
+        // An administrator's: keys a claim may not set are accepted from here.
+        routing: spec.routing.clone(),
+        vrf: spec.vrf.clone(),
+        sysctls: spec.sysctls.clone(),
         // A PodNetwork's `bandwidth` is its parents' capacity (DESIGN §4), not a claim's ceiling.
         bandwidth: None,
     };

@@ -22,6 +22,9 @@ impl NetworkConfig {
             routes,
             sriov,
             stats,
+            routing,
+            vrf,
+            sysctls,
             bandwidth,
         } = later;
         override_with(&mut self.api_version, api_version);
@@ -64,6 +67,15 @@ impl NetworkConfig {
             override_with(&mut a.vlan_protocol, vlan_protocol);
         });
         override_with(&mut self.stats, stats);
+        merge_nested(&mut self.routing, routing, |a, b| {
+            override_with(&mut a.table, b.table);
+            override_with(&mut a.source_rules, b.source_rules);
+        });
+        merge_nested(&mut self.vrf, vrf, |a, b| {
+            override_with(&mut a.name, b.name);
+            override_with(&mut a.table, b.table);
+        });
+        super::routing::merge_sysctls(&mut self.sysctls, sysctls);
         merge_nested(&mut self.bandwidth, bandwidth, |a, b| a.merge(b));
     }
 }
@@ -118,7 +130,11 @@ pub fn merge_for_request(
     let mut merged = NetworkConfig::default();
     for (index, entry) in ordered {
         if entry.applies_to(request) {
-            merged.merge(decode(index, &entry.parameters)?);
+            let config = decode(index, &entry.parameters)?;
+            if entry.source == super::ConfigSource::Claim {
+                super::routing::check_claim_entry(&config)?;
+            }
+            merged.merge(config);
         }
     }
     Ok(merged)

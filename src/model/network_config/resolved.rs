@@ -27,6 +27,9 @@ pub struct ResolvedNetworkConfig {
     pub sriov: Option<SriovSettings>,
     /// eBPF counters on the interface.
     pub stats: bool,
+    /// Source-based policy routing, VRF and sysctls (all empty when none is asked for).
+    #[serde(default, skip_serializing_if = "super::RoutingSettings::is_empty")]
+    pub routing: super::RoutingSettings,
     /// Egress ceiling and ingress policing (`model::bandwidth`): `None` when the config has no
     /// `bandwidth` section and the allocation consumed no bandwidth. The ceiling to enforce
     /// is `bandwidth.ceiling`, completed by the claim service at prepare.

@@ -919,7 +919,7 @@ mod decoder_props {
 /// A node whose kernel lacks ipvlan and 8021q, as the start-up probe reports it.
 fn node_without_ipvlan_and_8021q() -> NodeSupport {
     let missing = || Probe::Missing { detail: "the kernel answered EOPNOTSUPP".to_owned() };
-    node_support(&KernelSupport { ipvlan: missing(), vlan: missing() })
+    node_support(&KernelSupport { ipvlan: missing(), vlan: missing(), vrf: missing() })
 }
 
 fn refused_on(support: &NodeSupport, body: Value, device: &DeviceFacts) -> ConfigError {
@@ -964,7 +964,11 @@ fn a_vlan_without_8021q_is_refused_naming_vlan_but_passes_on_an_unprobed_kernel(
 #[test]
 fn every_mode_is_attachable_on_a_capable_kernel_and_a_missing_kind_is_refused() {
     let available =
-        node_support(&KernelSupport { ipvlan: Probe::Available, vlan: Probe::Available });
+        node_support(&KernelSupport {
+            ipvlan: Probe::Available,
+            vlan: Probe::Available,
+            vrf: Probe::Available,
+        });
     let r = super::resolve(&[claim_entry(json!({"mode": "ipvlan"}))], "nic", &shared(), &available)
         .unwrap();
     assert_eq!(r.mode.mode(), Mode::Ipvlan, "the ipvlan attach exists");

@@ -112,6 +112,13 @@ pub(super) fn validate(
         Some(v) => Some(v),
     };
     let routes = resolve_routes(cfg.routes.as_deref().unwrap_or_default(), &addressing)?;
+    let routing = super::routing::resolve(
+        cfg.routing.as_ref(),
+        cfg.vrf.as_ref(),
+        cfg.sysctls.as_ref(),
+        interface_cfg.name.as_deref(),
+        support,
+    )?;
     let sriov = match mode {
         ResolvedMode::SriovVf => Some(resolve_sriov(&cfg.sriov.clone().unwrap_or_default())?),
         _ => None,
@@ -125,6 +132,7 @@ pub(super) fn validate(
         routes,
         vlan,
         sriov,
+        routing,
         stats: cfg.stats.unwrap_or(true),
         bandwidth,
     })

@@ -20,6 +20,7 @@ pub(crate) fn config(
         vlan: None,
         sriov: None,
         stats: true,
+        routing: Default::default(),
         bandwidth: None,
     }
 }
