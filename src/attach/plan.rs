@@ -120,7 +120,7 @@ pub(super) async fn plan_new<O: LinkPort>(
 async fn host_device<O: LinkPort>(ops: &O, slot: &Slot<'_>) -> Result<HostDevice, AttachFailure> {
     let device = slot.device;
     let sharing = device.sharing.unwrap_or(match device.config.mode {
-        ResolvedMode::HostDevice | ResolvedMode::SriovVf => Sharing::Exclusive,
+        ResolvedMode::HostDevice | ResolvedMode::SriovVf | ResolvedMode::Vfio => Sharing::Exclusive,
         ResolvedMode::Macvlan { .. } | ResolvedMode::Ipvlan { .. } => Sharing::Shared,
     });
     let kind = device.kind.unwrap_or(DeviceKind::Physical);

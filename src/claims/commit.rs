@@ -47,7 +47,7 @@ pub(super) fn add_planned_children<'a>(
             ResolvedMode::Macvlan { mode: MacvlanMode::Passthru } => facts.passthru_children += 1,
             ResolvedMode::Macvlan { .. } => facts.other_children += 1,
             ResolvedMode::Ipvlan { .. } => facts.ipvlan_children += 1,
-            ResolvedMode::HostDevice | ResolvedMode::SriovVf => {}
+            ResolvedMode::HostDevice | ResolvedMode::SriovVf | ResolvedMode::Vfio => {}
         }
     }
 }

@@ -19,6 +19,10 @@ pub enum Mode {
     HostDevice,
     /// An SR-IOV VF moves into the pod, with VF settings applied on its PF.
     SriovVf,
+    /// The PCI function (a VF, or a whole NIC) is bound to `vfio-pci` for a userspace driver
+    /// (DPDK, a KubeVirt VM): `/dev/vfio/<group>` goes into the pod's containers through CDI,
+    /// nothing moves into the pod's network namespace.
+    Vfio,
 }
 
 impl Mode {
@@ -30,6 +34,7 @@ impl Mode {
             Mode::Ipvlan => "ipvlan",
             Mode::HostDevice => "host-device",
             Mode::SriovVf => "sriov-vf",
+            Mode::Vfio => "vfio",
         }
     }
 }

@@ -18,6 +18,7 @@ mod resolved;
 mod routing;
 pub mod sysctls;
 mod validate;
+mod vfio;
 
 #[cfg(test)]
 mod tests;

@@ -468,6 +468,14 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
     let mut steps = Vec::with_capacity(4 + addresses.len() + config.routes.len());
     let mut host_mac_to_restore = None;
     match config.mode {
+        // A vfio device has no interface: the attach never plans one (the claims' port
+        // leaves vfio devices out of a pod's interfaces).
+        ResolvedMode::Vfio => {
+            return Err(PlanError::ModeNotSupported {
+                mode,
+                why: "a vfio device gets no interface in the pod (its group device is injected through CDI)",
+            });
+        }
         ResolvedMode::Macvlan { mode: macvlan_mode } => {
             let kind = ChildKind::Macvlan { mode: macvlan_mode };
             push_child(&mut steps, request, kind, config.interface.hardware_address)?;
@@ -580,7 +588,7 @@ fn push_child(
 #[must_use]
 pub fn not_implemented(mode: Mode) -> Option<&'static str> {
     match mode {
-        Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice | Mode::SriovVf => None,
+        Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice | Mode::SriovVf | Mode::Vfio => None,
     }
 }
 
@@ -604,7 +612,7 @@ pub fn node_support(kernel: &KernelSupport) -> NodeSupport {
             "VLAN sub-interfaces are not available on this node's kernel ({detail})"
         ));
     }
-    for mode in [Mode::Macvlan, Mode::Ipvlan, Mode::HostDevice, Mode::SriovVf] {
+    for mode in [Mode::Macvlan, Mode::Ipvlan, Mode::HostDevice, Mode::SriovVf, Mode::Vfio] {
         if let Some(why) = not_implemented(mode) {
             support = support.refuse_mode(mode, why);
         }

@@ -62,6 +62,9 @@ pub enum Rule {
     /// not implement the attach yet): refused at prepare, never at sandbox time.
     #[error("not available on this node: {0}")]
     ModeUnavailable(String),
+    /// Mode `vfio` hands the PCI function to a userspace driver: no interface in the pod.
+    #[error("not with mode vfio: {0}")]
+    NotWithVfio(&'static str),
     /// The node cannot create VLAN sub-interfaces (no 8021q in its kernel).
     #[error("not available on this node: {0}")]
     VlanUnavailable(String),

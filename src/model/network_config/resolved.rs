@@ -35,6 +35,9 @@ pub struct ResolvedNetworkConfig {
     /// is `bandwidth.ceiling`, completed by the claim service at prepare.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<crate::model::bandwidth::ResolvedBandwidth>,
+    /// The netdev's RDMA function as the pod gets it (`None`: none, or `rdma: none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<super::ResolvedRdma>,
 }
 
 /// The mode with its settings.
@@ -57,6 +60,8 @@ pub enum ResolvedMode {
     HostDevice,
     /// The VF moves into the pod.
     SriovVf,
+    /// The PCI function is bound to `vfio-pci` (no interface in the pod).
+    Vfio,
 }
 
 impl ResolvedMode {
@@ -68,6 +73,7 @@ impl ResolvedMode {
             ResolvedMode::Ipvlan { .. } => Mode::Ipvlan,
             ResolvedMode::HostDevice => Mode::HostDevice,
             ResolvedMode::SriovVf => Mode::SriovVf,
+            ResolvedMode::Vfio => Mode::Vfio,
         }
     }
 }

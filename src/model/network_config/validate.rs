@@ -80,7 +80,10 @@ pub(super) fn validate(
         check_dns_label(name).map_err(|rule| invalid("podNetwork", quoted(name), rule))?;
     }
     let mode = resolve_mode(cfg, device, support)?;
-    check_sections(cfg, mode.mode())?;
+    check_sections(cfg, mode.mode(), device.kind)?;
+    if mode == ResolvedMode::Vfio {
+        super::vfio::check(cfg, device, inherited.as_ref())?;
+    }
     let interface_cfg = cfg.interface.clone().unwrap_or_default();
     if let Some(name) = &interface_cfg.name {
         check_interface_name(name)
@@ -112,15 +115,12 @@ pub(super) fn validate(
         Some(v) => Some(v),
     };
     let routes = resolve_routes(cfg.routes.as_deref().unwrap_or_default(), &addressing)?;
-    let routing = super::routing::resolve(
-        cfg.routing.as_ref(),
-        cfg.vrf.as_ref(),
-        cfg.sysctls.as_ref(),
-        interface_cfg.name.as_deref(),
-        support,
-    )?;
     let sriov = match mode {
         ResolvedMode::SriovVf => Some(resolve_sriov(&cfg.sriov.clone().unwrap_or_default())?),
+        // A VF bound to vfio-pci keeps its VF settings on the PF (DESIGN §3).
+        ResolvedMode::Vfio if device.kind == DeviceKind::SriovVf => {
+            Some(resolve_sriov(&cfg.sriov.clone().unwrap_or_default())?)
+        }
         _ => None,
     };
     let bandwidth = super::bandwidth::resolve(cfg, mode, device)?;
@@ -132,21 +132,26 @@ pub(super) fn validate(
         routes,
         vlan,
         sriov,
-        routing,
-        stats: cfg.stats.unwrap_or(true),
+        // A vfio device has no interface to count on.
+        stats: cfg.stats.unwrap_or(mode != ResolvedMode::Vfio),
         bandwidth,
     })
 }
 
 /// Modes a device supports, the default first: a shared parent (or one of its slots) only
 /// carries children; an exclusive device moves whole; a VF may also move as plain
-/// host-device (no VF settings); a bond cannot change network namespace (the kernel marks it
+/// host-device (no VF settings); a PCI NIC or VF may be bound to vfio-pci (last, so never
+/// the default); a bond cannot change network namespace (the kernel marks it
 /// `NETIF_F_NETNS_LOCAL`).
 fn allowed_modes(device: &DeviceFacts) -> &'static [Mode] {
     match (device.sharing, device.kind) {
         (Sharing::Shared | Sharing::Slot, _) => &[Mode::Macvlan, Mode::Ipvlan],
-        (Sharing::Exclusive, DeviceKind::SriovVf) => &[Mode::SriovVf, Mode::HostDevice],
+        (Sharing::Exclusive, DeviceKind::SriovVf) => &[Mode::SriovVf, Mode::HostDevice, Mode::Vfio],
         (Sharing::Exclusive, DeviceKind::Bond) => &[],
+        // A PCI NIC may go to vfio-pci whole; a virtual link or a VLAN has no PCI function.
+        (Sharing::Exclusive, DeviceKind::Physical | DeviceKind::SriovPf) => {
+            &[Mode::HostDevice, Mode::Vfio]
+        }
         (Sharing::Exclusive, _) => &[Mode::HostDevice],
     }
 }
@@ -202,18 +207,22 @@ fn resolve_mode(
         }
         Mode::HostDevice => ResolvedMode::HostDevice,
         Mode::SriovVf => ResolvedMode::SriovVf,
+        Mode::Vfio => ResolvedMode::Vfio,
     })
 }
 
-fn check_sections(cfg: &NetworkConfig, mode: Mode) -> Result<(), ConfigError> {
+fn check_sections(cfg: &NetworkConfig, mode: Mode, kind: DeviceKind) -> Result<(), ConfigError> {
     let sections = [
         ("macvlan", Mode::Macvlan, cfg.macvlan.as_ref().map(to_json)),
         ("ipvlan", Mode::Ipvlan, cfg.ipvlan.as_ref().map(to_json)),
         ("sriov", Mode::SriovVf, cfg.sriov.as_ref().map(to_json)),
     ];
     for (path, needs, value) in sections {
+        // A VF bound to vfio-pci keeps its VF settings.
+        let vfio_vf = mode == Mode::Vfio && needs == Mode::SriovVf && kind == DeviceKind::SriovVf;
         if let Some(value) = value
             && mode != needs
+            && !vfio_vf
         {
             return Err(invalid(path, value, Rule::SectionNeedsMode { needs, mode }));
         }
@@ -445,7 +454,7 @@ fn resolve_mtu(
             // A macvlan/ipvlan child cannot exceed its parent (the kernel checks
             // `mtu > lowerdev->mtu` in macvlan_change_mtu / ipvlan_change_mtu).
             Mode::Macvlan | Mode::Ipvlan => (MIN_IPV4_MTU, device.mtu, "68 up to the parent's MTU"),
-            Mode::HostDevice | Mode::SriovVf => (
+            Mode::HostDevice | Mode::SriovVf | Mode::Vfio => (
                 if device.min_mtu == 0 { MIN_IPV4_MTU } else { device.min_mtu },
                 if device.max_mtu == 0 { MAX_IP_MTU } else { device.max_mtu },
                 "the device's min/max MTU",
