@@ -33,7 +33,7 @@ fn bpf_objects() {
         env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".to_owned())
     );
     let status = Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+        .args(["-O2", "-g", "-target", "bpf", "-mcpu=v3", "-Wall", "-Werror"])
         .arg(format!("-I{multiarch}"))
         .args(["-c", SOURCE, "-o"])
         .arg(&out)

@@ -712,6 +712,7 @@ mod tests {
             tx: DirectionCounters { bytes: 980, packets: 10, icmp: 10, ..Default::default() },
             rx_dropped: 0,
             tx_dropped: 2,
+            ..Default::default()
         };
         let reported = stats.to_status("2026-11-25T10:00:00Z".to_owned());
         let items = [

@@ -989,6 +989,7 @@ async fn attached_interfaces_carry_their_stats_setting_and_counters_reach_status
         tx: DirectionCounters { bytes: 420, packets: 5, icmp: 5, ..Default::default() },
         rx_dropped: 0,
         tx_dropped: 1,
+        ..Default::default()
     };
     let counted = snapshot[0].clone();
     service.collected(&[(counted.clone(), stats)]);

@@ -23,9 +23,11 @@ use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 
-use crate::model::stats::{DirectionCounters, InterfaceStats};
+use crate::model::stats::{CeilingCounters, DirectionCounters, InterfaceStats};
 use crate::podnet::LinkOpError;
-use crate::stats::CounterPort;
+use crate::stats::{Ceilings, CounterPort, PacingPort};
+
+mod pacing;
 
 /// The object `build.rs` compiled from `bpf/counters.c`, aligned as aya's ELF parser needs.
 static COUNTERS_OBJECT: &[u8] =
@@ -115,8 +117,9 @@ const MAP_PIN: &str = "counters";
 const RX_LINK_PIN: &str = "rx_link";
 const TX_LINK_PIN: &str = "tx_link";
 
-/// `struct counters` of `bpf/counters.c`: bytes, packets, tcp, udp, icmp, other (u64 each).
-type RawCounters = [u64; 6];
+/// `struct counters` of `bpf/counters.c`: bytes, packets, tcp, udp, icmp, other,
+/// ceiling_drops, delayed (u64 each).
+type RawCounters = [u64; 8];
 
 /// How the classifiers are attached to an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +256,19 @@ pub enum BpfError {
     /// The thread that entered the pod netns died.
     #[error("the netns thread for {0} died")]
     Thread(PathBuf),
+    /// A bandwidth ceiling of 0 bits per second.
+    #[error("a {direction} ceiling of 0 bit/s")]
+    ZeroRate {
+        /// `egress` or `ingress`.
+        direction: &'static str,
+    },
+    /// Writing the ceilings map failed.
+    #[error("writing the bandwidth ceilings")]
+    Write {
+        /// aya's error.
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
 }
 
 /// One interface's counters, summed over CPUs.
@@ -262,18 +278,39 @@ pub struct InterfaceCounters {
     pub rx: DirectionCounters,
     /// Sent by the pod (egress).
     pub tx: DirectionCounters,
+    /// What the bandwidth ceiling did.
+    pub ceiling: CeilingCounters,
 }
 
-/// Sums the per-CPU copies of one slot.
-fn sum(per_cpu: impl IntoIterator<Item = RawCounters>) -> DirectionCounters {
-    per_cpu.into_iter().fold(DirectionCounters::default(), |acc, raw| DirectionCounters {
-        bytes: acc.bytes.wrapping_add(raw[0]),
-        packets: acc.packets.wrapping_add(raw[1]),
-        tcp: acc.tcp.wrapping_add(raw[2]),
-        udp: acc.udp.wrapping_add(raw[3]),
-        icmp: acc.icmp.wrapping_add(raw[4]),
-        other: acc.other.wrapping_add(raw[5]),
+/// Sums the per-CPU copies of one slot, field by field.
+fn sum(per_cpu: impl IntoIterator<Item = RawCounters>) -> RawCounters {
+    per_cpu.into_iter().fold([0; 8], |mut acc, raw| {
+        for (total, part) in acc.iter_mut().zip(raw) {
+            *total = total.wrapping_add(part);
+        }
+        acc
     })
+}
+
+/// The traffic counters of one slot.
+fn direction(raw: &RawCounters) -> DirectionCounters {
+    DirectionCounters {
+        bytes: raw[0],
+        packets: raw[1],
+        tcp: raw[2],
+        udp: raw[3],
+        icmp: raw[4],
+        other: raw[5],
+    }
+}
+
+/// The rx and tx slots, summed over CPUs, as counters.
+fn interface_counters(rx: &RawCounters, tx: &RawCounters) -> InterfaceCounters {
+    InterfaceCounters {
+        rx: direction(rx),
+        tx: direction(tx),
+        ceiling: CeilingCounters { tx_delayed: tx[7], tx_dropped: tx[6], rx_dropped: rx[6] },
+    }
 }
 
 /// This node's subtree of bpffs: `<bpffs>/netclaim/<node>`. Other nodes' subtrees (test
@@ -303,25 +340,46 @@ impl CounterPins {
         self.root.join(pod_uid).join(interface)
     }
 
-    /// Attaches counters to `interface` inside the netns at `netns`, replacing any earlier
-    /// ones of the same pod interface (the counts start again from zero). Blocking: a thread
-    /// enters the netns for the `clsact` netlink calls and for aya's name lookup.
+    /// Attaches counters to `interface` inside the netns at `netns`. Programs this node
+    /// attached to that very interface already (its ceilings were set first, at the
+    /// CreateContainer gate) are kept, counts and ceilings with them; any others of the same
+    /// pod interface (left from a netns that is gone, or an earlier interface of that name)
+    /// are replaced, the counts starting again from zero. Blocking: a thread enters the
+    /// netns for the `clsact` netlink calls and for aya's name lookup.
     ///
     /// # Errors
     /// A [`BpfError`] naming the step; what this call attached or pinned is removed again.
     pub fn attach(&self, netns: &Path, pod_uid: &str, interface: &str) -> Result<(), BpfError> {
-        self.detach(Some(netns), pod_uid, interface)?;
+        let _serial = pacing::serialise();
+        if self.attached_here(netns, pod_uid, interface)? {
+            return Ok(());
+        }
+        self.attach_replacing(netns, pod_uid, interface)
+    }
+
+    /// [`Self::attach`] without the check, the caller holding the lock.
+    fn attach_replacing(
+        &self,
+        netns: &Path,
+        pod_uid: &str,
+        interface: &str,
+    ) -> Result<(), BpfError> {
+        self.detach_unlocked(Some(netns), pod_uid, interface)?;
         let dir = self.dir(pod_uid, interface);
         create_dir(&dir)?;
         let kind = self.kind;
+        let netns_inode = std::fs::metadata(netns)
+            .map(|meta| std::os::unix::fs::MetadataExt::ino(&meta))
+            .map_err(|source| BpfError::Netns { path: netns.to_owned(), source })?;
         let (netns_owned, dir_owned, interface_owned) =
             (netns.to_owned(), dir.clone(), interface.to_owned());
-        let attached =
-            run_in_netns(netns, move || attach_in_netns(kind, &dir_owned, &interface_owned))
-                .and_then(|result| result);
+        let attached = run_in_netns(netns, move || {
+            attach_in_netns(kind, &dir_owned, &interface_owned, netns_inode)
+        })
+        .and_then(|result| result);
         if attached.is_err() {
             // Best effort: the caller reports the first error, which says what failed.
-            let _ignored = self.detach(Some(&netns_owned), pod_uid, interface);
+            let _ignored = self.detach_unlocked(Some(&netns_owned), pod_uid, interface);
         }
         attached
     }
@@ -349,11 +407,11 @@ impl CounterPins {
         let map = Map::from_map_data(data).map_err(read_error)?;
         let array: PerCpuArray<MapData, RawCounters> =
             PerCpuArray::try_from(map).map_err(read_error)?;
-        let slot = |index: u32| -> Result<DirectionCounters, BpfError> {
+        let slot = |index: u32| -> Result<RawCounters, BpfError> {
             let values = array.get(&index, 0).map_err(read_error)?;
             Ok(sum(values.iter().copied()))
         };
-        Ok(Some(InterfaceCounters { rx: slot(0)?, tx: slot(1)? }))
+        Ok(Some(interface_counters(&slot(0)?, &slot(1)?)))
     }
 
     /// Detaches and unpins one interface's counters. tcx links detach when their pin goes
@@ -363,6 +421,17 @@ impl CounterPins {
     /// # Errors
     /// [`BpfError`] when a filter or a pin could not be removed.
     pub fn detach(
+        &self,
+        netns: Option<&Path>,
+        pod_uid: &str,
+        interface: &str,
+    ) -> Result<(), BpfError> {
+        let _serial = pacing::serialise();
+        self.detach_unlocked(netns, pod_uid, interface)
+    }
+
+    /// [`Self::detach`], the caller holding the lock.
+    fn detach_unlocked(
         &self,
         netns: Option<&Path>,
         pod_uid: &str,
@@ -454,8 +523,13 @@ fn remove_dir(dir: &Path) -> Result<(), BpfError> {
 }
 
 /// Loads the object, attaches both classifiers to `interface` of the calling thread's netns
-/// and pins the map (and the tcx links) in `dir`.
-fn attach_in_netns(kind: HookKind, dir: &Path, interface: &str) -> Result<(), BpfError> {
+/// and pins the maps (and the tcx links) in `dir`; then records the owner in the ceilings.
+fn attach_in_netns(
+    kind: HookKind,
+    dir: &Path,
+    interface: &str,
+    netns_inode: u64,
+) -> Result<(), BpfError> {
     let mut ebpf = LOADER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -466,6 +540,10 @@ fn attach_in_netns(kind: HookKind, dir: &Path, interface: &str) -> Result<(), Bp
         .ok_or(BpfError::NoMap)?
         .pin(&map_path)
         .map_err(|source| BpfError::Pin { path: map_path.clone(), source: Box::new(source) })?;
+    let ceilings_path = dir.join(pacing::CEILINGS_PIN);
+    ebpf.map(pacing::CEILINGS_MAP).ok_or(BpfError::NoMap)?.pin(&ceilings_path).map_err(
+        |source| BpfError::Pin { path: ceilings_path.clone(), source: Box::new(source) },
+    )?;
     if kind == HookKind::Clsact {
         match aya::programs::tc::qdisc_add_clsact(interface) {
             Ok(()) => {}
@@ -522,7 +600,7 @@ fn attach_in_netns(kind: HookKind, dir: &Path, interface: &str) -> Result<(), Bp
             std::mem::forget(link);
         }
     }
-    Ok(())
+    pacing::record_owner(&mut ebpf, netns_inode, interface)
 }
 
 /// Removes our two `clsact` filters from `interface` of the calling thread's netns.
@@ -659,7 +737,13 @@ impl CounterPort for CounterPins {
                 let counters = self.read_counters(pod_uid, interface)?;
                 Ok(counters.map(|c| {
                     let (rx_dropped, tx_dropped) = drops.unwrap_or_default();
-                    InterfaceStats { rx: c.rx, tx: c.tx, rx_dropped, tx_dropped }
+                    InterfaceStats {
+                        rx: c.rx,
+                        tx: c.tx,
+                        rx_dropped,
+                        tx_dropped,
+                        ceiling: c.ceiling,
+                    }
                 }))
             })
             .collect()
@@ -679,16 +763,51 @@ impl CounterPort for CounterPins {
     }
 }
 
+/// The bandwidth ceilings of the same programs.
+impl PacingPort for CounterPins {
+    type Error = CounterPortError;
+
+    async fn set_pacing(
+        &self,
+        netns: &Path,
+        pod_uid: &str,
+        interface: &str,
+        ceilings: Ceilings,
+    ) -> Result<(), Self::Error> {
+        let (pins, netns, pod_uid, interface) =
+            (self.clone(), netns.to_owned(), pod_uid.to_owned(), interface.to_owned());
+        tokio::task::spawn_blocking(move || pins.set_pacing(&netns, &pod_uid, &interface, ceilings))
+            .await
+            .map_err(CounterPortError::Task)?
+            .map_err(CounterPortError::Bpf)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn per_cpu_copies_are_summed_field_by_field() {
-        let total = sum([[100, 2, 1, 0, 1, 0], [1500, 1, 1, 0, 0, 0], [60, 1, 0, 0, 0, 1]]);
+        let total = sum([
+            [100, 2, 1, 0, 1, 0, 0, 0],
+            [1500, 1, 1, 0, 0, 0, 1, 3],
+            [60, 1, 0, 0, 0, 1, 0, 1],
+        ]);
         assert_eq!(
-            total,
+            direction(&total),
             DirectionCounters { bytes: 1660, packets: 4, tcp: 2, udp: 0, icmp: 1, other: 1 }
+        );
+        assert_eq!(total[6..], [1, 4]);
+    }
+
+    #[test]
+    fn ceiling_counts_come_from_the_last_two_fields_of_each_slot() {
+        let counters = interface_counters(&[0, 0, 0, 0, 0, 0, 7, 99], &[0, 0, 0, 0, 0, 0, 2, 40]);
+        // The rx slot's `delayed` is never written (ingress is policed, not paced).
+        assert_eq!(
+            counters.ceiling,
+            CeilingCounters { tx_delayed: 40, tx_dropped: 2, rx_dropped: 7 }
         );
     }
 

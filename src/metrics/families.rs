@@ -549,6 +549,7 @@ mod tests {
             tx: DirectionCounters { bytes: 1140, packets: 12, udp: 2, ..Default::default() },
             rx_dropped: 1,
             tx_dropped: 4,
+            ..Default::default()
         };
         metrics.interface_traffic.replace(vec![(labels, stats)]);
         let text = metrics.encode();

@@ -70,6 +70,31 @@ pub struct InterfaceStats {
     pub rx_dropped: u64,
     /// Sent packets the kernel dropped (`tx_dropped`).
     pub tx_dropped: u64,
+    /// What the interface's bandwidth ceiling did (all 0 without one).
+    pub ceiling: CeilingCounters,
+}
+
+/// What a bandwidth ceiling did to an interface's packets (DESIGN §3 `bandwidth`), as the
+/// programs count it: these drops happen in the tc hook, so the link counters
+/// (`rx_dropped`, `tx_dropped`) do not include them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CeilingCounters {
+    /// Sent packets held back: given a departure time later than when they were sent
+    /// (egress pacing; the `fq` qdisc releases them then).
+    pub tx_delayed: u64,
+    /// Sent packets dropped because their departure time would have been beyond the
+    /// pacing horizon (the sender outran the ceiling by that much).
+    pub tx_dropped: u64,
+    /// Received packets dropped by the ingress policer (`bandwidth.ingress: police`).
+    pub rx_dropped: u64,
+}
+
+impl CeilingCounters {
+    /// Whether the ceiling did nothing (or there is none).
+    #[must_use]
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl InterfaceStats {
@@ -97,6 +122,11 @@ impl InterfaceStats {
             rx_dropped: self.rx_dropped,
             tx_dropped: self.tx_dropped,
             collected_at,
+            ceiling: CeilingStatus {
+                tx_delayed: self.ceiling.tx_delayed,
+                tx_dropped: self.ceiling.tx_dropped,
+                rx_dropped: self.ceiling.rx_dropped,
+            },
             protocols: ProtocolSplit {
                 tcp: split("tcp"),
                 udp: split("udp"),
@@ -125,8 +155,29 @@ pub struct StatsStatus {
     pub tx_dropped: u64,
     /// When the counters were read (RFC 3339, UTC).
     pub collected_at: String,
+    /// What the bandwidth ceiling did; left out when it did nothing.
+    #[serde(skip_serializing_if = "CeilingStatus::is_zero")]
+    pub ceiling: CeilingStatus,
     /// Packets per L4 protocol.
     pub protocols: ProtocolSplit,
+}
+
+/// `data.stats.ceiling`: packets the bandwidth ceiling held back or dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CeilingStatus {
+    /// Sent packets paced later than sent.
+    pub tx_delayed: u64,
+    /// Sent packets dropped beyond the pacing horizon.
+    pub tx_dropped: u64,
+    /// Received packets dropped by the policer.
+    pub rx_dropped: u64,
+}
+
+impl CeilingStatus {
+    fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Packets per L4 protocol, both directions.
@@ -163,6 +214,7 @@ mod tests {
             tx: DirectionCounters { bytes: 1140, packets: 12, tcp: 1, udp: 2, icmp: 5, other: 4 },
             rx_dropped: 1,
             tx_dropped: 7,
+            ceiling: CeilingCounters::default(),
         };
         let json = serde_json::to_value(stats.to_status("2026-11-25T10:00:00Z".to_owned()))
             .expect("plain data serialises");
@@ -178,6 +230,20 @@ mod tests {
                     "other": {"rxPackets": 3, "txPackets": 4},
                 }
             })
+        );
+    }
+
+    #[test]
+    fn ceiling_object_appears_once_the_ceiling_acted() {
+        let stats = InterfaceStats {
+            ceiling: CeilingCounters { tx_delayed: 40, tx_dropped: 2, rx_dropped: 9 },
+            ..InterfaceStats::default()
+        };
+        let json = serde_json::to_value(stats.to_status("2026-11-25T10:00:00Z".to_owned()))
+            .expect("plain data serialises");
+        assert_eq!(
+            json["ceiling"],
+            serde_json::json!({"txDelayed": 40, "txDropped": 2, "rxDropped": 9})
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::model::stats::InterfaceStats;
 
 mod ports;
 
-pub use ports::{AttachedInterfaceSource, CounterPort, StatsSink};
+pub use ports::{AttachedInterfaceSource, Ceilings, CounterPort, PacingPort, StatsSink};
 
 /// One attached pod interface, as the attach service reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -139,6 +139,7 @@ fn counters() -> Vec<(InterfaceLabels, InterfaceStats)> {
         tx: DirectionCounters { bytes: 2000, packets: 20, ..DirectionCounters::default() },
         rx_dropped: 1,
         tx_dropped: 2,
+        ..InterfaceStats::default()
     };
     vec![(labels, stats)]
 }
