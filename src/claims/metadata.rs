@@ -446,6 +446,12 @@ impl DeviceMetadata {
         &self.layout
     }
 
+    /// The files port, for the other CDI specs of a claim (the device nodes of mode `vfio`,
+    /// `claims::vfio_cdi`), written beside the metadata specs.
+    pub(crate) fn files(&self) -> &dyn MetadataStore {
+        self.files.as_ref()
+    }
+
     /// The CDI device id of each top-level request of `claim`.
     #[must_use]
     pub fn cdi_device_id(&self, uid: &str, request: &str) -> String {
