@@ -15,5 +15,6 @@ pub mod netns;
 pub mod parent_death;
 pub mod pod_links;
 pub mod pod_netns;
+pub mod routing;
 pub mod sriov;
 pub mod sysfs;

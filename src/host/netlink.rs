@@ -275,13 +275,21 @@ impl NetlinkOps {
         Self { host: host.clone(), pod: None, pod_path: PathBuf::new() }
     }
 
-    fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {
+    pub(super) fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {
         match side {
             Side::Host => Ok(&self.host.handle),
             Side::Pod => self.pod.as_ref().map(|(handle, _)| handle).ok_or_else(|| {
                 LinkOpError::NetnsGone { path: self.pod_path.display().to_string() }
             }),
         }
+    }
+
+    /// The pod netns (for threads that must enter it: `host::routing`).
+    pub(super) fn pod_netns(&self) -> Result<&File, LinkOpError> {
+        self.pod
+            .as_ref()
+            .map(|(_, file)| file)
+            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
     }
 
     fn pod_fd(&self) -> Result<i32, LinkOpError> {
@@ -293,7 +301,7 @@ impl NetlinkOps {
 }
 
 /// Maps an rtnetlink error to ours, keeping the errno.
-fn op_error(op: impl Into<String>, side: Side, err: rtnetlink::Error) -> LinkOpError {
+pub(super) fn op_error(op: impl Into<String>, side: Side, err: rtnetlink::Error) -> LinkOpError {
     match err {
         rtnetlink::Error::NetlinkError(message) if message.raw_code() != 0 => {
             let errno = -message.raw_code();
@@ -403,7 +411,7 @@ fn nl_ipvlan_flags(flag: IpvlanFlag) -> NlIpVlanFlags {
 
 /// The route message for `route` through link `index`: main table, static protocol, metric as
 /// `RTA_PRIORITY`, link scope for an on-link IPv4 route (as `ip route` does).
-fn route_message(index: u32, route: &Route) -> RouteMessage {
+pub(super) fn route_message(index: u32, route: &Route) -> RouteMessage {
     let prefix = route.destination.prefix();
     match (route.destination.network(), route.gateway) {
         (IpAddr::V4(destination), gateway) => {

@@ -17,6 +17,7 @@ use super::ports::{
     PodLinkConfig, Side,
 };
 
+mod routing;
 #[cfg(test)]
 mod tests;
 
@@ -98,6 +99,17 @@ pub enum StepError {
         /// The alias found on the link.
         alias: String,
     },
+    /// A pod link has the VRF's name but is not that VRF (another table, or not a VRF): the
+    /// interface would route through the wrong table, so the attach stops.
+    #[error("pod link {name} is not a VRF with table {table} (found table {found:?})")]
+    VrfOfAnother {
+        /// The VRF's name.
+        name: String,
+        /// The table the plan wants.
+        table: u32,
+        /// The table found (`None`: not a VRF).
+        found: Option<u32>,
+    },
     /// Any other failure.
     #[error(transparent)]
     Op(#[from] LinkOpError),
@@ -113,7 +125,7 @@ impl StepError {
             | StepError::NameTaken { source, .. }
             | StepError::DuplicateAddress { source, .. }
             | StepError::Op(source) => source.errno(),
-            StepError::VlanOfAnother { .. } => None,
+            StepError::VlanOfAnother { .. } | StepError::VrfOfAnother { .. } => None,
         }
     }
 }
@@ -439,6 +451,13 @@ async fn run_step<O: LinkPort>(
                 }
             })
         }
+        Step::EnsureVrf { vrf } => routing::ensure_vrf(ops, vrf).await,
+        Step::JoinVrf { vrf } => routing::join_vrf(ops, pod_index()?, vrf).await,
+        Step::SetSysctls { sysctls } => {
+            Ok(ops.set_sysctls(pod_index()?, &plan.interface_name, sysctls).await?)
+        }
+        Step::AddTableRoute { route } => routing::add_table_route(ops, pod_index()?, route).await,
+        Step::AddRule { rule } => Ok(ops.add_rule(rule).await?),
         Step::SetUp => Ok(ops.set_up(pod_index()?, true).await?),
         Step::AddRoute { route } => {
             ops.add_route(pod_index()?, route).await.map_err(|source| match source.errno() {
@@ -509,6 +528,10 @@ async fn rollback<O: LinkPort>(
             (UndoStep::DeleteAddress { address }, Some(link)) => {
                 ignore_missing(ops.delete_address(link.index, *address).await)
             }
+            (UndoStep::DeleteTableRoute { route }, Some(link)) => {
+                ignore_missing(ops.delete_table_route(link.index, route).await)
+            }
+            (UndoStep::LeaveVrf { .. }, Some(link)) => ops.set_master(link.index, 0).await,
             (UndoStep::SetDown, Some(link)) => ops.set_up(link.index, false).await,
             (UndoStep::DeleteRoute { route }, Some(link)) => {
                 ignore_missing(ops.delete_route(link.index, route).await)
@@ -576,6 +599,12 @@ async fn run_undo<O: LinkPort>(
                 }
                 Err(err) => Err(err),
             }
+        }
+        UndoStep::ReleaseVrf { vrf } => routing::release_vrf(ops, vrf).await,
+        UndoStep::DeleteRule { rule } => routing::delete_rule(ops, rule).await,
+        // Table routes, the VRF membership and the sysctls go with the link.
+        UndoStep::DeleteTableRoute { .. } | UndoStep::LeaveVrf { .. } | UndoStep::KeepSysctls => {
+            Ok(UndoOutcome::AlreadyGone)
         }
         // Address, up flag and routes go with the link; on their own they only appear in a
         // rollback, which handles them with the known index.

@@ -12,6 +12,8 @@ use super::plan::ChildKind;
 use super::ports::{LinkOpError, LinkPort, LinkState, PodLinkConfig, Side};
 use crate::model::network_config::{MacAddr, Route};
 
+mod routing;
+
 /// Which mutating call fails, shared by every [`FailingOps`] made from it (one per netns
 /// opened), so a failure can be placed anywhere in a sequence that spans several of them.
 #[derive(Debug)]

@@ -23,6 +23,9 @@ use super::ports::{
     PodLinkConfig, Side,
 };
 
+mod routing;
+pub use routing::RoutingLeftovers;
+
 #[derive(Debug, Default)]
 struct Kernel {
     links: BTreeMap<(SideKey, String), LinkState>,
@@ -35,6 +38,8 @@ struct Kernel {
     /// Every pod-side link lookup fails with this errno.
     fail_lookups: Option<i32>,
     netns_gone: bool,
+    /// Rules, table routes, VRFs, masters and sysctls (`fake::routing`).
+    routing: routing::State,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -18,8 +18,11 @@ use crate::model::network_config::{
 use crate::model::support::{KernelSupport, NodeSupport, Probe};
 
 mod names;
+mod routing;
 #[cfg(test)]
 pub(crate) mod tests;
+
+pub use routing::{AppliedRouting, SourceRule, TableRoute, assign_tables, with_table};
 
 pub use names::{
     DEVICE_ALIAS_PREFIX, HASHED_VLAN_PREFIX, InterfaceSlot, NameError, VLAN_ALIAS, VlanOwner,
@@ -194,6 +197,32 @@ pub enum Step {
         /// `IFA_F_NODAD` (IPv6): see [`plan_attach`] for why.
         nodad: bool,
     },
+    /// Make sure the VRF exists in the pod netns (created with its table and up on first use;
+    /// shared by the pod's claims that name it).
+    EnsureVrf {
+        /// The VRF.
+        vrf: crate::model::network_config::Vrf,
+    },
+    /// Enslave the interface to the VRF (while it is still down).
+    JoinVrf {
+        /// The VRF's name.
+        vrf: String,
+    },
+    /// Set the interface's sysctls (while it is still down).
+    SetSysctls {
+        /// The settings, keys written with the interface's name.
+        sysctls: Vec<crate::model::network_config::Sysctl>,
+    },
+    /// Add a route through the interface to a table other than `main`.
+    AddTableRoute {
+        /// The route and its table.
+        route: TableRoute,
+    },
+    /// Add a `from <address> lookup <table>` rule.
+    AddRule {
+        /// The rule.
+        rule: SourceRule,
+    },
     /// Set the link administratively up.
     SetUp,
     /// Add a route through the interface (after up: the kernel refuses a nexthop on a down
@@ -218,6 +247,11 @@ impl Step {
                 hardware_address: plan.host_mac_to_restore,
             },
             Step::AddAddress { address, .. } => UndoStep::DeleteAddress { address: *address },
+            Step::EnsureVrf { vrf } => UndoStep::ReleaseVrf { vrf: vrf.clone() },
+            Step::JoinVrf { vrf } => UndoStep::LeaveVrf { vrf: vrf.clone() },
+            Step::SetSysctls { .. } => UndoStep::KeepSysctls,
+            Step::AddTableRoute { route } => UndoStep::DeleteTableRoute { route: route.clone() },
+            Step::AddRule { rule } => UndoStep::DeleteRule { rule: rule.clone() },
             Step::SetUp => UndoStep::SetDown,
             Step::AddRoute { route } => UndoStep::DeleteRoute { route: route.clone() },
         }
@@ -235,6 +269,14 @@ impl fmt::Display for Step {
                 write!(f, "move {host_name} into the pod as {pod_name} (mtu {mtu})")
             }
             Step::AddAddress { address, .. } => write!(f, "add address {address}"),
+            Step::EnsureVrf { vrf } => write!(f, "ensure VRF {} (table {})", vrf.name, vrf.table),
+            Step::JoinVrf { vrf } => write!(f, "enslave to VRF {vrf}"),
+            Step::SetSysctls { sysctls } => {
+                let list: Vec<String> = sysctls.iter().map(ToString::to_string).collect();
+                write!(f, "set sysctls {}", list.join(", "))
+            }
+            Step::AddTableRoute { route } => write!(f, "add route {route}"),
+            Step::AddRule { rule } => write!(f, "add rule {rule}"),
             Step::SetUp => f.write_str("set link up"),
             Step::AddRoute { route } => write!(f, "add route {}", RouteDisplay(route)),
         }
@@ -274,6 +316,29 @@ pub enum UndoStep {
         /// The address.
         address: IpNetwork,
     },
+    /// Delete the VRF once no link is enslaved to it (and only a VRF with the plan's table).
+    ReleaseVrf {
+        /// The VRF.
+        vrf: crate::model::network_config::Vrf,
+    },
+    /// Take the interface out of the VRF (rollback only: it leaves with the link).
+    LeaveVrf {
+        /// The VRF's name.
+        vrf: String,
+    },
+    /// Nothing: sysctls go with the link (deleted, or made afresh from the host's defaults
+    /// when a device moves back).
+    KeepSysctls,
+    /// Remove a table route (rollback only: it goes with the link).
+    DeleteTableRoute {
+        /// The route and its table.
+        route: TableRoute,
+    },
+    /// Remove a source rule (rules belong to the netns: detach removes them).
+    DeleteRule {
+        /// The rule.
+        rule: SourceRule,
+    },
     /// Set the link down.
     SetDown,
     /// Remove a route.
@@ -292,6 +357,11 @@ impl fmt::Display for UndoStep {
                 write!(f, "move {pod_name} back to the host as {host_name} (mtu {mtu})")
             }
             UndoStep::DeleteAddress { address } => write!(f, "delete address {address}"),
+            UndoStep::ReleaseVrf { vrf } => write!(f, "release VRF {}", vrf.name),
+            UndoStep::LeaveVrf { vrf } => write!(f, "leave VRF {vrf}"),
+            UndoStep::KeepSysctls => f.write_str("sysctls go with the link"),
+            UndoStep::DeleteTableRoute { route } => write!(f, "delete route {route}"),
+            UndoStep::DeleteRule { rule } => write!(f, "delete rule {rule}"),
             UndoStep::SetDown => f.write_str("set link down"),
             UndoStep::DeleteRoute { route } => write!(f, "delete route {}", RouteDisplay(route)),
         }
@@ -347,7 +417,8 @@ impl AttachPlan {
             .iter()
             .rev()
             .filter(|step| {
-                matches!(
+                matches!(step, Step::AddRule { .. } | Step::EnsureVrf { .. })
+                    || matches!(
                     step,
                     Step::EnsureVlan { .. } | Step::CreateChild { .. } | Step::MoveIntoPod { .. }
                 )
@@ -467,6 +538,7 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
     let addresses = addresses_of(&config.addressing, pool_addresses)?;
     let mut steps = Vec::with_capacity(4 + addresses.len() + config.routes.len());
     let mut host_mac_to_restore = None;
+    steps.extend(routing::before_link(config));
     match config.mode {
         // A vfio device has no interface: the attach never plans one (the claims' port
         // leaves vfio devices out of a pod's interfaces).
@@ -526,11 +598,13 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
             });
         }
     }
+    let routed = addresses.clone();
+    steps.extend(routing::while_down(config));
     steps.extend(
         addresses.into_iter().map(|address| Step::AddAddress { address, nodad: address.is_ipv6() }),
     );
     steps.push(Step::SetUp);
-    steps.extend(config.routes.iter().map(|route| Step::AddRoute { route: route.clone() }));
+    steps.extend(routing::after_up(config, &routed));
     Ok(AttachPlan {
         claim_uid: claim_uid.to_owned(),
         pod: pod.clone(),

@@ -11,6 +11,10 @@ use crate::model::network_config::{MacAddr, Route};
 
 use super::plan::ChildKind;
 
+mod routing;
+
+pub use routing::{ENOENT, RoutingPort, VrfState};
+
 /// Which network namespace an operation addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -158,7 +162,7 @@ pub struct PodLinkConfig {
 
 /// Kernel operations on the host netns and one pod netns. Links are addressed by index once
 /// known; names are resolved with [`LinkPort::link`].
-pub trait LinkPort: Sync {
+pub trait LinkPort: RoutingPort + Sync {
     /// The link named `name` on `side`, or `None` when there is none.
     fn link(
         &self,
