@@ -11,9 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::device::PciAddress;
 
 /// What discovery learned about the RDMA function of one netdev. Unknown facts are `None`
-/// (and omitted from the published attributes).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// (and omitted from the published attributes). Not persisted: discovery reads it fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaFacts {
     /// The RDMA device's name (`mlx5_0`, `rxe0`): `RDMA_NLDEV_ATTR_DEV_NAME`, the entry in
     /// `/sys/class/infiniband`.
@@ -21,33 +20,26 @@ pub struct RdmaFacts {
     /// The kernel's index of the RDMA device (`RDMA_NLDEV_ATTR_DEV_INDEX`; the move into a
     /// netns addresses the device by it). Indexes are not reused while the device exists but
     /// change when it is registered again: look it up fresh before acting.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
     /// The port this netdev sits on (1-based, as in `/sys/class/infiniband/<dev>/ports/`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u32>,
     /// How many ports the RDMA device has (`RDMA_NLDEV_ATTR_PORT_INDEX` of the device dump).
     pub ports: u32,
     /// Link layer of [`Self::port`] (`ports/<n>/link_layer`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_layer: Option<RdmaLinkLayer>,
     /// Node GUID as the kernel and `rdma dev` print it: four groups of four hex digits
     /// (`5054:00ff:fe12:3456`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_guid: Option<String>,
     /// The PCI function behind the RDMA device (`/sys/class/infiniband/<dev>/device`);
     /// `None` for a software device (`rdma_rxe`, `siw`), which has no bus device. Software
     /// devices lack `disassociate_ucontext`, so the kernel refuses to move them to another
     /// netns (`EOPNOTSUPP`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_address: Option<PciAddress>,
     /// The node's RDMA netns mode when discovery read it (`RDMA_NLDEV_SYS_ATTR_NETNS_MODE`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns_mode: Option<RdmaNetnsMode>,
     /// Character devices a container needs for this RDMA device, host paths, in this order:
     /// `uverbsN` of the device, `umadN` of each of its ports (where `ib_umad` is loaded),
     /// then the node-wide `rdma_cm` (where `rdma_ucm` is loaded).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub char_devices: Vec<PathBuf>,
 }
 
