@@ -10,6 +10,7 @@ use crate::podnet::{
     AttachRequest, HostDevice, InterfaceSlot, LinkOpError, LinkPort, PodNetns, Side,
     assign_interface_names, plan_attach,
 };
+use crate::podnet::plan::{assign_tables, with_table};
 
 /// One interface to attach: the claim and its device, with the assigned name.
 pub(super) struct Slot<'a> {
@@ -77,6 +78,7 @@ pub(super) async fn plan_new<O: LinkPort>(
     slots: &[Slot<'_>],
     existing: Option<&PodAttachment>,
 ) -> Result<Vec<AttachedDevice>, AttachFailure> {
+    let tables = auto_tables(slots, existing);
     let mut planned = Vec::new();
     for slot in
         slots.iter().filter(|s| existing.is_none_or(|r| !r.has(&s.claim.uid, &s.device.request)))
@@ -86,9 +88,12 @@ pub(super) async fn plan_new<O: LinkPort>(
             Addressing::Pool(_) | Addressing::Network(_) => &slot.device.addresses,
             Addressing::None | Addressing::Static(_) => &[],
         };
+        // `routing.table: 0`: the table picked for the pod (`podnet::plan::assign_tables`).
+        let picked = slot_table(slots, &tables, slot);
+        let routed = picked.map(|table| with_table(&slot.device.config, table));
         let plan = plan_attach(&AttachRequest {
             claim_uid: &slot.claim.uid,
-            config: &slot.device.config,
+            config: routed.as_ref().unwrap_or(&slot.device.config),
             device: &host,
             pod,
             interface_name: &slot.name,
@@ -113,6 +118,32 @@ pub(super) async fn plan_new<O: LinkPort>(
         });
     }
     Ok(planned)
+}
+
+/// The tables picked for the slots whose config asks for one (`routing.table: 0`), in slot
+/// order, avoiding the tables every slot names and those of interfaces attached before.
+fn auto_tables(slots: &[Slot<'_>], existing: Option<&PodAttachment>) -> Vec<Option<u32>> {
+    let taken: Vec<u32> =
+        existing.iter().flat_map(|r| r.devices.iter().flat_map(|d| d.plan.tables())).collect();
+    let configs: Vec<_> = slots
+        .iter()
+        .map(|s| match existing.and_then(|r| {
+            r.devices.iter().find(|a| a.claim_uid == s.claim.uid && a.request == s.device.request)
+        }) {
+            // Attached before: its table is in `taken`, it needs no new one.
+            Some(_) => None,
+            None => Some(&s.device.config),
+        })
+        .collect();
+    let asking: Vec<&crate::model::network_config::ResolvedNetworkConfig> =
+        configs.iter().flatten().copied().collect();
+    let mut picked = assign_tables(&asking, &taken).into_iter();
+    configs.iter().map(|c| c.and_then(|_| picked.next().flatten())).collect()
+}
+
+fn slot_table(slots: &[Slot<'_>], tables: &[Option<u32>], slot: &Slot<'_>) -> Option<u32> {
+    let position = slots.iter().position(|s| std::ptr::eq(s, slot))?;
+    tables.get(position).copied().flatten()
 }
 
 /// The host facts of a slot's device: a moved device's MTU and MAC are read now (they are

@@ -84,6 +84,9 @@ struct NetworkStatus<'a> {
     routes: Vec<RouteStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pod_network: Option<PodNetworkData>,
+    /// `data.routing`: the interface's table, source rules, VRF and sysctls as applied.
+    #[serde(skip_serializing_if = "crate::podnet::plan::AppliedRouting::is_empty")]
+    routing: crate::podnet::plan::AppliedRouting,
 }
 
 /// `data.podNetwork` (DESIGN §4): the `PodNetwork` a device's addresses come from and, per
@@ -335,6 +338,7 @@ fn network_status(iface: &AttachedInterface, pod_network: Option<&PodNetworkData
             })
             .collect(),
         pod_network: pod_network.cloned(),
+        routing: iface.routing.clone(),
     };
     let mut value = serde_json::to_value(&status).unwrap_or(serde_json::Value::Null);
     if value.to_string().len() > MAX_DATA_BYTES {
@@ -646,6 +650,7 @@ mod tests {
             mtu: 1500,
             addresses: addresses.iter().map(|a| a.parse().expect("test address")).collect(),
             routes,
+            routing: Default::default(),
         }
     }
 

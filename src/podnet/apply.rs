@@ -39,6 +39,10 @@ pub struct AttachedInterface {
     pub addresses: Vec<IpNetwork>,
     /// Routes added through it.
     pub routes: Vec<Route>,
+    /// Its table, rules, VRF and sysctls (`podnet::plan::routing`; absent in records written
+    /// before they existed).
+    #[serde(default, skip_serializing_if = "super::plan::AppliedRouting::is_empty")]
+    pub routing: super::plan::AppliedRouting,
 }
 
 /// Why one attach step failed, with the kernel's errno kept in the source.
@@ -401,6 +405,7 @@ pub async fn attach<O: LinkPort>(
         mtu: link.mtu,
         addresses: plan.addresses(),
         routes: plan.routes(),
+        routing: plan.applied_routing(),
     })
 }
 
@@ -674,6 +679,7 @@ pub fn completed_attach(
         mtu: link.mtu,
         addresses,
         routes,
+        routing: plan.applied_routing(),
     })
 }
 

@@ -105,6 +105,7 @@ fn attachment(with_result: bool) -> PodAttachment {
         mtu: 1400,
         addresses: vec!["10.10.1.5/24".parse().unwrap()],
         routes: vec![],
+        routing: Default::default(),
     });
     PodAttachment {
         pod_uid: "pod-1".to_owned(),
