@@ -19,6 +19,8 @@ pub struct AllocatedResult {
     pub device: String,
     /// `shareID` of a share of a device with `allowMultipleAllocations`.
     pub share_id: Option<String>,
+    /// The `netclaim.dev/bandwidth` the request asked for and the allocation consumed.
+    pub bandwidth: super::bandwidth::ResultBandwidth,
 }
 
 /// This driver's part of a claim's allocation.
@@ -91,6 +93,7 @@ pub fn extract(
             pool: r.pool.clone(),
             device: r.device.clone(),
             share_id: r.share_id.clone(),
+            bandwidth: super::bandwidth::of_result(claim, r),
         })
         .collect();
     if results.is_empty() {

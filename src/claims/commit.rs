@@ -259,8 +259,26 @@ pub(super) fn reserve_claim<S: ClaimStore>(
         let in_use = state.devices_on(&parent).map(|d| (&*d.if_name, &d.config));
         let this_claim = devices.iter().map(|(_, f, _, c)| (&*f.if_name, c));
         add_planned_children(&mut facts, merged.vlan, in_use.chain(this_claim));
-        let config = merged.validate_in(network, &facts, support).map_err(config_error)?;
+        let mut config = merged.validate_in(network, &facts, support).map_err(config_error)?;
         parent_capacity::check_device(state, &devices, result, &facts, parent_limit, config.mode)?;
+        let device_bandwidth = inputs.bandwidth.get(devices.len()).copied().unwrap_or_default();
+        let on_parent =
+            state.devices_on(&parent).map(|d| super::bandwidth::consumed(&d.config)).chain(
+                devices
+                    .iter()
+                    .filter(|(_, f, _, _)| f.if_name == parent)
+                    .map(|(_, _, _, c)| super::bandwidth::consumed(c)),
+            );
+        super::bandwidth::complete(&mut config, result, &facts, device_bandwidth, on_parent)?;
+        let ethtool = crate::model::network_config::resolve_ethtool(merged, config.mode.mode())
+            .map_err(config_error)?
+            .map(|settings| super::ethtool::PreparedEthtool {
+                if_name: facts.if_name.clone(),
+                settings,
+                boot_id: None,
+                before: None,
+            });
+        ethtools.push(ethtool);
         devices.push((result, facts, attributes, config));
     }
     let mut prepared = PreparedClaim {

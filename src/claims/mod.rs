@@ -17,8 +17,11 @@
 //! at start.
 
 pub mod allocation;
+pub mod bandwidth;
 mod commit;
 mod error;
+pub mod ethtool;
+pub mod ethtool_settings;
 pub mod metadata;
 pub mod networks;
 pub mod parent_capacity;

@@ -17,6 +17,7 @@ use super::record::PreparedClaim;
 use super::vf::{VfChange, VfPortError, VfRef, VfState};
 use super::vf_snapshots::VfSnapshot;
 use crate::ipam::{IpamCommit, LeaseStore};
+use crate::model::bandwidth::BitsPerSecond;
 use crate::model::cause::Cause;
 use crate::model::device::{AttributeValue, PciAddress};
 use crate::model::names::{ATTRIBUTE_DOMAIN, attr};
@@ -82,6 +83,15 @@ pub trait DeviceSource: Send + Sync + 'static {
         let _ = if_name;
         async { Ok(None) }
     }
+    /// The most any device published on host interface `if_name` offers as
+    /// `netclaim.dev/bandwidth` (`claims::bandwidth`); `None`: none is published.
+    fn parent_bandwidth(
+        &self,
+        if_name: &str,
+    ) -> impl Future<Output = Result<Option<BitsPerSecond>, LookupError>> + Send {
+        let _ = if_name;
+        async { Ok(None) }
+    }
     /// The PF and index of VF device `name`, from its published `pfName` and `vfIndex`
     /// (discovered from sysfs); `None` when it has either missing.
     fn virtual_function(
@@ -123,13 +133,17 @@ pub trait DeviceSource: Send + Sync + 'static {
                 Sharing::Exclusive => None,
                 Sharing::Shared | Sharing::Slot => self.parent_limit(&facts.if_name).await?,
             };
+            let parent_bandwidth = match facts.sharing {
+                Sharing::Exclusive => None,
+                Sharing::Shared | Sharing::Slot => self.parent_bandwidth(&facts.if_name).await?,
+            };
             let attributes =
                 if with_attributes { self.attributes(name).await? } else { BTreeMap::new() };
             let vf = match facts.kind {
                 DeviceKind::SriovVf => self.virtual_function(name).await?,
                 _ => None,
             };
-            Ok(ResolvedDevice { facts, parent_limit, attributes, vf })
+            Ok(ResolvedDevice { facts, parent_limit, parent_bandwidth, attributes, vf })
         }
     }
 }
@@ -142,6 +156,9 @@ pub struct ResolvedDevice {
     /// How many sub-interfaces its host interface may carry across every device published
     /// on it ([`DeviceSource::parent_limit`]); `None` for an exclusive device or no limit.
     pub parent_limit: Option<u32>,
+    /// The `netclaim.dev/bandwidth` published on its host interface
+    /// ([`DeviceSource::parent_bandwidth`]); `None` for an exclusive device or none known.
+    pub parent_bandwidth: Option<BitsPerSecond>,
     /// The attributes it is published with; empty unless asked for.
     pub attributes: BTreeMap<String, AttributeValue>,
     /// The VF of a `sriov-vf` device ([`DeviceSource::virtual_function`]).

@@ -376,9 +376,20 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         tenancy::check_devices(&allocation, &merged, &resolved)?;
         let mut facts = Vec::with_capacity(allocation.results.len());
         let mut vfs = Vec::with_capacity(allocation.results.len());
+        let mut bandwidth = Vec::with_capacity(allocation.results.len());
+        let mut pcis = Vec::with_capacity(allocation.results.len());
         for (result, device) in allocation.results.iter().zip(resolved) {
-            let ResolvedDevice { facts: found, parent_limit, mut attributes, vf } = device
-                .map_err(|source| ClaimError::Device { request: result.request.clone(), source })?;
+            let ResolvedDevice { facts: found, parent_limit, parent_bandwidth, mut attributes, vf } =
+                device.map_err(|source| ClaimError::Device {
+                    request: result.request.clone(),
+                    source,
+                })?;
+            bandwidth.push(super::bandwidth::device_bandwidth(
+                &found,
+                parent_bandwidth,
+                &attributes,
+            ));
+            pcis.push(super::vfio::pci_of(&attributes));
             if self.metadata.is_none() {
                 // Kept in the record only for the device metadata file.
                 attributes.clear();
@@ -396,6 +407,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             merged,
             networks,
             pod_claim_index,
+            bandwidth,
         };
         let reserved = match self.reserve_claiming_blocks(&inputs).await? {
             Ok(reserved) => reserved,
@@ -495,6 +507,8 @@ pub(super) struct PrepareInputs<'a> {
     pub(super) merged: Vec<NetworkConfig>,
     pub(super) networks: BTreeMap<String, PodNetwork>,
     pub(super) pod_claim_index: Option<u32>,
+    /// Per result, what the node knows of the device's bandwidth (`claims::bandwidth`).
+    pub(super) bandwidth: Vec<super::bandwidth::DeviceBandwidth>,
 }
 
 /// The merged config of each allocation result (class entries, then claim entries).

@@ -107,7 +107,8 @@ fn cluster_options(args: &DevArgs) -> Result<ClusterOptions, DevCommandError> {
             &args.selection.exclude_interfaces,
             &args.selection.shared_parents,
             SharingMode::Capacity,
-        )?,
+        )?
+        .with_parent_bandwidth(&args.selection.parent_bandwidth),
         sharing,
         containerd: args.containerd.as_ref().map(|cri| ContainerdSockets {
             cri: cri.clone(),

@@ -89,7 +89,8 @@ pub fn run(args: &InventoryArgs, out: &mut impl Write) -> Result<(), InventoryCo
         &args.selection.exclude_interfaces,
         &args.selection.shared_parents,
         mode,
-    )?;
+    )?
+    .with_parent_bandwidth(&args.selection.parent_bandwidth);
     let node = match &args.node_name {
         Some(node) => node.clone(),
         None => default_node_name()?,

@@ -115,6 +115,16 @@ pub struct DeviceSelectionArgs {
     /// How shared parents are published.
     #[arg(long, env = "NETCLAIM_SHARING_MODE", value_enum, default_value_t = SharingModeArg::Auto)]
     pub sharing_mode: SharingModeArg,
+
+    /// The netclaim.dev/bandwidth capacity of a shared parent, `<interface>=<quantity>` in
+    /// bits per second (eth1=10G); repeatable or a comma list. Wins over the link's speed.
+    #[arg(
+        long,
+        env = "NETCLAIM_PARENT_BANDWIDTH",
+        value_delimiter = ',',
+        value_name = "IF=QUANTITY"
+    )]
+    pub parent_bandwidth: Vec<crate::inventory::bandwidth::ParentBandwidth>,
 }
 
 /// Flags of `netclaim inventory`.

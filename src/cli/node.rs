@@ -65,7 +65,8 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         &args.selection.exclude_interfaces,
         &args.selection.shared_parents,
         SharingMode::Capacity,
-    )?;
+    )?
+    .with_parent_bandwidth(&args.selection.parent_bandwidth);
     let config = NodeConfig {
         node_name: node_name.clone(),
         driver_name: args.driver_name.clone(),

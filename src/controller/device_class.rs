@@ -174,6 +174,7 @@ mod tests {
             kind: DeviceKind::Physical,
             sharing: Sharing::Shared,
             shared_capacity: Some(8),
+            bandwidth: None,
             slot_index: None,
             attributes,
         };

@@ -14,6 +14,7 @@ fn device(name: &str, if_name: &str, kind: DeviceKind) -> Device {
         kind,
         sharing: Sharing::Exclusive,
         shared_capacity: None,
+        bandwidth: None,
         slot_index: None,
         attributes: BTreeMap::new(),
     }

@@ -150,6 +150,13 @@ impl<I: InterfaceSource + 'static> DeviceSource for DiscoveredDevices<I> {
         self.with_context(|context| facts::parent_limit(context, if_name)).await
     }
 
+    async fn parent_bandwidth(
+        &self,
+        if_name: &str,
+    ) -> Result<Option<crate::model::bandwidth::BitsPerSecond>, LookupError> {
+        self.with_context(|context| facts::parent_bandwidth(context, if_name)).await
+    }
+
     async fn resolve(
         &self,
         names: &[String],

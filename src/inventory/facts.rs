@@ -18,6 +18,7 @@ use crate::inventory::{
     shared_parent_exclusion,
 };
 use crate::model::device::{self, AttributeValue, Device, HostInterface, Sharing, SriovRole};
+use crate::model::bandwidth::BitsPerSecond;
 use crate::model::names::attr;
 use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing as ConfigSharing};
 use crate::model::pod_network::shared_device_name;
@@ -115,6 +116,19 @@ pub fn parent_limit(context: &LookupContext<'_>, if_name: &str) -> Option<u32> {
         .max()
 }
 
+/// The most any device published on parent `if_name` offers as `netclaim.dev/bandwidth`
+/// (networks on one parent share it, as they share [`parent_limit`]); `None` when none is.
+#[must_use]
+pub fn parent_bandwidth(context: &LookupContext<'_>, if_name: &str) -> Option<BitsPerSecond> {
+    context
+        .inventory(SharingMode::Capacity, true)
+        .devices
+        .iter()
+        .filter(|d| d.if_name == if_name)
+        .filter_map(|d| d.bandwidth)
+        .max()
+}
+
 /// Everything a prepare needs of device `name` from one context ([`ResolvedDevice`]): its
 /// facts, its parent's limit (shared and slot devices), the VF it is (from its `pfName` and
 /// `vfIndex`), and its published attributes when `with_attributes`; `None` when no device of
@@ -132,12 +146,16 @@ pub fn resolve_device(
         ConfigSharing::Exclusive => None,
         ConfigSharing::Shared | ConfigSharing::Slot => parent_limit(context, &facts.if_name),
     };
+    let parent_bandwidth = match facts.sharing {
+        ConfigSharing::Exclusive => None,
+        ConfigSharing::Shared | ConfigSharing::Slot => parent_bandwidth(context, &facts.if_name),
+    };
     let vf = match facts.kind {
         DeviceKind::SriovVf => vf_of(&device.attributes),
         _ => None,
     };
     let attributes = if with_attributes { device.attributes } else { BTreeMap::new() };
-    Some(ResolvedDevice { facts, parent_limit, attributes, vf })
+    Some(ResolvedDevice { facts, parent_limit, parent_bandwidth, attributes, vf })
 }
 
 /// The device `name` stands for: published now (with the node's networks, then as a plain
@@ -232,6 +250,7 @@ fn departed_device(
         kind,
         sharing: if slot.is_some() { Sharing::Slot } else { Sharing::Shared },
         shared_capacity: None,
+        bandwidth: None,
         slot_index: slot,
         attributes,
     }

@@ -4,6 +4,7 @@
 //! this node carries ([`networks`]), returns the devices to publish and, for every interface
 //! left out, the reason (so `netclaim inventory` can answer "why is my NIC not there?").
 
+pub mod bandwidth;
 pub mod device_lookup;
 pub mod facts;
 pub mod naming;
@@ -14,6 +15,7 @@ pub mod slices;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use crate::model::bandwidth::BitsPerSecond;
 use crate::model::device::{
     AttributeValue, Device, DeviceKind, HostInterface, LinkKind, Sharing, SriovRole,
 };
@@ -62,6 +64,7 @@ pub struct Selection {
     sharing_mode: SharingMode,
     shared_capacity: u32,
     slot_count: u32,
+    parent_bandwidth: Vec<bandwidth::ParentBandwidth>,
 }
 
 impl Selection {
@@ -95,7 +98,25 @@ impl Selection {
             sharing_mode,
             shared_capacity: names::DEFAULT_SHARED_CAPACITY,
             slot_count: names::DEFAULT_SLOT_COUNT,
+            parent_bandwidth: Vec::new(),
         })
+    }
+
+    /// Same selection with `--parent-bandwidth` entries (a later entry for one interface
+    /// wins).
+    #[must_use]
+    pub fn with_parent_bandwidth(mut self, entries: &[bandwidth::ParentBandwidth]) -> Self {
+        self.parent_bandwidth = entries.to_vec();
+        self
+    }
+
+    /// The `--parent-bandwidth` of `interface` (by name or PCI address), if given.
+    fn parent_bandwidth_flag(&self, interface: &HostInterface) -> Option<BitsPerSecond> {
+        self.parent_bandwidth
+            .iter()
+            .rev()
+            .find(|entry| names_interface(&entry.interface, interface))
+            .map(|entry| entry.rate)
     }
 
     /// The sharing mode.
@@ -119,14 +140,7 @@ impl Selection {
     }
 
     fn is_shared_parent(&self, interface: &HostInterface) -> bool {
-        self.shared_parents.iter().any(|wanted| {
-            *wanted == interface.name
-                || interface
-                    .hardware
-                    .pci
-                    .as_ref()
-                    .is_some_and(|pci| pci.address.to_string() == wanted.to_ascii_lowercase())
-        })
+        self.shared_parents.iter().any(|wanted| names_interface(wanted, interface))
     }
 }
 
@@ -376,6 +390,16 @@ fn exclusive_exclusion(interface: &HostInterface, selection: &Selection) -> Opti
     interface.global_addresses.first().map(|address| Exclusion::GlobalAddress(address.clone()))
 }
 
+/// Whether a flag's `wanted` (an interface name or a PCI address) names `interface`.
+fn names_interface(wanted: &str, interface: &HostInterface) -> bool {
+    *wanted == interface.name
+        || interface
+            .hardware
+            .pci
+            .as_ref()
+            .is_some_and(|pci| pci.address.to_string() == wanted.to_ascii_lowercase())
+}
+
 fn base_device_name(interface: &HostInterface) -> String {
     match &interface.hardware.pci {
         // Only a real NIC function owns its PCI address; a vlan or macvlan on top of it does
@@ -395,6 +419,7 @@ fn exclusive_device(interface: &HostInterface) -> Device {
         kind,
         sharing: Sharing::Exclusive,
         shared_capacity: None,
+        bandwidth: None,
         slot_index: None,
         attributes,
     }
@@ -412,6 +437,11 @@ fn shared_devices(interface: &HostInterface, selection: &Selection) -> Vec<Devic
             kind,
             sharing: Sharing::Shared,
             shared_capacity: Some(selection.shared_capacity),
+            bandwidth: bandwidth::parent_bandwidth(
+                selection.parent_bandwidth_flag(interface),
+                interface.hardware.speed_mbps,
+                None,
+            ),
             slot_index: None,
             attributes,
         }],
@@ -422,6 +452,7 @@ fn shared_devices(interface: &HostInterface, selection: &Selection) -> Vec<Devic
                 kind,
                 sharing: Sharing::Slot,
                 shared_capacity: None,
+                bandwidth: None,
                 slot_index: Some(index),
                 attributes: attributes.clone(),
             })
@@ -455,6 +486,11 @@ fn network_devices(
                 kind,
                 sharing: Sharing::Shared,
                 shared_capacity: Some(network.capacity),
+                bandwidth: bandwidth::parent_bandwidth(
+                    selection.parent_bandwidth_flag(interface),
+                    interface.hardware.speed_mbps,
+                    network.bandwidth,
+                ),
                 slot_index: None,
                 attributes,
             }),
@@ -466,6 +502,7 @@ fn network_devices(
                         kind,
                         sharing: Sharing::Slot,
                         shared_capacity: None,
+                        bandwidth: None,
                         slot_index: Some(index),
                         attributes: attributes.clone(),
                     }

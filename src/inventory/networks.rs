@@ -224,6 +224,8 @@ pub struct NodeNetwork {
     pub vlan: Option<u16>,
     /// `spec.interfaceCapacity`.
     pub capacity: u32,
+    /// `spec.bandwidth`, where it parses (the controller reports one that does not).
+    pub bandwidth: Option<crate::model::bandwidth::BitsPerSecond>,
     /// `spec.parents`.
     pub parents: Vec<String>,
     /// Served here now, or why not.
@@ -299,6 +301,7 @@ impl NodeNetworks {
                 mode: network.spec.mode.unwrap_or(Mode::Macvlan),
                 vlan: Some(network.spec.vlan).filter(|vlan| *vlan != 0),
                 capacity: network.spec.interface_capacity,
+                bandwidth: network.spec.bandwidth.as_ref().and_then(|b| b.parse().ok()),
                 parents: network.spec.parents.clone(),
                 state: serving(network, labels),
                 created: network.metadata.creation_timestamp.as_ref().map(|time| time.0),
@@ -362,6 +365,8 @@ pub struct SharedNetwork {
     pub vlan: Option<u16>,
     /// Its `interfaceCapacity`.
     pub capacity: u32,
+    /// Its `bandwidth`: the parent's bandwidth capacity where the link reports none.
+    pub bandwidth: Option<crate::model::bandwidth::BitsPerSecond>,
 }
 
 /// Why two networks cannot both be published on one interface.
@@ -501,6 +506,7 @@ impl NetworkPlan {
                     network: network.name.clone(),
                     vlan: network.vlan,
                     capacity: network.capacity,
+                    bandwidth: network.bandwidth,
                 });
             }
             None => {

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::naming;
+use crate::model::bandwidth::BANDWIDTH_CAPACITY;
 use crate::model::device::{AttributeValue, Device, DeviceKind, Sharing};
 use crate::model::names::{
     ATTRIBUTE_DOMAIN, CAPACITY_INTERFACES, MAX_DEVICES_PER_SLICE, attr, published_name,
@@ -106,6 +107,13 @@ pub fn api_device(device: &Device, driver: &str) -> ApiDevice {
         ),
         _ => (None, None),
     };
+    // The second capacity of a shared parent, when its bandwidth is known (`inventory::bandwidth`).
+    let capacity = capacity.map(|mut capacities| {
+        if let Some(rate) = device.bandwidth {
+            capacities.insert(BANDWIDTH_CAPACITY.to_owned(), super::bandwidth::capacity(rate));
+        }
+        capacities
+    });
     ApiDevice {
         name: device.name.clone(),
         attributes: Some(attributes),
@@ -144,6 +152,7 @@ pub fn exclusive_device_from_api(device: &ApiDevice, driver: &str) -> Option<Dev
         kind,
         sharing: Sharing::Exclusive,
         shared_capacity: None,
+        bandwidth: None,
         slot_index: None,
         attributes,
     })
@@ -159,7 +168,9 @@ pub fn shared_device_from_api(device: &ApiDevice, driver: &str) -> Option<Device
     if device.allow_multiple_allocations != Some(true) {
         return None;
     }
-    let capacity = device.capacity.as_ref()?.get(CAPACITY_INTERFACES)?.value.0.parse().ok()?;
+    let capacities = device.capacity.as_ref()?;
+    let capacity = capacities.get(CAPACITY_INTERFACES)?.value.0.parse().ok()?;
+    let bandwidth = super::bandwidth::from_capacity(capacities);
     let attributes = read_attributes(device, driver)?;
     let string = |name: &str| string_attribute(&attributes, name);
     Some(Device {
@@ -168,6 +179,7 @@ pub fn shared_device_from_api(device: &ApiDevice, driver: &str) -> Option<Device
         kind: device_kind(&string(attr::TYPE)?)?,
         sharing: Sharing::Shared,
         shared_capacity: Some(capacity),
+        bandwidth,
         slot_index: None,
         attributes,
     })

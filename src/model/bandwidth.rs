@@ -351,6 +351,11 @@ pub struct ResolvedBandwidth {
     /// (`claims::bandwidth`). `None`: no ceiling (a best-effort claim without a limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ceiling: Option<EgressCeiling>,
+    /// What the allocation consumed of the parent's `netclaim.dev/bandwidth` (above zero),
+    /// whatever the ceiling: the amount the scheduler counted, which the node sums per parent
+    /// across networks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumed: Option<BitsPerSecond>,
 }
 
 impl ResolvedBandwidth {
@@ -360,7 +365,7 @@ impl ResolvedBandwidth {
         let ceiling = limit
             .filter(|rate| *rate > BitsPerSecond::ZERO)
             .map(|rate| EgressCeiling { rate, source: CeilingSource::ConfigLimit });
-        Self { limit, ingress, ceiling }
+        Self { limit, ingress, ceiling, consumed: None }
     }
 
     /// Applies the allocation's consumed bandwidth: a consumed amount above zero is the
@@ -370,6 +375,7 @@ impl ResolvedBandwidth {
         if consumed == BitsPerSecond::ZERO {
             return self;
         }
+        self.consumed = Some(consumed);
         let capacity = EgressCeiling { rate: consumed, source: CeilingSource::ConsumedCapacity };
         self.ceiling = Some(match self.ceiling {
             Some(limit) if limit.rate <= consumed => limit,
@@ -477,7 +483,7 @@ mod tests {
         assert_eq!(
             round,
             serde_json::json!({"limit": "100M", "ingress": "police",
-                "ceiling": {"rate": "50M", "source": "consumedCapacity"}})
+                "ceiling": {"rate": "50M", "source": "consumedCapacity"}, "consumed": "50M"})
         );
         assert_eq!(
             serde_json::from_value::<ResolvedBandwidth>(round).unwrap(),

@@ -387,6 +387,9 @@ pub struct Device {
     /// The `netclaim.dev/interfaces` capacity of a shared parent (`Some` only when `sharing`
     /// is [`Sharing::Shared`]).
     pub shared_capacity: Option<u32>,
+    /// The `netclaim.dev/bandwidth` capacity of a shared parent in bits per second (`Some` only
+    /// when `sharing` is [`Sharing::Shared`] and the bandwidth is known: `inventory::bandwidth`).
+    pub bandwidth: Option<crate::model::bandwidth::BitsPerSecond>,
     /// Which of its parent's stand-ins a slot device is, `0..N` (`Some` only when `sharing`
     /// is [`Sharing::Slot`]; the parent is `if_name`).
     pub slot_index: Option<u32>,

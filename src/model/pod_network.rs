@@ -127,6 +127,10 @@ pub struct PodNetworkSpec {
     /// Shared modes: `netclaim.dev/interfaces` capacity published per parent.
     #[serde(default = "default_capacity")]
     pub interface_capacity: u32,
+    /// Shared modes: the `netclaim.dev/bandwidth` capacity (bits per second, a quantity)
+    /// published per parent whose link reports no speed (`inventory::bandwidth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<crate::model::bandwidth::QuantityText>,
     /// Cluster-wide addressing; absent: pods get no address from the network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipam: Option<PodNetworkIpam>,

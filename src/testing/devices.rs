@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::claims::{DeviceSource, LookupError};
+use crate::model::bandwidth::BitsPerSecond;
 use crate::model::device::AttributeValue;
 use crate::model::network_config::DeviceFacts;
 
@@ -21,6 +22,7 @@ pub struct FixedDevices {
     devices: BTreeMap<String, Device>,
     any: Option<Device>,
     parent_limits: BTreeMap<String, u32>,
+    parent_bandwidth: BTreeMap<String, BitsPerSecond>,
 }
 
 impl FixedDevices {
@@ -57,6 +59,14 @@ impl FixedDevices {
         self
     }
 
+    /// Host interface `if_name` publishes `rate` as `netclaim.dev/bandwidth`
+    /// ([`DeviceSource::parent_bandwidth`]; unlisted: none).
+    #[must_use]
+    pub fn parent_bandwidth(mut self, if_name: &str, rate: BitsPerSecond) -> Self {
+        self.parent_bandwidth.insert(if_name.to_owned(), rate);
+        self
+    }
+
     fn find(&self, name: &str) -> Result<&Device, LookupError> {
         self.devices
             .get(name)
@@ -85,5 +95,9 @@ impl DeviceSource for FixedDevices {
 
     async fn parent_limit(&self, if_name: &str) -> Result<Option<u32>, LookupError> {
         Ok(self.parent_limits.get(if_name).copied())
+    }
+
+    async fn parent_bandwidth(&self, if_name: &str) -> Result<Option<BitsPerSecond>, LookupError> {
+        Ok(self.parent_bandwidth.get(if_name).copied())
     }
 }

@@ -36,6 +36,7 @@ fn device(name: &str, if_name: &str, kind: DeviceKind, shared_capacity: Option<u
         kind,
         sharing,
         shared_capacity,
+        bandwidth: None,
         slot_index: None,
         attributes: BTreeMap::from([
             ("netclaim.dev/ifName".to_owned(), AttributeValue::String(if_name.to_owned())),

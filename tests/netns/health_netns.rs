@@ -92,6 +92,7 @@ fn a_nic_inside_a_pod_is_watched_in_its_netns() {
             kind: DeviceKind::Physical,
             sharing: Sharing::Exclusive,
             shared_capacity: None,
+            bandwidth: None,
             slot_index: None,
             attributes: BTreeMap::new(),
         };

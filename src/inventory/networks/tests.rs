@@ -370,6 +370,7 @@ fn a_moved_nic_keeps_its_tag_only_while_its_network_serves_it() {
         kind: crate::model::device::DeviceKind::Physical,
         sharing: crate::model::device::Sharing::Exclusive,
         shared_capacity: None,
+        bandwidth: None,
         slot_index: None,
         attributes: BTreeMap::from([
             (format!("{ATTRIBUTE_DOMAIN}/podNetwork"), AttributeValue::String(network.into())),

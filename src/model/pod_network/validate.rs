@@ -65,6 +65,13 @@ pub fn validate(spec: &PodNetworkSpec) -> Result<ValidNetwork, FieldError> {
             format!("{} is outside 1..{MAX_INTERFACE_CAPACITY}", spec.interface_capacity),
         ));
     }
+    if let Some(bandwidth) = &spec.bandwidth {
+        match bandwidth.parse() {
+            Ok(rate) if rate > crate::model::bandwidth::BitsPerSecond::ZERO => {}
+            Ok(_) => return Err(field("spec.bandwidth", format!("{bandwidth:?} must be above 0"))),
+            Err(why) => return Err(field("spec.bandwidth", format!("{bandwidth:?}: {why}"))),
+        }
+    }
     check_selector("spec.nodeSelector", spec.node_selector.as_ref())?;
     check_selector("spec.namespaceSelector", spec.namespace_selector.as_ref())?;
     let subnets = match &spec.ipam {

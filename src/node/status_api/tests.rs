@@ -44,6 +44,7 @@ fn published(name: &str, if_name: &str, sharing: Sharing, network: Option<&str>)
         kind: DeviceKind::Physical,
         sharing,
         shared_capacity: (sharing == Sharing::Shared).then_some(256),
+        bandwidth: None,
         slot_index: None,
         attributes,
     }

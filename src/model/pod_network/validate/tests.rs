@@ -100,6 +100,20 @@ fn rows() -> Vec<Row> {
             "outside 1..4096",
         ),
         (
+            "bandwidth is a quantity of bits per second",
+            json!({"bandwidth": "10G"}),
+            json!({"bandwidth": "10Gbps"}),
+            "spec.bandwidth",
+            "not a quantity",
+        ),
+        (
+            "bandwidth is a whole number of bits per second",
+            json!({"bandwidth": 1000000}),
+            json!({"bandwidth": "500m"}),
+            "spec.bandwidth",
+            "lower-case m is milli",
+        ),
+        (
             "node selector values follow the operator",
             json!({"nodeSelector": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}),
             json!({"nodeSelector": {"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["a"]}]}}),
