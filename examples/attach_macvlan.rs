@@ -77,6 +77,7 @@ async fn plan(host: &HostNetlink, args: &Args) -> Result<AttachPlan, String> {
         passthru_children: 0,
         other_children: 0,
         ipvlan_children: 0,
+        rdma: None,
     };
     let entry = ConfigEntry {
         source: ConfigSource::Claim,

@@ -97,6 +97,7 @@ fn plan_for(
         sriov: None,
         stats: false,
         routing: Default::default(),
+        rdma: None,
     };
     let pod = PodNetns { pod_uid: "bench".to_owned(), path: path(pod) };
     plan_attach(&AttachRequest {

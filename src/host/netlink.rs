@@ -284,6 +284,16 @@ impl NetlinkOps {
         }
     }
 
+    /// The netns file of `side` (for the RDMA socket of `super::rdma_move`).
+    fn netns_file(&self, side: Side) -> Result<&File, LinkOpError> {
+        match side {
+            Side::Host => Ok(&self.host.netns),
+            Side::Pod => self.pod.as_ref().map(|(_, file)| file).ok_or_else(|| {
+                LinkOpError::NetnsGone { path: self.pod_path.display().to_string() }
+            }),
+        }
+    }
+
     /// The pod netns (for threads that must enter it: `host::routing`).
     pub(super) fn pod_netns(&self) -> Result<&File, LinkOpError> {
         self.pod
@@ -757,5 +767,18 @@ impl LinkPort for NetlinkOps {
             .execute()
             .await
             .map_err(|err| op_error(format!("RTM_DELROUTE {}", route.destination), Side::Pod, err))
+    }
+
+    async fn rdma_device(&self, side: Side, name: &str) -> Result<Option<u32>, LinkOpError> {
+        super::rdma_move::device_index(self.netns_file(side)?, side, name).await
+    }
+
+    async fn move_rdma(&self, from: Side, index: u32) -> Result<(), LinkOpError> {
+        let to = match from {
+            Side::Host => Side::Pod,
+            Side::Pod => Side::Host,
+        };
+        super::rdma_move::move_device(self.netns_file(from)?, from, index, self.netns_file(to)?)
+            .await
     }
 }

@@ -278,6 +278,7 @@ fn facts_of(
         passthru_children: 0,
         other_children: 0,
         ipvlan_children: 0,
+        rdma: None,
     }
 }
 

@@ -15,6 +15,7 @@ mod inherit;
 mod mac;
 mod merge;
 mod resolved;
+mod rdma;
 mod routing;
 pub mod sysctls;
 mod validate;
@@ -44,6 +45,7 @@ pub use resolved::{
     ResolvedNetworkConfig, Route, SriovSettings,
 };
 pub use validate::{DeviceFacts, MAX_ADDRESSES, MAX_ROUTES};
+pub use rdma::{RdmaConfig, RdmaFacts, RdmaMode, RdmaNetnsMode, RdmaRefusal, ResolvedRdma};
 // The device vocabulary is the model's one (`model::device`); validation speaks it too.
 pub use crate::model::device::{DeviceKind, Sharing};
 // The link vocabulary is shared with `PodNetwork` (`model::link`); configs are written in it.

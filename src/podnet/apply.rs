@@ -19,6 +19,8 @@ use super::ports::{
 
 mod routing;
 #[cfg(test)]
+mod rdma_tests;
+#[cfg(test)]
 mod tests;
 
 /// The interface an attach produced, for the claim status (`networkData`, `NetworkStatus`).
@@ -477,6 +479,13 @@ async fn run_step<O: LinkPort>(
                 _ => StepError::Op(source),
             })
         }
+        Step::MoveRdmaIntoPod { device } => {
+            let index = ops
+                .rdma_device(Side::Host, device)
+                .await?
+                .ok_or_else(|| LinkOpError::NoSuchRdmaDevice { side: Side::Host, name: device.clone() })?;
+            Ok(ops.move_rdma(Side::Host, index).await?)
+        }
     }
 }
 
@@ -605,6 +614,16 @@ async fn run_undo<O: LinkPort>(
                 Err(err) => Err(err),
             }
         }
+        UndoStep::MoveRdmaToHost { device } => match ops.rdma_device(Side::Pod, device).await {
+            Ok(Some(index)) => {
+                ops.move_rdma(Side::Pod, index).await?;
+                Ok(UndoOutcome::Done)
+            }
+            // Not in the pod: not moved yet, or its netns was destroyed and the kernel moved
+            // it back to the initial netns (`rdma_dev_exit_net`), as it does the netdev.
+            Ok(None) | Err(LinkOpError::NetnsGone { .. }) => Ok(UndoOutcome::AlreadyGone),
+            Err(err) => Err(err),
+        },
         UndoStep::ReleaseVrf { vrf } => routing::release_vrf(ops, vrf).await,
         UndoStep::DeleteRule { rule } => routing::delete_rule(ops, rule).await,
         // Table routes, the VRF membership and the sysctls go with the link.

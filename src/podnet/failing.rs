@@ -172,4 +172,13 @@ impl<O: LinkPort + Send> LinkPort for FailingOps<O> {
         self.gate("delete route", Side::Pod)?;
         self.inner.delete_route(index, route).await
     }
+
+    async fn rdma_device(&self, side: Side, name: &str) -> Result<Option<u32>, LinkOpError> {
+        self.inner.rdma_device(side, name).await
+    }
+
+    async fn move_rdma(&self, from: Side, index: u32) -> Result<(), LinkOpError> {
+        self.gate("move rdma", from)?;
+        self.inner.move_rdma(from, index).await
+    }
 }

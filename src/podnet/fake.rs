@@ -40,6 +40,8 @@ struct Kernel {
     netns_gone: bool,
     /// Rules, table routes, VRFs, masters and sysctls (`fake::routing`).
     routing: routing::State,
+    /// RDMA devices by name: where each is and its (netns-independent) index.
+    rdma: BTreeMap<String, (SideKey, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -91,6 +93,23 @@ impl FakeKernel {
         );
     }
 
+    /// Adds an RDMA device in the host netns.
+    pub fn add_rdma_device(&self, name: &str) {
+        let mut k = self.inner.lock().unwrap();
+        let index = k.next_index;
+        k.next_index += 1;
+        k.rdma.insert(name.to_owned(), (SideKey::Host, index));
+    }
+
+    /// Where RDMA device `name` is, `None` when there is none.
+    pub fn rdma_side(&self, name: &str) -> Option<Side> {
+        let k = self.inner.lock().unwrap();
+        k.rdma.get(name).map(|(side, _)| match side {
+            SideKey::Host => Side::Host,
+            SideKey::Pod => Side::Pod,
+        })
+    }
+
     /// Adds a pod link (a name collision).
     pub fn add_pod_link(&self, name: &str) {
         let mut k = self.inner.lock().unwrap();
@@ -124,6 +143,11 @@ impl FakeKernel {
         let pod: Vec<_> = k.links.keys().filter(|(s, _)| *s == SideKey::Pod).cloned().collect();
         for name in pod {
             k.links.remove(&name);
+        }
+        // As `rdma_dev_exit_net`: the RDMA devices of a destroyed netns return to the
+        // initial one.
+        for (side, _) in k.rdma.values_mut() {
+            *side = SideKey::Host;
         }
     }
 
@@ -421,6 +445,28 @@ impl LinkPort for FakeKernel {
         if before == k.routes.len() {
             return Err(refuse(&mut k, &line, Side::Pod, ESRCH));
         }
+        Ok(())
+    }
+
+    async fn rdma_device(&self, side: Side, name: &str) -> Result<Option<u32>, LinkOpError> {
+        let k = self.inner.lock().unwrap();
+        if side == Side::Pod && k.netns_gone {
+            return Err(LinkOpError::NetnsGone { path: "/run/netns/gone".to_owned() });
+        }
+        Ok(k.rdma.get(name).filter(|(s, _)| *s == key(side)).map(|(_, index)| *index))
+    }
+
+    async fn move_rdma(&self, from: Side, index: u32) -> Result<(), LinkOpError> {
+        let line = format!("move rdma {index} from {from}");
+        let mut k = self.call(from, line.clone())?;
+        let Some((side, _)) = k.rdma.values_mut().find(|(s, i)| *s == key(from) && *i == index)
+        else {
+            return Err(refuse(&mut k, &line, from, ENODEV));
+        };
+        *side = match from {
+            Side::Host => SideKey::Pod,
+            Side::Pod => SideKey::Host,
+        };
         Ok(())
     }
 }

@@ -19,6 +19,7 @@ use crate::model::support::{KernelSupport, NodeSupport, Probe};
 
 mod names;
 mod routing;
+pub mod rdma;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -231,6 +232,13 @@ pub enum Step {
         /// The route.
         route: Route,
     },
+    /// Move the netdev's RDMA device into the pod netns, right after the netdev
+    /// (`RDMA_NLDEV_CMD_SET` with `RDMA_NLDEV_NET_NS_FD`; node in exclusive RDMA netns mode,
+    /// `rdma: exclusive`; see [`rdma`]).
+    MoveRdmaIntoPod {
+        /// The RDMA device's name (it keeps it across netns moves).
+        device: String,
+    },
 }
 
 impl Step {
@@ -254,6 +262,9 @@ impl Step {
             Step::AddRule { rule } => UndoStep::DeleteRule { rule: rule.clone() },
             Step::SetUp => UndoStep::SetDown,
             Step::AddRoute { route } => UndoStep::DeleteRoute { route: route.clone() },
+            Step::MoveRdmaIntoPod { device } => {
+                UndoStep::MoveRdmaToHost { device: device.clone() }
+            }
         }
     }
 }
@@ -279,6 +290,7 @@ impl fmt::Display for Step {
             Step::AddRule { rule } => write!(f, "add rule {rule}"),
             Step::SetUp => f.write_str("set link up"),
             Step::AddRoute { route } => write!(f, "add route {}", RouteDisplay(route)),
+            Step::MoveRdmaIntoPod { device } => write!(f, "move RDMA device {device} into the pod"),
         }
     }
 }
@@ -346,6 +358,12 @@ pub enum UndoStep {
         /// The route.
         route: Route,
     },
+    /// Move the RDMA device back to the host netns (nothing to do when the pod netns is
+    /// gone: the kernel moved it back, `rdma_dev_exit_net`).
+    MoveRdmaToHost {
+        /// The RDMA device's name.
+        device: String,
+    },
 }
 
 impl fmt::Display for UndoStep {
@@ -364,6 +382,9 @@ impl fmt::Display for UndoStep {
             UndoStep::DeleteRule { rule } => write!(f, "delete rule {rule}"),
             UndoStep::SetDown => f.write_str("set link down"),
             UndoStep::DeleteRoute { route } => write!(f, "delete route {}", RouteDisplay(route)),
+            UndoStep::MoveRdmaToHost { device } => {
+                write!(f, "move RDMA device {device} back to the host")
+            }
         }
     }
 }
@@ -420,7 +441,10 @@ impl AttachPlan {
                 matches!(step, Step::AddRule { .. } | Step::EnsureVrf { .. })
                     || matches!(
                     step,
-                    Step::EnsureVlan { .. } | Step::CreateChild { .. } | Step::MoveIntoPod { .. }
+                    Step::EnsureVlan { .. }
+                        | Step::CreateChild { .. }
+                        | Step::MoveIntoPod { .. }
+                        | Step::MoveRdmaIntoPod { .. }
                 )
             })
             .map(|step| step.undo(self))
@@ -596,6 +620,7 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
                 hardware_address,
                 alias: device_alias(&device.if_name, claim_uid),
             });
+            steps.extend(rdma::move_step(config));
         }
     }
     let routed = addresses.clone();

@@ -110,6 +110,14 @@ pub enum LinkOpError {
         /// The name.
         name: String,
     },
+    /// An RDMA device the operation needs is not visible in that netns.
+    #[error("no RDMA device named {name} in the {side} netns")]
+    NoSuchRdmaDevice {
+        /// Where it was looked up.
+        side: Side,
+        /// The name.
+        name: String,
+    },
     /// The pod's netns no longer exists (the sandbox was torn down).
     #[error("the pod netns {path} is gone")]
     NetnsGone {
@@ -267,6 +275,19 @@ pub trait LinkPort: RoutingPort + Sync {
         index: u32,
         route: &Route,
     ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// The index of RDMA device `name` as `side`'s netns sees it (in exclusive RDMA netns
+    /// mode a device is visible in its own netns only), or `None` when it sees none.
+    fn rdma_device(
+        &self,
+        side: Side,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<u32>, LinkOpError>> + Send;
+
+    /// Moves RDMA device `index` (as `from` sees it) into the other side's netns
+    /// (`RDMA_NLDEV_CMD_SET` with `RDMA_NLDEV_NET_NS_FD`, sent in `from`).
+    fn move_rdma(&self, from: Side, index: u32)
+    -> impl Future<Output = Result<(), LinkOpError>> + Send;
 }
 
 /// A shared kernel handle is one too (the attach service hands out one per pod netns).
@@ -358,5 +379,13 @@ impl<T: LinkPort + Send> LinkPort for Arc<T> {
 
     async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
         (**self).delete_route(index, route).await
+    }
+
+    async fn rdma_device(&self, side: Side, name: &str) -> Result<Option<u32>, LinkOpError> {
+        (**self).rdma_device(side, name).await
+    }
+
+    async fn move_rdma(&self, from: Side, index: u32) -> Result<(), LinkOpError> {
+        (**self).move_rdma(from, index).await
     }
 }

@@ -18,6 +18,7 @@ pub fn physical_nic(if_name: &str) -> DeviceFacts {
         passthru_children: 0,
         other_children: 0,
         ipvlan_children: 0,
+        rdma: None,
     }
 }
 

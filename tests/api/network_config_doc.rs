@@ -22,6 +22,7 @@ use netclaim::model::network_config::{
     MacvlanMode, Mode, NetworkConfig, PoolConfig, RouteConfig, SriovConfig, VfLinkState,
     VfVlanProtocol,
 };
+use netclaim::model::network_config::RdmaConfig;
 use netclaim::model::bandwidth::{BandwidthConfig, IngressPolicy};
 use serde_json::Value;
 
@@ -150,6 +151,23 @@ fn every_field() -> NetworkConfig {
             limit: Some("500M".into()),
             ingress: Some(IngressPolicy::Police),
         }),
+        rdma: Some(RdmaConfig::Exclusive),
+        // `features` is a map: its row documents the keys.
+        ethtool: Some(network_config::EthtoolConfig {
+            features: Some(std::collections::BTreeMap::new()),
+            rings: Some(network_config::EthtoolRings {
+                rx: Some(1024),
+                tx: Some(1024),
+                rx_mini: Some(0),
+                rx_jumbo: Some(0),
+            }),
+            channels: Some(network_config::EthtoolChannels {
+                rx: Some(0),
+                tx: Some(0),
+                other: Some(0),
+                combined: Some(4),
+            }),
+        }),
     }
 }
 
@@ -196,6 +214,7 @@ fn every_network_config_value_is_in_its_row() {
         ("ipvlan.flag", wire(&variants!(IpvlanFlag: Bridge, Private, Vepa))),
         ("sriov.linkState", wire(&variants!(VfLinkState: Auto, Enable, Disable))),
         ("sriov.vlanProtocol", wire(&variants!(VfVlanProtocol: Ieee8021Q, Ieee8021Ad))),
+        ("rdma", wire(&variants!(RdmaConfig: Exclusive, Shared, Disabled))),
     ];
     for (field, values) in enums {
         let line = row(section, field).unwrap_or_else(|| panic!("no row for {field}"));

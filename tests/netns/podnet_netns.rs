@@ -78,6 +78,7 @@ fn config(
         stats: false,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     }
 }
 

@@ -85,6 +85,7 @@ fn config(mode: ResolvedMode) -> ResolvedNetworkConfig {
         stats: false,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     }
 }
 

@@ -135,6 +135,7 @@ fn plan_for(mode: IpvlanMode, flag: IpvlanFlag, parent: &str, pod: &Netns, host:
         stats: false,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     };
     let device = HostDevice {
         if_name: parent.to_owned(),

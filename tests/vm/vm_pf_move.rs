@@ -184,6 +184,7 @@ fn plan_for(original: &Original, pod: &Netns) -> AttachPlan {
         stats: false,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     };
     let device = HostDevice {
         if_name: original.name.clone(),

@@ -132,6 +132,7 @@ fn plan_for(parent: &str, vlan: u16, claim: &str, pod: &Netns, name: &str, host:
         stats: false,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     };
     let device = HostDevice {
         if_name: parent.to_owned(),

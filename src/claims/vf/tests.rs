@@ -276,6 +276,7 @@ fn config(mac: Option<&str>, vlan: Option<u16>, sriov: SriovSettings) -> Resolve
         stats: true,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     }
 }
 

@@ -60,6 +60,12 @@ pub struct NetworkConfig {
     /// Egress ceiling and ingress policing (DESIGN §3 `bandwidth`; `model::bandwidth`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<crate::model::bandwidth::BandwidthConfig>,
+    /// The netdev's RDMA function: `exclusive`, `shared` or `none` (`super::rdma`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<super::RdmaConfig>,
+    /// Offload features, rings and channels of an exclusive device (`super::ethtool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<super::EthtoolConfig>,
 }
 
 /// Pod-side interface settings.

@@ -223,6 +223,12 @@ pub enum Rule {
     /// A `bandwidth` value the driver cannot honour (`model::network_config::BandwidthRule`).
     #[error("{0}")]
     Bandwidth(super::BandwidthRule),
+    /// An `rdma` value the device or the node cannot honour (`super::rdma`).
+    #[error("{0}")]
+    Rdma(super::RdmaRefusal),
+    /// An `ethtool` value refused before the device is asked (`super::ethtool`).
+    #[error("{0}")]
+    Ethtool(super::EthtoolRefusal),
     /// The `PodNetwork`'s own spec is invalid where the claim inherits from it.
     #[error("PodNetwork {pod_network}: {field}: {why}")]
     PodNetworkInvalid {

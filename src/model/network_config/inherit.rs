@@ -99,6 +99,9 @@ pub(super) fn inherit(
         sysctls: spec.sysctls.clone(),
         // A PodNetwork's `bandwidth` is its parents' capacity (DESIGN §4), not a claim's ceiling.
         bandwidth: None,
+        rdma: None,
+        // Tuning one device is not a network's: a PodNetwork carries no `ethtool` (DESIGN §4).
+        ethtool: None,
     };
     // A claim that picks another mode than the network's takes none of the network's
     // mode-specific settings (they would be refused as belonging to another mode).

@@ -26,6 +26,8 @@ impl NetworkConfig {
             vrf,
             sysctls,
             bandwidth,
+            rdma,
+            ethtool,
         } = later;
         override_with(&mut self.api_version, api_version);
         override_with(&mut self.kind, kind);
@@ -77,6 +79,8 @@ impl NetworkConfig {
         });
         super::routing::merge_sysctls(&mut self.sysctls, sysctls);
         merge_nested(&mut self.bandwidth, bandwidth, |a, b| a.merge(b));
+        override_with(&mut self.rdma, rdma);
+        merge_nested(&mut self.ethtool, ethtool, super::EthtoolConfig::merge);
     }
 }
 

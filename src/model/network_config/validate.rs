@@ -43,6 +43,9 @@ pub struct DeviceFacts {
     pub other_children: u32,
     /// ipvlan children already on this parent (a parent carries one kind of child).
     pub ipvlan_children: u32,
+    /// The netdev's RDMA function (the parent's, for a shared device), with the node's RDMA
+    /// netns mode; `None` when it has none.
+    pub rdma: Option<super::RdmaFacts>,
 }
 
 /// The smallest MTU IPv4 allows (RFC 791); the kernel's `ETH_MIN_MTU`.
@@ -131,6 +134,12 @@ pub(super) fn validate(
         addressing,
         routes,
         vlan,
+    let moves = matches!(mode, ResolvedMode::HostDevice | ResolvedMode::SriovVf);
+    let rdma = super::rdma::resolve(cfg.rdma, device.rdma.as_ref(), moves, &device.if_name)
+        .map_err(|refusal| {
+            let value = cfg.rdma.map_or_else(|| "(the default)".to_owned(), |r| quoted(r.as_str()));
+            invalid("rdma", value, Rule::Rdma(refusal))
+        })?;
         sriov,
         // A vfio device has no interface to count on.
         stats: cfg.stats.unwrap_or(mode != ResolvedMode::Vfio),
@@ -143,6 +152,7 @@ pub(super) fn validate(
 /// host-device (no VF settings); a PCI NIC or VF may be bound to vfio-pci (last, so never
 /// the default); a bond cannot change network namespace (the kernel marks it
 /// `NETIF_F_NETNS_LOCAL`).
+        rdma,
 fn allowed_modes(device: &DeviceFacts) -> &'static [Mode] {
     match (device.sharing, device.kind) {
         (Sharing::Shared | Sharing::Slot, _) => &[Mode::Macvlan, Mode::Ipvlan],

@@ -22,6 +22,7 @@ pub(crate) fn config(
         stats: true,
         routing: Default::default(),
         bandwidth: None,
+        rdma: None,
     }
 }
 
