@@ -135,6 +135,8 @@ pub async fn discover_with(
             tracing::debug!(interface = %interface.name, "no sysfs entry; skipped");
         }
     }
+    // RDMA facts are optional: annotate logs what it cannot read and never fails discovery.
+    super::rdma::annotate(sysfs.root(), &mut present);
     Ok(present)
 }
 

@@ -1,5 +1,6 @@
 //! Notifications of link, address and route changes in the calling thread's network
-//! namespace (rtnetlink multicast groups), used to keep the inventory live.
+//! namespace (rtnetlink multicast groups), and of RDMA devices coming and going
+//! ([`super::rdma_events`]), used to keep the inventory live.
 
 use futures::StreamExt;
 use rtnetlink::MulticastGroup;
@@ -20,6 +21,12 @@ pub fn subscribe() -> Result<mpsc::Receiver<()>, std::io::Error> {
     let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&groups)?;
     tokio::spawn(connection);
     let (sender, receiver) = mpsc::channel(1);
+    // RDMA devices come and go without a link event (soft-RoCE links added or deleted, an
+    // RDMA driver bound): their uevents trigger a rediscovery too. Without them the
+    // inventory still follows links; RDMA changes then wait for the next link event.
+    if let Err(err) = super::rdma_events::forward(sender.clone()) {
+        tracing::warn!(error = %err, "RDMA uevents unavailable; RDMA changes follow link events");
+    }
     tokio::spawn(async move {
         while messages.next().await.is_some() {
             match sender.try_send(()) {

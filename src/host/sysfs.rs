@@ -40,6 +40,12 @@ impl Sysfs {
         Self { root: root.into() }
     }
 
+    /// The sysfs root this reader reads below.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// Hardware facts of interface `if_name`, or `None` when it has no sysfs entry (it was
     /// removed since the netlink dump, or lives in a namespace this sysfs does not show).
     pub fn hardware(&self, if_name: &str) -> Result<Option<HardwareFacts>, SysfsError> {
@@ -168,17 +174,17 @@ fn pcie_root(device_dir: &Path) -> Option<String> {
     })
 }
 
-fn exists(path: &Path) -> Result<bool, SysfsError> {
+pub(super) fn exists(path: &Path) -> Result<bool, SysfsError> {
     path.try_exists().map_err(|source| SysfsError { path: path.to_owned(), source })
 }
 
-fn file_name(path: &Path) -> Option<&str> {
+pub(super) fn file_name(path: &Path) -> Option<&str> {
     path.file_name().and_then(|name| name.to_str())
 }
 
 /// Reads a small attribute file. Absent files and attributes the driver cannot answer right
 /// now (`speed` of a link that is down returns `EINVAL`) are `None`.
-fn read_trimmed(path: &Path) -> Result<Option<String>, SysfsError> {
+pub(super) fn read_trimmed(path: &Path) -> Result<Option<String>, SysfsError> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text.trim().to_owned())),
         // std maps EINVAL to InvalidInput.
@@ -192,7 +198,7 @@ fn read_trimmed(path: &Path) -> Result<Option<String>, SysfsError> {
 }
 
 /// The final component of a symlink's target, or `None` when the link does not exist.
-fn link_name(path: &Path) -> Result<Option<String>, SysfsError> {
+pub(super) fn link_name(path: &Path) -> Result<Option<String>, SysfsError> {
     match fs::read_link(path) {
         Ok(target) => Ok(file_name(&target).map(str::to_owned)),
         Err(source) if source.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -200,7 +206,7 @@ fn link_name(path: &Path) -> Result<Option<String>, SysfsError> {
     }
 }
 
-fn canonical(path: &Path) -> Result<Option<PathBuf>, SysfsError> {
+pub(super) fn canonical(path: &Path) -> Result<Option<PathBuf>, SysfsError> {
     match fs::canonicalize(path) {
         Ok(target) => Ok(Some(target)),
         Err(source) if source.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -208,7 +214,7 @@ fn canonical(path: &Path) -> Result<Option<PathBuf>, SysfsError> {
     }
 }
 
-fn first_entry(dir: &Path) -> Result<Option<String>, SysfsError> {
+pub(super) fn first_entry(dir: &Path) -> Result<Option<String>, SysfsError> {
     match fs::read_dir(dir) {
         Ok(entries) => {
             let mut names: Vec<String> = entries

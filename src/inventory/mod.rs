@@ -10,6 +10,7 @@ pub mod facts;
 pub mod naming;
 pub mod networks;
 pub mod publish;
+mod rdma;
 pub mod slices;
 
 use std::collections::{BTreeMap, HashMap};
@@ -552,6 +553,7 @@ fn attributes(interface: &HostInterface, kind: DeviceKind) -> BTreeMap<String, A
             }
         }
     }
+    rdma::put_attributes(&mut attributes, interface);
     attributes
 }
 
