@@ -11,6 +11,7 @@ mod bandwidth;
 mod config;
 mod decode;
 mod error;
+mod ethtool;
 mod inherit;
 mod mac;
 mod merge;
@@ -32,6 +33,10 @@ pub use config::{
 use decode::MISSING;
 pub use decode::{ConfigEntry, ConfigSource, MAX_PARAMETERS_BYTES, decode};
 pub use error::{ConfigError, Rule};
+pub use ethtool::{
+    EthtoolChannels, EthtoolConfig, EthtoolRefusal, EthtoolRings, EthtoolSettings, MAX_FEATURE_NAME,
+    feature_path, resolve_ethtool,
+};
 pub use inherit::check_network_serves;
 pub use mac::{MacAddr, MacAddrParseError};
 pub use merge::merge_for_request;
