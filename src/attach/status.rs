@@ -778,6 +778,7 @@ mod tests {
             attributes: std::collections::BTreeMap::new(),
             cdi_device_ids: vec![],
             vf: None,
+            ethtool: None,
         };
         let data = pod_network_data(&device).expect("a network device");
         assert_eq!(data.name, "medianet");

@@ -324,6 +324,7 @@ fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> 
                     attributes: std::collections::BTreeMap::new(),
                     cdi_device_ids: Vec::new(),
                     vf: None,
+                    ethtool: None,
                 }
             })
             .collect(),

@@ -245,6 +245,8 @@ pub(super) fn reserve_claim<S: ClaimStore>(
     }
     let mut devices: Vec<(_, DeviceFacts, _, ResolvedNetworkConfig)> =
         Vec::with_capacity(allocation.results.len());
+    // Each device's `ethtool` settings (checked against the device itself at staging).
+    let mut ethtools = Vec::with_capacity(allocation.results.len());
     let per_result =
         allocation.results.iter().zip(inputs.facts.iter().cloned()).zip(&inputs.merged);
     for ((result, (mut facts, attributes, parent_limit)), merged) in per_result {
@@ -294,7 +296,7 @@ pub(super) fn reserve_claim<S: ClaimStore>(
     let mut held = Held::default();
     let mut need_block = None;
     let outcome: Result<(), ClaimError> = (|| {
-        for (result, facts, attributes, config) in devices {
+        for ((result, facts, attributes, config), ethtool) in devices.into_iter().zip(ethtools) {
             let addresses = match hold_addresses(state, claim, result, &config, &mut held)? {
                 Ok(addresses) => addresses,
                 Err((plan, ipv4)) => {
@@ -316,6 +318,7 @@ pub(super) fn reserve_claim<S: ClaimStore>(
                 attributes,
                 cdi_device_ids: Vec::new(),
                 vf: None,
+                ethtool,
             });
         }
         Ok(())

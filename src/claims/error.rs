@@ -198,6 +198,25 @@ pub enum ClaimError {
         /// The device.
         device: String,
     },
+    /// `ethtool` settings could not be applied or restored (names the field).
+    #[error("request {request}, device {device}: {source}")]
+    Ethtool {
+        /// Request name.
+        request: String,
+        /// The device.
+        device: String,
+        /// The cause.
+        #[source]
+        source: Box<super::ethtool::EthtoolError>,
+    },
+    /// This daemon was started without access to ethtool settings.
+    #[error("request {request}, device {device}: ethtool: not available in this daemon")]
+    NoEthtoolPort {
+        /// Request name.
+        request: String,
+        /// The device.
+        device: String,
+    },
     /// This daemon was started without access to VF settings.
     #[error(
         "request {request}, device {device}: mode sriov-vf: VF settings are not available in this daemon"

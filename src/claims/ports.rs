@@ -183,7 +183,15 @@ pub fn vf_of(attributes: &BTreeMap<String, AttributeValue>) -> Option<VfRef> {
 /// Durable state of prepared claims; the same store keeps the IPAM's leases, release
 /// records and owned blocks. Calls block on disk I/O (the service runs them on the blocking
 /// pool, without its state lock).
-pub trait ClaimStore: LeaseStore + VfSnapshotStore + Clone + Send + Sync + 'static {
+pub trait ClaimStore:
+    LeaseStore
+    + VfSnapshotStore
+    + super::ethtool_settings::EthtoolSnapshotStore
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
     /// Every prepared claim.
     fn load_claims(&self) -> Result<Vec<PreparedClaim>, Self::Error>;
     /// Persists prepared claims and IPAM changes (their leases, the blocks they come from,

@@ -107,6 +107,10 @@ pub struct PreparedClaimDevice {
     /// release before it prepared `sriov-vf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<PreparedVf>,
+    /// `ethtool` settings of an exclusive device and the values they replaced (absent when
+    /// the config has none, and in records of releases before `ethtool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<super::ethtool::PreparedEthtool>,
 }
 
 /// The VF of a `sriov-vf` device and its settings before the claim (DESIGN §6: identified by

@@ -67,6 +67,8 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     pub(super) supervision: networks::Supervision,
     /// VF settings on the PF (mode `sriov-vf`); `None`: such claims fail at prepare.
     pub(super) vf_port: Option<Arc<dyn VfPort>>,
+    /// `ethtool` settings of exclusive devices; `None`: claims with `ethtool` fail at prepare.
+    pub(super) ethtool_port: Option<Arc<dyn super::ethtool::EthtoolPort>>,
     /// The namespaces' labels for `namespaceSelector` ([`super::tenancy`]); `None`: a network
     /// with a selector refuses every claim.
     pub(super) namespaces: Option<Arc<dyn super::ports::NamespaceSource>>,
@@ -152,6 +154,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             block_gates: Mutex::new(HashMap::new()),
             supervision: networks::Supervision::default(),
             vf_port: None,
+            ethtool_port: None,
             namespaces: None,
             store,
         })
@@ -171,6 +174,13 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     #[must_use]
     pub fn with_kernel_support(mut self, kernel: &KernelSupport) -> Self {
         self.support = Arc::new(node_support(kernel));
+        self
+    }
+
+    /// Applies the `ethtool` settings of exclusive devices through `port` (`host::ethtool`).
+    #[must_use]
+    pub fn with_ethtool_port(mut self, port: Arc<dyn super::ethtool::EthtoolPort>) -> Self {
+        self.ethtool_port = Some(port);
         self
     }
 
@@ -420,6 +430,11 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             staged.undo().await;
             return Err(err);
         }
+        // ethtool in the host netns, before the device moves (the values go with the netdev).
+        if let Err(err) = self.apply_ethtool_settings(staged.prepared_mut()).await {
+            staged.undo().await;
+            return Err(err);
+        }
         // Static PodNetwork addresses: reserved cluster-wide (API, without the lock).
         match self.reserve_statics(claim, &statics).await {
             Ok(reservations) => staged.hold_reservations(reservations),
@@ -478,6 +493,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         self.serialised(&claim.uid, async {
             let prepared = lock(&self.state).prepared.get(&claim.uid).cloned();
             if let Some(prepared) = prepared {
+                self.restore_ethtool_settings(&prepared).await?;
                 self.restore_vf_settings(&prepared).await?;
             }
             let state = Arc::clone(&self.state);

@@ -102,7 +102,12 @@ impl<'s, R: ClaimSource, D: DeviceSource, S: ClaimStore> StagedClaim<'s, R, D, S
         if !self.release_in_memory() {
             return;
         }
-        // Nothing of this claim was recorded: the VF goes back to what it was.
+        // Nothing of this claim was recorded: the device's ethtool values and the VF go back
+        // to what they were.
+        if let Err(err) = self.service.restore_ethtool_settings(&self.prepared).await {
+            tracing::warn!(claim = %self.claim, error = %err,
+                "setting ethtool values back after a failed prepare; the snapshot is kept for the next start");
+        }
         if let Err(err) = self.service.restore_vf_settings(&self.prepared).await {
             tracing::warn!(claim = %self.claim, error = %err,
                 "setting a VF back after a failed prepare; its snapshot is kept for the next start");

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::ethtool_snapshots::add_ethtool_snapshot_removals;
 use super::leases::add_ipam;
 use super::vf_snapshots::add_vf_snapshot_removals;
 use super::{Batch, Record, Store, StoreError};
@@ -58,6 +59,7 @@ impl ClaimStore for Arc<Store> {
         for claim in claims {
             batch.put(&claim.uid, *claim)?;
             add_vf_snapshot_removals(self, &mut batch, claim)?;
+            add_ethtool_snapshot_removals(self, &mut batch, claim)?;
         }
         self.commit(batch)
     }

@@ -25,6 +25,7 @@ mod attachments;
 mod claims;
 mod disk;
 mod error;
+mod ethtool_snapshots;
 mod format;
 mod journal;
 mod leases;
