@@ -278,7 +278,9 @@ fn facts_of(
         passthru_children: 0,
         other_children: 0,
         ipvlan_children: 0,
-        rdma: None,
+        // A shared device's interface is its parent: a child gets the parent's RDMA function
+        // (the "RDMA shared device" pattern).
+        rdma: interface.rdma.clone(),
     }
 }
 

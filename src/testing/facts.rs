@@ -55,6 +55,9 @@ pub trait FactsBuilder: Sized {
     /// Carrying `count` ipvlan children.
     #[must_use]
     fn ipvlan_children(self, count: u32) -> Self;
+    /// With the RDMA function `rdma` (the parent's, for a shared device).
+    #[must_use]
+    fn rdma(self, rdma: crate::model::rdma::RdmaFacts) -> Self;
 }
 
 impl FactsBuilder for DeviceFacts {
@@ -84,5 +87,9 @@ impl FactsBuilder for DeviceFacts {
 
     fn ipvlan_children(self, count: u32) -> Self {
         DeviceFacts { ipvlan_children: count, ..self }
+    }
+
+    fn rdma(self, rdma: crate::model::rdma::RdmaFacts) -> Self {
+        DeviceFacts { rdma: Some(rdma), ..self }
     }
 }

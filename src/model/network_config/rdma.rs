@@ -275,6 +275,41 @@ mod tests {
         assert!(left.contains("netns mode is exclusive") && left.contains("EPERM"), "{left}");
     }
 
+    /// Through the whole validation: the error names `rdma`, the value and the fact, and the
+    /// resolved config carries the RDMA device.
+    #[test]
+    fn validation_names_the_field_and_resolves_the_device() {
+        use crate::model::network_config::{NetworkConfig, NodeSupport, Rule};
+        use crate::testing::facts::{FactsBuilder as _, physical_nic};
+        let support = NodeSupport::everything();
+        let config = |rdma: &str| -> NetworkConfig {
+            serde_json::from_value(serde_json::json!({"rdma": rdma})).unwrap()
+        };
+        let rxe = physical_nic("eth1").rdma(facts(NodeExclusive, false));
+        let err = config("exclusive").validate(&rxe, &support).unwrap_err();
+        assert_eq!(err.path(), "rdma");
+        assert_eq!(err.value(), "\"exclusive\"");
+        assert!(matches!(err.rule(), Some(Rule::Rdma(RdmaRefusal::SoftwareDevice { .. }))));
+        let text = err.to_string();
+        assert!(text.starts_with("rdma: \"exclusive\": RDMA device rxe0"), "{text}");
+        let parent = physical_nic("eth1").shared().rdma(facts(NodeShared, true));
+        let err = config("exclusive").validate(&parent, &support).unwrap_err();
+        assert!(err.to_string().contains("eth1 is a shared parent"), "{err}");
+        let resolved = config("shared").validate(&parent, &support).unwrap();
+        assert_eq!(
+            resolved.rdma.map(|r| (r.mode, r.device)),
+            Some((RdmaMode::Shared, "mlx5_0".to_owned()))
+        );
+        let plain = physical_nic("eth1");
+        let err = config("shared").validate(&plain, &support).unwrap_err();
+        assert!(err.to_string().contains("eth1 has no RDMA function"), "{err}");
+        let none = config("none").validate(&plain, &support).unwrap();
+        assert_eq!(none.rdma, None);
+        let unknown =
+            serde_json::from_value::<NetworkConfig>(serde_json::json!({"rdma": "always"}));
+        assert!(unknown.is_err());
+    }
+
     #[test]
     fn the_config_spelling_round_trips() {
         for value in [RdmaConfig::Exclusive, RdmaConfig::Shared, RdmaConfig::Disabled] {
