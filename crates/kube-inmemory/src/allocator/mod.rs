@@ -39,6 +39,8 @@ pub use controller::{
 };
 
 #[cfg(test)]
+mod capacity_tests;
+#[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
 mod tests;

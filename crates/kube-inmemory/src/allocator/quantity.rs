@@ -112,10 +112,28 @@ impl Quantity {
 }
 
 impl fmt::Display for Quantity {
-    /// Canonical-enough form: a plain integer, else milli-units, else nano-units.
+    /// Canonical-enough form: a whole number with the largest decimal suffix that keeps it
+    /// exact (`8G`, `1500M`, `256`, as the API server writes a decimal quantity), else
+    /// milli-units, else nano-units.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SUFFIXES: [(&str, i128); 6] = [
+            ("E", 1_000_000_000_000_000_000),
+            ("P", 1_000_000_000_000_000),
+            ("T", 1_000_000_000_000),
+            ("G", 1_000_000_000),
+            ("M", 1_000_000),
+            ("k", 1_000),
+        ];
         if self.0 % NANO == 0 {
-            write!(f, "{}", self.0 / NANO)
+            let whole = self.0 / NANO;
+            if whole != 0 {
+                for (suffix, factor) in SUFFIXES {
+                    if whole % factor == 0 {
+                        return write!(f, "{}{suffix}", whole / factor);
+                    }
+                }
+            }
+            write!(f, "{whole}")
         } else if self.0 % 1_000_000 == 0 {
             write!(f, "{}m", self.0 / 1_000_000)
         } else {
@@ -149,7 +167,12 @@ mod tests {
             assert!(Quantity::parse(bad).is_err(), "{bad} accepted");
         }
         assert_eq!(Quantity::parse("1.5").unwrap().to_string(), "1500m");
-        assert_eq!(Quantity::parse("2k").unwrap().to_string(), "2000");
+        assert_eq!(Quantity::parse("2k").unwrap().to_string(), "2k");
+        assert_eq!(Quantity::parse("2500M").unwrap().to_string(), "2500M");
+        assert_eq!(Quantity::parse("10e9").unwrap().to_string(), "10G");
+        assert_eq!(Quantity::parse("1Gi").unwrap().to_string(), "1073741824");
+        assert_eq!(Quantity::parse("-3000").unwrap().to_string(), "-3k");
+        assert_eq!(Quantity::parse("0").unwrap().to_string(), "0");
         assert_eq!(Quantity::parse("1n").unwrap().to_string(), "1n");
     }
 }

@@ -34,7 +34,7 @@ fn exclusive(name: &str, kind: &str) -> Device {
     }
 }
 
-fn shared(name: &str, capacity: &str, policy: Option<CapacityRequestPolicy>) -> Device {
+pub(super) fn shared(name: &str, capacity: &str, policy: Option<CapacityRequestPolicy>) -> Device {
     Device {
         name: name.to_owned(),
         attributes: Some(BTreeMap::from([
@@ -50,7 +50,7 @@ fn shared(name: &str, capacity: &str, policy: Option<CapacityRequestPolicy>) -> 
     }
 }
 
-fn default_one() -> CapacityRequestPolicy {
+pub(super) fn default_one() -> CapacityRequestPolicy {
     CapacityRequestPolicy {
         default: Some(ApiQuantity("1".to_owned())),
         valid_values: Some(vec![ApiQuantity("1".to_owned())]),
@@ -71,7 +71,7 @@ fn slice(name: &str, generation: i64, count: i64, devices: Vec<Device>) -> Resou
     }
 }
 
-fn class(name: &str, expressions: &[&str]) -> DeviceClass {
+pub(super) fn class(name: &str, expressions: &[&str]) -> DeviceClass {
     DeviceClass {
         metadata: ObjectMeta { name: Some(name.to_owned()), ..ObjectMeta::default() },
         spec: Some(DeviceClassSpec {
@@ -85,15 +85,15 @@ fn selector(expression: &str) -> DeviceSelector {
     DeviceSelector { cel: Some(CELDeviceSelector { expression: expression.to_owned() }) }
 }
 
-fn exact(class: &str) -> ExactDeviceRequest {
+pub(super) fn exact(class: &str) -> ExactDeviceRequest {
     ExactDeviceRequest { device_class_name: class.to_owned(), ..ExactDeviceRequest::default() }
 }
 
-fn request(name: &str, exactly: ExactDeviceRequest) -> DeviceRequest {
+pub(super) fn request(name: &str, exactly: ExactDeviceRequest) -> DeviceRequest {
     DeviceRequest { name: name.to_owned(), exactly: Some(exactly), ..DeviceRequest::default() }
 }
 
-fn claim(uid: &str, requests: Vec<DeviceRequest>) -> ResourceClaim {
+pub(super) fn claim(uid: &str, requests: Vec<DeviceRequest>) -> ResourceClaim {
     ResourceClaim {
         metadata: ObjectMeta {
             name: Some(uid.to_owned()),
@@ -116,15 +116,15 @@ fn allocated(mut claim: ResourceClaim, allocation: AllocationResult) -> Resource
     claim
 }
 
-struct World {
+pub(super) struct World {
     slices: Vec<ResourceSlice>,
     classes: Vec<DeviceClass>,
-    claims: Vec<ResourceClaim>,
+    pub(super) claims: Vec<ResourceClaim>,
     next_share: u32,
 }
 
 impl World {
-    fn new(devices: Vec<Device>, classes: Vec<DeviceClass>) -> Self {
+    pub(super) fn new(devices: Vec<Device>, classes: Vec<DeviceClass>) -> Self {
         Self {
             slices: vec![slice("s0", 1, 1, devices)],
             classes,
@@ -133,7 +133,10 @@ impl World {
         }
     }
 
-    fn allocate(&mut self, claim: &ResourceClaim) -> Result<AllocationResult, AllocationError> {
+    pub(super) fn allocate(
+        &mut self,
+        claim: &ResourceClaim,
+    ) -> Result<AllocationResult, AllocationError> {
         let input = AllocationInput {
             node: NODE,
             slices: &self.slices,
@@ -150,7 +153,10 @@ impl World {
     }
 
     /// Allocates and records the claim as allocated.
-    fn commit(&mut self, claim: ResourceClaim) -> Result<AllocationResult, AllocationError> {
+    pub(super) fn commit(
+        &mut self,
+        claim: ResourceClaim,
+    ) -> Result<AllocationResult, AllocationError> {
         let result = self.allocate(&claim)?;
         self.claims.push(allocated(claim, result.clone()));
         Ok(result)
