@@ -118,8 +118,12 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> PluginH
         }
         let claims = self.claims.claims_of_pod(&pod.uid);
         if claims.is_empty() || self.covered(&pod.uid, None, &claims) {
-            self.count("CreateContainer", true);
-            return Ok(());
+            // Bandwidth ceilings before any container of the pod runs (DESIGN §3).
+            let result = self.enforce_ceilings(&pod.uid, &claims).await.map_err(|err| {
+                HandlerError::new(format!("container {} of pod {pod} refused: {err}", container.name))
+            });
+            self.count("CreateContainer", result.is_ok());
+            return result;
         }
         let mut sandbox = Sandbox::from_pod(&pod);
         if sandbox.netns.is_none() {
@@ -131,9 +135,14 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> PluginH
                 .or_else(|| inner.pods.get(&pod.uid).map(|r| r.netns.clone()));
         }
         let result = if sandbox.netns.is_some() {
-            self.attach_and_report(&sandbox, &claims, started).await.map_err(|err| {
-                HandlerError::new(format!("container {} refused: {err}", container.name))
-            })
+            match self.attach_and_report(&sandbox, &claims, started).await {
+                Ok(()) => self.enforce_ceilings(&pod.uid, &claims).await.map_err(|err| {
+                    HandlerError::new(format!("container {} refused: {err}", container.name))
+                }),
+                Err(err) => {
+                    Err(HandlerError::new(format!("container {} refused: {err}", container.name)))
+                }
+            }
         } else {
             Err(HandlerError::new(format!(
                 "container {} of pod {pod} refused: the pod's network interfaces are not attached \

@@ -17,7 +17,9 @@
 //! - [`handler`]: the NRI events the service handles.
 //! - `reconcile`: start-up and `Synchronize` reconcile, the sweep of gone claims.
 //! - [`preparer`]: the prepare port decorated with detach-before-unprepare.
+//! - [`bandwidth`]: the egress ceilings put in place at the `CreateContainer` gate.
 
+pub mod bandwidth;
 pub mod handler;
 mod plan;
 pub mod ports;

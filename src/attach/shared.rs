@@ -126,6 +126,8 @@ pub(super) struct Inner {
     /// (the removal was still running when the daemon died) is detached again before its
     /// claim's addresses can be released.
     pub(super) links_gone: BTreeSet<String>,
+    /// Bandwidth ceilings: the kernel port, the node's support, what the gate put in place.
+    pub(super) ceilings: super::bandwidth::CeilingState,
 }
 
 /// The attach service: the node daemon's NRI handler.

@@ -409,11 +409,13 @@ fn submit_entries<W: StatusSink>(
     claim: &AttachedClaim,
     outcomes: &[(DeviceKey, DeviceOutcome)],
     networks: &[(DeviceKey, PodNetworkData)],
+    bandwidths: &[(DeviceKey, super::bandwidth::BandwidthData)],
 ) {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = lock(inner).statuses.get(&claim.uid).cloned().unwrap_or_default();
     match build_entries_in(outcomes, networks, &previous, claim.generation, &now) {
-        Ok(entries) => {
+        Ok(mut entries) => {
+            super::bandwidth::annotate(&mut entries, bandwidths);
             lock(inner).statuses.insert(claim.uid.clone(), entries.clone());
             sink.submit(
                 ClaimRef {
@@ -469,12 +471,22 @@ pub(super) fn submit_ready<W: StatusSink>(
             Some((device_key(driver, &d.pool, &d.device, d.share_id.as_ref()), data))
         })
         .collect();
-    submit_entries(inner, sink, &AttachedClaim::from_prepared(claim), &outcomes, &networks);
+    let support = lock(inner).ceilings.support;
+    let bandwidths: Vec<_> = claim
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let data = super::bandwidth::bandwidth_data(&d.config, support)?;
+            Some((device_key(driver, &d.pool, &d.device, d.share_id.as_ref()), data))
+        })
+        .collect();
+    let claim = AttachedClaim::from_prepared(claim);
+    submit_entries(inner, sink, &claim, &outcomes, &networks, &bandwidths);
 }
 
 impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     fn submit(&self, claim: &AttachedClaim, outcomes: &[(DeviceKey, DeviceOutcome)]) {
-        submit_entries(&self.inner, &*self.status, claim, outcomes, &[]);
+        submit_entries(&self.inner, &*self.status, claim, outcomes, &[], &[]);
     }
 
     fn key(&self, pool: &str, device: &str, share_id: Option<&String>) -> DeviceKey {

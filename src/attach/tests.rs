@@ -26,6 +26,8 @@ use crate::podnet::ports::{EEXIST, LinkState};
 use crate::podnet::{LinkOpError, LinkPort, Side};
 use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
+mod bandwidth;
+
 /// [`LinkPort`] over a shared fake kernel (the service owns its ops).
 /// The fake kernel behind the world's failure plan (which fails nothing unless a test sets
 /// one).

@@ -424,8 +424,12 @@ async fn a_mode_the_node_cannot_attach_fails_the_prepare_naming_mode_and_reserve
     on("plain", "u3", "eth2", json!({"ipam": {"pool": {"subnet": "10.9.0.0/24"}}}));
     let dir = tempfile::tempdir().unwrap();
     let missing = Probe::Missing { detail: "EOPNOTSUPP".to_owned() };
-    let service = service(&api, dir.path())
-        .with_kernel_support(&KernelSupport { ipvlan: missing.clone(), vlan: missing.clone(), vrf: missing });
+    let service = service(&api, dir.path()).with_kernel_support(&KernelSupport {
+        ipvlan: missing.clone(),
+        vlan: missing.clone(),
+        vrf: missing,
+        ..KernelSupport::unprobed()
+    });
     let err = prepare_one(&service, &reference("ipvl", "u1")).await.unwrap_err();
     assert!(
         err.starts_with(

@@ -67,13 +67,15 @@ pub fn probe() -> KernelSupport {
             KernelSupport {
                 ipvlan: Probe::Unknown { detail: detail.clone() },
                 vlan: Probe::Unknown { detail: detail.clone() },
-                vrf: Probe::Unknown { detail },
+                vrf: Probe::Unknown { detail: detail.clone() },
+                fq: Probe::Unknown { detail },
             }
         });
     tracing::info!(
         ipvlan = %support.ipvlan,
         vlan = %support.vlan,
         vrf = %support.vrf,
+        fq = %support.fq,
         elapsed_ms = started.elapsed().as_millis(),
         "probed the kernel's child link kinds"
     );
@@ -121,7 +123,8 @@ fn probe_in_private_netns() -> Result<KernelSupport, ProbeError> {
             rtnetlink::LinkVrf::new("probevrf", 10).build(),
         )
         .await;
-        Ok(KernelSupport { ipvlan, vlan, vrf })
+        let fq = super::qdisc::probe_kind(&handle, parent, "fq").await;
+        Ok(KernelSupport { ipvlan, vlan, vrf, fq })
     })
 }
 

@@ -54,6 +54,10 @@ pub struct KernelSupport {
     /// `IFLA_INFO_KIND` `vrf` (module `vrf`): `vrf` in a claim's config.
     #[serde(default = "Probe::not_probed")]
     pub vrf: Probe,
+    /// Qdisc kind `fq` (module `sch_fq`): bandwidth ceilings by Earliest Departure Time,
+    /// else by `tbf` (`attach::bandwidth`).
+    #[serde(default = "Probe::not_probed")]
+    pub fq: Probe,
 }
 
 impl KernelSupport {
@@ -61,7 +65,7 @@ impl KernelSupport {
     #[must_use]
     pub fn unprobed() -> Self {
         let unknown = || Probe::Unknown { detail: "not probed".to_owned() };
-        Self { ipvlan: unknown(), vlan: unknown(), vrf: unknown() }
+        Self { ipvlan: unknown(), vlan: unknown(), vrf: unknown(), fq: unknown() }
     }
 }
 

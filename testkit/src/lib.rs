@@ -27,6 +27,7 @@ use std::sync::LazyLock;
 pub use netclaim::testing;
 
 pub mod api_server;
+pub mod bandwidth;
 pub mod claims;
 pub mod containerd;
 pub mod counters;

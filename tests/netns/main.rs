@@ -4,6 +4,8 @@
 
 use netclaim_testkit as kit;
 
+mod bandwidth_ceilings;
+mod bandwidth_qdisc;
 mod dev_demo;
 mod dev_kubelet;
 mod dev_nodes;

@@ -919,7 +919,12 @@ mod decoder_props {
 /// A node whose kernel lacks ipvlan and 8021q, as the start-up probe reports it.
 fn node_without_ipvlan_and_8021q() -> NodeSupport {
     let missing = || Probe::Missing { detail: "the kernel answered EOPNOTSUPP".to_owned() };
-    node_support(&KernelSupport { ipvlan: missing(), vlan: missing(), vrf: missing() })
+    node_support(&KernelSupport {
+        ipvlan: missing(),
+        vlan: missing(),
+        vrf: missing(),
+        ..KernelSupport::unprobed()
+    })
 }
 
 fn refused_on(support: &NodeSupport, body: Value, device: &DeviceFacts) -> ConfigError {
@@ -968,6 +973,7 @@ fn every_mode_is_attachable_on_a_capable_kernel_and_a_missing_kind_is_refused() 
             ipvlan: Probe::Available,
             vlan: Probe::Available,
             vrf: Probe::Available,
+            fq: Probe::Available,
         });
     let r = super::resolve(&[claim_entry(json!({"mode": "ipvlan"}))], "nic", &shared(), &available)
         .unwrap();
