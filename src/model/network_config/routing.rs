@@ -232,3 +232,6 @@ pub(super) fn check_claim_entry(config: &super::NetworkConfig) -> Result<(), Con
         )),
     }
 }
+
+#[cfg(test)]
+mod tests;

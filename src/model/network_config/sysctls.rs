@@ -571,7 +571,8 @@ mod tests {
             "net.ipv6.conf.IFNAME.proxy_ndp",
             "net.ipv6.conf.IFNAME.forwarding",
         ] {
-            let checked = check_claim_keys(&map(&[(key, "1")]));
+            let keys = map(&[(key, "1")]);
+            let checked = check_claim_keys(&keys);
             assert_eq!(checked, Some((key, SysctlRefusal::AdminOnly)), "{key}");
         }
         assert_eq!(check_claim_keys(&map(&[("net.ipv4.conf.net1.rp_filter", "1")])), None);

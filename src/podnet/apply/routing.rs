@@ -89,3 +89,6 @@ pub(super) async fn delete_rule<O: LinkPort>(
         Err(err) => Err(err),
     }
 }
+
+#[cfg(test)]
+mod tests;
