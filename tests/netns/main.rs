@@ -20,4 +20,5 @@ mod node_publisher;
 mod podnet_netns;
 mod podnetwork_two_daemons;
 mod rbac_derived;
+mod routing_netns;
 mod stats_bpf;
