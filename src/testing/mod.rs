@@ -12,6 +12,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod claims;
 pub mod devices;
+pub mod ethtool;
 pub mod facts;
 pub mod leases;
 pub mod sim_store;
