@@ -140,8 +140,10 @@ where
     D: DeviceSource,
     S: ClaimStore,
 {
+    /// Without `vfio` devices: they get no interface (their group device reaches the
+    /// containers through CDI), so the attach neither plans nor waits for them.
     fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {
-        self.prepared_for_pod(pod_uid)
+        crate::claims::vfio::with_interfaces(self.prepared_for_pod(pod_uid))
     }
 
     fn all_claims(&self) -> Vec<PreparedClaim> {

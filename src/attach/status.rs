@@ -790,6 +790,7 @@ mod tests {
             attributes: std::collections::BTreeMap::new(),
             cdi_device_ids: vec![],
             vf: None,
+            vfio: None,
             ethtool: None,
         };
         let data = pod_network_data(&device).expect("a network device");

@@ -326,6 +326,7 @@ fn claim(name: &str, pod: &str, devices: &[(&str, &str, serde_json::Value)]) -> 
                     attributes: std::collections::BTreeMap::new(),
                     cdi_device_ids: Vec::new(),
                     vf: None,
+                    vfio: None,
                     ethtool: None,
                 }
             })

@@ -318,6 +318,7 @@ pub(super) fn reserve_claim<S: ClaimStore>(
                 attributes,
                 cdi_device_ids: Vec::new(),
                 vf: None,
+                vfio: None,
                 ethtool,
             });
         }

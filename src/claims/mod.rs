@@ -36,6 +36,9 @@ pub mod vf;
 mod vf_reboot;
 mod vf_settings;
 pub mod vf_snapshots;
+pub mod vfio;
+pub mod vfio_cdi;
+mod vfio_ports;
 
 pub use error::{ClaimError, LoadError};
 pub use ports::{

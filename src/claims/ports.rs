@@ -187,6 +187,7 @@ pub trait ClaimStore:
     LeaseStore
     + VfSnapshotStore
     + super::ethtool_settings::EthtoolSnapshotStore
+    + super::vfio_ports::VfioBindingStore
     + Clone
     + Send
     + Sync

@@ -107,6 +107,10 @@ pub struct PreparedClaimDevice {
     /// release before it prepared `sriov-vf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<PreparedVf>,
+    /// Mode `vfio`: the PCI function bound to vfio-pci and its IOMMU group (absent in
+    /// records of releases before mode `vfio`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio: Option<super::vfio::PreparedVfio>,
     /// `ethtool` settings of an exclusive device and the values they replaced (absent when
     /// the config has none, and in records of releases before `ethtool`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

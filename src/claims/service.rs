@@ -67,6 +67,8 @@ pub struct ClaimService<R, D, S: LeaseStore> {
     pub(super) supervision: networks::Supervision,
     /// VF settings on the PF (mode `sriov-vf`); `None`: such claims fail at prepare.
     pub(super) vf_port: Option<Arc<dyn VfPort>>,
+    /// Functions bound to vfio-pci (mode `vfio`); `None`: such claims fail at prepare.
+    pub(super) vfio: Option<Arc<super::vfio::VfioBindings>>,
     /// `ethtool` settings of exclusive devices; `None`: claims with `ethtool` fail at prepare.
     pub(super) ethtool_port: Option<Arc<dyn super::ethtool::EthtoolPort>>,
     /// The namespaces' labels for `namespaceSelector` ([`super::tenancy`]); `None`: a network
@@ -154,6 +156,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             block_gates: Mutex::new(HashMap::new()),
             supervision: networks::Supervision::default(),
             vf_port: None,
+            vfio: None,
             ethtool_port: None,
             namespaces: None,
             store,
@@ -430,6 +433,11 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             staged.undo().await;
             return Err(err);
         }
+        // vfio-pci after the VF settings (the VF's netdev takes its MAC before it goes).
+        if let Err(err) = self.bind_vfio(staged.prepared_mut(), &pcis).await {
+            staged.undo().await;
+            return Err(err);
+        }
         // ethtool in the host netns, before the device moves (the values go with the netdev).
         if let Err(err) = self.apply_ethtool_settings(staged.prepared_mut()).await {
             staged.undo().await;
@@ -495,6 +503,8 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             if let Some(prepared) = prepared {
                 self.restore_ethtool_settings(&prepared).await?;
                 self.restore_vf_settings(&prepared).await?;
+                // Back to its driver after the VF settings, which it starts from.
+                self.release_vfio(&prepared.uid).await?;
             }
             let state = Arc::clone(&self.state);
             let store = self.store.clone();

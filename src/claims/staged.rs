@@ -112,6 +112,10 @@ impl<'s, R: ClaimSource, D: DeviceSource, S: ClaimStore> StagedClaim<'s, R, D, S
             tracing::warn!(claim = %self.claim, error = %err,
                 "setting a VF back after a failed prepare; its snapshot is kept for the next start");
         }
+        if let Err(err) = self.service.release_vfio(&self.claim.uid).await {
+            tracing::warn!(claim = %self.claim, error = %err,
+                "giving a function back from vfio-pci after a failed prepare; its binding is kept for the next start");
+        }
         self.service.drop_reservations(&self.reservations).await;
     }
 }

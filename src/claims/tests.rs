@@ -33,6 +33,7 @@ mod networks;
 mod tenancy;
 mod vf;
 mod vf_migration;
+mod vfio;
 
 const DRIVER: &str = "netclaim.dev";
 const NODE: &str = "node-a";

@@ -24,7 +24,9 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     ) -> Result<(), ClaimError> {
         for index in 0..prepared.devices.len() {
             let device = &prepared.devices[index];
-            if device.config.mode != ResolvedMode::SriovVf {
+            // A VF bound to vfio-pci keeps its VF settings (its config has them resolved).
+            let vfio_vf = device.config.mode == ResolvedMode::Vfio && device.config.sriov.is_some();
+            if device.config.mode != ResolvedMode::SriovVf && !vfio_vf {
                 continue;
             }
             let (request, name) = (device.request.clone(), device.device.clone());

@@ -23,3 +23,4 @@ pub mod qdisc_ceiling;
 pub mod rdma_move;
 pub mod sriov;
 pub mod sysfs;
+pub mod vfio;

@@ -31,6 +31,7 @@ mod journal;
 mod leases;
 mod record;
 mod vf_snapshots;
+mod vfio_bindings;
 
 #[cfg(test)]
 mod fault_tests;

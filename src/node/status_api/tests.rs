@@ -77,6 +77,7 @@ fn prepared() -> PreparedClaim {
             attributes: BTreeMap::new(),
             cdi_device_ids: vec![],
             vf: None,
+            vfio: None,
             ethtool: None,
         }],
         reserved_for: vec![PodConsumer { name: "web".to_owned(), uid: "pod-1".to_owned() }],
