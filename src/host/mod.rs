@@ -8,6 +8,7 @@
 
 pub mod bpf;
 pub mod discovery;
+pub mod ethtool;
 pub mod kernel_probe;
 pub mod link_events;
 pub mod netlink;

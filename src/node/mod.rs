@@ -450,7 +450,9 @@ async fn load_state(
             // answers with its own error (decision 0017).
             .with_reconcile_patience(reconcile_patience)
             .with_namespaces(Arc::new(namespaces))
-            .with_vf_port(vf_port);
+            .with_vf_port(vf_port)
+            // ethtool settings of exclusive devices, in the host netns (DESIGN §3).
+            .with_ethtool_port(Arc::new(crate::host::ethtool::NetlinkEthtool::new()));
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }
@@ -464,6 +466,15 @@ async fn load_state(
     let vfs_restored = service.restore_unrecorded_vfs().await.map_err(NodeError::VfSnapshots)?;
     if vfs_restored > 0 {
         tracing::info!(vfs = vfs_restored, "set back VFs of prepares that did not complete");
+    }
+    // The same for a device's ethtool values (`claims::ethtool_settings`); a failure here is
+    // logged, not fatal: the snapshot stays for the next start.
+    match service.restore_unrecorded_ethtool().await {
+        Ok(0) => {}
+        Ok(devices) => {
+            tracing::info!(devices, "set back ethtool values of prepares that did not complete");
+        }
+        Err(err) => tracing::warn!(error = %err, "ethtool snapshots could not be checked at start"),
     }
     let claims = Arc::new(service);
     let writer = StatusWriter::new(
