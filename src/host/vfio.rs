@@ -68,6 +68,12 @@ impl SysfsVfio {
         Self::with_roots("/sys", BOOT_ID)
     }
 
+    /// Below the sysfs root `sys` (`--sysfs-root`), with the kernel's boot id.
+    #[must_use]
+    pub fn on(sys: impl Into<PathBuf>) -> Self {
+        Self::with_roots(sys, BOOT_ID)
+    }
+
     /// As [`Self::new`] below another sysfs root and boot id file (tests).
     #[must_use]
     pub fn with_roots(sys: impl Into<PathBuf>, boot_id: impl Into<PathBuf>) -> Self {

@@ -5,6 +5,7 @@
 //! serves metrics and the status API (`netclaim status`), and shuts down on SIGTERM/SIGINT.
 
 mod block_watch;
+mod vfio_moved;
 pub mod status_api;
 
 use std::net::SocketAddr;
@@ -281,7 +282,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     let slices = KubeSlices::new(client, clients.watch, &config.driver_name, &config.node_name);
     let triggers = Triggers {
         link_changes: link_events::subscribe().map_err(NodeError::LinkEvents)?,
-        moved: attach_service.moved_devices(),
+        moved: vfio_moved::union(attach_service.moved_devices(), claims.vfio_bound()),
         slice_events: Box::pin(slices.watch()),
         networks: network_inputs,
         stop: stop.clone(),
@@ -437,6 +438,9 @@ async fn load_state(
     // VF settings of sriov-vf claims, on the PFs in the host netns (DESIGN §3).
     let vf_port: Arc<dyn crate::claims::vf::VfPort> =
         Arc::new(crate::host::sriov::NetlinkVfSettings::new(&HostNetlink::current()?));
+    // Mode vfio: PCI functions to and from vfio-pci through sysfs (DESIGN §3).
+    let vfio_port: Arc<dyn crate::claims::vfio::VfioPort> =
+        Arc::new(crate::host::vfio::SysfsVfio::on(config.sysfs_root.clone()));
     let (service, store) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
         // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
@@ -451,6 +455,7 @@ async fn load_state(
             .with_reconcile_patience(reconcile_patience)
             .with_namespaces(Arc::new(namespaces))
             .with_vf_port(vf_port)
+            .with_vfio_port(vfio_port)
             // ethtool settings of exclusive devices, in the host netns (DESIGN §3).
             .with_ethtool_port(Arc::new(crate::host::ethtool::NetlinkEthtool::new()));
         if let Some(metadata) = claim_metadata {
@@ -466,6 +471,13 @@ async fn load_state(
     let vfs_restored = service.restore_unrecorded_vfs().await.map_err(NodeError::VfSnapshots)?;
     if vfs_restored > 0 {
         tracing::info!(vfs = vfs_restored, "set back VFs of prepares that did not complete");
+    }
+    // A prepare or unprepare killed while a function was off its driver (DESIGN §6): back to
+    // its driver, or bound again for its claim after a reboot; logged, not fatal.
+    match service.restore_vfio_bindings().await {
+        Ok(0) => {}
+        Ok(functions) => tracing::info!(functions, "gave back functions left bound to vfio-pci"),
+        Err(err) => tracing::warn!(error = %err, "vfio bindings could not be checked at start"),
     }
     // The same for a device's ethtool values (`claims::ethtool_settings`); a failure here is
     // logged, not fatal: the snapshot stays for the next start.
