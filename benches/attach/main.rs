@@ -20,6 +20,7 @@ use netclaim_testkit as kit;
 
 mod baselines;
 mod node;
+mod routing;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -451,6 +452,7 @@ fn main() {
             Bench::repeat(iters, || bench.runtime.block_on(bench.podnet(&bench.host_device_plan)))
         });
     });
+    routing::bench_function(&mut group, &bench);
     group.finish();
 
     let mut group = criterion.benchmark_group("stop");
@@ -482,4 +484,5 @@ fn main() {
     {
         bench.rounds(plan, dual_stack, rounds).report(&format!("macvlan-{family}"));
     }
+    routing::report(&bench, rounds);
 }
