@@ -10,6 +10,7 @@ mod dev_demo;
 mod dev_kubelet;
 mod dev_nodes;
 mod dev_scheduling;
+mod ethtool_netns;
 mod example_attach_macvlan;
 mod examples_dev;
 mod health_netns;
