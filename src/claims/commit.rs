@@ -342,6 +342,8 @@ pub(super) fn reserve_claim<S: ClaimStore>(
                 device.cdi_device_ids = vec![metadata.cdi_device_id(&claim.uid, &request)];
             }
         }
+        // Each device with RDMA character devices: their spec's id (`super::rdma_cdi`).
+        super::rdma_cdi::add_ids(metadata.layout().driver(), &mut prepared);
     }
     state.add_pending(prepared.clone());
     let Held { leases, new_leases, statics } = held;

@@ -84,6 +84,12 @@ impl MetadataLayout {
         &self.cdi_dir
     }
 
+    /// The driver name the files and specs are named after.
+    #[must_use]
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
     /// `<namespace>_<claim>`: namespaces and claim names are DNS names, which have no `_`,
     /// so the pair is unambiguous.
     #[must_use]
@@ -497,6 +503,8 @@ impl DeviceMetadata {
             self.write(document)?;
             self.write_spec(document)
         });
+        // The RDMA character devices' spec rides with the metadata (`super::rdma_cdi`).
+        let outcome = outcome.and_then(|()| super::rdma_cdi::write(self, claim));
         if let Err(err) = outcome {
             let reference = ClaimRef {
                 namespace: claim.namespace.clone(),
@@ -561,6 +569,7 @@ impl DeviceMetadata {
                 .remove_file(&path)
                 .map_err(|source| MetadataError::Remove { path, source })?;
         }
+        super::rdma_cdi::remove(self, &claim.uid)?;
         let dir = self.layout.claim_dir(&claim.namespace, &claim.name);
         if self.dir_owner(&dir)?.is_none_or(|owner| owner == claim.uid) {
             self.files
@@ -633,6 +642,7 @@ impl DeviceMetadata {
             restored.insert(claim.uid.clone(), documents);
         }
         self.remove_leftovers(claims)?;
+        super::rdma_cdi::restore(self, claims)?;
         *lock(&self.documents) = restored;
         Ok(())
     }

@@ -27,6 +27,7 @@ pub mod networks;
 pub mod parent_capacity;
 pub mod ports;
 pub mod preparer;
+pub mod rdma_cdi;
 mod record;
 mod service;
 mod staged;

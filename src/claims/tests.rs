@@ -31,6 +31,7 @@ mod ethtool;
 mod metadata;
 mod networks;
 mod tenancy;
+mod rdma;
 mod vf;
 mod vf_migration;
 mod vfio;
