@@ -107,6 +107,16 @@ pub fn counters_object() -> &'static [u8] {
     COUNTERS_OBJECT
 }
 
+/// The values the daemon writes into the object's `CEILINGS` map for `ceilings` (`[rx, tx]`,
+/// each `struct ceiling` of `bpf/counters.c` as five u64), for tests and benchmarks that load
+/// the object themselves and run its programs with `BPF_PROG_TEST_RUN`.
+///
+/// # Errors
+/// [`BpfError::ZeroRate`] for a rate of 0.
+pub fn ceiling_values(ceilings: Ceilings) -> Result<[[u64; 5]; 2], BpfError> {
+    pacing::slots(ceilings).map(|[rx, tx]| [rx.into(), tx.into()])
+}
+
 /// Program names in `bpf/counters.c`; `clsact` filters are found by them again at detach.
 const RX_PROGRAM: &str = "netclaim_rx";
 const TX_PROGRAM: &str = "netclaim_tx";

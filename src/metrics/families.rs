@@ -378,7 +378,7 @@ impl Default for InterfaceTraffic {
 }
 
 /// Every counter of `stats`, in one order.
-fn counters(stats: &InterfaceStats) -> [u64; 14] {
+fn counters(stats: &InterfaceStats) -> [u64; 17] {
     let (rx, tx) = (&stats.rx, &stats.tx);
     [
         rx.bytes,
@@ -395,6 +395,9 @@ fn counters(stats: &InterfaceStats) -> [u64; 14] {
         tx.other,
         stats.rx_dropped,
         stats.tx_dropped,
+        stats.ceiling.tx_delayed,
+        stats.ceiling.tx_dropped,
+        stats.ceiling.rx_dropped,
     ]
 }
 
@@ -410,6 +413,10 @@ fn add(into: &mut InterfaceStats, stats: &InterfaceStats) {
     }
     into.rx_dropped = into.rx_dropped.saturating_add(stats.rx_dropped);
     into.tx_dropped = into.tx_dropped.saturating_add(stats.tx_dropped);
+    let (total, part) = (&mut into.ceiling, &stats.ceiling);
+    total.tx_delayed = total.tx_delayed.saturating_add(part.tx_delayed);
+    total.tx_dropped = total.tx_dropped.saturating_add(part.tx_dropped);
+    total.rx_dropped = total.rx_dropped.saturating_add(part.rx_dropped);
 }
 
 type LabelPairs = Vec<(&'static str, String)>;
@@ -490,18 +497,40 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
         type Field = fn(&InterfaceStats) -> u64;
         // Declared even without interfaces (no series then), as every family is.
         let series = self.series();
-        let families: [(&str, &str, Field); 6] = [
+        let families: [(&str, &str, Field); 7] = [
             ("interface_rx_bytes", "Bytes received by a pod interface", |s| s.rx.bytes),
             ("interface_rx_packets", "Packets received by a pod interface", |s| s.rx.packets),
             ("interface_rx_dropped", "Received packets the kernel dropped", |s| s.rx_dropped),
             ("interface_tx_bytes", "Bytes sent by a pod interface", |s| s.tx.bytes),
             ("interface_tx_packets", "Packets sent by a pod interface", |s| s.tx.packets),
             ("interface_tx_dropped", "Sent packets the kernel dropped", |s| s.tx_dropped),
+            (
+                "interface_tx_delayed",
+                "Sent packets the bandwidth ceiling paced to leave later than sent",
+                |s| s.ceiling.tx_delayed,
+            ),
         ];
         for (name, help, field) in families {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (labels, stats) in &series {
                 ConstCounter::new(field(stats)).encode(family.encode_family(labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "interface_ceiling_dropped",
+            "Packets the bandwidth ceiling dropped (tx: beyond the pacing horizon; rx: over the \
+             police rate)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (labels, stats) in &series {
+            for (direction, dropped) in [
+                (Direction::Rx, stats.ceiling.rx_dropped),
+                (Direction::Tx, stats.ceiling.tx_dropped),
+            ] {
+                let mut set = labels.clone();
+                set.push(("direction", direction.as_str().to_owned()));
+                ConstCounter::new(dropped).encode(family.encode_family(&set)?)?;
             }
         }
         let mut family = encoder.encode_descriptor(
@@ -549,7 +578,11 @@ mod tests {
             tx: DirectionCounters { bytes: 1140, packets: 12, udp: 2, ..Default::default() },
             rx_dropped: 1,
             tx_dropped: 4,
-            ..Default::default()
+            ceiling: crate::model::stats::CeilingCounters {
+                tx_delayed: 30,
+                tx_dropped: 2,
+                rx_dropped: 5,
+            },
         };
         metrics.interface_traffic.replace(vec![(labels, stats)]);
         let text = metrics.encode();
@@ -561,12 +594,19 @@ mod tests {
             ("netclaim_interface_tx_bytes_total", 1140),
             ("netclaim_interface_tx_packets_total", 12),
             ("netclaim_interface_tx_dropped_total", 4),
+            ("netclaim_interface_tx_delayed_total", 30),
         ] {
             assert!(text.contains(&format!("{name}{series} {value}\n")), "{name} in:\n{text}");
         }
         assert!(text.contains(
             r#"netclaim_interface_protocol_packets_total{namespace="default",pod="web-0",claim="web-0-net",interface="net1",direction="rx",protocol="icmp"} 7"#
         ));
+        for (direction, value) in [("rx", 5), ("tx", 2)] {
+            let line = format!(
+                r#"netclaim_interface_ceiling_dropped_total{{namespace="default",pod="web-0",claim="web-0-net",interface="net1",direction="{direction}"}} {value}"#
+            );
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
         metrics.interface_traffic.replace(Vec::new());
         let text = metrics.encode();
         assert!(!text.contains("netclaim_interface_rx_bytes_total{"), "series of a gone interface");

@@ -151,7 +151,8 @@ impl<H: CounterPort> StatsService<H> {
     }
 
     /// Takes over the counters a previous process hooked: those of interfaces still attached
-    /// are kept (and counted on), the others removed.
+    /// are kept (and counted on when `stats` is on; with it off they were hooked for a
+    /// bandwidth ceiling, which the programs keep enforcing), the others removed.
     async fn adopt(&mut self, interfaces: &[WatchedInterface]) {
         let pinned = match self.hooks.hooked() {
             Ok(pinned) => pinned,
@@ -162,9 +163,11 @@ impl<H: CounterPort> StatsService<H> {
         };
         for (pod_uid, interface) in pinned {
             let key = (pod_uid, interface);
-            match interfaces.iter().find(|i| i.key() == key && i.stats) {
+            match interfaces.iter().find(|i| i.key() == key) {
                 Some(watched) => {
-                    self.hooked.insert(key, watched.clone());
+                    if watched.stats {
+                        self.hooked.insert(key, watched.clone());
+                    }
                 }
                 None => {
                     if let Err(err) = self.hooks.unhook(None, &key.0, &key.1).await {
@@ -176,8 +179,10 @@ impl<H: CounterPort> StatsService<H> {
         }
     }
 
-    /// Hooks the new interfaces, unhooks the gone ones.
+    /// Hooks the new interfaces, unhooks the gone ones (and the programs a bandwidth ceiling
+    /// hooked onto an interface without counters, once it is gone).
     async fn follow(&mut self, interfaces: &[WatchedInterface]) {
+        self.unhook_ceilings_of_gone(interfaces).await;
         let wanted: BTreeMap<InterfaceKey, &WatchedInterface> =
             interfaces.iter().filter(|i| i.stats).map(|i| (i.key(), i)).collect();
         let gone: Vec<InterfaceKey> = self
@@ -209,6 +214,29 @@ impl<H: CounterPort> StatsService<H> {
                     tracing::warn!(pod = %key.0, interface = %key.1,
                         err = %crate::model::cause::chain(&err), "hooking traffic counters");
                 }
+            }
+        }
+    }
+
+    /// Removes the pins of interfaces this service did not hook (the ceilings' port hooked
+    /// them: `stats: false` with a bandwidth ceiling) once they are no longer attached.
+    async fn unhook_ceilings_of_gone(&self, interfaces: &[WatchedInterface]) {
+        let pinned = match self.hooks.hooked() {
+            Ok(pinned) => pinned,
+            Err(err) => {
+                tracing::debug!(err = %crate::model::cause::chain(&err), "listing the hooked interfaces");
+                return;
+            }
+        };
+        let attached: BTreeSet<InterfaceKey> =
+            interfaces.iter().map(WatchedInterface::key).collect();
+        for key in pinned {
+            if self.hooked.contains_key(&key) || attached.contains(&key) {
+                continue;
+            }
+            if let Err(err) = self.hooks.unhook(None, &key.0, &key.1).await {
+                tracing::warn!(pod = %key.0, interface = %key.1, err = %crate::model::cause::chain(&err),
+                    "removing the ceiling programs of a detached interface");
             }
         }
     }

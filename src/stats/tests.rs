@@ -216,6 +216,29 @@ async fn a_restart_adopts_the_counters_of_attached_interfaces_and_removes_the_ot
     run.task.await.unwrap();
 }
 
+/// `stats: false` with a bandwidth ceiling: the ceilings' port hooked the programs; the
+/// service neither counts them nor removes them while the interface is attached (a restart
+/// included), and removes them once it is gone.
+#[tokio::test(start_paused = true)]
+async fn programs_hooked_for_a_ceiling_alone_stay_while_attached_and_go_with_the_interface() {
+    let kernel = Arc::new(FakeKernel::default());
+    kernel.hooked.lock().unwrap().insert(("p".to_owned(), "net1".to_owned()), 7);
+    let run = start(kernel, vec![interface("p", "net1", false)], EVERY_5S);
+    settle().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    assert!(run.kernel.calls.lock().unwrap().is_empty(), "kept at the restart");
+    assert_eq!(run.recorder.collections.lock().unwrap()[0], [], "and not counted");
+    run.interfaces.send_replace(vec![interface("p", "net1", false), interface("q", "net1", true)]);
+    settle().await;
+    assert_eq!(*run.kernel.calls.lock().unwrap(), ["hook q/net1"], "still attached: kept");
+    run.interfaces.send_replace(vec![interface("q", "net1", true)]);
+    settle().await;
+    assert_eq!(*run.kernel.calls.lock().unwrap(), ["hook q/net1", "unhook p/net1"]);
+    run.shutdown.send_replace(true);
+    run.task.await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_status_gets_changed_counters_once_per_interval_and_prometheus_every_collection() {
     let run = start(

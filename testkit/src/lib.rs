@@ -30,6 +30,7 @@ pub mod api_server;
 pub mod bandwidth;
 pub mod claims;
 pub mod containerd;
+pub mod ceilings;
 pub mod counters;
 pub mod daemon;
 pub mod daemonset;

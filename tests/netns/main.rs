@@ -23,3 +23,4 @@ mod podnetwork_two_daemons;
 mod rbac_derived;
 mod routing_netns;
 mod stats_bpf;
+mod stats_bpf_ceilings;
