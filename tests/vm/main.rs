@@ -10,6 +10,7 @@ mod vm_daemon;
 mod vm_ipvlan;
 mod vm_kernel;
 mod vm_pf_move;
+mod vm_rdma;
 mod vm_reboot;
 mod vm_sriov;
 mod vm_stats;
