@@ -2,6 +2,8 @@
 //! `build.rs` compiles from `bpf/counters.c`, attaches its two classifiers to one interface
 //! inside a pod's network namespace, pins what must outlive the daemon under
 //! `<bpffs>/netclaim/<node>/<podUID>/<interface>/`, reads the pinned counters, and detaches.
+//! The same classifiers enforce the interface's bandwidth ceilings (egress pacing, ingress
+//! policing, `bpf/pacing.rs`, issue 35): a ceiling adds no second program to the path.
 //!
 //! Attachment: tcx links on kernels that have them (6.6+), which die with their last file
 //! descriptor, so each link is pinned (a `kill -9` keeps it, and removing the pin detaches it);
@@ -23,11 +25,14 @@ use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 
-use crate::model::stats::{CeilingCounters, DirectionCounters, InterfaceStats};
+use crate::model::stats::{CeilingCounters, DirectionCounters};
 use crate::podnet::LinkOpError;
-use crate::stats::{Ceilings, CounterPort, PacingPort};
+use crate::stats::Ceilings;
 
 mod pacing;
+mod port;
+
+pub use port::CounterPortError;
 
 /// The object `build.rs` compiled from `bpf/counters.c`, aligned as aya's ELF parser needs.
 static COUNTERS_OBJECT: &[u8] =
@@ -688,109 +693,6 @@ pub fn mount_private_bpffs(dir: &Path) -> Result<(), BpfError> {
 pub fn unmount_private_bpffs(dir: &Path) {
     let _ignored = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
     let _ignored = std::fs::remove_dir(dir);
-}
-
-/// Errors of the stats service's kernel port.
-#[derive(Debug, thiserror::Error)]
-pub enum CounterPortError {
-    /// A counter operation.
-    #[error(transparent)]
-    Bpf(#[from] BpfError),
-    /// Reading the link counters in the pod netns.
-    #[error("reading the link counters")]
-    Link(#[source] LinkOpError),
-    /// The blocking task was cancelled or panicked.
-    #[error("the counters task did not finish")]
-    Task(#[source] tokio::task::JoinError),
-}
-
-/// The stats service's kernel port: pins on bpffs, drops from the pod's link counters.
-impl CounterPort for CounterPins {
-    type Error = CounterPortError;
-
-    async fn hook(&self, netns: &Path, pod_uid: &str, interface: &str) -> Result<(), Self::Error> {
-        let (pins, netns, pod_uid, interface) =
-            (self.clone(), netns.to_owned(), pod_uid.to_owned(), interface.to_owned());
-        tokio::task::spawn_blocking(move || pins.attach(&netns, &pod_uid, &interface))
-            .await
-            .map_err(CounterPortError::Task)?
-            .map_err(CounterPortError::Bpf)
-    }
-
-    async fn unhook(
-        &self,
-        netns: Option<&Path>,
-        pod_uid: &str,
-        interface: &str,
-    ) -> Result<(), Self::Error> {
-        let (pins, netns, pod_uid, interface) =
-            (self.clone(), netns.map(Path::to_owned), pod_uid.to_owned(), interface.to_owned());
-        tokio::task::spawn_blocking(move || pins.detach(netns.as_deref(), &pod_uid, &interface))
-            .await
-            .map_err(CounterPortError::Task)?
-            .map_err(CounterPortError::Bpf)
-    }
-
-    async fn read(
-        &self,
-        netns: &Path,
-        pod_uid: &str,
-        interfaces: &[String],
-    ) -> Result<Vec<Option<InterfaceStats>>, Self::Error> {
-        let drops =
-            super::netlink::link_drops(netns, interfaces).await.map_err(CounterPortError::Link)?;
-        interfaces
-            .iter()
-            .zip(drops)
-            .map(|(interface, drops)| {
-                // Pinned maps are read with two bpf(2) lookups: no thread hand-off needed.
-                let counters = self.read_counters(pod_uid, interface)?;
-                Ok(counters.map(|c| {
-                    let (rx_dropped, tx_dropped) = drops.unwrap_or_default();
-                    InterfaceStats {
-                        rx: c.rx,
-                        tx: c.tx,
-                        rx_dropped,
-                        tx_dropped,
-                        ceiling: c.ceiling,
-                    }
-                }))
-            })
-            .collect()
-    }
-
-    fn hooked(&self) -> Result<Vec<(String, String)>, Self::Error> {
-        let mut pairs = Vec::new();
-        for pod in self.pods()? {
-            let interfaces = self.interfaces(&pod)?;
-            if interfaces.is_empty() {
-                // An empty pod directory an interrupted detach left behind.
-                let _ignored = std::fs::remove_dir(self.root.join(&pod));
-            }
-            pairs.extend(interfaces.into_iter().map(|interface| (pod.clone(), interface)));
-        }
-        Ok(pairs)
-    }
-}
-
-/// The bandwidth ceilings of the same programs.
-impl PacingPort for CounterPins {
-    type Error = CounterPortError;
-
-    async fn set_pacing(
-        &self,
-        netns: &Path,
-        pod_uid: &str,
-        interface: &str,
-        ceilings: Ceilings,
-    ) -> Result<(), Self::Error> {
-        let (pins, netns, pod_uid, interface) =
-            (self.clone(), netns.to_owned(), pod_uid.to_owned(), interface.to_owned());
-        tokio::task::spawn_blocking(move || pins.set_pacing(&netns, &pod_uid, &interface, ceilings))
-            .await
-            .map_err(CounterPortError::Task)?
-            .map_err(CounterPortError::Bpf)
-    }
 }
 
 #[cfg(test)]

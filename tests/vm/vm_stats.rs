@@ -95,3 +95,39 @@ async fn a_node_sees_only_its_own_pins_and_removes_those_of_a_gone_netns() {
     require_vm("a_node_sees_only_its_own_pins_and_removes_those_of_a_gone_netns");
     kit::counters::a_node_sees_only_its_own_pins(HookKind::for_running_kernel()).await;
 }
+
+/// The ceiling code of the programs passes this kernel's verifier (the compare-and-swap of
+/// the departure time needs BPF atomics, 5.12+) and stamps departures exactly one frame's
+/// time at the rate apart (`kit::ceilings`, as on the host).
+#[test]
+#[ignore = "needs the VM: run `make vmtest`"]
+fn egress_program_stamps_departures_at_the_rate() {
+    require_vm("egress_program_stamps_departures_at_the_rate");
+    kit::ceilings::egress_program_stamps_departures_at_the_rate();
+}
+
+#[test]
+#[ignore = "needs the VM: run `make vmtest`"]
+fn ingress_program_polices_above_the_burst() {
+    require_vm("ingress_program_polices_above_the_burst");
+    kit::ceilings::ingress_program_polices_above_the_burst();
+}
+
+/// Earliest Departure Time for real: with `fq` on the pod end (the VM kernels have
+/// `sch_fq`; this host's has not), a flood paced at 80 kbit/s reaches the peer no faster than
+/// the rate, and every frame the program admitted arrives. The hook the daemon picks: clsact
+/// on 6.1, tcx on 6.12.
+#[tokio::test]
+#[ignore = "needs the VM: run `make vmtest`"]
+async fn fq_releases_paced_packets_at_their_departure_time() {
+    require_vm("fq_releases_paced_packets_at_their_departure_time");
+    kit::ceilings::pacing_stamps_a_flood_out_of_the_pod(HookKind::for_running_kernel(), true)
+        .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the VM: run `make vmtest`"]
+async fn police_drops_a_flood_above_the_rate() {
+    require_vm("police_drops_a_flood_above_the_rate");
+    kit::ceilings::police_drops_a_flood_above_the_rate(HookKind::for_running_kernel()).await;
+}
