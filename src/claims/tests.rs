@@ -27,6 +27,7 @@ use crate::testing::claims::MapClaims;
 use crate::testing::devices::{FixedDevices, if_name_attribute};
 use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
+mod bandwidth;
 mod ethtool;
 mod metadata;
 mod networks;

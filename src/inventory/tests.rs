@@ -633,6 +633,13 @@ impl<L: crate::claims::DeviceSource> crate::claims::DeviceSource for OneByOne<L>
     async fn parent_limit(&self, if_name: &str) -> Result<Option<u32>, crate::claims::LookupError> {
         self.0.parent_limit(if_name).await
     }
+
+    async fn parent_bandwidth(
+        &self,
+        if_name: &str,
+    ) -> Result<Option<crate::model::bandwidth::BitsPerSecond>, crate::claims::LookupError> {
+        self.0.parent_bandwidth(if_name).await
+    }
 }
 
 #[tokio::test]
@@ -768,7 +775,10 @@ fn attributes_of_the_drivers_own_domain_are_published_unqualified_capacities_sta
     assert_eq!(attributes["resource.kubernetes.io/pcieRoot"].string.as_deref(), Some("pci0000:3a"));
     assert!(attributes.keys().all(|k| !k.starts_with("netclaim.dev/")), "{attributes:?}");
     let capacity = api.capacity.unwrap();
-    assert_eq!(capacity.keys().collect::<Vec<_>>(), ["netclaim.dev/interfaces"]);
+    assert_eq!(
+        capacity.keys().collect::<Vec<_>>(),
+        ["netclaim.dev/bandwidth", "netclaim.dev/interfaces"]
+    );
     // Under another driver name our domain is not the driver's: the names keep it, so CEL
     // `device.attributes["netclaim.dev"]` selects the same devices.
     let other = slices::api_device(shared, "net.example.com").attributes.unwrap();

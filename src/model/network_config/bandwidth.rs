@@ -100,3 +100,58 @@ pub(super) fn resolve(
 fn can_enforce(mode: Mode) -> bool {
     matches!(mode, Mode::Macvlan | Mode::Ipvlan | Mode::HostDevice | Mode::SriovVf)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::model::bandwidth::{BitsPerSecond, IngressPolicy};
+    use crate::model::network_config::{NodeSupport, decode};
+    use crate::testing::facts::{FactsBuilder as _, physical_nic};
+
+    fn check(
+        config: serde_json::Value,
+        device: &DeviceFacts,
+    ) -> Result<Option<ResolvedBandwidth>, String> {
+        let mut params = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+        params.as_object_mut().unwrap().extend(config.as_object().unwrap().clone());
+        let cfg = decode(0, &params).map_err(|e| e.to_string())?;
+        cfg.validate(device, &NodeSupport::default())
+            .map(|r| r.bandwidth)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_vf_takes_whole_megabits_and_one_rate_setting() {
+        let vf = physical_nic("eth9v1").vf(9000);
+        let ok = check(json!({"bandwidth": {"limit": "300M"}}), &vf).unwrap().unwrap();
+        assert_eq!(ok.ceiling.unwrap().rate, BitsPerSecond(300_000_000));
+        let err = check(json!({"bandwidth": {"limit": "1500k"}}), &vf).unwrap_err();
+        assert!(
+            err.contains("bandwidth.limit: \"1500k\": a VF's max_tx_rate is set in whole Mb/s"),
+            "{err}"
+        );
+        let err =
+            check(json!({"bandwidth": {"limit": "1G"}, "sriov": {"maxTxRateMbps": 100}}), &vf)
+                .unwrap_err();
+        assert!(err.contains("sriov.maxTxRateMbps 100 sets the same VF rate"), "{err}");
+        let zero_rate = json!({"bandwidth": {"limit": "1G"}, "sriov": {"maxTxRateMbps": 0}});
+        assert!(check(zero_rate, &vf).is_ok(), "0 is no rate");
+    }
+
+    #[test]
+    fn no_section_is_none_and_ingress_alone_has_no_ceiling_yet() {
+        let shared = physical_nic("eth2").shared();
+        assert_eq!(check(json!({}), &shared), Ok(None));
+        let police = check(json!({"bandwidth": {"ingress": "police"}}), &shared).unwrap().unwrap();
+        assert_eq!((police.ingress, police.ceiling), (IngressPolicy::Police, None));
+        let err = check(json!({"bandwidth": {}}), &physical_nic("eth2").slot()).unwrap_err();
+        assert!(
+            err.contains("bandwidth: slots:") && err.contains("cannot account bandwidth"),
+            "{err}"
+        );
+        let err = check(json!({"bandwidth": {"limit": "1G", "burst": "1M"}}), &shared).unwrap_err();
+        assert!(err.contains("bandwidth"), "{err}");
+    }
+}
