@@ -87,6 +87,9 @@ struct NetworkStatus<'a> {
     /// `data.routing`: the interface's table, source rules, VRF and sysctls as applied.
     #[serde(skip_serializing_if = "crate::podnet::plan::AppliedRouting::is_empty")]
     routing: crate::podnet::plan::AppliedRouting,
+    /// `data.rdmaDevice`: the netdev's RDMA device the pod got (`rdma`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rdma_device: Option<&'a str>,
 }
 
 /// `data.podNetwork` (DESIGN §4): the `PodNetwork` a device's addresses come from and, per
@@ -339,6 +342,7 @@ fn network_status(iface: &AttachedInterface, pod_network: Option<&PodNetworkData
             .collect(),
         pod_network: pod_network.cloned(),
         routing: iface.routing.clone(),
+        rdma_device: iface.rdma_device.as_deref(),
     };
     let mut value = serde_json::to_value(&status).unwrap_or(serde_json::Value::Null);
     if value.to_string().len() > MAX_DATA_BYTES {
@@ -663,6 +667,7 @@ mod tests {
             addresses: addresses.iter().map(|a| a.parse().expect("test address")).collect(),
             routes,
             routing: Default::default(),
+            rdma_device: None,
         }
     }
 
@@ -685,6 +690,21 @@ mod tests {
         );
         assert_eq!(data.hardware_address.as_deref(), Some("02:00:00:00:ab:01"));
         assert_eq!(data.interface_name.as_deref(), Some("net1"));
+    }
+
+    /// `data.rdmaDevice` names the RDMA device the pod got; an interface without one has no
+    /// such key.
+    #[test]
+    fn data_names_the_rdma_device() {
+        let mut with = iface(&["10.10.1.5/24"], vec![]);
+        with.rdma_device = Some("mlx5_0".to_owned());
+        let without = DeviceOutcome::Ready(iface(&[], vec![]));
+        let outcomes =
+            [(key("eth1", None), DeviceOutcome::Ready(with)), (key("eth2", None), without)];
+        let entries = build_entries(&outcomes, &[], Some(1), &at(10)).expect("valid outcome");
+        let data = |i: usize| entries[i].data.as_ref().expect("ready has data").0.clone();
+        assert_eq!(data(0)["rdmaDevice"], "mlx5_0");
+        assert!(data(1).get("rdmaDevice").is_none(), "{}", data(1));
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub struct AttachedInterface {
     /// before they existed).
     #[serde(default, skip_serializing_if = "super::plan::AppliedRouting::is_empty")]
     pub routing: super::plan::AppliedRouting,
+    /// The RDMA device the pod got with it (`rdma`; absent in records written before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
 }
 
 /// Why one attach step failed, with the kernel's errno kept in the source.
@@ -408,6 +411,7 @@ pub async fn attach<O: LinkPort>(
         addresses: plan.addresses(),
         routes: plan.routes(),
         routing: plan.applied_routing(),
+        rdma_device: plan.rdma_device.clone(),
     })
 }
 
@@ -480,10 +484,9 @@ async fn run_step<O: LinkPort>(
             })
         }
         Step::MoveRdmaIntoPod { device } => {
-            let index = ops
-                .rdma_device(Side::Host, device)
-                .await?
-                .ok_or_else(|| LinkOpError::NoSuchRdmaDevice { side: Side::Host, name: device.clone() })?;
+            let index = ops.rdma_device(Side::Host, device).await?.ok_or_else(|| {
+                LinkOpError::NoSuchRdmaDevice { side: Side::Host, name: device.clone() }
+            })?;
             Ok(ops.move_rdma(Side::Host, index).await?)
         }
     }
@@ -699,6 +702,7 @@ pub fn completed_attach(
         addresses,
         routes,
         routing: plan.applied_routing(),
+        rdma_device: plan.rdma_device.clone(),
     })
 }
 

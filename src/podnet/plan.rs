@@ -262,9 +262,7 @@ impl Step {
             Step::AddRule { rule } => UndoStep::DeleteRule { rule: rule.clone() },
             Step::SetUp => UndoStep::SetDown,
             Step::AddRoute { route } => UndoStep::DeleteRoute { route: route.clone() },
-            Step::MoveRdmaIntoPod { device } => {
-                UndoStep::MoveRdmaToHost { device: device.clone() }
-            }
+            Step::MoveRdmaIntoPod { device } => UndoStep::MoveRdmaToHost { device: device.clone() },
         }
     }
 }
@@ -426,6 +424,10 @@ pub struct AttachPlan {
     pub host_mac_to_restore: Option<MacAddr>,
     /// The ordered attach steps.
     pub steps: Vec<Step>,
+    /// The netdev's RDMA device the pod gets (moved or shared), for the claim status
+    /// (`data.rdmaDevice`); absent in plans recorded before `rdma` existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
 }
 
 impl AttachPlan {
@@ -440,12 +442,12 @@ impl AttachPlan {
             .filter(|step| {
                 matches!(step, Step::AddRule { .. } | Step::EnsureVrf { .. })
                     || matches!(
-                    step,
-                    Step::EnsureVlan { .. }
-                        | Step::CreateChild { .. }
-                        | Step::MoveIntoPod { .. }
-                        | Step::MoveRdmaIntoPod { .. }
-                )
+                        step,
+                        Step::EnsureVlan { .. }
+                            | Step::CreateChild { .. }
+                            | Step::MoveIntoPod { .. }
+                            | Step::MoveRdmaIntoPod { .. }
+                    )
             })
             .map(|step| step.undo(self))
             .collect()
@@ -639,6 +641,7 @@ pub fn plan_attach(request: &AttachRequest<'_>) -> Result<AttachPlan, PlanError>
         host_mtu: device.mtu,
         host_mac_to_restore,
         steps,
+        rdma_device: config.rdma.as_ref().map(|rdma| rdma.device.clone()),
     })
 }
 

@@ -286,8 +286,11 @@ pub trait LinkPort: RoutingPort + Sync {
 
     /// Moves RDMA device `index` (as `from` sees it) into the other side's netns
     /// (`RDMA_NLDEV_CMD_SET` with `RDMA_NLDEV_NET_NS_FD`, sent in `from`).
-    fn move_rdma(&self, from: Side, index: u32)
-    -> impl Future<Output = Result<(), LinkOpError>> + Send;
+    fn move_rdma(
+        &self,
+        from: Side,
+        index: u32,
+    ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
 }
 
 /// A shared kernel handle is one too (the attach service hands out one per pod netns).

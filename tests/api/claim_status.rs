@@ -87,6 +87,7 @@ fn ready(name: &str, mode: Mode, parent: &str, address: &str) -> DeviceOutcome {
             metric: None,
         }],
         routing: Default::default(),
+        rdma_device: None,
     })
 }
 

@@ -109,6 +109,7 @@ fn attachment(with_result: bool) -> PodAttachment {
         addresses: vec!["10.10.1.5/24".parse().unwrap()],
         routes: vec![],
         routing: Default::default(),
+        rdma_device: None,
     });
     PodAttachment {
         pod_uid: "pod-1".to_owned(),

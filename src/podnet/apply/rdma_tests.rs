@@ -61,7 +61,8 @@ async fn the_rdma_device_moves_after_its_netdev_and_returns_before_it() {
     let kernel = kernel();
     let vlans = VlanUsers::new();
     let plan = rdma_plan();
-    attach(&kernel, &vlans, &plan).await.unwrap();
+    let attached = attach(&kernel, &vlans, &plan).await.unwrap();
+    assert_eq!(attached.rdma_device.as_deref(), Some("mlx5_0"));
     assert_eq!(kernel.rdma_side("mlx5_0"), Some(Side::Pod));
     let log = kernel.log();
     assert!(log[0].starts_with("move 10 to pod as net1"), "{log:?}");
