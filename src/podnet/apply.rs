@@ -17,9 +17,9 @@ use super::ports::{
     PodLinkConfig, Side,
 };
 
-mod routing;
 #[cfg(test)]
 mod rdma_tests;
+mod routing;
 #[cfg(test)]
 mod tests;
 

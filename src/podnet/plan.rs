@@ -18,8 +18,8 @@ use crate::model::network_config::{
 use crate::model::support::{KernelSupport, NodeSupport, Probe};
 
 mod names;
-mod routing;
 pub mod rdma;
+mod routing;
 #[cfg(test)]
 pub(crate) mod tests;
 
