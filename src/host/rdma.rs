@@ -144,11 +144,11 @@ impl RdmaSysfs {
                     .and_then(|n| n.ports.iter().find(|p| p.device_name == name && p.port == port))
                 {
                     Some(Port { netdev_name: Some(netdev), .. }) => Some(netdev.clone()),
-                    _ => self.gid_netdev(&dir, port)?,
+                    _ => Self::gid_netdev(&dir, port)?,
                 };
                 let netdev = match netdev {
                     Some(netdev) => Some(netdev),
-                    None => self.same_function_netdev(device_dir.as_deref(), port)?,
+                    None => Self::same_function_netdev(device_dir.as_deref(), port)?,
                 };
                 let Some(netdev) = netdev else { continue };
                 let mut port_facts = facts.clone();
@@ -184,7 +184,7 @@ impl RdmaSysfs {
     /// answer `EINVAL`, read as absent). The first entry naming one wins: every entry of a
     /// port names its netdev or a VLAN/macvlan upper of it, and entry 0 (the default GID)
     /// always names the port's own netdev.
-    fn gid_netdev(&self, dir: &Path, port: u32) -> Result<Option<String>, SysfsError> {
+    fn gid_netdev(dir: &Path, port: u32) -> Result<Option<String>, SysfsError> {
         let ndevs = dir.join(format!("ports/{port}/gid_attrs/ndevs"));
         let mut indexes: Vec<u32> =
             entries(&ndevs)?.iter().filter_map(|e| e.parse().ok()).collect();
@@ -203,7 +203,6 @@ impl RdmaSysfs {
     /// which neither netlink nor the GID table names), on `port` by its `dev_port`
     /// (0-based); a single-port device takes its function's only netdev.
     fn same_function_netdev(
-        &self,
         device_dir: Option<&Path>,
         port: u32,
     ) -> Result<Option<String>, SysfsError> {
@@ -272,7 +271,7 @@ pub fn annotate(sysfs_root: &Path, interfaces: &mut [HostInterface]) {
             }
         }
         Err(err) => {
-            tracing::warn!(error = %err, "reading RDMA facts from sysfs; RDMA facts unknown")
+            tracing::warn!(error = %err, "reading RDMA facts from sysfs; RDMA facts unknown");
         }
     }
 }
