@@ -12,6 +12,7 @@ mod vm_kernel;
 mod vm_pf_move;
 mod vm_rdma;
 mod vm_reboot;
+mod vm_rdma_pod;
 mod vm_sriov;
 mod vm_stats;
 mod vm_vlan;
