@@ -110,7 +110,8 @@ pub fn egress_program_stamps_departures_at_the_rate() {
     assert_eq!(verdict, TC_ACT_SHOT, "beyond the horizon");
     assert_eq!(ceiling_counts(&ebpf, 1), [1, 2], "one drop; the 2nd and 3rd delayed");
 
-    let later = stamps[2] + 10_000_000_000;
+    // 1000 s ahead: later than any slot even where loading the next copies takes seconds (TCG).
+    let later = stamps[2] + 1_000_000_000_000;
     let unpaced = loaded(Ceilings::default());
     let (verdict, stamp) = run_once(&unpaced, "netclaim_tx", &frame, later);
     assert_eq!((verdict, stamp), (TC_ACT_UNSPEC, later), "no ceiling: the stamp is untouched");
