@@ -529,6 +529,8 @@ fn attributes(interface: &HostInterface, kind: DeviceKind) -> BTreeMap<String, A
     put_int(&mut attributes, attr::SPEED_MBPS, interface.hardware.speed_mbps);
     if let Some(pci) = &interface.hardware.pci {
         put_string(&mut attributes, attr::PCI_ADDRESS, &pci.address.to_string());
+        let bus_id = pci.address.to_string();
+        insert_string(&mut attributes, names::ATTRIBUTE_PCI_BUS_ID.to_owned(), &bus_id);
         if let Some(vendor) = pci.vendor {
             put_string(&mut attributes, attr::PCI_VENDOR, &format!("{vendor:04x}"));
         }

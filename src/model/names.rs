@@ -26,6 +26,11 @@ pub const CAPACITY_INTERFACES: &str = "netclaim.dev/interfaces";
 /// (`resource.kubernetes.io/pcieRoot`), used by schedulers to align NICs with GPUs.
 pub const ATTRIBUTE_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
+/// Standard Kubernetes attribute holding a PCI device's address in extended BDF notation
+/// (`resource.kubernetes.io/pciBusID`, `dddd:bb:dd.f`): DPDK and KubeVirt find the function
+/// a pod got by it (its device metadata repeats it).
+pub const ATTRIBUTE_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+
 /// How an attribute keyed `qualified` inside the daemon is named in a ResourceSlice of
 /// `driver`: without the domain when the domain is the driver's own (the 1.38 helper rejects
 /// the qualified form there; the API treats both as one name), otherwise unchanged.

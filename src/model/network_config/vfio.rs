@@ -70,13 +70,6 @@ pub(super) fn check(
                 Rule::NotWithVfio("only a VF's VLAN is set for a userspace driver (on its PF)"),
             ));
         }
-        if let Some(sriov) = &cfg.sriov {
-            return Err(invalid(
-                "sriov",
-                to_json(sriov),
-                Rule::NotWithVfio("VF settings need a VF, and this device is not one"),
-            ));
-        }
     }
     if cfg.stats == Some(true) {
         return Err(invalid(
@@ -138,7 +131,10 @@ mod tests {
         let nic = check(json!({"mode": "vfio"}), &physical_nic("eth1")).expect("a whole NIC");
         assert_eq!((nic.mode, nic.sriov), (ResolvedMode::Vfio, None));
         let pf = physical_nic("eth1").kind(DeviceKind::SriovPf);
-        assert_eq!(check(json!({"mode": "vfio"}), &pf).ok().map(|r| r.mode), Some(ResolvedMode::Vfio));
+        assert_eq!(
+            check(json!({"mode": "vfio"}), &pf).ok().map(|r| r.mode),
+            Some(ResolvedMode::Vfio)
+        );
     }
 
     #[test]
@@ -185,7 +181,8 @@ mod tests {
             body["mode"] = json!("vfio");
             let refused = field(check(body.clone(), device));
             assert!(refused.starts_with(&format!("{path}: ")), "{body}: {refused}");
-            if path != "macvlan" {
+            // Sections of another mode are refused as such (`sriov` on a whole NIC too).
+            if !["macvlan", "sriov"].contains(&path) {
                 assert!(refused.contains("not with mode vfio"), "{refused}");
             }
         }
