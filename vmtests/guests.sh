@@ -5,7 +5,9 @@
 # daemon's start, so two guests overlap those waits on two cores). A guest whose suites
 # include vm_reboot is booted twice with a host directory shared by both boots
 # (tests/vm/vm_reboot.rs): the first boot runs its suites with NETCLAIM_VM_REBOOT_PHASE=1, the
-# second, only when the first passed, vm_reboot alone with phase 2.
+# second, only when the first passed, vm_reboot alone with phase 2. A guest whose suites
+# include vm_vfio boots with an emulated IOMMU (NETCLAIM_VM_IOMMU=isolated), one with
+# vm_vfio_acs with its first root port's ACS off (shared): each needs a guest of its own.
 #
 # Usage: vmtests/guests.sh <6.1|6.12>...   (after build.sh wrote target/vmtests/binaries)
 #   VM_GUESTS            the guests, space-separated, each a comma-separated list of suites
@@ -83,7 +85,10 @@ run_guest() {
                 rc=$?
             fi
         else
-            boot "$name" "$kernel" "${args[@]}"
+            local iommu=""
+            [[ " ${suites[*]} " == *" vm_vfio "* ]] && iommu=isolated
+            [[ " ${suites[*]} " == *" vm_vfio_acs "* ]] && iommu=shared
+            NETCLAIM_VM_IOMMU=$iommu boot "$name" "$kernel" "${args[@]}"
             rc=$?
         fi
         [[ $rc -ne 200 ]] && break

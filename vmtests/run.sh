@@ -19,6 +19,11 @@
 #                       (virtme-ng's --rwdir, 9p), passed into the guest: what survives a
 #                       reboot in tests/vm/vm_reboot.rs (the guest's /tmp dies with the boot)
 #   NETCLAIM_VM_REBOOT_PHASE  passed into the guest: which boot of vm_reboot this is (1, 2)
+#   NETCLAIM_VM_IOMMU   an emulated Intel IOMMU for the vfio suites (guests.sh sets it from
+#                       the guest's suites): `isolated` (each igb and each VF in an IOMMU group
+#                       of its own) or `shared` (the first igb's root port without ACS, so its
+#                       PF and VFs share one group); the guest boots with intel_iommu=on and
+#                       sees it as NETCLAIM_VM_IOMMU
 set -euo pipefail
 
 PREFIX="${NETCLAIM_VM_PREFIX:-/opt/netclaim-vm}"
@@ -64,7 +69,27 @@ mkdir -p "$(dirname "$log")"
 # timings enough to fail two igb tests on 6.1 (a VF's address read right after the attach,
 # and a VF's rename racing udev), so it is not the default.
 accel="-accel tcg,thread=${NETCLAIM_VM_TCG_THREAD:-multi}"
-nics="-device pcie-root-port,id=rp0,bus=pcie.0,chassis=1,slot=1"
+rp0_opts=""
+iommu="" append=()
+case ${NETCLAIM_VM_IOMMU:-} in
+    "") ;;
+    isolated | shared)
+        # QEMU's VT-d, placed before the PCI devices it translates for; interrupt remapping
+        # on (the kernel wants it for x2APIC and vfio's MSI). With KVM it needs the split
+        # irqchip (`kernel-irqchip=on` is refused); under TCG the option is accepted and
+        # changes nothing, and it keeps the line right should these guests ever get KVM.
+        iommu="-machine kernel-irqchip=split -device intel-iommu,intremap=on"
+        append=(--append "intel_iommu=on")
+        # Without ACS on the root port the kernel cannot isolate what sits below it: the
+        # PF and its VFs land in one IOMMU group (pci_device_group, drivers/iommu/iommu.c).
+        [[ $NETCLAIM_VM_IOMMU == shared ]] && rp0_opts=",disable-acs=on"
+        ;;
+    *)
+        echo "NETCLAIM_VM_IOMMU: isolated or shared, not $NETCLAIM_VM_IOMMU" >&2
+        exit 2
+        ;;
+esac
+nics="-device pcie-root-port,id=rp0,bus=pcie.0,chassis=1,slot=1$rp0_opts"
 nics+=" -device pcie-root-port,id=rp1,bus=pcie.0,chassis=2,slot=2"
 nics+=" -netdev user,id=n0,restrict=on,ipv6=off -device igb,netdev=n0,bus=rp0,romfile="
 nics+=" -netdev user,id=n1,restrict=on,ipv6=off -device igb,netdev=n1,bus=rp1,romfile="
@@ -86,6 +111,9 @@ fi
 if [[ -n ${NETCLAIM_VM_REBOOT_PHASE:-} ]]; then
     guest_env+="NETCLAIM_VM_REBOOT_PHASE=$NETCLAIM_VM_REBOOT_PHASE "
 fi
+if [[ -n ${NETCLAIM_VM_IOMMU:-} ]]; then
+    guest_env+="NETCLAIM_VM_IOMMU=$NETCLAIM_VM_IOMMU "
+fi
 if [[ -n $guest_env ]]; then
     guest_env="env $guest_env"
 fi
@@ -99,9 +127,9 @@ set +e
 # make overwrite each other.
 timeout --kill-after=10 "${NETCLAIM_VM_TIMEOUT:-600}" \
     vng --disable-kvm --run "$kdir/boot/vmlinuz-$release" --qemu "$PREFIX/bin/qemu-system-x86_64" \
-    --memory 1G --cpus 2 "${share[@]}" \
+    --memory 1G --cpus 2 "${share[@]}" "${append[@]}" \
     --exec "${guest_env}bash $HERE/guest.sh ${binaries[*]}" \
-    --qemu-opts="$accel $nics" 2>&1 | tee "$log"
+    --qemu-opts="$accel $iommu $nics" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 wall_ms=$((($(date +%s%N) - started) / 1000000))
