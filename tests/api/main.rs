@@ -16,6 +16,7 @@ mod deploy_kustomize;
 mod dev_admission;
 mod dev_allocator;
 mod dev_api_crds;
+mod dev_bandwidth;
 mod dev_kubectl;
 mod examples_subnets;
 mod health_grpc;
