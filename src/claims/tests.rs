@@ -29,10 +29,11 @@ use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 mod bandwidth;
 mod ethtool;
+mod format4_migration;
 mod metadata;
 mod networks;
-mod tenancy;
 mod rdma;
+mod tenancy;
 mod vf;
 mod vf_migration;
 mod vfio;

@@ -24,7 +24,13 @@ pub(super) const FORMAT_NAME: &str = "netclaim-state";
 ///   them would find a VF by a PF name that may have changed at boot and set back values of
 ///   an earlier boot; and the ipam releasing intents (`ipam-block-releases`: the record an `IPBlock` release
 ///   writes before it deletes the block; decision 0017), which a release before would not finish.
-pub const FORMAT_VERSION: u32 = 3;
+/// - 4: the kinds `vfio-bindings` (a function bound to vfio-pci for a claim, written before
+///   the first sysfs write; decision 0019) and `ethtool-snapshots` (a device's ethtool values
+///   before a claim changed them; decision 0020), and prepared claims and pod attachments
+///   that carry RDMA, routing, VRF, sysctl and bandwidth-ceiling state (decisions 0019–0021):
+///   a release before them would leave a function on vfio-pci, keep a claim's ethtool values
+///   and fail to read the plans it must undo.
+pub const FORMAT_VERSION: u32 = 4;
 /// Hex digits of the SHA-256 prefix that guards each line.
 pub(super) const CHECKSUM_HEX: usize = 16;
 

@@ -124,10 +124,12 @@ impl Store {
         };
         let (mut journal, version) = load_journal(disk, root.clone(), path, &bytes)?;
         if version < FORMAT_VERSION {
-            // Format upgrades: 1 → 2 and 2 → 3 add record kinds (`ipam-block-releases` in
-            // 3) and record versions that each kind migrates when decoded, so the records
-            // are read as they are; the rewrite puts the new header in place (synced,
-            // renamed, directory synced) before anything of the new kinds is appended.
+            // Format upgrades: 1 → 2, 2 → 3 and 3 → 4 add record kinds
+            // (`ipam-block-releases` in 3, `vfio-bindings` and `ethtool-snapshots` in 4),
+            // optional fields and record versions that each kind migrates when decoded, so
+            // the records are read as they are; the rewrite puts the new header in place
+            // (synced, renamed, directory synced) before anything of the new kinds is
+            // appended.
             journal.compact()?;
         }
         let durable_seq = Arc::clone(&journal.durable_seq);

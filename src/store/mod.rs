@@ -3,7 +3,7 @@
 //! migration path.
 //!
 //! Layout: `<state-dir>/journal` (and `<state-dir>/LOCK`). The first line is a header
-//! `{"format":"netclaim-state","version":3}`; every further line is one committed batch,
+//! `{"format":"netclaim-state","version":4}`; every further line is one committed batch,
 //! `<16 hex digits of SHA-256> <json>\n`, the JSON being `{"ops":[...]}` with `put`
 //! (`kind`, `key`, record `version`, `data`) and `remove` (`kind`, `key`) operations.
 //!

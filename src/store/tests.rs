@@ -165,7 +165,7 @@ fn v0_fixture_migrates_to_the_current_version_and_is_written_back() {
 }
 
 #[test]
-fn a_format_1_journal_is_rewritten_as_format_3_with_its_records() {
+fn a_format_1_journal_is_rewritten_in_the_current_format_with_its_records() {
     let dir = tempfile::tempdir().unwrap();
     write_journal(
         dir.path(),
@@ -180,8 +180,11 @@ fn a_format_1_journal_is_rewritten_as_format_3_with_its_records() {
     }
     let text = fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
     assert!(
-        text.starts_with(r#"{"format":"netclaim-state","version":3}"#),
-        "a release before format 3 refuses this journal now: {text}"
+        text.starts_with(&format!(
+            r#"{{"format":"netclaim-state","version":{}}}"#,
+            crate::store::FORMAT_VERSION
+        )),
+        "a release before the current format refuses this journal now: {text}"
     );
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.load_all::<Lease>().unwrap()[0].1.ip, "10.0.0.1");

@@ -557,7 +557,13 @@ async fn a_state_dir_of_release_87c0da8_loads_and_serves_network_claims() {
     // The journal is in the current format now (a release before it refuses it), records
     // written back.
     let text = std::fs::read_to_string(dir.path().join("journal")).unwrap();
-    assert!(text.starts_with(r#"{"format":"netclaim-state","version":3}"#), "{text}");
+    assert!(
+        text.starts_with(&format!(
+            r#"{{"format":"netclaim-state","version":{}}}"#,
+            crate::store::FORMAT_VERSION
+        )),
+        "{text}"
+    );
     assert!(
         prepared_claim_versions(&dir.path().join("journal"))
             .iter()

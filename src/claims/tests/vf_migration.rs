@@ -124,7 +124,8 @@ fn leases(service: &Service) -> BTreeMap<String, String> {
 }
 
 #[tokio::test]
-async fn a_state_dir_of_release_bf41b58_becomes_format_3_and_its_vf_records_are_found_by_pci() {
+async fn a_state_dir_of_release_bf41b58_becomes_the_current_format_and_its_vf_records_are_found_by_pci()
+ {
     // The same boot as the release before (an upgrade without a reboot): VF 1 still carries
     // the claim's settings; VF 2 is as the cut prepare left it.
     let vf2 = VfState {
@@ -140,7 +141,13 @@ async fn a_state_dir_of_release_bf41b58_becomes_format_3_and_its_vf_records_are_
     ]));
     let (dir, api, service) = open_fixture(&host).await;
     let journal = std::fs::read_to_string(dir.path().join("journal")).unwrap();
-    assert!(journal.starts_with(r#"{"format":"netclaim-state","version":3}"#), "{journal}");
+    assert!(
+        journal.starts_with(&format!(
+            r#"{{"format":"netclaim-state","version":{}}}"#,
+            crate::store::FORMAT_VERSION
+        )),
+        "{journal}"
+    );
     let mut names: Vec<String> = service.all_prepared().into_iter().map(|c| c.name).collect();
     names.sort();
     assert_eq!(names, ["db-net", "media-net", "vf-net", "web-net"]);
