@@ -119,7 +119,7 @@ fn rules(netns: &Netns, family: &str) -> Vec<String> {
             format!(
                 "from {} lookup {} pref {}",
                 r["src"].as_str().unwrap_or("all"),
-                r["table"],
+                r["table"].as_str().unwrap_or("?"),
                 r["priority"]
             )
         })
@@ -412,7 +412,9 @@ async fn replies_leave_through_net1_with_source_routing_and_through_eth0_without
         return;
     }
     let (net1, eth0) = reply_counters(true).await;
+    eprintln!("with source routing: tx net1 +{net1}, eth0 +{eth0}");
     assert!(net1 >= 5 && eth0 < 5, "with source routing: net1 +{net1}, eth0 +{eth0}");
     let (net1, eth0) = reply_counters(false).await;
+    eprintln!("without source routing: tx net1 +{net1}, eth0 +{eth0}");
     assert!(eth0 >= 5 && net1 < 5, "without source routing: net1 +{net1}, eth0 +{eth0}");
 }

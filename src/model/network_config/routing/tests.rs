@@ -80,7 +80,7 @@ fn refusals_name_the_field() {
             "sysctls[\"net.ipv4.conf.IFNAME.proxy_arp\"]",
         ),
         (json!({"routing": {"table": -1}}), "routing.table"),
-        (json!({"routing": {"tabel": 5}}), "routing"),
+        (json!({"routing": {"tabel": 5}}), "routing.tabel"),
     ];
     for (body, path) in rows {
         let err = check(body.clone()).expect_err(&body.to_string());

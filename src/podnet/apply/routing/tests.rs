@@ -183,7 +183,7 @@ async fn two_claims_share_a_vrf_that_goes_with_the_last() {
     let creates = kernel.log().iter().filter(|l| l.starts_with("create vrf")).count();
     assert_eq!(creates, 1, "{:?}", kernel.log());
     assert!(
-        kernel.log().contains(&"add route 10.30.0.0/16 via 10.10.2.1 table 100 dev 14".to_owned()),
+        kernel.log().contains(&"add route 10.30.0.0/16 via 10.10.2.1 table 100 dev 13".to_owned()),
         "{:?}",
         kernel.log()
     );
