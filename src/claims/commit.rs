@@ -333,21 +333,25 @@ pub(super) fn reserve_claim<S: ClaimStore>(
         return Ok(Attempt::NeedBlock { plan, ipv4, request });
     }
     if let Some(metadata) = metadata {
-        // The CDI id of a request goes with its first device: kubelet injects every id of
-        // every device of the request, and one mount per request is enough.
-        let mut seen = BTreeSet::new();
-        for device in &mut prepared.devices {
-            let request = metadata::top_level(&device.request).to_owned();
-            if seen.insert(request.clone()) {
-                device.cdi_device_ids = vec![metadata.cdi_device_id(&claim.uid, &request)];
-            }
-        }
-        // Each device with RDMA character devices: their spec's id (`super::rdma_cdi`).
-        super::rdma_cdi::add_ids(metadata.layout().driver(), &mut prepared);
+        add_cdi_ids(metadata, &mut prepared);
     }
     state.add_pending(prepared.clone());
     let Held { leases, new_leases, statics } = held;
     Ok(Attempt::Reserved(Reserved { prepared, leases, new_leases, statics }))
+}
+
+/// The CDI ids kubelet gets with a claim's devices: the metadata of each top-level request on
+/// its first device (kubelet injects every id of every device of the request, and one mount
+/// per request is enough), and each device's RDMA character devices (`super::rdma_cdi`).
+fn add_cdi_ids(metadata: &DeviceMetadata, prepared: &mut PreparedClaim) {
+    let mut seen = BTreeSet::new();
+    for device in &mut prepared.devices {
+        let request = metadata::top_level(&device.request).to_owned();
+        if seen.insert(request.clone()) {
+            device.cdi_device_ids = vec![metadata.cdi_device_id(&prepared.uid, &request)];
+        }
+    }
+    super::rdma_cdi::add_ids(metadata.layout().driver(), prepared);
 }
 
 /// The leases one reservation attempt holds.

@@ -60,9 +60,13 @@ pub(super) async fn device_index(
     name: &str,
 ) -> Result<Option<u32>, LinkOpError> {
     let wanted = name.to_owned();
-    let devices =
-        in_netns(netns, side, "RDMA_NLDEV_CMD_GET dump".to_owned(), |socket| socket.devices())
-            .await?;
+    let devices = in_netns(
+        netns,
+        side,
+        "RDMA_NLDEV_CMD_GET dump".to_owned(),
+        rdma_netlink::RdmaSocket::devices,
+    )
+    .await?;
     Ok(devices.into_iter().find(|device| device.name == wanted).map(|device| device.index))
 }
 
