@@ -57,6 +57,14 @@ if ! done_mark host-packages; then
     mark host-packages
 fi
 
+# ethtool (about 0.7 MB): vm_ethtool reads rings, channels and features back with it, not only
+# with the code under test (the guest's root is the host's).
+if ! done_mark ethtool-package; then
+    log "bookworm package: ethtool"
+    DEBIAN_FRONTEND=noninteractive retry apt-get install -y -q --no-install-recommends ethtool
+    mark ethtool-package
+fi
+
 if ! done_mark private-apt; then
     log "private apt state for bookworm, bookworm-backports and trixie"
     mkdir -p "$APT_DIR/lists/partial" "$APT_DIR/cache/archives/partial"

@@ -20,6 +20,7 @@
 //! - [`bandwidth`]: the egress ceilings put in place at the `CreateContainer` gate.
 
 pub mod bandwidth;
+mod ethtool_status;
 pub mod handler;
 mod plan;
 pub mod ports;

@@ -414,12 +414,14 @@ fn submit_entries<W: StatusSink>(
     outcomes: &[(DeviceKey, DeviceOutcome)],
     networks: &[(DeviceKey, PodNetworkData)],
     bandwidths: &[(DeviceKey, super::bandwidth::BandwidthData)],
+    ethtools: &[(DeviceKey, crate::model::network_config::EthtoolSettings)],
 ) {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = lock(inner).statuses.get(&claim.uid).cloned().unwrap_or_default();
     match build_entries_in(outcomes, networks, &previous, claim.generation, &now) {
         Ok(mut entries) => {
             super::bandwidth::annotate(&mut entries, bandwidths);
+            super::ethtool_status::annotate(&mut entries, ethtools);
             lock(inner).statuses.insert(claim.uid.clone(), entries.clone());
             sink.submit(
                 ClaimRef {
@@ -484,13 +486,23 @@ pub(super) fn submit_ready<W: StatusSink>(
             Some((device_key(driver, &d.pool, &d.device, d.share_id.as_ref()), data))
         })
         .collect();
+    // `data.ethtool`: what the prepare applied to the device.
+    let ethtools: Vec<_> = claim
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let applied = d.ethtool.as_ref().filter(|e| e.before.is_some())?;
+            let key = device_key(driver, &d.pool, &d.device, d.share_id.as_ref());
+            Some((key, applied.settings.clone()))
+        })
+        .collect();
     let claim = AttachedClaim::from_prepared(claim);
-    submit_entries(inner, sink, &claim, &outcomes, &networks, &bandwidths);
+    submit_entries(inner, sink, &claim, &outcomes, &networks, &bandwidths, &ethtools);
 }
 
 impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachService<C, N, S, W> {
     fn submit(&self, claim: &AttachedClaim, outcomes: &[(DeviceKey, DeviceOutcome)]) {
-        submit_entries(&self.inner, &*self.status, claim, outcomes, &[], &[]);
+        submit_entries(&self.inner, &*self.status, claim, outcomes, &[], &[], &[]);
     }
 
     fn key(&self, pool: &str, device: &str, share_id: Option<&String>) -> DeviceKey {

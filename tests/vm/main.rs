@@ -7,6 +7,7 @@ use netclaim_testkit as kit;
 
 mod vm_attach_bench;
 mod vm_daemon;
+mod vm_ethtool;
 mod vm_ipvlan;
 mod vm_kernel;
 mod vm_pf_move;

@@ -227,3 +227,77 @@ pub fn resolve_ethtool(
 pub fn feature_path(name: &str) -> String {
     format!("ethtool.features[{name:?}]")
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::model::network_config::decode;
+
+    fn config(body: serde_json::Value) -> NetworkConfig {
+        let mut params = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
+        params.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+        decode(0, &params).unwrap()
+    }
+
+    #[test]
+    fn entries_merge_features_key_by_key_and_rings_and_channels_field_by_field() {
+        let mut merged =
+            config(json!({"ethtool": {"features": {"rx-gro": false, "rx-checksum": true},
+            "rings": {"rx": 512, "tx": 512}, "channels": {"combined": 4}}}));
+        merged.merge(config(json!({"ethtool": {"features": {"rx-checksum": false},
+            "rings": {"tx": 1024}, "channels": {"other": 1}}})));
+        let settings = resolve_ethtool(&merged, Mode::HostDevice).unwrap().unwrap();
+        assert_eq!(
+            settings.features,
+            [("rx-checksum".into(), false), ("rx-gro".into(), false)].into()
+        );
+        assert_eq!((settings.rings.rx, settings.rings.tx), (Some(512), Some(1024)));
+        assert_eq!((settings.channels.combined, settings.channels.other), (Some(4), Some(1)));
+    }
+
+    #[test]
+    fn only_exclusive_modes_and_valid_values_are_accepted() {
+        let asked = config(json!({"ethtool": {"features": {"rx-gro": false}}}));
+        assert!(resolve_ethtool(&asked, Mode::SriovVf).unwrap().is_some());
+        for mode in [Mode::Macvlan, Mode::Ipvlan, Mode::Vfio] {
+            let err = resolve_ethtool(&asked, mode).unwrap_err().to_string();
+            assert!(
+                err.starts_with(
+                    "ethtool: {\"features\":{\"rx-gro\":false}}: only for a device that moves whole"
+                ),
+                "{err}"
+            );
+        }
+        // Nothing asked: nothing to do, in any mode.
+        assert_eq!(resolve_ethtool(&config(json!({"ethtool": {}})), Mode::Macvlan).unwrap(), None);
+        for (body, message) in [
+            (
+                json!({"features": {"RX-GRO": true}}),
+                "ethtool.features[\"RX-GRO\"]: \"RX-GRO\": not a feature name",
+            ),
+            (json!({"features": {"": true}}), "ethtool.features[\"\"]: \"\": not a feature name"),
+            (
+                json!({"features": {"a-name-far-longer-than-the-kernel-allows": true}}),
+                "not a feature name",
+            ),
+            (
+                json!({"rings": {"rxJumbo": 0}}),
+                "ethtool.rings.rxJumbo: 0: a ring holds at least one descriptor",
+            ),
+        ] {
+            let err = resolve_ethtool(&config(json!({"ethtool": body})), Mode::HostDevice)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(message), "{message:?} missing in {err}");
+        }
+        // Strict decoding: an unknown field is named.
+        let params = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig",
+            "ethtool": {"rings": {"rxmini": 8}}});
+        let err = decode(0, &params).unwrap_err().to_string();
+        assert!(err.contains("unknown field `rxmini`"), "{err}");
+    }
+}
