@@ -23,7 +23,7 @@ use netclaim::host::rdma_events;
 use netclaim::host::sysfs::Sysfs;
 use netclaim::inventory::{Inventory, Selection, SharingMode};
 use netclaim::model::device::HostInterface;
-use netclaim::model::rdma::{RdmaLinkLayer, format_guid};
+use netclaim::model::rdma::{RdmaLinkLayer, RdmaNetnsMode, format_guid};
 use rdma_netlink::{RdmaSocket, node_type_name, phys_state_name, port_state_name};
 use serde_json::Value;
 
@@ -235,7 +235,7 @@ fn discovery_publishes_the_rdma_attributes_and_follows_add_and_delete() {
     assert_eq!(rdma.node_guid.as_deref(), Some(sysfs_guid.trim()));
     assert_eq!(rdma.pci_address, None, "rxe has no bus device");
     let system = rdma_system_netns();
-    assert_eq!(rdma.netns_mode.map(|m| m.as_str()), Some(system.as_str()));
+    assert_eq!(rdma.netns_mode.map(RdmaNetnsMode::as_str), Some(system.as_str()));
     // Its uverbs and umad nodes (the kernel's own names) and rdma_cm, all present in /dev.
     let uverbs = find_class_entry("infiniband_verbs", "uverbs", &link.device);
     let umad = find_class_entry("infiniband_mad", "umad", &link.device);
@@ -252,7 +252,8 @@ fn discovery_publishes_the_rdma_attributes_and_follows_add_and_delete() {
 
     // Published (a veth is published when named by --include-interfaces).
     let selection =
-        Selection::new(&[link.netdev.clone()], &[], &[], SharingMode::Capacity).unwrap();
+        Selection::new(std::slice::from_ref(&link.netdev), &[], &[], SharingMode::Capacity)
+            .unwrap();
     let inventory = Inventory::build(&interfaces, &selection);
     let device = inventory.devices.iter().find(|d| d.if_name == link.netdev).unwrap();
     report(&format!("vm-rdma attributes: {:?}", device.attributes));
