@@ -13,9 +13,9 @@ echo "vmtests/guest: kernel $(uname -r), uptime $(cut -d' ' -f1 /proc/uptime) s 
 export NETCLAIM_VM=1
 
 # No udev rule loads NIC drivers here (virtme-ng's init only starts udevd for the virtio
-# ports); ipvlan, 8021q and dummy would autoload on first use, loading them now makes a
+# ports); ipvlan, 8021q, dummy and vrf would autoload on first use, loading them now makes a
 # missing one fail here with modprobe's message.
-modprobe -a igb igbvf ipvlan 8021q dummy || echo "vmtests/guest: modprobe failed"
+modprobe -a igb igbvf ipvlan 8021q dummy vrf || echo "vmtests/guest: modprobe failed"
 
 # The PFs register their netdevs asynchronously after the driver binds.
 for _ in $(seq 50); do
