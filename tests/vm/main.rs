@@ -13,6 +13,7 @@ mod vm_kernel;
 mod vm_pf_move;
 mod vm_rdma;
 mod vm_reboot;
+mod vm_routing;
 mod vm_rdma_pod;
 mod vm_sriov;
 mod vm_stats;
