@@ -2,6 +2,7 @@
 //! first, then claim entries, a later field winning.
 
 use super::{ConfigEntry, ConfigError, IpamConfig, NetworkConfig, SriovConfig, decode};
+use crate::model::bandwidth::BandwidthConfig;
 
 impl NetworkConfig {
     /// Applies a later entry on top of this one, field by field: a field the later entry
@@ -78,7 +79,7 @@ impl NetworkConfig {
             override_with(&mut a.table, b.table);
         });
         super::routing::merge_sysctls(&mut self.sysctls, sysctls);
-        merge_nested(&mut self.bandwidth, bandwidth, |a, b| a.merge(b));
+        merge_nested(&mut self.bandwidth, bandwidth, BandwidthConfig::merge);
         override_with(&mut self.rdma, rdma);
         merge_nested(&mut self.ethtool, ethtool, super::EthtoolConfig::merge);
     }
