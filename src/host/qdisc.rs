@@ -175,14 +175,25 @@ impl QdiscState {
 }
 
 /// Puts `qdisc` at the root of interface `ifindex` (replacing whatever is there, as `tc qdisc
-/// replace` does), with handle `4e43:`; for htb, then its class. A class that cannot be made
-/// removes the qdisc again, so a failure leaves the interface with its default qdisc.
+/// replace` does), with handle `4e43:`; for htb, then its class. Ours of the same kind is
+/// changed in place (no moment without a ceiling); ours of another kind is deleted first. A
+/// class that cannot be made removes the qdisc again, so a failure leaves the interface with
+/// its default qdisc.
 pub async fn replace_root(
     handle: &Handle,
     ifindex: u32,
     qdisc: &RootQdisc,
 ) -> Result<(), QdiscError> {
     let op = format!("RTM_NEWQDISC {}", qdisc.kind());
+    // The kernel takes a request naming an existing handle as a change of that qdisc and
+    // refuses another kind for it (EINVAL, "Invalid qdisc name"): ours of another kind goes
+    // first.
+    if let Some(root) = root(handle, ifindex).await?
+        && root.is_ours()
+        && root.kind != qdisc.kind()
+    {
+        delete_root(handle, ifindex).await?;
+    }
     let mut message =
         tc_message(ifindex, TcHandle { major: HANDLE_MAJOR, minor: 0 }, TcHandle::ROOT);
     message.attributes.push(TcAttribute::Kind(qdisc.kind().to_owned()));
@@ -199,7 +210,8 @@ pub async fn replace_root(
         message.attributes.push(TcAttribute::Kind(tc_qdisc::htb::KIND.to_owned()));
         message.attributes.push(options_attribute(&class.options()));
         let request = RouteNetlinkMessage::NewTrafficClass(message);
-        if let Err(err) = send(handle, request, NLM_F_CREATE | NLM_F_EXCL, op, ifindex).await {
+        // Without NLM_F_EXCL an existing class (a repeated apply) is changed in place.
+        if let Err(err) = send(handle, request, NLM_F_CREATE, op, ifindex).await {
             if let Err(undo) = delete_root(handle, ifindex).await {
                 tracing::warn!(ifindex, %undo, "removing an htb qdisc whose class failed");
             }

@@ -228,7 +228,10 @@ pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
         assert_eq!(tc["handle"], "4e43:");
         assert_eq!(tc["options"]["rate"].as_u64(), Some(rate), "tc reads the rate: {tc}");
         let tc_burst = tc["options"]["burst"].as_u64().unwrap();
-        assert!(tc_burst.abs_diff(u64::from(burst)) <= tick_bytes, "tc burst {tc_burst}");
+        // iproute2 converts ticks through a floating-point tick length and truncates (it
+        // prints 65531 for a 64k bucket): a few ticks' bytes of its own rounding.
+        let tc_slack = u64::from(burst) / 1000 + tick_bytes;
+        assert!(tc_burst.abs_diff(u64::from(burst)) <= tc_slack, "tc burst {tc_burst}");
     }
 
     // htb: the qdisc and its one class 4e43:1.
@@ -247,7 +250,7 @@ pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
     qdisc::replace_root(&handle, index, &htb).await.unwrap();
     let root = qdisc::root(&handle, index).await.unwrap().unwrap();
     let glob = HtbQdisc::parse(&root.options).unwrap();
-    assert_eq!((glob.version, glob.default_class, glob.direct_qlen), (3, 1, Some(1000)));
+    assert_eq!((glob.version >> 16, glob.default_class, glob.direct_qlen), (3, 1, Some(1000)));
     let classes = qdisc::classes(&handle, index).await.unwrap();
     let ours = classes.iter().find(|c| c.handle == 0x4e43_0001).expect("class 4e43:1");
     let dump = HtbClass::parse(&ours.options).unwrap();
@@ -256,14 +259,11 @@ pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
         (25_000_000, 25_000_000, 200_000, 0)
     );
     assert!(dump.burst().abs_diff(131_072) <= 2, "burst {}", dump.burst());
-    let out = netns.exec("tc", &["-j", "class", "show", "dev", &dev]);
-    let tc: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tc = tc.as_array().unwrap().iter().find(|c| c["handle"] == "4e43:1").cloned().unwrap();
-    assert_eq!(
-        (tc["rate"].as_u64(), tc["ceil"].as_u64()),
-        (Some(25_000_000), Some(25_000_000)),
-        "{tc}"
-    );
+    // iproute2 6.1 prints classes as text only (`-j` is ignored for `class show`).
+    let out = netns.exec("tc", &["class", "show", "dev", &dev]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("class htb 4e43:1 root"), "{text}");
+    assert!(text.contains("rate 200Mbit ceil 200Mbit"), "tc reads the rates: {text}");
     assert_eq!(tc_root(&netns, &dev)["options"]["default"], "0x1");
 
     // fq with a horizon, or its refusal.
@@ -292,7 +292,9 @@ pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
         }
         Err(err) => {
             assert_eq!(err.errno(), Some(2), "a kernel without sch_fq answers ENOENT: {err}");
-            assert_eq!(tc_root(&netns, &dev)["kind"], "htb", "the refused replace kept the root");
+            // Ours of the other kind went first (the kernel refuses a change of kind under
+            // one handle): nothing of ours is left, the default qdisc is back.
+            assert_ne!(tc_root(&netns, &dev)["handle"], "4e43:", "nothing of ours is left");
             false
         }
     };
@@ -300,6 +302,9 @@ pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
         assert_eq!(has_fq, expected, "sch_fq on this kernel");
     }
 
+    let tbf = Tbf { rate: 1_000_000, burst: 131_072, limit: 262_144 };
+    qdisc::replace_root(&handle, index, &RootQdisc::Tbf(tbf)).await.unwrap();
+    assert_eq!(tc_root(&netns, &dev)["kind"], "tbf");
     assert!(qdisc::delete_root(&handle, index).await.unwrap(), "ours is deleted");
     assert!(!qdisc::delete_root(&handle, index).await.unwrap(), "nothing of ours is left");
     assert_ne!(tc_root(&netns, &dev)["handle"], "4e43:");

@@ -72,7 +72,9 @@ impl HtbQdisc {
 /// An `htb` qdisc as the kernel reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HtbQdiscDump {
-    /// `TC_HTB_PROTOVER` of the kernel.
+    /// What the kernel answers as its version: `HTB_VER`, the protocol version
+    /// (`TC_HTB_PROTOVER`, 3) in the upper 16 bits and its own minor below (`0x30011`); a
+    /// request carries the protocol version alone.
     pub version: u32,
     /// `r2q`.
     pub rate2quantum: u32,
