@@ -84,7 +84,7 @@ impl Probe {
 pub struct NodeSupport {
     refused_modes: BTreeMap<&'static str, String>,
     refused_vlan: Option<String>,
-    refused_vrf: Option<String>,
+    no_vrf: Option<String>,
 }
 
 impl NodeSupport {
@@ -119,14 +119,14 @@ impl NodeSupport {
     /// Refuses `vrf` in a config with `why`.
     #[must_use]
     pub fn refuse_vrf(mut self, why: impl Into<String>) -> Self {
-        self.refused_vrf.get_or_insert_with(|| why.into());
+        self.no_vrf.get_or_insert_with(|| why.into());
         self
     }
 
     /// Why a VRF cannot be created on this node, or `None` when it can.
     #[must_use]
     pub fn vrf_refusal(&self) -> Option<&str> {
-        self.refused_vrf.as_deref()
+        self.no_vrf.as_deref()
     }
 
     /// Why a VLAN sub-interface cannot be created on this node, or `None` when it can.

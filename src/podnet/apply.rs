@@ -629,13 +629,15 @@ async fn run_undo<O: LinkPort>(
         },
         UndoStep::ReleaseVrf { vrf } => routing::release_vrf(ops, vrf).await,
         UndoStep::DeleteRule { rule } => routing::delete_rule(ops, rule).await,
-        // Table routes, the VRF membership and the sysctls go with the link.
-        UndoStep::DeleteTableRoute { .. } | UndoStep::LeaveVrf { .. } | UndoStep::KeepSysctls => {
-            Ok(UndoOutcome::AlreadyGone)
-        }
         // Address, up flag and routes go with the link; on their own they only appear in a
-        // rollback, which handles them with the known index.
-        UndoStep::DeleteAddress { .. } | UndoStep::SetDown | UndoStep::DeleteRoute { .. } => {
+        // rollback, which handles them with the known index. So do table routes, the VRF
+        // membership and the sysctls.
+        UndoStep::DeleteAddress { .. }
+        | UndoStep::SetDown
+        | UndoStep::DeleteRoute { .. }
+        | UndoStep::DeleteTableRoute { .. }
+        | UndoStep::LeaveVrf { .. }
+        | UndoStep::KeepSysctls => {
             Ok(UndoOutcome::AlreadyGone)
         }
     }

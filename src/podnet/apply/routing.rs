@@ -72,7 +72,7 @@ pub(super) async fn release_vrf<O: LinkPort>(
     }
     match ops.delete_link(Side::Pod, state.index).await {
         Ok(()) => Ok(UndoOutcome::Done),
-        Err(err) if matches!(err, LinkOpError::NetnsGone { .. }) => Ok(UndoOutcome::AlreadyGone),
+        Err(LinkOpError::NetnsGone { .. }) => Ok(UndoOutcome::AlreadyGone),
         Err(err) => ignore_missing(Err(err)).map(|()| UndoOutcome::AlreadyGone),
     }
 }

@@ -143,14 +143,14 @@ impl RoutingPort for FakeKernel {
     async fn add_table_route(&self, index: u32, route: &TableRoute) -> Result<(), LinkOpError> {
         let line = format!("add route {route} dev {index}");
         let mut k = self.call(Side::Pod, line.clone())?;
-        let live: Vec<(u32, TableRoute)> = k
+        let existing: Vec<(u32, TableRoute)> = k
             .routing
             .table_routes
             .iter()
             .filter(|(i, _)| pod_link_exists(&k, *i))
             .cloned()
             .collect();
-        if live.iter().any(|(_, r)| {
+        if existing.iter().any(|(_, r)| {
             r.table == route.table
                 && r.route.destination == route.route.destination
                 && r.route.metric == route.route.metric
@@ -162,7 +162,7 @@ impl RoutingPort for FakeKernel {
         {
             return Err(refuse(&mut k, &line, Side::Pod, ENETUNREACH));
         }
-        k.routing.table_routes = live;
+        k.routing.table_routes = existing;
         k.routing.table_routes.push((index, route.clone()));
         Ok(())
     }
