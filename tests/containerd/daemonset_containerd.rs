@@ -413,6 +413,10 @@ async fn flow(
         ("/var/run/netns", std::fs::canonicalize("/var/run/netns").unwrap()),
         // The node's bpffs: one of the test's own.
         ("/sys/fs/bpf", node.bpffs.0.clone()),
+        // Mode vfio's writable sysfs trees: the host's own (the daemon writes nothing there
+        // without a vfio claim; the check below only looks at how they are mounted).
+        ("/sys/bus/pci", PathBuf::from("/sys/bus/pci")),
+        ("/sys/devices", PathBuf::from("/sys/devices")),
     ]);
     assert_eq!(
         node.containerd.nri_socket().file_name().unwrap(),
@@ -489,6 +493,18 @@ async fn flow(
         let root = mountinfo.lines().find(|l| l.split(' ').nth(4) == Some("/"));
         let options = root.and_then(|l| l.split(' ').nth(5)).unwrap_or_default();
         assert!(options.split(',').any(|o| o == "ro"), "the root is read-only: {root:?}");
+    }
+    // /sys is read-only but for the two trees mode vfio writes (the manifest's sysfs mounts).
+    let sys_options = |point: &str| {
+        mountinfo
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some(point))
+            .and_then(|l| l.split(' ').nth(5))
+            .map(|o| o.split(',').any(|o| o == "rw"))
+    };
+    assert_eq!(sys_options("/sys"), Some(false), "/sys is read-only in the container");
+    for point in ["/sys/bus/pci", "/sys/devices"] {
+        assert_eq!(sys_options(point), Some(true), "{point} is mounted writable");
     }
     println!(
         "daemon pid {pid}: CapEff {}, netns mount: {:?}",
