@@ -17,4 +17,6 @@ mod vm_routing;
 mod vm_rdma_pod;
 mod vm_sriov;
 mod vm_stats;
+mod vm_vfio;
+mod vm_vfio_acs;
 mod vm_vlan;
