@@ -441,7 +441,7 @@ async fn load_state(
     // Mode vfio: PCI functions to and from vfio-pci through sysfs (DESIGN §3).
     let vfio_port: Arc<dyn crate::claims::vfio::VfioPort> =
         Arc::new(crate::host::vfio::SysfsVfio::on(config.sysfs_root.clone()));
-    let (service, store) = tokio::task::spawn_blocking(move || {
+    let (service, store, fq) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
         // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
         // accepted that would fail every pod at sandbox time.
@@ -461,7 +461,8 @@ async fn load_state(
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }
-        Ok::<_, NodeError>((service, store))
+        let fq = kernel.fq == crate::model::support::Probe::Available;
+        Ok::<_, NodeError>((service, store, fq))
     })
     .await
     .map_err(NodeError::StateTask)??;
@@ -508,7 +509,13 @@ async fn load_state(
             .map_err(NodeError::Attachments)
     })
     .await
-    .map_err(NodeError::StateTask)??;
+    .map_err(NodeError::StateTask)??
+    // Bandwidth ceilings at the CreateContainer gate (DESIGN §3): tbf until the counting
+    // programs' EDT pacing is wired here (`HostCeilings::new(Some(pins))`, support.pacing).
+    .with_ceilings(
+        Arc::new(crate::host::qdisc_ceiling::HostCeilings::<CounterPins>::new(None)),
+        crate::attach::bandwidth::CeilingSupport { fq, pacing: false },
+    );
     Ok((Arc::new(attach_service), claims, store))
 }
 
