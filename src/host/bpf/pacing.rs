@@ -195,8 +195,8 @@ impl CounterPins {
         if owner.owner_netns == 0 || Some(owner.owner_netns) != netns_inode(netns) {
             return Ok(false);
         }
-        let owned = interface.to_owned();
-        let ifindex = run_in_netns(netns, move || nix::net::if_::if_nametoindex(owned.as_str()))?;
+        let name = interface.to_owned();
+        let ifindex = run_in_netns(netns, move || nix::net::if_::if_nametoindex(name.as_str()))?;
         Ok(ifindex.is_ok_and(|index| u64::from(index) == owner.owner_ifindex))
     }
 
