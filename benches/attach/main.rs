@@ -98,6 +98,7 @@ fn plan_for(
         sriov: None,
         stats: false,
         routing: Default::default(),
+        bandwidth: None,
         rdma: None,
     };
     let pod = PodNetns { pod_uid: "bench".to_owned(), path: path(pod) };
