@@ -17,6 +17,7 @@ use netlink_sys::{
     AsyncSocket, AsyncSocketExt, SocketAddr, TokioSocket, protocols::NETLINK_KOBJECT_UEVENT,
 };
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// The kernel's uevent multicast group (udev's own re-broadcasts use group 2).
 const KERNEL_GROUP: u32 = 1;
@@ -38,15 +39,21 @@ pub fn is_rdma_uevent(message: &[u8]) -> bool {
 }
 
 /// Sends `()` on `sender` for each RDMA uevent (a full channel drops it: one pending
-/// notification already means "rediscover"), until the receiver is gone. Must be called
-/// inside a tokio runtime (it spawns the reader).
-pub fn forward(sender: mpsc::Sender<()>) -> Result<(), io::Error> {
+/// notification already means "rediscover"), until the receiver is dropped. Must be called
+/// inside a tokio runtime (it spawns the reader, whose handle is returned).
+pub fn forward(sender: mpsc::Sender<()>) -> Result<JoinHandle<()>, io::Error> {
     let mut socket = TokioSocket::new(NETLINK_KOBJECT_UEVENT)?;
     socket.socket_mut().bind(&SocketAddr::new(0, KERNEL_GROUP))?;
-    tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         loop {
             let mut message = Vec::with_capacity(UEVENT_BUFFER_SIZE);
-            let relevant = match socket.recv(&mut message).await {
+            // Ends with the receiver, not only at the next uevent after it is gone (the
+            // socket and this task would otherwise outlive the daemon's inventory).
+            let received = tokio::select! {
+                () = sender.closed() => break,
+                received = socket.recv(&mut message) => received,
+            };
+            let relevant = match received {
                 Ok(()) => is_rdma_uevent(&message),
                 Err(err) if err.raw_os_error() == Some(ENOBUFS) => true,
                 Err(err) => {
@@ -61,8 +68,7 @@ pub fn forward(sender: mpsc::Sender<()>) -> Result<(), io::Error> {
                 }
             }
         }
-    });
-    Ok(())
+    }))
 }
 
 #[cfg(test)]
@@ -77,6 +83,15 @@ mod tests {
         let verbs = b"remove@/devices/virtual/infiniband_verbs/uverbs0\0ACTION=remove\0\
             SUBSYSTEM=infiniband_verbs\0MAJOR=231\0MINOR=192\0DEVNAME=infiniband/uverbs0\0";
         assert!(is_rdma_uevent(verbs));
+    }
+
+    #[tokio::test]
+    async fn the_reader_ends_with_its_receiver() {
+        let (sender, receiver) = mpsc::channel(1);
+        let reader = forward(sender).unwrap();
+        drop(receiver);
+        // Without the receiver the reader ends at once, not at some later uevent.
+        reader.await.unwrap();
     }
 
     #[test]
