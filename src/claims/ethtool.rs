@@ -388,12 +388,12 @@ async fn apply_sections(
     changed: &mut Vec<Section>,
 ) -> Result<(), EthtoolError> {
     if !settings.features.is_empty() {
-        let changes: Vec<(String, bool)> =
+        let asked: Vec<(String, bool)> =
             settings.features.iter().map(|(n, v)| (n.clone(), *v)).collect();
         // Counted as changed before the request: a request the kernel half-applied (the
         // features before the one it refused) is set back too.
         changed.push(Section::Features);
-        port.set_features(dev, &changes).await.map_err(|source| EthtoolError::Refused {
+        port.set_features(dev, &asked).await.map_err(|source| EthtoolError::Refused {
             field: FEATURES,
             value: show(&settings.features),
             dev: dev.to_owned(),

@@ -235,7 +235,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                     }
                     Err(err) => {
                         tracing::warn!(dev = %snapshot.if_name, claim_uid = %snapshot.claim_uid,
-                        error = %err, "setting back ethtool values a prepare changed and did not complete; kept for the next start")
+                        error = %err, "setting back ethtool values a prepare changed and did not complete; kept for the next start");
                     }
                 },
                 Err(err) => tracing::warn!(dev = %snapshot.if_name, error = %err,

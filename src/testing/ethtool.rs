@@ -5,6 +5,7 @@
 //! off (`netdev_fix_features`). Any set can be made to fail once with an errno.
 
 #![allow(clippy::unwrap_used, reason = "a poisoned test mutex is a failed test")]
+#![allow(clippy::missing_panics_doc, reason = "test support: it panics only on a poisoned mutex")]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -105,7 +106,7 @@ impl FakeEthtool {
 
     /// A new boot id (a simulated reboot).
     pub fn set_boot_id(&self, id: &str) {
-        *self.boot_id.lock().unwrap() = id.to_owned();
+        id.clone_into(&mut self.boot_id.lock().unwrap());
     }
 
     /// The next set of `what` (`features`, `rings`, `channels`) answers `errno`.
