@@ -46,6 +46,10 @@ mod pci_text {
 
     use crate::model::device::PciAddress;
 
+    #[expect(
+        clippy::trivially_copy_pass_by_ref,
+        reason = "serde's `with` hands the field by reference"
+    )]
     pub(super) fn serialize<S: Serializer>(pci: &PciAddress, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(pci)
     }
@@ -578,7 +582,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             Ok(()) => tracing::info!(%pci, claim_uid = %binding.claim_uid,
                 "bound to vfio-pci again for its prepared claim after a reboot"),
             Err(err) => {
-                tracing::warn!(%pci, error = %err, "binding a vfio claim's function again after a reboot")
+                tracing::warn!(%pci, error = %err, "binding a vfio claim's function again after a reboot");
             }
         }
     }

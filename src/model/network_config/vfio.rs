@@ -62,13 +62,28 @@ pub(super) fn check(
             ));
         }
     }
-    if !vf {
-        if let Some(vlan) = cfg.vlan {
-            return Err(invalid(
-                "vlan",
-                vlan.to_string(),
-                Rule::NotWithVfio("only a VF's VLAN is set for a userspace driver (on its PF)"),
-            ));
+    if !vf && let Some(vlan) = cfg.vlan {
+        return Err(invalid(
+            "vlan",
+            vlan.to_string(),
+            Rule::NotWithVfio("only a VF's VLAN is set for a userspace driver (on its PF)"),
+        ));
+    }
+    // What configures the pod's interface, or the netdev the function loses to vfio-pci.
+    let netdev_sections = [
+        ("routing", cfg.routing.as_ref().map(to_json)),
+        ("vrf", cfg.vrf.as_ref().map(to_json)),
+        ("sysctls", cfg.sysctls.as_ref().filter(|s| !s.is_empty()).map(to_json)),
+        ("ethtool", cfg.ethtool.as_ref().map(to_json)),
+        ("bandwidth", cfg.bandwidth.as_ref().map(to_json)),
+        (
+            "rdma",
+            cfg.rdma.filter(|r| *r != super::RdmaConfig::Disabled).map(|r| quoted(r.as_str())),
+        ),
+    ];
+    for (path, value) in netdev_sections {
+        if let Some(value) = value {
+            return Err(invalid(path, value, Rule::NotWithVfio(NO_NETDEV)));
         }
     }
     if cfg.stats == Some(true) {
@@ -160,7 +175,7 @@ mod tests {
     fn what_needs_an_interface_in_the_pod_is_refused_naming_the_field() {
         let vf = physical_nic("enp1s0v0").vf(1500);
         let nic = physical_nic("eth1");
-        let rows: [(Value, &DeviceFacts, &str); 10] = [
+        let rows: [(Value, &DeviceFacts, &str); 13] = [
             (json!({"ipam": {"addresses": ["10.0.0.5/24"]}}), &vf, "ipam"),
             (json!({"ipam": {"pool": {"subnet": "10.0.0.0/24"}}}), &nic, "ipam"),
             (json!({"routes": [{"destination": "10.1.0.0/16"}]}), &vf, "routes"),
@@ -174,6 +189,9 @@ mod tests {
             (json!({"vlan": 7}), &nic, "vlan"),
             (json!({"sriov": {"trust": true}}), &nic, "sriov"),
             (json!({"stats": true}), &vf, "stats"),
+            (json!({"routing": {"table": 100}}), &vf, "routing"),
+            (json!({"sysctls": {"net.ipv4.conf.net1.rp_filter": "2"}}), &vf, "sysctls"),
+            (json!({"rdma": "shared"}), &vf, "rdma"),
             (json!({"macvlan": {"mode": "bridge"}}), &vf, "macvlan"),
         ];
         for (body, device, path) in rows {
