@@ -179,4 +179,142 @@ mod tests {
         let map = BTreeMap::from([("netclaim.dev/bandwidth".to_owned(), published)]);
         assert_eq!(from_capacity(&map), Some(BitsPerSecond(10_000_000_000)));
     }
+
+    // The inventory as a node publishes it: which devices carry the capacity, with what.
+    mod published {
+        use std::sync::Arc;
+
+        use serde_json::json;
+
+        use super::super::super::networks::{NetworkInputs, NodeNetworks};
+        use super::super::super::slices::api_device;
+        use super::super::super::{Inventory, Selection, SharingMode};
+        use super::*;
+        use crate::model::device::{Device, HostInterface, LinkKind, Sharing};
+        use crate::model::pod_network::PodNetwork;
+
+        const BANDWIDTH: &str = "netclaim.dev/bandwidth";
+
+        fn veth(name: &str, speed_mbps: Option<u32>) -> HostInterface {
+            let mut interface = HostInterface::new(7, name, 1500);
+            interface.kind = Some(LinkKind::Veth);
+            interface.hardware.speed_mbps = speed_mbps;
+            interface
+        }
+
+        fn selection(mode: SharingMode, flags: &[&str]) -> Selection {
+            let entries: Vec<ParentBandwidth> = flags.iter().map(|f| f.parse().unwrap()).collect();
+            Selection::new(&[], &[], &["eth1".to_owned()], mode)
+                .unwrap()
+                .with_parent_bandwidth(&entries)
+        }
+
+        /// A served (Ready) macvlan network on eth1 with `spec`.
+        fn networks(spec: serde_json::Value) -> NodeNetworks {
+            let mut spec = spec;
+            spec["parents"] = json!(["eth1"]);
+            let network: PodNetwork = serde_json::from_value(json!({
+                "metadata": {"name": "medianet"},
+                "spec": spec,
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+            }))
+            .unwrap();
+            let inputs = NetworkInputs {
+                pod_networks: Some(Arc::new([("medianet".to_owned(), network)].into())),
+                node_labels: Some(Arc::new(BTreeMap::new())),
+            };
+            NodeNetworks::evaluate("netclaim.dev", &inputs)
+        }
+
+        /// The bandwidth capacity of the published devices of eth1, as the slice carries it.
+        fn published(inventory: &Inventory) -> Vec<(Sharing, Option<serde_json::Value>)> {
+            inventory
+                .devices
+                .iter()
+                .filter(|d: &&Device| d.if_name == "eth1")
+                .map(|d| {
+                    let api = api_device(d, "netclaim.dev");
+                    let capacity = api.capacity.as_ref().and_then(|c| c.get(BANDWIDTH));
+                    (d.sharing, capacity.map(|c| serde_json::to_value(c).unwrap()))
+                })
+                .collect()
+        }
+
+        fn policy(value: &str) -> serde_json::Value {
+            json!({"value": value, "requestPolicy": {"default": "0",
+                "validRange": {"min": "0", "step": "1M"}}})
+        }
+
+        #[test]
+        fn a_shared_parent_publishes_its_link_speed_a_veth_10g() {
+            let inventory = Inventory::build(
+                &[veth("eth1", Some(10_000))],
+                &selection(SharingMode::Capacity, &[]),
+            );
+            assert_eq!(published(&inventory), [(Sharing::Shared, Some(policy("10G")))]);
+            let api = api_device(&inventory.devices[0], "netclaim.dev");
+            assert!(
+                api.capacity.unwrap().contains_key("netclaim.dev/interfaces"),
+                "the interfaces capacity stays beside it"
+            );
+        }
+
+        #[test]
+        fn the_flag_wins_over_the_link_speed_and_names_by_interface() {
+            let flags = ["eth2=5G", "eth1=2500M"];
+            let inventory = Inventory::build(
+                &[veth("eth1", Some(10_000))],
+                &selection(SharingMode::Capacity, &flags),
+            );
+            assert_eq!(published(&inventory), [(Sharing::Shared, Some(policy("2500M")))]);
+        }
+
+        #[test]
+        fn an_unknown_bandwidth_publishes_no_capacity_and_slots_never_do() {
+            let unknown =
+                Inventory::build(&[veth("eth1", None)], &selection(SharingMode::Capacity, &[]));
+            assert_eq!(published(&unknown), [(Sharing::Shared, None)]);
+            let slots = Inventory::build(
+                &[veth("eth1", Some(10_000))],
+                &selection(SharingMode::Slots, &["eth1=1G"]),
+            );
+            let found = published(&slots);
+            assert!(found.len() > 1, "{found:?}");
+            assert!(
+                found
+                    .iter()
+                    .all(|(sharing, capacity)| *sharing == Sharing::Slot && capacity.is_none()),
+                "{found:?}"
+            );
+        }
+
+        #[test]
+        fn a_network_device_takes_the_networks_bandwidth_only_where_the_link_reports_none() {
+            let networks = networks(json!({"bandwidth": "4G"}));
+            let select = selection(SharingMode::Capacity, &[]);
+            let silent = Inventory::build_with(&[veth("eth1", None)], &select, &networks);
+            assert_eq!(published(&silent), [(Sharing::Shared, Some(policy("4G")))]);
+            let speaking = Inventory::build_with(&[veth("eth1", Some(10_000))], &select, &networks);
+            assert_eq!(published(&speaking), [(Sharing::Shared, Some(policy("10G")))]);
+            let flagged = Inventory::build_with(
+                &[veth("eth1", Some(10_000))],
+                &selection(SharingMode::Capacity, &["eth1=1G"]),
+                &networks,
+            );
+            assert_eq!(published(&flagged), [(Sharing::Shared, Some(policy("1G")))]);
+        }
+
+        #[test]
+        fn a_published_shared_device_reads_back_with_its_bandwidth() {
+            let inventory = Inventory::build(
+                &[veth("eth1", Some(10_000))],
+                &selection(SharingMode::Capacity, &[]),
+            );
+            let api = api_device(&inventory.devices[0], "netclaim.dev");
+            let back =
+                super::super::super::slices::shared_device_from_api(&api, "netclaim.dev").unwrap();
+            assert_eq!(back, inventory.devices[0]);
+        }
+    }
 }
