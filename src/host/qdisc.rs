@@ -354,8 +354,8 @@ fn state(message: &TcMessage) -> Result<QdiscState, tc_qdisc::DecodeError> {
                 }
             }
             TcAttribute::Xstats(TcXstats::Other(bytes)) => state.xstats = Some(bytes.clone()),
-            TcAttribute::Stats2(stats) => {
-                for stat in stats {
+            TcAttribute::Stats2(gnet) => {
+                for stat in gnet {
                     match stat {
                         TcStats2::Basic(basic) => {
                             state.counters.bytes = basic.bytes;
