@@ -201,6 +201,10 @@ pub async fn kernel_has_fq() -> bool {
 /// `ENOENT` and the previous root kept) on a veth end, and holds each against the kernel's
 /// dump (our decoder) and `tc -j`; deletes ours at the end and checks that someone else's
 /// root is never deleted.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one kernel round trip per qdisc kind, read top to bottom"
+)]
 pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
     let netns = Netns::new();
     let dev = netns.ifname("q0");
