@@ -447,7 +447,7 @@ fn interleaved_rounds(sides: &Sides<'_>, rounds: usize, batch: u32, before: Opti
         match variant {
             Variant::Bare => {}
             Variant::Counters(kind) => {
-                pins_of(kind).attach(&netns, "bench-pod", &interface).unwrap()
+                pins_of(kind).attach(&netns, "bench-pod", &interface).unwrap();
             }
             Variant::Paced(kind) => pins_of(kind)
                 .set_pacing(
@@ -461,7 +461,7 @@ fn interleaved_rounds(sides: &Sides<'_>, rounds: usize, batch: u32, before: Opti
                 )
                 .unwrap(),
             Variant::Before(kind) => {
-                raw = Some(hook_raw(before.unwrap(), &netns, &interface, kind))
+                raw = Some(hook_raw(before.unwrap(), &netns, &interface, kind));
             }
         }
         // One small batch first: the first packets after an attach pay for cold caches.
@@ -469,7 +469,7 @@ fn interleaved_rounds(sides: &Sides<'_>, rounds: usize, batch: u32, before: Opti
         drain();
         let cpu = thread_cpu();
         blast(sender, batch);
-        let took = thread_cpu() - cpu;
+        let took = thread_cpu().saturating_sub(cpu);
         drain();
         match variant {
             Variant::Bare => {}

@@ -97,7 +97,7 @@ fn plan_for(
         vlan: None,
         sriov: None,
         stats: false,
-        routing: Default::default(),
+        routing: netclaim::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     };

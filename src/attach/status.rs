@@ -678,7 +678,7 @@ mod tests {
             mtu: 1500,
             addresses: addresses.iter().map(|a| a.parse().expect("test address")).collect(),
             routes,
-            routing: Default::default(),
+            routing: crate::podnet::plan::AppliedRouting::default(),
             rdma_device: None,
         }
     }

@@ -198,6 +198,18 @@ pub enum ClaimError {
         /// The device.
         device: String,
     },
+    /// Mode `vfio`: the function cannot be bound or given back (names the fact and what
+    /// the node needs).
+    #[error("request {request}, device {device}: mode \"vfio\": {source}")]
+    Vfio {
+        /// Request name.
+        request: String,
+        /// The device.
+        device: String,
+        /// Why.
+        #[source]
+        source: Box<super::vfio::VfioError>,
+    },
     /// `ethtool` settings could not be applied or restored (names the field).
     #[error("request {request}, device {device}: {source}")]
     Ethtool {
@@ -216,18 +228,6 @@ pub enum ClaimError {
         request: String,
         /// The device.
         device: String,
-    },
-    /// Mode `vfio`: the function cannot be bound or given back (names the fact and what
-    /// the node needs).
-    #[error("request {request}, device {device}: mode \"vfio\": {source}")]
-    Vfio {
-        /// Request name.
-        request: String,
-        /// The device.
-        device: String,
-        /// Why.
-        #[source]
-        source: Box<super::vfio::VfioError>,
     },
     /// This daemon was started without access to VF settings.
     #[error(

@@ -433,13 +433,13 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
             staged.undo().await;
             return Err(err);
         }
-        // vfio-pci after the VF settings (the VF's netdev takes its MAC before it goes).
-        if let Err(err) = self.bind_vfio(staged.prepared_mut(), &pcis).await {
+        // ethtool in the host netns, before the device moves (the values go with the netdev).
+        if let Err(err) = self.apply_ethtool_settings(staged.prepared_mut()).await {
             staged.undo().await;
             return Err(err);
         }
-        // ethtool in the host netns, before the device moves (the values go with the netdev).
-        if let Err(err) = self.apply_ethtool_settings(staged.prepared_mut()).await {
+        // vfio-pci after the VF settings (the VF's netdev takes its MAC before it goes).
+        if let Err(err) = self.bind_vfio(staged.prepared_mut(), &pcis).await {
             staged.undo().await;
             return Err(err);
         }

@@ -17,8 +17,8 @@ use crate::inventory::{
     Inventory, Selection, SharingMode, base_device_name, device_kind, put_string,
     shared_parent_exclusion,
 };
-use crate::model::device::{self, AttributeValue, Device, HostInterface, Sharing, SriovRole};
 use crate::model::bandwidth::BitsPerSecond;
+use crate::model::device::{self, AttributeValue, Device, HostInterface, Sharing, SriovRole};
 use crate::model::names::attr;
 use crate::model::network_config::{DeviceFacts, DeviceKind, Sharing as ConfigSharing};
 use crate::model::pod_network::shared_device_name;

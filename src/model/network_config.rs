@@ -15,8 +15,8 @@ mod ethtool;
 mod inherit;
 mod mac;
 mod merge;
-mod resolved;
 mod rdma;
+mod resolved;
 mod routing;
 pub mod sysctls;
 mod validate;
@@ -45,12 +45,12 @@ pub use routing::{
     SOURCE_RULE_PRIORITY, Vrf, VrfConfig,
 };
 pub use sysctls::{Sysctl, SysctlFamily, SysctlRefusal};
+pub use rdma::{RdmaConfig, RdmaFacts, RdmaMode, RdmaNetnsMode, RdmaRefusal, ResolvedRdma};
 pub use resolved::{
     Addressing, NetworkAddressing, PoolSpec, ResolvedInterface, ResolvedMode,
     ResolvedNetworkConfig, Route, SriovSettings,
 };
 pub use validate::{DeviceFacts, MAX_ADDRESSES, MAX_ROUTES};
-pub use rdma::{RdmaConfig, RdmaFacts, RdmaMode, RdmaNetnsMode, RdmaRefusal, ResolvedRdma};
 // The device vocabulary is the model's one (`model::device`); validation speaks it too.
 pub use crate::model::device::{DeviceKind, Sharing};
 // The link vocabulary is shared with `PodNetwork` (`model::link`); configs are written in it.

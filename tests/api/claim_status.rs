@@ -86,7 +86,7 @@ fn ready(name: &str, mode: Mode, parent: &str, address: &str) -> DeviceOutcome {
             gateway: Some("10.10.1.1".parse().expect("gateway")),
             metric: None,
         }],
-        routing: Default::default(),
+        routing: netclaim::podnet::plan::AppliedRouting::default(),
         rdma_device: None,
     })
 }

@@ -207,7 +207,7 @@ fn every_network_config_field_has_a_row() {
 fn every_network_config_value_is_in_its_row() {
     let doc = doc();
     let section = section(&doc, "## NetworkConfig");
-    let enums: [(&str, Vec<String>); 6] = [
+    let enums: [(&str, Vec<String>); 7] = [
         ("mode", wire(&variants!(Mode: Macvlan, Ipvlan, HostDevice, SriovVf, Vfio))),
         ("macvlan.mode", wire(&variants!(MacvlanMode: Bridge, Private, Vepa, Passthru))),
         ("ipvlan.mode", wire(&variants!(IpvlanMode: L2, L3, L3s))),

@@ -76,7 +76,7 @@ fn config(
         vlan: None,
         sriov: None,
         stats: false,
-        routing: Default::default(),
+        routing: netclaim::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     }

@@ -274,7 +274,7 @@ async fn a_failure_at_every_kernel_call_leaves_no_link_rule_or_table_route() {
         assert!(detach(&ops, &VlanUsers::new(), &plan).await.is_clean());
     }
     // Attach calls only: detach's run after the count.
-    let attach_calls = plan.steps.len() as u32;
+    let attach_calls = u32::try_from(plan.steps.len()).expect("a plan has few steps");
     assert!(counting.calls() >= attach_calls, "{} calls", counting.calls());
     for n in 1..=attach_calls {
         let ops = FailingOps::new(

@@ -83,7 +83,7 @@ fn config(mode: ResolvedMode) -> ResolvedNetworkConfig {
         vlan: None,
         sriov: None,
         stats: false,
-        routing: Default::default(),
+        routing: netclaim::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     }

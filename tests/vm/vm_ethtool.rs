@@ -278,15 +278,16 @@ fn a_pf_gets_its_features_rings_and_channels_and_they_come_back_after_a_restart(
 #[test]
 #[ignore = "needs the VM: run `make vmtest`"]
 fn a_pf_with_vfs_allows_fewer_channels_and_a_claim_for_more_is_refused_naming_it() {
-    require_vm("a_pf_with_vfs_allows_fewer_channels_and_a_claim_for_more_is_refused_naming_it");
-    let [dev, other] = <[String; 2]>::try_from(pfs()).unwrap();
-    let numvfs = PathBuf::from(format!("/sys/class/net/{dev}/device/sriov_numvfs"));
+    /// Takes the PF's VFs away again, even when the test fails.
     struct NoVfs(PathBuf);
     impl Drop for NoVfs {
         fn drop(&mut self) {
             let _ignored = std::fs::write(&self.0, "0");
         }
     }
+    require_vm("a_pf_with_vfs_allows_fewer_channels_and_a_claim_for_more_is_refused_naming_it");
+    let [dev, other] = <[String; 2]>::try_from(pfs()).unwrap();
+    let numvfs = PathBuf::from(format!("/sys/class/net/{dev}/device/sriov_numvfs"));
     std::fs::write(&numvfs, "1").unwrap();
     let _vfs = NoVfs(numvfs);
     let port = NetlinkEthtool::new();

@@ -133,7 +133,7 @@ fn plan_for(mode: IpvlanMode, flag: IpvlanFlag, parent: &str, pod: &Netns, host:
         vlan: None,
         sriov: None,
         stats: false,
-        routing: Default::default(),
+        routing: netclaim::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     };

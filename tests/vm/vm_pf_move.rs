@@ -182,7 +182,7 @@ fn plan_for(original: &Original, pod: &Netns) -> AttachPlan {
         vlan: None,
         sriov: None,
         stats: false,
-        routing: Default::default(),
+        routing: netclaim::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     };

@@ -135,7 +135,7 @@ fn service(
         ServiceIdentity { driver: DRIVER.into(), node: NODE.into() },
         Arc::clone(claims),
         host_devices("/sys".into(), selection),
-        Arc::new(Store::open(&dir.join("state")).unwrap()),
+        Arc::new(Store::open(dir.join("state")).unwrap()),
     )
     .unwrap()
     .with_metadata(metadata)
@@ -157,7 +157,7 @@ fn put_claim(
     name: &str,
     device: &str,
     share_id: Option<&str>,
-    config: Value,
+    config: &Value,
 ) -> ClaimRef {
     let uid = format!("uid-{name}");
     let mut parameters = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
@@ -227,7 +227,7 @@ fn a_child_on_an_rdma_parent_gets_its_char_devices_through_the_cdi_spec() {
             "child",
             &device,
             Some("3f1c0c3e-0000-4000-8000-00000000c0de"),
-            json!({"mode": "macvlan"}),
+            &json!({"mode": "macvlan"}),
         );
         let mut answers = service.prepare(vec![claim.clone()]).await;
         let answer = answers.remove(&claim.uid).unwrap().map_err(|f| f.message).unwrap();
@@ -286,7 +286,8 @@ fn the_exclusive_move_of_an_rxe_device_is_refused_and_both_stay_in_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let claims = Arc::new(MapClaims::default());
     let selection =
-        Selection::new(&[link.netdev.clone()], &[], &[], SharingMode::Capacity).unwrap();
+        Selection::new(std::slice::from_ref(&link.netdev), &[], &[], SharingMode::Capacity)
+            .unwrap();
     runtime().block_on(async {
         let device = device_name(&link.netdev, &selection).await;
         let service = service(&claims, dir.path(), selection);
@@ -295,7 +296,7 @@ fn the_exclusive_move_of_an_rxe_device_is_refused_and_both_stay_in_the_host() {
             "moved",
             &device,
             None,
-            json!({"mode": "host-device", "rdma": "exclusive"}),
+            &json!({"mode": "host-device", "rdma": "exclusive"}),
         );
         let mut answers = service.prepare(vec![claim.clone()]).await;
         let message = answers.remove(&claim.uid).unwrap().unwrap_err().message;
@@ -308,7 +309,7 @@ fn the_exclusive_move_of_an_rxe_device_is_refused_and_both_stay_in_the_host() {
         assert!(!dir.path().join("cdi").join(format!("{DRIVER}_rdma_{}.json", claim.uid)).exists());
 
         // The same claim without `rdma`: the default leaves the RDMA device alone.
-        let plain = put_claim(&claims, "plain", &device, None, json!({"mode": "host-device"}));
+        let plain = put_claim(&claims, "plain", &device, None, &json!({"mode": "host-device"}));
         let mut answers = service.prepare(vec![plain.clone()]).await;
         let answer = answers.remove(&plain.uid).unwrap().map_err(|f| f.message).unwrap();
         assert!(answer[0].cdi_device_ids.iter().all(|id| !id.contains("/rdma=")), "{answer:?}");

@@ -84,7 +84,8 @@ pub(crate) fn put_claim(claims: &MapClaims, name: &str, device: &str, config: Va
     let uid = format!("uid-{name}");
     let mut parameters = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig",
         "mode": "vfio"});
-    parameters.as_object_mut().unwrap().extend(config.as_object().unwrap().clone());
+    let Value::Object(fields) = config else { panic!("a config object") };
+    parameters.as_object_mut().unwrap().extend(fields);
     let claim: ResourceClaim = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default", "uid": uid},
         "spec": {},

@@ -130,7 +130,7 @@ fn plan_for(parent: &str, vlan: u16, claim: &str, pod: &Netns, name: &str, host:
         vlan: Some(vlan),
         sriov: None,
         stats: false,
-        routing: Default::default(),
+        routing: netclaim::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     };

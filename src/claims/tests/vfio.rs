@@ -258,10 +258,13 @@ async fn a_vf_is_bound_with_its_vf_settings_and_its_cdi_spec_and_given_back_in_o
     assert!(service.vfio_bound().borrow().is_empty());
 }
 
+/// How a refusal case prepares the fake function.
+type Setup = dyn Fn(&FakeVfio);
+
 #[tokio::test]
 async fn what_cannot_be_bound_is_refused_naming_the_fact_and_holds_nothing() {
     let peer: PciAddress = "0000:09:00.3".parse().unwrap();
-    let cases: [(&str, Box<dyn Fn(&FakeVfio)>, &str); 5] = [
+    let cases: [(&str, Box<Setup>, &str); 5] = [
         (
             "eth9v1",
             Box::new(move |f: &FakeVfio| f.edit(|f| f.peers = vec![peer])),

@@ -274,7 +274,7 @@ fn config(mac: Option<&str>, vlan: Option<u16>, sriov: SriovSettings) -> Resolve
         vlan,
         sriov: Some(sriov),
         stats: true,
-        routing: Default::default(),
+        routing: crate::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     }

@@ -115,7 +115,8 @@ mod tests {
         device: &DeviceFacts,
     ) -> Result<Option<ResolvedBandwidth>, String> {
         let mut params = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-        params.as_object_mut().unwrap().extend(config.as_object().unwrap().clone());
+        let serde_json::Value::Object(fields) = config else { panic!("an object") };
+        params.as_object_mut().unwrap().extend(fields);
         let cfg = decode(0, &params).map_err(|e| e.to_string())?;
         cfg.validate(device, &NodeSupport::default())
             .map(|r| r.bandwidth)

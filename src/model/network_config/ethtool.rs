@@ -239,7 +239,8 @@ mod tests {
 
     fn config(body: serde_json::Value) -> NetworkConfig {
         let mut params = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
-        params.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+        let serde_json::Value::Object(fields) = body else { panic!("an object") };
+        params.as_object_mut().unwrap().extend(fields);
         decode(0, &params).unwrap()
     }
 

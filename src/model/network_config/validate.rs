@@ -118,6 +118,13 @@ pub(super) fn validate(
         Some(v) => Some(v),
     };
     let routes = resolve_routes(cfg.routes.as_deref().unwrap_or_default(), &addressing)?;
+    let routing = super::routing::resolve(
+        cfg.routing.as_ref(),
+        cfg.vrf.as_ref(),
+        cfg.sysctls.as_ref(),
+        interface_cfg.name.as_deref(),
+        support,
+    )?;
     let sriov = match mode {
         ResolvedMode::SriovVf => Some(resolve_sriov(&cfg.sriov.clone().unwrap_or_default())?),
         // A VF bound to vfio-pci keeps its VF settings on the PF (DESIGN §3).
@@ -127,6 +134,12 @@ pub(super) fn validate(
         _ => None,
     };
     let bandwidth = super::bandwidth::resolve(cfg, mode, device)?;
+    let moves = matches!(mode, ResolvedMode::HostDevice | ResolvedMode::SriovVf);
+    let rdma = super::rdma::resolve(cfg.rdma, device.rdma.as_ref(), moves, &device.if_name)
+        .map_err(|refusal| {
+            let value = cfg.rdma.map_or_else(|| "(the default)".to_owned(), |r| quoted(r.as_str()));
+            invalid("rdma", value, Rule::Rdma(refusal))
+        })?;
     Ok(ResolvedNetworkConfig {
         pod_network: cfg.pod_network.clone(),
         mode,
@@ -134,16 +147,12 @@ pub(super) fn validate(
         addressing,
         routes,
         vlan,
-    let moves = matches!(mode, ResolvedMode::HostDevice | ResolvedMode::SriovVf);
-    let rdma = super::rdma::resolve(cfg.rdma, device.rdma.as_ref(), moves, &device.if_name)
-        .map_err(|refusal| {
-            let value = cfg.rdma.map_or_else(|| "(the default)".to_owned(), |r| quoted(r.as_str()));
-            invalid("rdma", value, Rule::Rdma(refusal))
-        })?;
         sriov,
+        routing,
         // A vfio device has no interface to count on.
         stats: cfg.stats.unwrap_or(mode != ResolvedMode::Vfio),
         bandwidth,
+        rdma,
     })
 }
 
@@ -152,7 +161,6 @@ pub(super) fn validate(
 /// host-device (no VF settings); a PCI NIC or VF may be bound to vfio-pci (last, so never
 /// the default); a bond cannot change network namespace (the kernel marks it
 /// `NETIF_F_NETNS_LOCAL`).
-        rdma,
 fn allowed_modes(device: &DeviceFacts) -> &'static [Mode] {
     match (device.sharing, device.kind) {
         (Sharing::Shared | Sharing::Slot, _) => &[Mode::Macvlan, Mode::Ipvlan],

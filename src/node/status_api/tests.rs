@@ -108,7 +108,7 @@ fn attachment(with_result: bool) -> PodAttachment {
         mtu: 1400,
         addresses: vec!["10.10.1.5/24".parse().unwrap()],
         routes: vec![],
-        routing: Default::default(),
+        routing: crate::podnet::plan::AppliedRouting::default(),
         rdma_device: None,
     });
     PodAttachment {

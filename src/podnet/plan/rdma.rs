@@ -35,12 +35,12 @@ mod tests {
     use crate::podnet::plan::tests::{config, device, pod};
     use crate::podnet::plan::{AttachRequest, Step, UndoStep, plan_attach};
 
-    fn rdma(mode: RdmaMode) -> Option<ResolvedRdma> {
-        Some(ResolvedRdma {
+    fn rdma(mode: RdmaMode) -> ResolvedRdma {
+        ResolvedRdma {
             mode,
             device: "mlx5_0".to_owned(),
             char_devices: vec!["/dev/infiniband/uverbs0".into()],
-        })
+        }
     }
 
     #[test]
@@ -50,7 +50,7 @@ mod tests {
             Addressing::Static(vec!["10.1.0.2/24".parse().unwrap()]),
             vec![],
         );
-        cfg.rdma = rdma(RdmaMode::Exclusive);
+        cfg.rdma = Some(rdma(RdmaMode::Exclusive));
         let dev = device("eth2", Sharing::Exclusive);
         let pod = pod();
         let request = AttachRequest {
@@ -74,12 +74,12 @@ mod tests {
     fn a_shared_rdma_device_and_a_child_plan_no_move() {
         let address = Addressing::Static(vec!["10.1.0.2/24".parse().unwrap()]);
         let mut cfg = config(ResolvedMode::HostDevice, address.clone(), vec![]);
-        cfg.rdma = rdma(RdmaMode::Shared);
+        cfg.rdma = Some(rdma(RdmaMode::Shared));
         let pod = pod();
         let exclusive = device("eth2", Sharing::Exclusive);
         let mut macvlan =
             config(ResolvedMode::Macvlan { mode: MacvlanMode::Bridge }, address, vec![]);
-        macvlan.rdma = rdma(RdmaMode::Shared);
+        macvlan.rdma = Some(rdma(RdmaMode::Shared));
         let parent = device("eth1", Sharing::Shared);
         for (cfg, dev) in [(&cfg, &exclusive), (&macvlan, &parent)] {
             let plan = plan_attach(&AttachRequest {

@@ -20,7 +20,7 @@ pub(crate) fn config(
         vlan: None,
         sriov: None,
         stats: true,
-        routing: Default::default(),
+        routing: crate::model::network_config::RoutingSettings::default(),
         bandwidth: None,
         rdma: None,
     }

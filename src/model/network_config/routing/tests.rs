@@ -15,7 +15,8 @@ use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 fn entry(source: ConfigSource, body: Value) -> ConfigEntry {
     let mut parameters = json!({"apiVersion": API_VERSION, "kind": KIND});
-    parameters.as_object_mut().unwrap().extend(body.as_object().unwrap().clone());
+    let Value::Object(fields) = body else { panic!("an object") };
+    parameters.as_object_mut().unwrap().extend(fields);
     ConfigEntry { source, requests: vec![], parameters }
 }
 
@@ -93,7 +94,7 @@ fn refusals_name_the_field() {
 fn administrator_keys_pass_from_the_class_and_are_refused_from_the_claim() {
     let key = "net.ipv4.conf.IFNAME.proxy_arp";
     let class = entry(ConfigSource::Class, json!({"sysctls": {key: "1"}}));
-    let resolved = check_with(&[class.clone()], &NodeSupport::everything()).unwrap();
+    let resolved = check_with(std::slice::from_ref(&class), &NodeSupport::everything()).unwrap();
     assert_eq!(resolved.routing.sysctls[0].attribute, "proxy_arp");
     // The claim may add its own keys next to the class's.
     let claim =

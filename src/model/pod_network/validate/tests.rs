@@ -108,7 +108,7 @@ fn rows() -> Vec<Row> {
         ),
         (
             "bandwidth is a whole number of bits per second",
-            json!({"bandwidth": 1000000}),
+            json!({"bandwidth": 1_000_000}),
             json!({"bandwidth": "500m"}),
             "spec.bandwidth",
             "lower-case m is milli",
