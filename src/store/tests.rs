@@ -225,11 +225,13 @@ fn newer_versions_broken_migrations_and_corruption_are_named_errors() {
     };
     // (header, entries, extra bytes appended raw, expected error text at open or load)
     let good = put(2, r#"{"claim":"c","request":"r","ip":"x"}"#);
+    let newer = format!(r#"{{"format":"netclaim-state","version":{}}}"#, FORMAT_VERSION + 1);
+    let newer_error = format!("is format {}", FORMAT_VERSION + 1);
     let cases: Vec<(&str, Vec<String>, String, &str)> = vec![
         (HEADER_V1, vec![put(3, "{}")], String::new(), "newer than 2"),
         (HEADER_V1, vec![put(0, r#"{"ip":"x"}"#)], String::new(), "v0 record without owner"),
         (HEADER_V1, vec![put(2, r#"{"claim":"c"}"#)], String::new(), "missing field"),
-        (r#"{"format":"netclaim-state","version":4}"#, vec![], String::new(), "is format 4"),
+        (&newer, vec![], String::new(), &newer_error),
         (r#"{"format":"other","version":1}"#, vec![], String::new(), "header format"),
         // A complete line with a bad checksum is corruption, even when it is the last.
         (HEADER_V1, vec![good.clone()], format!("0000000000000000 {good}\n"), "checksum mismatch"),

@@ -835,11 +835,16 @@ fn an_unknown_host_path_fails_the_translation() {
     let known = known.map(|p| (p, dir.path().join(p.trim_start_matches('/'))));
     let registry = dir.path().join("registry");
     std::fs::create_dir_all(&registry).unwrap();
+    for sysfs in ["pci", "devices"] {
+        std::fs::create_dir_all(dir.path().join(sysfs)).unwrap();
+    }
     let paths = HostPathMap::new(known.into_iter().chain([
         ("/var/lib/kubelet/plugins_registry", registry),
         ("/var/run/nri", dir.path().join("nri")),
         ("/var/run/netns", dir.path().join("netns")),
         ("/sys/fs/bpf", dir.path().to_owned()),
+        ("/sys/bus/pci", dir.path().join("pci")),
+        ("/sys/devices", dir.path().join("devices")),
     ]));
     let template = daemonset["spec"]["template"].clone();
     let _ = kit::daemonset::container_config(&template, &ctx, &paths, &[]);

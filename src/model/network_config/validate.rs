@@ -135,11 +135,19 @@ pub(super) fn validate(
     };
     let bandwidth = super::bandwidth::resolve(cfg, mode, device)?;
     let moves = matches!(mode, ResolvedMode::HostDevice | ResolvedMode::SriovVf);
-    let rdma = super::rdma::resolve(cfg.rdma, device.rdma.as_ref(), moves, &device.if_name)
-        .map_err(|refusal| {
-            let value = cfg.rdma.map_or_else(|| "(the default)".to_owned(), |r| quoted(r.as_str()));
-            invalid("rdma", value, Rule::Rdma(refusal))
-        })?;
+    // A function bound to vfio-pci leaves its RDMA driver too: there is no RDMA device to
+    // move or share (an explicit `rdma` is refused by the vfio rules, naming it).
+    let rdma = if matches!(mode, ResolvedMode::Vfio) {
+        None
+    } else {
+        super::rdma::resolve(cfg.rdma, device.rdma.as_ref(), moves, &device.if_name).map_err(
+            |refusal| {
+                let value =
+                    cfg.rdma.map_or_else(|| "(the default)".to_owned(), |r| quoted(r.as_str()));
+                invalid("rdma", value, Rule::Rdma(refusal))
+            },
+        )?
+    };
     Ok(ResolvedNetworkConfig {
         pod_network: cfg.pod_network.clone(),
         mode,

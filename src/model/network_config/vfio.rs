@@ -153,6 +153,18 @@ mod tests {
     }
 
     #[test]
+    fn a_vf_with_an_rdma_function_bound_to_vfio_gets_no_rdma_device() {
+        // In shared netns mode `rdma` defaults to shared for any RDMA netdev; bound to
+        // vfio-pci the function has no RDMA driver left, so no char devices either.
+        let mut rdma = crate::model::rdma::RdmaFacts::new("mlx5_2", 1);
+        rdma.netns_mode = Some(crate::model::network_config::RdmaNetnsMode::Shared);
+        rdma.char_devices = vec!["/dev/infiniband/uverbs2".into()];
+        let vf = physical_nic("enp1s0v0").vf(1500).rdma(rdma);
+        assert!(check(json!({"mode": "sriov-vf"}), &vf).unwrap().rdma.is_some());
+        assert_eq!(check(json!({"mode": "vfio"}), &vf).unwrap().rdma, None);
+    }
+
+    #[test]
     fn vfio_is_never_the_default_and_never_on_a_shared_or_virtual_device() {
         let vf = physical_nic("enp1s0v0").vf(1500);
         assert_eq!(check(json!({}), &vf).ok().map(|r| r.mode), Some(ResolvedMode::SriovVf));
