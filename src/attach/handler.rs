@@ -120,7 +120,10 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> PluginH
         if claims.is_empty() || self.covered(&pod.uid, None, &claims) {
             // Bandwidth ceilings before any container of the pod runs (DESIGN §3).
             let result = self.enforce_ceilings(&pod.uid, &claims).await.map_err(|err| {
-                HandlerError::new(format!("container {} of pod {pod} refused: {err}", container.name))
+                HandlerError::new(format!(
+                    "container {} of pod {pod} refused: {err}",
+                    container.name
+                ))
             });
             self.count("CreateContainer", result.is_ok());
             return result;

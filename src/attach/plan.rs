@@ -6,11 +6,11 @@ use super::{AttachFailure, AttachedDevice, PodAttachment};
 use crate::claims::{PreparedClaim, PreparedClaimDevice};
 use crate::model::network_config::{Addressing, DeviceKind, ResolvedMode, Sharing};
 use crate::podnet::plan::NameError;
+use crate::podnet::plan::{assign_tables, with_table};
 use crate::podnet::{
     AttachRequest, HostDevice, InterfaceSlot, LinkOpError, LinkPort, PodNetns, Side,
     assign_interface_names, plan_attach,
 };
-use crate::podnet::plan::{assign_tables, with_table};
 
 /// One interface to attach: the claim and its device, with the assigned name.
 pub(super) struct Slot<'a> {
@@ -127,12 +127,16 @@ fn auto_tables(slots: &[Slot<'_>], existing: Option<&PodAttachment>) -> Vec<Opti
         existing.iter().flat_map(|r| r.devices.iter().flat_map(|d| d.plan.tables())).collect();
     let configs: Vec<_> = slots
         .iter()
-        .map(|s| match existing.and_then(|r| {
-            r.devices.iter().find(|a| a.claim_uid == s.claim.uid && a.request == s.device.request)
-        }) {
-            // Attached before: its table is in `taken`, it needs no new one.
-            Some(_) => None,
-            None => Some(&s.device.config),
+        .map(|s| {
+            match existing.and_then(|r| {
+                r.devices
+                    .iter()
+                    .find(|a| a.claim_uid == s.claim.uid && a.request == s.device.request)
+            }) {
+                // Attached before: its table is in `taken`, it needs no new one.
+                Some(_) => None,
+                None => Some(&s.device.config),
+            }
         })
         .collect();
     let asking: Vec<&crate::model::network_config::ResolvedNetworkConfig> =

@@ -34,22 +34,22 @@ use decode::MISSING;
 pub use decode::{ConfigEntry, ConfigSource, MAX_PARAMETERS_BYTES, decode};
 pub use error::{ConfigError, Rule};
 pub use ethtool::{
-    EthtoolChannels, EthtoolConfig, EthtoolRefusal, EthtoolRings, EthtoolSettings, MAX_FEATURE_NAME,
-    feature_path, resolve_ethtool,
+    EthtoolChannels, EthtoolConfig, EthtoolRefusal, EthtoolRings, EthtoolSettings,
+    MAX_FEATURE_NAME, feature_path, resolve_ethtool,
 };
 pub use inherit::check_network_serves;
 pub use mac::{MacAddr, MacAddrParseError};
 pub use merge::merge_for_request;
-pub use routing::{
-    AUTO_TABLE_FIRST, PolicyRouting, RoutingConfig, RoutingRefusal, RoutingSettings,
-    SOURCE_RULE_PRIORITY, Vrf, VrfConfig,
-};
-pub use sysctls::{Sysctl, SysctlFamily, SysctlRefusal};
 pub use rdma::{RdmaConfig, RdmaFacts, RdmaMode, RdmaNetnsMode, RdmaRefusal, ResolvedRdma};
 pub use resolved::{
     Addressing, NetworkAddressing, PoolSpec, ResolvedInterface, ResolvedMode,
     ResolvedNetworkConfig, Route, SriovSettings,
 };
+pub use routing::{
+    AUTO_TABLE_FIRST, PolicyRouting, RoutingConfig, RoutingRefusal, RoutingSettings,
+    SOURCE_RULE_PRIORITY, Vrf, VrfConfig,
+};
+pub use sysctls::{Sysctl, SysctlFamily, SysctlRefusal};
 pub use validate::{DeviceFacts, MAX_ADDRESSES, MAX_ROUTES};
 // The device vocabulary is the model's one (`model::device`); validation speaks it too.
 pub use crate::model::device::{DeviceKind, Sharing};

@@ -5,8 +5,8 @@
 //! serves metrics and the status API (`netclaim status`), and shuts down on SIGTERM/SIGINT.
 
 mod block_watch;
-mod vfio_moved;
 pub mod status_api;
+mod vfio_moved;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -637,9 +637,7 @@ async fn run_undo<O: LinkPort>(
         | UndoStep::DeleteRoute { .. }
         | UndoStep::DeleteTableRoute { .. }
         | UndoStep::LeaveVrf { .. }
-        | UndoStep::KeepSysctls => {
-            Ok(UndoOutcome::AlreadyGone)
-        }
+        | UndoStep::KeepSysctls => Ok(UndoOutcome::AlreadyGone),
     }
 }
 

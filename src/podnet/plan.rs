@@ -707,7 +707,8 @@ pub fn node_support(kernel: &KernelSupport) -> NodeSupport {
         );
     }
     if let Probe::Missing { detail } = &kernel.vrf {
-        support = support.refuse_vrf(format!("VRF is not available on this node's kernel ({detail})"));
+        support =
+            support.refuse_vrf(format!("VRF is not available on this node's kernel ({detail})"));
     }
     if let Probe::Missing { detail } = &kernel.vlan {
         support = support.refuse_vlan(format!(

@@ -28,9 +28,9 @@ pub use netclaim::testing;
 
 pub mod api_server;
 pub mod bandwidth;
+pub mod ceilings;
 pub mod claims;
 pub mod containerd;
-pub mod ceilings;
 pub mod counters;
 pub mod daemon;
 pub mod daemonset;

@@ -17,13 +17,13 @@ use std::path::PathBuf;
 
 use clap::CommandFactory;
 use netclaim::cli::Cli;
+use netclaim::model::bandwidth::{BandwidthConfig, IngressPolicy};
+use netclaim::model::network_config::RdmaConfig;
 use netclaim::model::network_config::{
     self, InterfaceConfig, IpamConfig, IpvlanConfig, IpvlanFlag, IpvlanMode, MacvlanConfig,
     MacvlanMode, Mode, NetworkConfig, PoolConfig, RouteConfig, SriovConfig, VfLinkState,
     VfVlanProtocol,
 };
-use netclaim::model::network_config::RdmaConfig;
-use netclaim::model::bandwidth::{BandwidthConfig, IngressPolicy};
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -17,6 +17,6 @@ mod vm_reboot;
 mod vm_routing;
 mod vm_sriov;
 mod vm_stats;
-mod vm_vlan;
 mod vm_vfio;
 mod vm_vfio_acs;
+mod vm_vlan;

@@ -121,8 +121,7 @@ fn ingress_program_polices_above_the_burst() {
 #[ignore = "needs the VM: run `make vmtest`"]
 async fn fq_releases_paced_packets_at_their_departure_time() {
     require_vm("fq_releases_paced_packets_at_their_departure_time");
-    kit::ceilings::pacing_stamps_a_flood_out_of_the_pod(HookKind::for_running_kernel(), true)
-        .await;
+    kit::ceilings::pacing_stamps_a_flood_out_of_the_pod(HookKind::for_running_kernel(), true).await;
 }
 
 #[tokio::test]

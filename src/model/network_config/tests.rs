@@ -968,13 +968,12 @@ fn a_vlan_without_8021q_is_refused_naming_vlan_but_passes_on_an_unprobed_kernel(
 
 #[test]
 fn every_mode_is_attachable_on_a_capable_kernel_and_a_missing_kind_is_refused() {
-    let available =
-        node_support(&KernelSupport {
-            ipvlan: Probe::Available,
-            vlan: Probe::Available,
-            vrf: Probe::Available,
-            fq: Probe::Available,
-        });
+    let available = node_support(&KernelSupport {
+        ipvlan: Probe::Available,
+        vlan: Probe::Available,
+        vrf: Probe::Available,
+        fq: Probe::Available,
+    });
     let r = super::resolve(&[claim_entry(json!({"mode": "ipvlan"}))], "nic", &shared(), &available)
         .unwrap();
     assert_eq!(r.mode.mode(), Mode::Ipvlan, "the ipvlan attach exists");
