@@ -2,7 +2,7 @@
 //! unbound from its kernel driver and bound to `vfio-pci` at prepare, its group device
 //! injected into the pod's containers through CDI ([`super::vfio_cdi`]), and rebound to the
 //! driver it had at unprepare. A VF's VF settings are applied on its PF first, as for
-//! `sriov-vf` ([`super::vf_settings`]), and set back before the rebind, so the kernel driver
+//! `sriov-vf` (`claims::vf_settings`), and set back before the rebind, so the kernel driver
 //! starts again from the values it had. Nothing moves into the pod's network namespace: the
 //! attach leaves these devices out.
 //!
