@@ -209,21 +209,48 @@ fn a_vf_is_bound_to_vfio_pci_and_given_back_to_igbvf_with_its_settings() {
 #[ignore = "needs the VM: run `make vmtest`"]
 #[cfg(feature = "failpoints")]
 fn a_prepare_cut_after_the_unbind_is_given_back_at_start() {
+    /// Lifts the fail point even when the test fails: left paused, it would hold the next
+    /// test's bind forever.
+    struct LiftOnDrop;
+    impl Drop for LiftOnDrop {
+        fn drop(&mut self) {
+            fail::remove("host.vfio.after_unbind");
+        }
+    }
     require_vm("a_prepare_cut_after_the_unbind_is_given_back_at_start");
+    let _lift = LiftOnDrop;
     let vfs = Vfs::create(1);
     let pci = vfs.pci[0].clone();
     modprobe_vfio_pci();
     let claims = Arc::new(MapClaims::default());
     let dirs = dirs();
     runtime().block_on(async {
+        // Inside the future: dropped while a panic unwinds out of `block_on`, before the
+        // runtime, whose drop waits for the paused bind's blocking thread.
+        let _lift_first = LiftOnDrop;
         let service = service(&claims, &dirs);
         let claim = put_claim(&claims, "cut", &device_name(&pci), json!({}));
         // The bind stops after the unbind until the fail point is lifted: the prepare's
         // future is dropped there, as a kill -9 would leave it (the record is durable).
         fail::cfg("host.vfio.after_unbind", "pause").unwrap();
-        let cut = tokio::time::timeout(Duration::from_secs(3), prepare(&service, &claim)).await;
-        assert!(cut.is_err(), "the prepare is held at the fail point");
+        // Held until the function is off igbvf: how long the prepare takes to get there
+        // depends on the guest's load (TCG on shared cores), so wait for the fact, not a time.
+        let mut held = Box::pin(prepare(&service, &claim));
+        let deadline = std::time::Instant::now() + Duration::from_mins(3);
+        while driver(&pci).is_some() {
+            tokio::select! {
+                result = &mut held => panic!("the prepare ended at a paused fail point: {result:?}"),
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            assert!(std::time::Instant::now() < deadline, "the prepare never reached the unbind");
+        }
+        // A moment more at the fail point: the prepare stays held there.
+        tokio::select! {
+            result = &mut held => panic!("the prepare ended at a paused fail point: {result:?}"),
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
         assert_eq!(driver(&pci), None, "off igbvf, not on vfio-pci");
+        drop(held);
         drop(service);
 
         let service = self::service(&claims, &dirs);

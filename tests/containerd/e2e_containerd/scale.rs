@@ -22,8 +22,11 @@ const IN_FLIGHT: usize = 8;
 /// for < 40 MiB. The release daemon the image ships measured 34.1–43.4 MiB here over eight runs
 /// (median 40.1; 2026-11-26, counters on, decision 0010 "Later"): ~20 MiB of it is the binary's
 /// text, which this 6.18 kernel maps whole (ext4 large folios), the rest heap. 48 MiB leaves
-/// 10 % over the highest; a `dev` build maps ~6 MiB more text and would not pass.
-const PEAK_RSS_BOUND_KIB: u64 = 48 * 1024;
+/// 10 % over the highest; a `dev` build maps ~6 MiB more text and would not pass. Issues 33–35
+/// (RDMA, vfio, routing, ethtool, ceilings: three more codec crates) brought it to 47.2 MiB
+/// (RssFile 22.7, RssAnon 24.0; 2026-11-29, one run beside two TCG guests), so the bound is
+/// 52 MiB: ~10 % over that; issue 36 measures 1,000 pods against its 64 MiB target.
+const PEAK_RSS_BOUND_KIB: u64 = 52 * 1024;
 
 /// Field `field` (a `kB` figure) of `/proc/<pid>/status`.
 fn status_kib(pid: u32, field: &str) -> u64 {
