@@ -302,7 +302,12 @@ pub async fn pacing_stamps_a_flood_out_of_the_pod(kind: HookKind, with_fq: bool)
     let admitted = 400 - stats.ceiling.tx_dropped;
     // 2 s horizon / 104 ms: the first leaves now, about 19 more within the horizon.
     assert!((15..=30).contains(&admitted), "admitted {admitted}: {stats:?}");
-    assert_eq!(stats.ceiling.tx_delayed, admitted - 1, "all but the first held back");
+    // All but the first are held back; a packet of the interface's own (ARP, IPv6 neighbour
+    // discovery) may have taken the first free slot, and is paced too, so one more or all.
+    assert!(
+        (admitted - 1..=admitted + 1).contains(&stats.ceiling.tx_delayed),
+        "all but the first held back: {stats:?}"
+    );
     if with_fq {
         assert!(early <= early_bound, "fq released {early} of {admitted} too soon");
         let mut arrived = early;
