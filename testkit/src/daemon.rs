@@ -107,6 +107,11 @@ impl Node {
             self.parent.clone(),
         ]);
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // A test that gives the daemon a bpffs of its own (counters and ceilings) replaces the
+        // default that turns them off (the flag may be given once).
+        if extra.iter().any(|arg| arg.starts_with("--bpffs")) {
+            args.retain(|arg| !arg.starts_with("--bpffs"));
+        }
         args.extend_from_slice(extra);
         // A daemon killed just before may still be listed until the runtime side reads the
         // end of its connection; counting it as the new one's registration raced with that.
