@@ -412,7 +412,8 @@ impl NodesCluster {
                 .map_err(|e| NodesError::Host(DevNodesError::Thread(e.to_string())))??;
         node.api_forwarder =
             Some(forward_api(listener, api).map_err(io_error("listening inside", &node.netns))?);
-        let token = options.server.bearer_token.as_deref();
+        let token =
+            node_token(&options.server, &node.name).or(options.server.bearer_token.as_deref());
         kubeconfig::write(&node.kubeconfig, &format!("http://127.0.0.1:{NODE_API_PORT}"), token)?;
 
         let nri_socket = node.dir.join("nri.sock");
@@ -667,6 +668,18 @@ fn daemon_command(
     command
 }
 
+/// The token of a [`ServerOptions::user_tokens`] entry naming node `name` as its user, if
+/// any: that node's daemon then authenticates as the node, so the request log tells each
+/// daemon's requests apart from the others' and from the in-process components' (benches
+/// count API requests per caller). Without one the daemon uses the cluster's bearer token.
+fn node_token<'a>(server: &'a ServerOptions, name: &str) -> Option<&'a str> {
+    server
+        .user_tokens
+        .iter()
+        .find(|(_, user)| user.as_str() == name)
+        .map(|(token, _)| token.as_str())
+}
+
 /// The directory of node `index` (from 1) in the run dir.
 #[must_use]
 pub fn node_dir(run_dir: &Path, index: usize) -> PathBuf {
@@ -719,6 +732,15 @@ mod tests {
             daemon_log_default: "info".to_owned(),
             fabric_address: None,
         }
+    }
+
+    #[test]
+    fn a_node_named_in_the_user_tokens_gets_its_own_token() {
+        let mut server = ServerOptions::default();
+        server.user_tokens.insert("t-2".to_owned(), "dev-node-2".to_owned());
+        server.user_tokens.insert("t-x".to_owned(), "someone".to_owned());
+        assert_eq!(node_token(&server, "dev-node-2"), Some("t-2"));
+        assert_eq!(node_token(&server, "dev-node-1"), None);
     }
 
     #[test]

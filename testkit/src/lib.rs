@@ -30,6 +30,7 @@ pub mod api_server;
 pub mod bandwidth;
 pub mod ceilings;
 pub mod claims;
+pub mod cluster_scale;
 pub mod containerd;
 pub mod counters;
 pub mod daemon;
