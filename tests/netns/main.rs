@@ -5,6 +5,7 @@
 use netclaim_testkit as kit;
 
 mod bandwidth_ceilings;
+mod bandwidth_gate;
 mod bandwidth_qdisc;
 mod dev_demo;
 mod dev_kubelet;
