@@ -216,6 +216,17 @@ pub enum CeilingError {
         #[source]
         source: Cause,
     },
+    /// `bandwidth.ingress: police` on a node whose eBPF programs are not available (no BPF
+    /// file system for them, or the kernel refused them at start: the daemon's log says which).
+    #[error(
+        "bandwidth.ingress: police on {interface}: this node cannot police ingress (its eBPF \
+         programs are not available: no BPF file system at --bpffs, or the kernel refused them; \
+         see the daemon's log at start); leave bandwidth.ingress out on this node"
+    )]
+    NoPolicing {
+        /// The pod interface.
+        interface: String,
+    },
     /// The daemon was started without a way to enforce ceilings (never in the node daemon).
     #[error(
         "bandwidth ceiling {rate} bit/s on {interface}: this daemon has no ceiling enforcement"
@@ -282,7 +293,7 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
         claims: &[PreparedClaim],
     ) -> Result<(), CeilingError> {
         let _held = self.gates.hold(uid).await;
-        let (netns, wanted, port) = {
+        let (netns, wanted, port, support) = {
             let mut inner = lock(&self.inner);
             let record =
                 inner.pods.get(uid).filter(|r| r.state == AttachmentState::Attached).cloned();
@@ -303,8 +314,15 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
             {
                 return Ok(());
             }
-            (record.netns, wanted, inner.ceilings.port.clone())
+            (record.netns, wanted, inner.ceilings.port.clone(), inner.ceilings.support)
         };
+        // Before any kernel work: nothing of this gate is put in place for a pod that
+        // cannot get all of it.
+        if let Some(police) = wanted.iter().find(|c| c.ingress == IngressPolicy::Police)
+            && !support.pacing
+        {
+            return Err(CeilingError::NoPolicing { interface: police.interface.clone() });
+        }
         let Some(port) = port else {
             let first = &wanted[0];
             return Err(CeilingError::NotWired {

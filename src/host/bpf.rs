@@ -25,13 +25,14 @@ use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 
-use crate::model::stats::{CeilingCounters, DirectionCounters};
+use crate::model::stats::{CeilingCounters, CeilingQdiscCounters, DirectionCounters};
 use crate::podnet::LinkOpError;
 use crate::stats::Ceilings;
 
 mod pacing;
 mod port;
 
+pub use pacing::programs_load;
 pub use port::CounterPortError;
 
 /// The object `build.rs` compiled from `bpf/counters.c`, aligned as aya's ELF parser needs.
@@ -324,7 +325,13 @@ fn interface_counters(rx: &RawCounters, tx: &RawCounters) -> InterfaceCounters {
     InterfaceCounters {
         rx: direction(rx),
         tx: direction(tx),
-        ceiling: CeilingCounters { tx_delayed: tx[7], tx_dropped: tx[6], rx_dropped: rx[6] },
+        ceiling: CeilingCounters {
+            tx_delayed: tx[7],
+            tx_dropped: tx[6],
+            rx_dropped: rx[6],
+            // Read from the qdisc by the port, beside the link's drops.
+            qdisc: CeilingQdiscCounters::default(),
+        },
     }
 }
 
@@ -719,7 +726,7 @@ mod tests {
         // The rx slot's `delayed` is never written (ingress is policed, not paced).
         assert_eq!(
             counters.ceiling,
-            CeilingCounters { tx_delayed: 40, tx_dropped: 2, rx_dropped: 7 }
+            CeilingCounters { tx_delayed: 40, tx_dropped: 2, rx_dropped: 7, ..Default::default() }
         );
     }
 

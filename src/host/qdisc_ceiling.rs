@@ -23,10 +23,14 @@ use tc_qdisc::htb::{HtbClass, HtbQdisc};
 use tc_qdisc::tbf::Tbf;
 
 use super::netlink::{link_by_name, open_in_netns};
-use super::qdisc::{self, HTB_CLASS_MINOR, QdiscError, RootQdisc};
-use crate::attach::bandwidth::{CeilingFuture, CeilingMechanism, CeilingPort, InterfaceCeiling};
+use super::qdisc::{self, HTB_CLASS_MINOR, QdiscError, QdiscState, RootQdisc};
+use crate::attach::bandwidth::{
+    CeilingFuture, CeilingMechanism, CeilingPort, CeilingSupport, InterfaceCeiling,
+};
+use crate::host::bpf::CounterPins;
 use crate::model::bandwidth::{BitsPerSecond, IngressPolicy};
 use crate::model::cause::{Cause, cause};
+use crate::model::stats::CeilingQdiscCounters;
 use crate::podnet::LinkOpError;
 use crate::stats::{Ceilings, PacingPort};
 
@@ -78,6 +82,46 @@ pub fn root_qdisc(mechanism: CeilingMechanism, rate: BitsPerSecond) -> Option<Ro
         })),
         CeilingMechanism::VfMaxTxRate => None,
     }
+}
+
+/// How this node enforces ceilings, decided once at start: the counting programs pace egress
+/// (EDT, where `fq` is true: the kernel probe created an `fq` qdisc) and police ingress when
+/// `pins` is given (a BPF file system is mounted where the counters go) and the kernel takes
+/// the programs ([`crate::host::bpf::programs_load`]); the same pins as the stats service,
+/// so one program per direction counts and enforces. Otherwise `tbf` and no policing, said
+/// once in the log. Blocking (a verifier pass).
+#[must_use]
+pub fn node_ceilings(
+    pins: Option<CounterPins>,
+    fq: bool,
+) -> (HostCeilings<CounterPins>, CeilingSupport) {
+    let pins = match pins {
+        None => {
+            tracing::info!(
+                "bandwidth ceilings by tbf, no ingress policing: no BPF file system for the \
+                 programs (--bpffs)"
+            );
+            None
+        }
+        Some(pins) => match crate::host::bpf::programs_load() {
+            Ok(()) => Some(pins),
+            Err(err) => {
+                tracing::warn!(err = %crate::model::cause::chain(&err),
+                    "bandwidth ceilings by tbf, no ingress policing: the kernel refused the \
+                     eBPF programs");
+                None
+            }
+        },
+    };
+    let support = CeilingSupport { fq, pacing: pins.is_some() };
+    if support.pacing {
+        let mechanism = crate::attach::bandwidth::mechanism(
+            crate::model::network_config::Mode::Macvlan,
+            support,
+        );
+        tracing::info!(%mechanism, "bandwidth ceilings; ingress policing available");
+    }
+    (HostCeilings::new(pins.map(Arc::new)), support)
 }
 
 /// Why one interface's ceiling failed.
@@ -197,6 +241,52 @@ impl<P: PacingPort> HostCeilings<P> {
     }
 }
 
+/// What the ceiling qdisc `root` did: zeros unless it is ours (handle `4e43:`), so that a
+/// qdisc somebody else put at the root is never reported as the ceiling's. `fq`'s own
+/// counters come from its `TCA_XSTATS` (`tc_fq_qd_stats`).
+#[must_use]
+pub fn qdisc_counters(root: &QdiscState) -> CeilingQdiscCounters {
+    if !root.is_ours() {
+        return CeilingQdiscCounters::default();
+    }
+    let fq = (root.kind == tc_qdisc::fq::KIND)
+        .then(|| root.xstats.as_deref().map(tc_qdisc::fq::FqStats::parse))
+        .flatten()
+        .unwrap_or_default();
+    CeilingQdiscCounters {
+        dropped: root.counters.drops,
+        overlimits: root.counters.overlimits,
+        throttled: fq.throttled,
+        horizon_drops: fq.horizon_drops,
+        flows_plimit: fq.flows_plimit,
+    }
+}
+
+/// The ceiling qdisc's counters of each of `interfaces` in the netns at `netns`, one socket
+/// for all of them: zeros for an interface without a ceiling qdisc of ours, or gone.
+///
+/// # Errors
+/// [`CeilingPortError::Link`] when the netns cannot be entered, [`CeilingPortError::Qdisc`]
+/// when the kernel's qdisc dump fails.
+pub async fn ceiling_qdisc_counters(
+    netns: &Path,
+    interfaces: &[String],
+) -> Result<Vec<CeilingQdiscCounters>, CeilingPortError> {
+    let (handle, _netns) = open_in_netns(netns).await?;
+    let mut counters = Vec::with_capacity(interfaces.len());
+    for interface in interfaces {
+        let Some(link) = link_by_name(&handle, interface, &[]).await.ok().flatten() else {
+            counters.push(CeilingQdiscCounters::default());
+            continue;
+        };
+        let root = qdisc::root(&handle, link.header.index)
+            .await
+            .map_err(|source| CeilingPortError::Qdisc { kind: "root", source })?;
+        counters.push(root.as_ref().map(qdisc_counters).unwrap_or_default());
+    }
+    Ok(counters)
+}
+
 fn boxed<'a>(
     work: impl Future<Output = Result<(), CeilingPortError>> + Send + 'a,
 ) -> CeilingFuture<'a> {
@@ -244,6 +334,60 @@ mod tests {
         };
         // 2 ms at 250 MB/s.
         assert_eq!((big.burst, big.limit), (500_000, 12_500_000));
+    }
+
+    fn state(kind: &str, handle: u32, xstats: Option<Vec<u8>>) -> QdiscState {
+        QdiscState {
+            kind: kind.to_owned(),
+            handle,
+            parent: u32::MAX,
+            options: Vec::new(),
+            xstats,
+            counters: qdisc::QdiscCounters {
+                drops: 12,
+                overlimits: 340,
+                ..qdisc::QdiscCounters::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_tbf_ceiling_reports_its_drops_and_overlimits_and_someone_elses_root_nothing() {
+        let ours = qdisc_counters(&state("tbf", 0x4e43_0000, None));
+        assert_eq!(
+            ours,
+            CeilingQdiscCounters {
+                dropped: 12,
+                overlimits: 340,
+                ..CeilingQdiscCounters::default()
+            }
+        );
+        assert!(
+            qdisc_counters(&state("tbf", 0x0001_0000, None)).is_zero(),
+            "handle 1: is not ours"
+        );
+    }
+
+    #[test]
+    fn an_fq_ceiling_adds_its_throttling_and_drop_reasons_from_xstats() {
+        // tc_fq_qd_stats: throttled at 24, flows_plimit at 32, horizon_drops at 88.
+        let mut xstats = vec![0u8; 136];
+        for (at, value) in [(24, 55_u64), (32, 2), (88, 10)] {
+            xstats[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+        }
+        let fq = qdisc_counters(&state("fq", 0x4e43_0000, Some(xstats)));
+        assert_eq!(
+            fq,
+            CeilingQdiscCounters {
+                dropped: 12,
+                overlimits: 340,
+                throttled: 55,
+                horizon_drops: 10,
+                flows_plimit: 2
+            }
+        );
+        // A tbf's xstats (none) or an fq without them: the queue counters alone.
+        assert_eq!(qdisc_counters(&state("fq", 0x4e43_0000, None)).throttled, 0);
     }
 
     #[test]

@@ -378,7 +378,7 @@ impl Default for InterfaceTraffic {
 }
 
 /// Every counter of `stats`, in one order.
-fn counters(stats: &InterfaceStats) -> [u64; 17] {
+fn counters(stats: &InterfaceStats) -> [u64; 22] {
     let (rx, tx) = (&stats.rx, &stats.tx);
     [
         rx.bytes,
@@ -398,6 +398,11 @@ fn counters(stats: &InterfaceStats) -> [u64; 17] {
         stats.ceiling.tx_delayed,
         stats.ceiling.tx_dropped,
         stats.ceiling.rx_dropped,
+        stats.ceiling.qdisc.dropped,
+        stats.ceiling.qdisc.overlimits,
+        stats.ceiling.qdisc.throttled,
+        stats.ceiling.qdisc.horizon_drops,
+        stats.ceiling.qdisc.flows_plimit,
     ]
 }
 
@@ -417,6 +422,12 @@ fn add(into: &mut InterfaceStats, stats: &InterfaceStats) {
     total.tx_delayed = total.tx_delayed.saturating_add(part.tx_delayed);
     total.tx_dropped = total.tx_dropped.saturating_add(part.tx_dropped);
     total.rx_dropped = total.rx_dropped.saturating_add(part.rx_dropped);
+    let (total, part) = (&mut total.qdisc, &part.qdisc);
+    total.dropped = total.dropped.saturating_add(part.dropped);
+    total.overlimits = total.overlimits.saturating_add(part.overlimits);
+    total.throttled = total.throttled.saturating_add(part.throttled);
+    total.horizon_drops = total.horizon_drops.saturating_add(part.horizon_drops);
+    total.flows_plimit = total.flows_plimit.saturating_add(part.flows_plimit);
 }
 
 type LabelPairs = Vec<(&'static str, String)>;
@@ -497,7 +508,7 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
         type Field = fn(&InterfaceStats) -> u64;
         // Declared even without interfaces (no series then), as every family is.
         let series = self.series();
-        let families: [(&str, &str, Field); 7] = [
+        let families: [(&str, &str, Field); 10] = [
             ("interface_rx_bytes", "Bytes received by a pod interface", |s| s.rx.bytes),
             ("interface_rx_packets", "Packets received by a pod interface", |s| s.rx.packets),
             ("interface_rx_dropped", "Received packets the kernel dropped", |s| s.rx_dropped),
@@ -508,6 +519,22 @@ impl prometheus_client::collector::Collector for InterfaceTraffic {
                 "interface_tx_delayed",
                 "Sent packets the bandwidth ceiling paced to leave later than sent",
                 |s| s.ceiling.tx_delayed,
+            ),
+            (
+                "interface_qdisc_dropped",
+                "Sent packets the bandwidth ceiling's qdisc dropped (tbf, htb: its queue was \
+                 full; fq: beyond its horizon or a flow's limit)",
+                |s| s.ceiling.qdisc.dropped,
+            ),
+            (
+                "interface_qdisc_overlimits",
+                "Times the bandwidth ceiling's tbf or htb qdisc held a packet for want of tokens",
+                |s| s.ceiling.qdisc.overlimits,
+            ),
+            (
+                "interface_qdisc_throttled",
+                "Times the bandwidth ceiling's fq qdisc held a flow until its departure time",
+                |s| s.ceiling.qdisc.throttled,
             ),
         ];
         for (name, help, field) in families {
@@ -582,6 +609,12 @@ mod tests {
                 tx_delayed: 30,
                 tx_dropped: 2,
                 rx_dropped: 5,
+                qdisc: crate::model::stats::CeilingQdiscCounters {
+                    dropped: 8,
+                    overlimits: 90,
+                    throttled: 3,
+                    ..Default::default()
+                },
             },
         };
         metrics.interface_traffic.replace(vec![(labels, stats)]);
@@ -595,6 +628,9 @@ mod tests {
             ("netclaim_interface_tx_packets_total", 12),
             ("netclaim_interface_tx_dropped_total", 4),
             ("netclaim_interface_tx_delayed_total", 30),
+            ("netclaim_interface_qdisc_dropped_total", 8),
+            ("netclaim_interface_qdisc_overlimits_total", 90),
+            ("netclaim_interface_qdisc_throttled_total", 3),
         ] {
             assert!(text.contains(&format!("{name}{series} {value}\n")), "{name} in:\n{text}");
         }
@@ -611,6 +647,10 @@ mod tests {
         let text = metrics.encode();
         assert!(!text.contains("netclaim_interface_rx_bytes_total{"), "series of a gone interface");
         assert!(text.contains("# TYPE netclaim_interface_rx_bytes counter\n"), "declared: {text}");
+        for family in ["qdisc_dropped", "qdisc_overlimits", "qdisc_throttled"] {
+            let declared = format!("# TYPE netclaim_interface_{family} counter\n");
+            assert!(text.contains(&declared), "declared from start: {text}");
+        }
     }
 
     fn sample(

@@ -87,6 +87,36 @@ pub struct CeilingCounters {
     pub tx_dropped: u64,
     /// Received packets dropped by the ingress policer (`bandwidth.ingress: police`).
     pub rx_dropped: u64,
+    /// What the ceiling's root qdisc did (all 0 without one of ours).
+    pub qdisc: CeilingQdiscCounters,
+}
+
+/// What the root qdisc of an interface's bandwidth ceiling (ours, handle `4e43:`: `tbf`,
+/// `htb` or `fq`) did, from the kernel's statistics of that qdisc (`TCA_STATS2` and, for
+/// `fq`, `TCA_XSTATS`). A qdisc's drops are not in the link counters (`tx_dropped`) either:
+/// the packet never reached the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CeilingQdiscCounters {
+    /// Packets the qdisc dropped: `tbf`/`htb` when the queue behind the ceiling was full;
+    /// `fq` beyond its horizon or over a flow's packet limit (both counted below too).
+    pub dropped: u64,
+    /// `tbf`/`htb`: times a packet found too few tokens and waited (`overlimits`); the
+    /// throttling measure of those qdiscs.
+    pub overlimits: u64,
+    /// `fq`: times a flow was held back until its next departure time (the EDT throttling).
+    pub throttled: u64,
+    /// `fq`: packets dropped for a departure time beyond the horizon.
+    pub horizon_drops: u64,
+    /// `fq`: packets dropped because their flow had its limit of packets queued.
+    pub flows_plimit: u64,
+}
+
+impl CeilingQdiscCounters {
+    /// Whether the qdisc did nothing (or there is none).
+    #[must_use]
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl CeilingCounters {
@@ -126,6 +156,13 @@ impl InterfaceStats {
                 tx_delayed: self.ceiling.tx_delayed,
                 tx_dropped: self.ceiling.tx_dropped,
                 rx_dropped: self.ceiling.rx_dropped,
+                qdisc: QdiscStatus {
+                    dropped: self.ceiling.qdisc.dropped,
+                    overlimits: self.ceiling.qdisc.overlimits,
+                    throttled: self.ceiling.qdisc.throttled,
+                    horizon_drops: self.ceiling.qdisc.horizon_drops,
+                    flows_plimit: self.ceiling.qdisc.flows_plimit,
+                },
             },
             protocols: ProtocolSplit {
                 tcp: split("tcp"),
@@ -172,9 +209,35 @@ pub struct CeilingStatus {
     pub tx_dropped: u64,
     /// Received packets dropped by the policer.
     pub rx_dropped: u64,
+    /// What the ceiling's qdisc did; left out when it did nothing.
+    #[serde(skip_serializing_if = "QdiscStatus::is_zero")]
+    pub qdisc: QdiscStatus,
 }
 
 impl CeilingStatus {
+    fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// `data.stats.ceiling.qdisc`: the ceiling qdisc's drops and throttling
+/// ([`CeilingQdiscCounters`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QdiscStatus {
+    /// Packets the qdisc dropped.
+    pub dropped: u64,
+    /// `tbf`/`htb`: times a packet waited for tokens.
+    pub overlimits: u64,
+    /// `fq`: times a flow was held back until its departure time.
+    pub throttled: u64,
+    /// `fq`: dropped beyond the horizon.
+    pub horizon_drops: u64,
+    /// `fq`: dropped over a flow's packet limit.
+    pub flows_plimit: u64,
+}
+
+impl QdiscStatus {
     fn is_zero(&self) -> bool {
         *self == Self::default()
     }
@@ -236,7 +299,12 @@ mod tests {
     #[test]
     fn ceiling_object_appears_once_the_ceiling_acted() {
         let stats = InterfaceStats {
-            ceiling: CeilingCounters { tx_delayed: 40, tx_dropped: 2, rx_dropped: 9 },
+            ceiling: CeilingCounters {
+                tx_delayed: 40,
+                tx_dropped: 2,
+                rx_dropped: 9,
+                ..CeilingCounters::default()
+            },
             ..InterfaceStats::default()
         };
         let json = serde_json::to_value(stats.to_status("2026-11-25T10:00:00Z".to_owned()))
@@ -244,6 +312,25 @@ mod tests {
         assert_eq!(
             json["ceiling"],
             serde_json::json!({"txDelayed": 40, "txDropped": 2, "rxDropped": 9})
+        );
+    }
+
+    #[test]
+    fn a_qdisc_that_dropped_or_throttled_shows_under_the_ceiling() {
+        let stats = InterfaceStats {
+            ceiling: CeilingCounters {
+                qdisc: CeilingQdiscCounters { dropped: 12, overlimits: 340, ..Default::default() },
+                ..CeilingCounters::default()
+            },
+            ..InterfaceStats::default()
+        };
+        let json = serde_json::to_value(stats.to_status("2026-11-25T10:00:00Z".to_owned()))
+            .expect("plain data serialises");
+        assert_eq!(
+            json["ceiling"],
+            serde_json::json!({"txDelayed": 0, "txDropped": 0, "rxDropped": 0, "qdisc": {
+                "dropped": 12, "overlimits": 340, "throttled": 0, "horizonDrops": 0,
+                "flowsPlimit": 0}})
         );
     }
 }

@@ -263,8 +263,11 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
     // came back from pods destroyed while the daemon was down get their names back, VLAN
     // users are counted); publish; then register with kubelet and the runtime. Running pods
     // are verified at Synchronize, off this path.
+    // One set of pins for the counters and the ceilings: one program per direction does both.
+    let pins = counter_pins(&config);
+    let inputs = (&network_inputs, &pod_networks);
     let (attach_service, claims, store) =
-        load_state(&config, &client, &metrics, &network_inputs, &pod_networks, namespaces).await?;
+        load_state(&config, pins.clone(), &client, &metrics, inputs, namespaces).await?;
     start_block_upkeep(&config, &claims, &stop);
     let identity = (config.driver_name.as_str(), config.node_name.as_str());
     block_watch::start(&claims, clients.watch.clone(), client.clone(), identity, &metrics, &stop);
@@ -317,7 +320,7 @@ pub async fn run_until(config: NodeConfig, stop: watch::Receiver<bool>) -> Resul
         )?;
         Ok::<_, NodeError>((kubelet, nri))
     };
-    let stats = start_stats(&config, &attach_service, &stop);
+    let stats = start_stats(&config, pins, &attach_service, &stop);
     let (kubelet, nri) = tokio::select! {
         served = serving => served?,
         // Stopped before the first publication.
@@ -372,12 +375,9 @@ fn start_block_upkeep(config: &NodeConfig, claims: &Arc<NodeClaims>, stop: &watc
     tokio::spawn(async move { claims.maintain_blocks(period, stop).await });
 }
 
-/// Starts the stats service when counters are on and a bpffs is mounted where they go.
-fn start_stats(
-    config: &NodeConfig,
-    attach_service: &Arc<NodeAttach>,
-    stop: &watch::Receiver<bool>,
-) -> Option<tokio::task::JoinHandle<()>> {
+/// The pinned programs' subtree when counters are on and a bpffs is mounted where they go:
+/// the stats service counts through it, the CreateContainer gate paces and polices through it.
+fn counter_pins(config: &NodeConfig) -> Option<CounterPins> {
     config.stats.as_ref().filter(|settings| {
         let mounted = crate::host::bpf::is_bpffs(&settings.bpffs);
         if !mounted {
@@ -394,9 +394,21 @@ fn start_stats(
         } else {
             settings.hook
         };
-        let hooks = CounterPins::new(&settings.bpffs, &config.node_name, hook);
         tracing::info!(hook = hook.as_str(), bpffs = %settings.bpffs.display(),
             "traffic counters on");
+        CounterPins::new(&settings.bpffs, &config.node_name, hook)
+    })
+}
+
+/// Starts the stats service over `pins` (see [`counter_pins`]).
+fn start_stats(
+    config: &NodeConfig,
+    pins: Option<CounterPins>,
+    attach_service: &Arc<NodeAttach>,
+    stop: &watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let settings = config.stats.as_ref()?;
+    pins.map(|hooks| {
         let service =
             StatsService::new(hooks, StatsSettings::from_status_interval(settings.status_interval));
         tokio::spawn(service.run(
@@ -410,10 +422,10 @@ fn start_stats(
 /// Opens the state dir and loads the prepared claims and pod attachments.
 async fn load_state(
     config: &NodeConfig,
+    pins: Option<CounterPins>,
     client: &kube::Client,
     metrics: &Arc<Metrics>,
-    network_inputs: &watch::Receiver<NetworkInputs>,
-    pod_networks: &PodNetworkReceiver,
+    (network_inputs, pod_networks): (&watch::Receiver<NetworkInputs>, &PodNetworkReceiver),
     namespaces: k8s::namespaces::WatchedNamespaces,
 ) -> Result<(Arc<NodeAttach>, Arc<NodeClaims>, Arc<Store>), NodeError> {
     let identity =
@@ -441,7 +453,7 @@ async fn load_state(
     // Mode vfio: PCI functions to and from vfio-pci through sysfs (DESIGN §3).
     let vfio_port: Arc<dyn crate::claims::vfio::VfioPort> =
         Arc::new(crate::host::vfio::SysfsVfio::on(config.sysfs_root.clone()));
-    let (service, store, fq) = tokio::task::spawn_blocking(move || {
+    let (service, store, ceilings) = tokio::task::spawn_blocking(move || {
         let store = Arc::new(Store::open(state_dir)?);
         // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
         // accepted that would fail every pod at sandbox time.
@@ -461,8 +473,11 @@ async fn load_state(
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }
+        // Bandwidth ceilings (DESIGN §3): edt-fq where the kernel has sch_fq and the programs
+        // load, else tbf; ingress policing wherever the programs load.
         let fq = kernel.fq == crate::model::support::Probe::Available;
-        Ok::<_, NodeError>((service, store, fq))
+        let ceilings = crate::host::qdisc_ceiling::node_ceilings(pins, fq);
+        Ok::<_, NodeError>((service, store, ceilings))
     })
     .await
     .map_err(NodeError::StateTask)??;
@@ -510,12 +525,8 @@ async fn load_state(
     })
     .await
     .map_err(NodeError::StateTask)??
-    // Bandwidth ceilings at the CreateContainer gate (DESIGN §3): tbf until the counting
-    // programs' EDT pacing is wired here (`HostCeilings::new(Some(pins))`, support.pacing).
-    .with_ceilings(
-        Arc::new(crate::host::qdisc_ceiling::HostCeilings::<CounterPins>::new(None)),
-        crate::attach::bandwidth::CeilingSupport { fq, pacing: false },
-    );
+    // Bandwidth ceilings at the CreateContainer gate (DESIGN §3).
+    .with_ceilings(Arc::new(ceilings.0), ceilings.1);
     Ok((Arc::new(attach_service), claims, store))
 }
 

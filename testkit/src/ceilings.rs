@@ -8,7 +8,10 @@
 //! - real traffic through a veth pair with the daemon's API (`CounterPins::set_pacing`): a
 //!   UDP flood into the pod above the police rate is dropped down to the rate, and counted; a
 //!   flood out of the pod gets future departure times (and horizon drops), counted; where the
-//!   kernel has `fq`, an `fq` qdisc on the pod end holds the packets until their time.
+//!   kernel has `fq`, an `fq` qdisc on the pod end holds the packets until their time;
+//! - what a ceiling's `tbf` dropped and held back, in the stats the stats service reads;
+//! - the ceiling as the node daemon wires it (`daemon_gate_holds_a_pod_to_its_ceiling`):
+//!   the real daemon's CreateContainer gate, its choice of mechanism and its programs.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsFd;
@@ -324,4 +327,129 @@ pub async fn pacing_stamps_a_flood_out_of_the_pod(kind: HookKind, with_fq: bool)
         assert_eq!(arrived, admitted, "no fq: the stamps are ignored, all arrive");
     }
     pins.unhook(Some(&pair.pod_path()), "pod-uid", &pair.pod_if).await.unwrap();
+}
+
+/// The queue of a ceiling's `tbf` in the stats the service reads (`CounterPort::read`): a
+/// pod end held to 1 Mbit/s (bucket 128 KiB, queue 256 KiB) gets an instant flood out of the
+/// pod from 16 non-blocking sockets (each stops at a full send buffer, ~100 datagrams): far
+/// more than the bucket and the queue hold, so `tbf` drops (the kernel swallows `ENOBUFS`
+/// for UDP without `IP_RECVERR`) and holds packets for want of tokens. The drops read are
+/// the kernel's own (`tc -s`), and the program counted every datagram sent before the qdisc.
+pub async fn tbf_drops_and_overlimits_reach_the_stats(kind: HookKind) {
+    use netclaim::attach::bandwidth::{CeilingMechanism, CeilingPort, InterfaceCeiling};
+    use netclaim::host::qdisc_ceiling::HostCeilings;
+    use netclaim::model::bandwidth::{BitsPerSecond, IngressPolicy};
+
+    let bpffs = Bpffs::mount();
+    let pair = Pair::new(1500);
+    let pins = CounterPins::new(bpffs.path(), "node-a", kind);
+    pins.hook(&pair.pod_path(), "pod-uid", &pair.pod_if).await.unwrap();
+    let ceiling = InterfaceCeiling {
+        interface: pair.pod_if.clone(),
+        rate: BitsPerSecond::from_mbps(1),
+        mechanism: CeilingMechanism::Tbf,
+        ingress: IngressPolicy::None,
+    };
+    HostCeilings::<CounterPins>::new(None)
+        .apply(&pair.pod_path(), "pod-uid", &ceiling)
+        .await
+        .unwrap();
+    assert!(read(&pins, &pair).await.ceiling.qdisc.is_zero(), "nothing dropped yet");
+    neighbour(&pair, true);
+    let payload = [0u8; 1000];
+    let mut sent = 0u64;
+    for _ in 0..16 {
+        let socket = socket_in(&pair.pod_path(), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+        socket.set_nonblocking(true).unwrap();
+        for _ in 0..200 {
+            match socket.send_to(&payload, SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 1), 9)) {
+                Ok(_) => sent += 1,
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(err) => panic!("sending: {err}"),
+            }
+        }
+    }
+    let stats = read(&pins, &pair).await;
+    let qdisc = stats.ceiling.qdisc;
+    println!("sent {sent}: {qdisc:?}");
+    assert_eq!(stats.tx.udp, sent, "the program counts before the qdisc: {stats:?}");
+    assert!(qdisc.dropped > 0 && qdisc.overlimits > 0, "{sent} sent into 384 KiB: {qdisc:?}");
+    // 128 KiB + 256 KiB of 1042-byte frames pass or wait; the rest is dropped.
+    assert!(qdisc.dropped + 377 >= sent, "{sent} sent: {qdisc:?}");
+    let out = pair.pod.exec("tc", &["-s", "-j", "qdisc", "show", "dev", &pair.pod_if]);
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = all.as_array().unwrap().iter().find(|q| q["root"] == true).unwrap();
+    assert_eq!((root["kind"].as_str(), root["handle"].as_str()), (Some("tbf"), Some("4e43:")));
+    // Drops happen at enqueue only, all during the flood: tc reads the same number.
+    assert_eq!(root["drops"].as_u64(), Some(qdisc.dropped), "tc: {root}");
+    assert!(root["overlimits"].as_u64().unwrap() >= qdisc.overlimits, "tc: {root}");
+    let status = serde_json::to_value(stats.to_status("now".to_owned())).unwrap();
+    assert_eq!(status["ceiling"]["qdisc"]["dropped"].as_u64(), Some(qdisc.dropped));
+    pins.unhook(Some(&pair.pod_path()), "pod-uid", &pair.pod_if).await.unwrap();
+}
+
+/// The ceiling as the node daemon wires it: the real daemon with its counters on a private
+/// bpffs (so the CreateContainer gate has the programs), a macvlan claim with `stats: false`,
+/// `bandwidth.limit: 100M` and `ingress: police`. The claim status says `expected` (edt-fq
+/// where the kernel has `sch_fq`, tbf elsewhere), the gate puts that root qdisc (ours,
+/// `4e43:`) on the pod's interface before the container starts, and the counting programs
+/// are hooked by the gate (the stats service does not hook a `stats: false` interface) with
+/// the police rate, and the EDT rate for edt-fq; once the pod stops, the programs' pins go.
+pub fn daemon_gate_holds_a_pod_to_its_ceiling(
+    expected: netclaim::attach::bandwidth::CeilingMechanism,
+) {
+    use netclaim::attach::bandwidth::CeilingMechanism;
+
+    use super::daemon::{Node, PATIENCE, pod};
+    use super::netns::Netns;
+
+    let bpffs = Bpffs::mount();
+    let node = Node::start();
+    let bpffs_arg = format!("--bpffs={}", bpffs.path().display());
+    let _daemon = node.start_daemon_with("node.log", &[&bpffs_arg]);
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "capped");
+    let config = serde_json::json!({"mode": "macvlan", "stats": false,
+        "ipam": {"pool": {"subnet": "10.77.0.0/24"}},
+        "bandwidth": {"limit": "100M", "ingress": "police"}});
+    let uid = node.allocated_claim_on("capped-net", &sandbox, &node.parent.clone(), config);
+    let prepared = node.prepare("capped-net", &uid);
+    assert_eq!(prepared.error, "", "{}", node.log("node.log"));
+    let ran = node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox));
+    assert!(ran.is_ok(), "{ran:?}\n{}", node.log("node.log"));
+    let claim = node.wait_for_status("capped-net", "True", "NetworkReady", "node.log");
+    let entry = &claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0];
+    assert_eq!(
+        entry.data.as_ref().unwrap().0["bandwidth"],
+        serde_json::json!({"ceiling": "100M", "source": "bandwidth.limit",
+            "mechanism": expected.as_str(), "ingress": "police"})
+    );
+    let pins = CounterPins::new(bpffs.path(), "test-node", HookKind::Clsact);
+    assert_eq!(pins.ceilings(&sandbox.uid, "net1").unwrap(), None, "nothing before the gate");
+
+    let container = nri_rs::Container {
+        id: "c1".into(),
+        pod_sandbox_id: sandbox.id.clone(),
+        name: "app".into(),
+    };
+    let created = node.runtime.block_on(node.nri().create_container(&sandbox, &container));
+    assert!(created.is_ok(), "{created:?}\n{}", node.log("node.log"));
+    let out = pod_netns.exec("tc", &["-j", "qdisc", "show", "dev", "net1"]);
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = all.as_array().unwrap().iter().find(|q| q["root"] == true).unwrap();
+    let kind = if expected == CeilingMechanism::EdtFq { "fq" } else { "tbf" };
+    assert_eq!((root["kind"].as_str(), root["handle"].as_str()), (Some(kind), Some("4e43:")));
+    let ceilings = pins.ceilings(&sandbox.uid, "net1").unwrap().expect("the gate hooked them");
+    let mbps = |bps: Option<u64>| bps.map(|b| (b + 500_000) / 1_000_000);
+    assert_eq!(mbps(ceilings.ingress_police_bps), Some(100), "{ceilings:?}");
+    let egress = (expected == CeilingMechanism::EdtFq).then_some(100);
+    assert_eq!(mbps(ceilings.egress_bps), egress, "{ceilings:?}");
+    assert!(pins.read_counters(&sandbox.uid, "net1").unwrap().is_some(), "the counters exist");
+
+    node.runtime.block_on(node.nri().stop_pod_sandbox(&sandbox)).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while pins.dir(&sandbox.uid, "net1").exists() {
+        assert!(Instant::now() < deadline, "the ceiling's pins outlived the interface");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

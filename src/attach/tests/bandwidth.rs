@@ -8,6 +8,7 @@ use super::*;
 use crate::attach::bandwidth::{
     CeilingFuture, CeilingMechanism, CeilingPort, CeilingSupport, InterfaceCeiling,
 };
+use crate::model::bandwidth::IngressPolicy;
 use crate::model::cause::cause;
 
 /// Ceilings in place by interface, every call made, and the interface whose apply fails.
@@ -17,6 +18,8 @@ struct FakeCeilings {
     in_place: Mutex<BTreeMap<String, (u64, CeilingMechanism)>>,
     calls: Mutex<Vec<String>>,
     fail_on: Mutex<Option<String>>,
+    /// Interfaces whose ingress was to be policed.
+    policed: Mutex<Vec<String>>,
 }
 
 impl CeilingPort for FakeCeilings {
@@ -40,6 +43,9 @@ impl CeilingPort for FakeCeilings {
                 .lock()
                 .unwrap()
                 .insert(ceiling.interface.clone(), (ceiling.rate.get(), ceiling.mechanism));
+            if ceiling.ingress == IngressPolicy::Police {
+                self.policed.lock().unwrap().push(ceiling.interface.clone());
+            }
             Ok(())
         })
     }
@@ -175,4 +181,56 @@ async fn a_pod_re_created_in_a_new_netns_gets_its_ceiling_again() {
     service.create_container(again, container()).await.unwrap();
     let applies = port.calls.lock().unwrap().iter().filter(|c| c.starts_with("apply")).count();
     assert_eq!(applies, 2, "the new sandbox's interface is a new interface");
+}
+
+/// What the node offers decides the mechanism, the same in `data.bandwidth` and at the gate:
+/// `fq` and the programs → edt-fq; either missing → tbf.
+#[tokio::test]
+async fn the_mechanism_follows_fq_and_the_programs() {
+    for (fq, pacing, expected) in [
+        (true, true, CeilingMechanism::EdtFq),
+        (false, true, CeilingMechanism::Tbf),
+        (true, false, CeilingMechanism::Tbf),
+        (false, false, CeilingMechanism::Tbf),
+    ] {
+        let world = World::new();
+        world.add_claim(claim("a", "p1", &[("nic", "eth1", limited("10.0.1.5/24", "300M"))]));
+        let (service, port) = with_ceilings(&world, CeilingSupport { fq, pacing });
+        run(&service, world.pod("p1")).await.unwrap();
+        assert_eq!(bandwidth_status(&world, "a")["mechanism"], expected.as_str(), "{fq} {pacing}");
+        service.create_container(world.pod("p1"), container()).await.unwrap();
+        assert_eq!(port.in_place.lock().unwrap()["net1"], (300_000_000, expected));
+    }
+}
+
+/// `bandwidth.ingress: police` needs the programs: without them the gate refuses the
+/// container naming the field, before any kernel work; with them (tbf egress, no fq) the
+/// policer goes to the port with the ceiling.
+#[tokio::test]
+async fn police_without_the_programs_is_refused_at_the_gate_naming_the_field() {
+    let policed = json!({"mode": "macvlan", "ipam": {"addresses": ["10.0.1.5/24"]},
+        "bandwidth": {"limit": "100M", "ingress": "police"}});
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", policed.clone())]));
+    let (service, port) = with_ceilings(&world, CeilingSupport { fq: true, pacing: false });
+    run(&service, world.pod("p1")).await.unwrap();
+    let err = service.create_container(world.pod("p1"), container()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("bandwidth.ingress: police on net1") && text.contains("cannot police"),
+        "{text}"
+    );
+    assert!(port.calls.lock().unwrap().is_empty(), "no kernel work for a refused pod");
+
+    let world = World::new();
+    world.add_claim(claim("a", "p1", &[("nic", "eth1", policed)]));
+    let (service, port) = with_ceilings(&world, CeilingSupport { fq: false, pacing: true });
+    run(&service, world.pod("p1")).await.unwrap();
+    assert_eq!(
+        bandwidth_status(&world, "a"),
+        json!({"ceiling": "100M", "source": "bandwidth.limit", "mechanism": "tbf", "ingress": "police"})
+    );
+    service.create_container(world.pod("p1"), container()).await.unwrap();
+    assert_eq!(port.in_place.lock().unwrap()["net1"], (100_000_000, CeilingMechanism::Tbf));
+    assert_eq!(*port.policed.lock().unwrap(), ["net1"]);
 }

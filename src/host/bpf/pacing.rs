@@ -174,6 +174,32 @@ pub(super) fn record_owner(
         .map_err(|source| BpfError::Write { source: Box::new(source) })
 }
 
+/// Whether this kernel takes the counting programs (the ones that also pace and police): loads
+/// the object and passes both classifiers through the verifier, attaching nothing. The node
+/// asks once at start; a kernel that refuses them (older than 5.12: no BPF atomics with
+/// fetch, which the pacing's compare-and-exchange needs) gets `tbf` ceilings and no policing.
+///
+/// # Errors
+/// [`BpfError::Load`] or [`BpfError::Program`] with the kernel's refusal.
+pub fn programs_load() -> Result<(), BpfError> {
+    let mut ebpf = super::LOADER
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .load(super::COUNTERS_OBJECT)
+        .map_err(|err| BpfError::Load(Box::new(err)))?;
+    for program in [super::RX_PROGRAM, super::TX_PROGRAM] {
+        let program_error = |source| BpfError::Program { program, source: Box::new(source) };
+        let classifier: &mut aya::programs::SchedClassifier = ebpf
+            .program_mut(program)
+            .ok_or(aya::programs::ProgramError::NotLoaded)
+            .and_then(TryInto::try_into)
+            .map_err(program_error)?;
+        classifier.load().map_err(program_error)?;
+    }
+    // Dropping `ebpf` unloads them: nothing was pinned or attached.
+    Ok(())
+}
+
 impl CounterPins {
     /// Whether this node's programs are attached to `interface` in the netns at `netns`
     /// already: the pins exist and record that namespace and the interface's current index

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{BpfError, CounterPins};
-use crate::model::stats::InterfaceStats;
+use crate::model::stats::{CeilingCounters, InterfaceStats};
 use crate::podnet::LinkOpError;
 use crate::stats::{Ceilings, CounterPort, PacingPort};
 
@@ -18,6 +18,9 @@ pub enum CounterPortError {
     /// Reading the link counters in the pod netns.
     #[error("reading the link counters")]
     Link(#[source] LinkOpError),
+    /// Reading the ceiling qdiscs' counters in the pod netns.
+    #[error("reading the bandwidth ceiling qdiscs")]
+    Qdisc(#[source] crate::host::qdisc_ceiling::CeilingPortError),
     /// The blocking task was cancelled or panicked.
     #[error("the counters task did not finish")]
     Task(#[source] tokio::task::JoinError),
@@ -59,10 +62,15 @@ impl CounterPort for CounterPins {
         let drops = super::super::netlink::link_drops(netns, interfaces)
             .await
             .map_err(CounterPortError::Link)?;
+        // The ceiling's qdisc (ours at the root): its drops and throttling.
+        let qdiscs = crate::host::qdisc_ceiling::ceiling_qdisc_counters(netns, interfaces)
+            .await
+            .map_err(CounterPortError::Qdisc)?;
         interfaces
             .iter()
             .zip(drops)
-            .map(|(interface, drops)| {
+            .zip(qdiscs)
+            .map(|((interface, drops), qdisc)| {
                 // Pinned maps are read with two bpf(2) lookups: no thread hand-off needed.
                 let counters = self.read_counters(pod_uid, interface)?;
                 Ok(counters.map(|c| {
@@ -72,7 +80,7 @@ impl CounterPort for CounterPins {
                         tx: c.tx,
                         rx_dropped,
                         tx_dropped,
-                        ceiling: c.ceiling,
+                        ceiling: CeilingCounters { qdisc, ..c.ceiling },
                     }
                 }))
             })
