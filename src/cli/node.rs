@@ -104,6 +104,7 @@ pub fn config(args: &NodeArgs) -> Result<NodeConfig, NodeCommandError> {
 /// Runs the daemon on a multi-threaded runtime until SIGTERM/SIGINT.
 pub fn run(args: &NodeArgs) -> Result<(), NodeCommandError> {
     let config = config(args)?;
+    raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -114,6 +115,25 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeCommandError> {
     // Background tasks (watch, netlink) end with the runtime; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     Ok(())
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit before any pod is served: the daemon
+/// holds descriptors per pod (docs/operations.md, "File descriptors"), and a runtime may start
+/// it with a soft limit of 1024. A failure is logged, not fatal: the daemon still serves the
+/// pods its limit allows.
+fn raise_fd_limit() {
+    match crate::host::fd_limit::raise_soft_to_hard() {
+        Ok(limits) => tracing::info!(
+            soft_before = limits.soft_before,
+            soft = limits.soft,
+            hard = limits.hard,
+            "file descriptor limit (RLIMIT_NOFILE)"
+        ),
+        Err(err) => tracing::warn!(
+            error = %crate::model::cause::chain(&err),
+            "could not raise the file descriptor limit (RLIMIT_NOFILE)"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 pub mod bpf;
 pub mod discovery;
 pub mod ethtool;
+pub mod fd_limit;
 pub mod kernel_probe;
 pub mod link_events;
 pub mod netlink;
