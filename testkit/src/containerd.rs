@@ -70,6 +70,18 @@ pub fn find_tools() -> Option<Tools> {
     find_tools_for(Runtime::Containerd17)
 }
 
+/// Whether we are root and `runtime`'s binaries and the image archive are installed: a
+/// bench's smoke mode skips without them outside CI ([`find_tools_for`] fails naming what is
+/// missing).
+pub fn available(runtime: Runtime) -> bool {
+    let is_root = fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    let images = std::env::var_os("NETCLAIM_TEST_IMAGES")
+        .map_or_else(|| PathBuf::from("/opt/netclaim-test/images"), PathBuf::from);
+    is_root
+        && runtime.prefix().join("usr/bin/containerd").exists()
+        && images.join("pause.tar").exists()
+}
+
 /// The tools to run `runtime`; fails naming what is missing.
 pub fn find_tools_for(runtime: Runtime) -> Option<Tools> {
     let is_root = fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);

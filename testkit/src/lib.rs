@@ -36,6 +36,7 @@ pub mod counters;
 pub mod daemon;
 pub mod daemonset;
 pub mod dev_api;
+pub mod e2e;
 pub mod examples;
 pub mod https;
 pub mod image;
@@ -45,6 +46,7 @@ pub mod kubelet;
 pub mod kustomize;
 pub mod netns;
 pub mod rbac;
+pub mod scale;
 pub mod vm;
 
 /// The kit's own unit tests (the RBAC evaluator, the DaemonSet's quantities).

@@ -140,24 +140,22 @@ async fn pump(
     let _ = to.shutdown().await;
 }
 
-impl Cluster {
-    /// Puts a proxy between the daemon (started after this) and the API server: the daemon
-    /// gets a kubeconfig naming the proxy, the test keeps talking to the server directly.
-    async fn proxy_api(&mut self) -> ApiProxy {
-        let kubeconfig = std::fs::read_to_string(self.dir().join("kubeconfig")).unwrap();
-        let server = kubeconfig
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("server: "))
-            .expect("the dev kubeconfig names its server")
-            .to_owned();
-        let upstream: SocketAddr = server.trim_start_matches("http://").parse().unwrap();
-        let proxy = ApiProxy::start(upstream).await;
-        let proxied = self.dir().join("kubeconfig-proxied");
-        std::fs::write(&proxied, kubeconfig.replace(&server, &format!("http://{}", proxy.address)))
-            .unwrap();
-        self.node_kubeconfig = Some(proxied);
-        proxy
-    }
+/// Puts a proxy between the daemon (started after this) and the API server: the daemon
+/// gets a kubeconfig naming the proxy, the test keeps talking to the server directly.
+async fn proxy_api(cluster: &mut Cluster) -> ApiProxy {
+    let kubeconfig = std::fs::read_to_string(cluster.dir().join("kubeconfig")).unwrap();
+    let server = kubeconfig
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server: "))
+        .expect("the dev kubeconfig names its server")
+        .to_owned();
+    let upstream: SocketAddr = server.trim_start_matches("http://").parse().unwrap();
+    let proxy = ApiProxy::start(upstream).await;
+    let proxied = cluster.dir().join("kubeconfig-proxied");
+    std::fs::write(&proxied, kubeconfig.replace(&server, &format!("http://{}", proxy.address)))
+        .unwrap();
+    cluster.node_kubeconfig = Some(proxied);
+    proxy
 }
 
 /// The netns of a running sandbox must already hold `net1` with an address: the daemon
@@ -179,7 +177,7 @@ fn an_api_server_that_hangs_then_refuses_mid_burst_stops_no_attach_and_statuses_
             const PODS: usize = 8;
             const HANG: Duration = Duration::from_secs(30);
             const REFUSE: Duration = Duration::from_secs(5);
-            let proxy = cluster.proxy_api().await;
+            let proxy = proxy_api(cluster).await;
             let (parent, class) = cluster.node_with_device("p0", "p1", 1500, "macvlan").await;
             let pool: IpNetwork = "10.77.20.0/24".parse().unwrap();
             let pods: Vec<PodSpec> = (0..PODS).map(|i| PodSpec::new(&cluster.prefix, i)).collect();
