@@ -4,19 +4,21 @@
 //!
 //! - [`qdisc_round_trips`]: what `host::qdisc` sets is what the kernel answers, both through
 //!   our decoder and through `tc -j` (iproute2's own reading of the same attributes).
-//! - [`Node`]: a throwaway "node" netns holding a veth pair whose first end is the shared
-//!   parent, and "pods" (netns of their own) each with a macvlan child of that parent in
-//!   bridge mode, so pod-to-pod traffic crosses the parent's macvlan switch as two pods on one
-//!   NIC do. Ceilings are put on a pod's child by the node daemon's own adapter
-//!   (`host::qdisc_ceiling::HostCeilings`), and TCP is measured with iperf3.
+//! - [`Node`]: a shared parent (a veth end in a throwaway "node" netns, or in the VM the igb
+//!   PF) and "pods" (netns of their own) each with a macvlan child of that parent in bridge
+//!   mode, so pod-to-pod traffic crosses the parent's macvlan switch as two pods on one NIC
+//!   do. Ceilings are put on a pod's child by the node daemon's own adapter
+//!   (`host::qdisc_ceiling::HostCeilings`, with the counting programs' pacing for `edt-fq`),
+//!   and TCP is measured with iperf3 ([`Node::measure`]: goodput, and the L2 rate through the
+//!   qdisc).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use netclaim::attach::bandwidth::{CeilingMechanism, CeilingPort, InterfaceCeiling};
-use netclaim::host::bpf::CounterPins;
-use netclaim::host::qdisc::codec::fq::Fq;
+use netclaim::host::bpf::{CounterPins, HookKind};
+use netclaim::host::qdisc::codec::fq::{Fq, FqStats};
 use netclaim::host::qdisc::codec::htb::{HtbClass, HtbQdisc};
 use netclaim::host::qdisc::codec::tbf::Tbf;
 use netclaim::host::qdisc::{self, RootQdisc};
@@ -24,17 +26,30 @@ use netclaim::host::qdisc_ceiling::HostCeilings;
 use netclaim::model::bandwidth::{BitsPerSecond, IngressPolicy};
 use serde_json::Value;
 
+use super::counters::Bpffs;
 use super::netns::{Netns, run};
 
 /// The iperf3 port of the `i`-th receiver.
 const PORT_BASE: u16 = 5301;
 
-/// The node: a veth pair (`<prefix>v0` the parent, `<prefix>v1` its peer), both up, in a
-/// netns of its own.
+/// The node: a shared parent and pods with macvlan children of it. The parent is a veth end
+/// (`<prefix>v0`, its peer `<prefix>v1`, both up) in a netns of the node's own
+/// ([`Node::new`]), or a NIC of the current netns ([`Node::on_nic`]: the VM's igb PF).
+/// Ceilings are put on a pod's child through the node daemon's adapter, with or without the
+/// eBPF pacing ([`Node::with_pacing`]).
 pub struct Node {
-    pub netns: Netns,
+    /// The netns of the veth parent (`None` on a NIC).
+    pub netns: Option<Netns>,
     pub parent: String,
     pub pods: Vec<Pod>,
+    ceilings: HostCeilings<CounterPins>,
+    /// The ceiling each pod holds, as applied (what [`Node::no_ceiling`] takes back).
+    applied: std::sync::Mutex<Vec<Option<InterfaceCeiling>>>,
+    /// The private bpffs of the pacing programs' pins (after `pods`: unmounted once their
+    /// links are gone).
+    bpffs: Option<Bpffs>,
+    /// A NIC parent that was down before: set down again on drop.
+    nic_was_down: bool,
 }
 
 /// A pod: its netns, its macvlan child of the parent and its address.
@@ -50,29 +65,90 @@ impl Pod {
     }
 }
 
+/// One iperf3 transfer as the receiver saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer {
+    /// Goodput: TCP payload bits per second received (`sum_received`).
+    pub bps: f64,
+    /// The receiver's measured seconds.
+    pub seconds: f64,
+    /// TCP retransmissions of the sender (`sum_sent.retransmits`).
+    pub retransmits: u64,
+}
+
+/// A single sender's run: its goodput and, where the sender has a root qdisc of ours, the
+/// rate of L2 bytes that qdisc sent (headers of every segment included: what a ceiling
+/// counts on the wire).
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    pub transfer: Transfer,
+    /// Bits per second through the sender's qdisc of ours (`None` without one).
+    pub l2_bps: Option<f64>,
+}
+
 impl Node {
-    /// A node with `pods` pods on one parent (10.79.0.10+i/24).
+    /// A node with `pods` pods on a veth parent (10.79.0.10+i/24).
     pub fn new(pods: usize) -> Self {
         let netns = Netns::new();
         let (parent, peer) = (netns.ifname("v0"), netns.ifname("v1"));
         netns.ip(&["link", "add", &parent, "type", "veth", "peer", "name", &peer]);
         netns.ip(&["link", "set", &parent, "up"]);
         netns.ip(&["link", "set", &peer, "up"]);
-        let pods = (0..pods)
-            .map(|i| {
-                let pod = Netns::new();
-                let interface = pod.ifname("m0");
-                let address = format!("10.79.0.{}", 10 + i);
-                netns.ip(&[
-                    "link", "add", "link", &parent, "name", &interface, "netns", &pod.name, "type",
-                    "macvlan", "mode", "bridge",
-                ]);
-                pod.ip(&["addr", "add", &format!("{address}/24"), "dev", &interface]);
-                pod.ip(&["link", "set", &interface, "up"]);
-                Pod { netns: pod, interface, address }
-            })
-            .collect();
-        Self { netns, parent, pods }
+        let pods = (0..pods).map(|i| Self::pod(Some(&netns), &parent, i)).collect();
+        Self::assemble(Some(netns), parent, pods, false)
+    }
+
+    /// A node with `pods` pods on `nic`, a NIC of the current netns, which is set up (and
+    /// down again on drop if it was down) and must get its carrier within 10 s. Macvlan
+    /// bridge-mode traffic between the pods is switched by the macvlan driver and never
+    /// reaches the NIC; the children inherit its offload features.
+    pub fn on_nic(nic: &str, pods: usize) -> Self {
+        let flags = std::fs::read_to_string(format!("/sys/class/net/{nic}/flags")).unwrap();
+        let was_up = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap() & 1;
+        run("ip", &["link", "set", nic, "up"]);
+        let carrier = format!("/sys/class/net/{nic}/carrier");
+        let started = std::time::Instant::now();
+        while std::fs::read_to_string(&carrier).map(|c| c.trim() == "1").ok() != Some(true) {
+            assert!(started.elapsed() < Duration::from_secs(10), "{nic} has no carrier");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let pods = (0..pods).map(|i| Self::pod(None, nic, i)).collect();
+        Self::assemble(None, nic.to_owned(), pods, was_up == 0)
+    }
+
+    fn assemble(netns: Option<Netns>, parent: String, pods: Vec<Pod>, nic_was_down: bool) -> Self {
+        let applied = std::sync::Mutex::new(vec![None; pods.len()]);
+        let ceilings = HostCeilings::new(None);
+        Self { netns, parent, pods, ceilings, applied, bpffs: None, nic_was_down }
+    }
+
+    /// Pod `i`: a macvlan (bridge) child of `parent` (in `node`, else the current netns).
+    fn pod(node: Option<&Netns>, parent: &str, i: usize) -> Pod {
+        let pod = Netns::new();
+        let interface = pod.ifname("m0");
+        let address = format!("10.79.0.{}", 10 + i);
+        let add = [
+            "link", "add", "link", parent, "name", &interface, "netns", &pod.name, "type",
+            "macvlan", "mode", "bridge",
+        ];
+        match node {
+            Some(node) => node.ip(&add),
+            None => run("ip", &add),
+        };
+        pod.ip(&["addr", "add", &format!("{address}/24"), "dev", &interface]);
+        pod.ip(&["link", "set", &interface, "up"]);
+        Pod { netns: pod, interface, address }
+    }
+
+    /// Ceilings get the eBPF pacing of the counting programs (a private bpffs, the hook the
+    /// running kernel offers): what `edt-fq` and ingress policing need.
+    #[must_use]
+    pub fn with_pacing(mut self) -> Self {
+        let bpffs = Bpffs::mount();
+        let pins = CounterPins::new(bpffs.path(), "node-bw", HookKind::for_running_kernel());
+        self.ceilings = HostCeilings::new(Some(std::sync::Arc::new(pins)));
+        self.bpffs = Some(bpffs);
+        self
     }
 
     /// Holds pod `i`'s egress to `rate` by `mechanism` with the daemon's adapter.
@@ -84,14 +160,20 @@ impl Node {
             mechanism,
             ingress: IngressPolicy::None,
         };
-        HostCeilings::<CounterPins>::new(None).apply(&pod.path(), "pod", &ceiling).await.unwrap();
+        self.ceilings.apply(&pod.path(), &format!("pod-{i}"), &ceiling).await.unwrap();
+        self.applied.lock().unwrap()[i] = Some(ceiling);
     }
 
-    /// Removes pod `i`'s ceiling.
+    /// Removes pod `i`'s ceiling with the daemon's adapter (qdisc, and the pacing rate).
     pub async fn no_ceiling(&self, i: usize) {
         let pod = &self.pods[i];
+        let applied = self.applied.lock().unwrap()[i].take();
+        if let Some(ceiling) = applied {
+            self.ceilings.remove(&pod.path(), &format!("pod-{i}"), &ceiling).await.unwrap();
+        }
         let (handle, _file) = netclaim::host::netlink::open_in_netns(&pod.path()).await.unwrap();
-        qdisc::delete_root(&handle, ifindex(&pod.netns, &pod.interface)).await.unwrap();
+        let root = qdisc::root(&handle, ifindex(&pod.netns, &pod.interface)).await.unwrap();
+        assert!(!root.is_some_and(|r| r.is_ours()), "no qdisc of ours left on pod {i}");
     }
 
     /// The bytes pod `i`'s root qdisc has sent (its L2 bytes; 0 without one of ours).
@@ -102,9 +184,35 @@ impl Node {
         root.filter(qdisc::QdiscState::is_ours).map_or(0, |r| r.counters.bytes)
     }
 
+    /// The statistics of pod `i`'s `fq` root qdisc of ours (`None` without one).
+    pub async fn fq_stats(&self, i: usize) -> Option<FqStats> {
+        let pod = &self.pods[i];
+        let (handle, _file) = netclaim::host::netlink::open_in_netns(&pod.path()).await.unwrap();
+        let root = qdisc::root(&handle, ifindex(&pod.netns, &pod.interface)).await.unwrap()?;
+        (root.is_ours() && root.kind == "fq")
+            .then(|| FqStats::parse(&root.xstats.unwrap_or_default()))
+    }
+
+    /// TCP from pod `sender` to pod `receiver` for `duration`, with the L2 rate of the
+    /// sender's qdisc of ours over the receiver's measured time.
+    pub async fn measure(&self, sender: usize, receiver: usize, duration: Duration) -> Measured {
+        let before = self.qdisc_bytes(sender).await;
+        let transfer = self.transfers(&[(sender, receiver)], duration)[0];
+        let after = self.qdisc_bytes(sender).await;
+        #[allow(clippy::cast_precision_loss, reason = "a byte count turned into a rate")]
+        let l2_bps = (after > 0).then(|| (after - before) as f64 * 8.0 / transfer.seconds);
+        Measured { transfer, l2_bps }
+    }
+
     /// TCP from each `(sender, receiver)` pod at once for `duration`: the bits per second each
     /// receiver got (iperf3's `sum_received`), in the order given.
     pub fn iperf(&self, pairs: &[(usize, usize)], duration: Duration) -> Vec<f64> {
+        self.transfers(pairs, duration).iter().map(|t| t.bps).collect()
+    }
+
+    /// TCP from each `(sender, receiver)` pod at once for `duration` (whole seconds, at least
+    /// one: iperf3 3.12 reads `-t` with `atoi`): each transfer, in the order given.
+    pub fn transfers(&self, pairs: &[(usize, usize)], duration: Duration) -> Vec<Transfer> {
         let servers: Vec<_> = pairs
             .iter()
             .enumerate()
@@ -122,7 +230,7 @@ impl Node {
                 super::netns::Child { child }
             })
             .collect();
-        let seconds = format!("{:.1}", duration.as_secs_f64());
+        let seconds = duration.as_secs().max(1).to_string();
         let clients: Vec<_> = pairs
             .iter()
             .enumerate()
@@ -137,7 +245,7 @@ impl Node {
                     .expect("spawning iperf3 -c")
             })
             .collect();
-        let rates = clients
+        let transfers = clients
             .into_iter()
             .map(|client| {
                 let out = client.wait_with_output().unwrap();
@@ -145,11 +253,26 @@ impl Node {
                     panic!("iperf3 -J: {err}: {}", String::from_utf8_lossy(&out.stderr))
                 });
                 assert!(report.get("error").is_none(), "iperf3: {}", report["error"]);
-                report["end"]["sum_received"]["bits_per_second"].as_f64().unwrap()
+                let end = &report["end"];
+                Transfer {
+                    bps: end["sum_received"]["bits_per_second"].as_f64().unwrap(),
+                    seconds: end["sum_received"]["seconds"].as_f64().unwrap(),
+                    retransmits: end["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+                }
             })
             .collect();
         drop(servers);
-        rates
+        transfers
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // The pods' netns (and the children in them) go first; the NIC is left as found.
+        self.pods.clear();
+        if self.nic_was_down {
+            let _ignored = Command::new("ip").args(["link", "set", &self.parent, "down"]).status();
+        }
     }
 }
 
@@ -340,14 +463,16 @@ pub async fn qdisc_round_trips(fq_expected: Option<bool>) {
     assert_eq!(tc_root(&netns, &dev)["handle"], "1:");
 }
 
-/// `achieved / asked` within −10 %/+5 % (DESIGN §10), with the figures in the message.
-pub fn assert_within_ceiling(achieved: f64, asked: BitsPerSecond) {
+/// `achieved / asked` within `low` and 1.05 (DESIGN §10 asks −10 %/+5 %; a test on a loaded
+/// machine may accept less below, never more above), with the figures in the message.
+pub fn assert_within_ceiling(achieved: f64, asked: BitsPerSecond, low: f64) {
     #[allow(clippy::cast_precision_loss, reason = "a rate, compared within percents")]
     let ratio = achieved / asked.get() as f64;
     assert!(
-        (0.90..=1.05).contains(&ratio),
-        "ceiling {asked}: achieved {:.1} Mbit/s ({:.1} % of it)",
+        (low..=1.05).contains(&ratio),
+        "ceiling {asked}: achieved {:.1} Mbit/s ({:.1} % of it; band {:.0}-105 %)",
         achieved / 1e6,
-        ratio * 100.0
+        ratio * 100.0,
+        low * 100.0
     );
 }

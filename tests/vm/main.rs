@@ -6,6 +6,7 @@
 use netclaim_testkit as kit;
 
 mod vm_attach_bench;
+mod vm_bandwidth;
 mod vm_daemon;
 mod vm_ethtool;
 mod vm_ipvlan;
