@@ -35,6 +35,7 @@ mod networks;
 mod rdma;
 mod tenancy;
 mod vf;
+mod vf_bandwidth;
 mod vf_migration;
 mod vfio;
 

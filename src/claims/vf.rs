@@ -353,7 +353,14 @@ pub enum VfError {
 
 /// What a claim asks of its VF: `before` with the config's values put in. A MAC the config
 /// does not set stays as found; every other setting has a value (DESIGN §3 defaults: no VLAN,
-/// `QoS` 0, 802.1Q, spoof checking on, not trusted, no rate limits, link state auto).
+/// `QoS` 0, 802.1Q, spoof checking on, not trusted, no rate limits, link state auto). The
+/// maximum rate is `sriov.maxTxRateMbps`, else the egress ceiling `bandwidth.limit` resolved
+/// ([`ceiling_mbps`]).
+///
+/// Every path that sets a VF (prepare, the attach's re-apply after a reboot, the migration
+/// of old records) derives the VF's state from the prepared claim's resolved config through
+/// this function, so the ceiling travels with the config already persisted there: no field
+/// of its own in the VF record or its snapshot.
 #[must_use]
 pub fn wanted(before: &VfState, config: &ResolvedNetworkConfig) -> VfState {
     let sriov = config.sriov.unwrap_or(SriovSettings {
@@ -373,9 +380,52 @@ pub fn wanted(before: &VfState, config: &ResolvedNetworkConfig) -> VfState {
         spoof_check: Some(sriov.spoof_check),
         trust: Some(sriov.trust),
         min_tx_rate_mbps: sriov.min_tx_rate_mbps,
-        max_tx_rate_mbps: sriov.max_tx_rate_mbps,
+        max_tx_rate_mbps: match sriov.max_tx_rate_mbps {
+            0 => ceiling_mbps(config).unwrap_or(0),
+            set => set,
+        },
         link_state: sriov.link_state,
     }
+}
+
+/// The VF's `max_tx_rate` (Mb/s) that holds it to the resolved egress ceiling
+/// (`bandwidth.limit`; issue 35), when the config has one and `sriov.maxTxRateMbps` does not
+/// set the rate itself (validation refuses both together, and a limit not in whole Mb/s, so
+/// the rounding up never raises a ceiling). A VF's traffic leaves through the NIC's own
+/// switch, never through a qdisc of the host or the pod: the PF's hardware rate limiter
+/// (`IFLA_VF_RATE`) is the one place to hold it. `None`: no ceiling.
+#[must_use]
+pub fn ceiling_mbps(config: &ResolvedNetworkConfig) -> Option<u32> {
+    if config.sriov.is_some_and(|s| s.max_tx_rate_mbps != 0) {
+        return None;
+    }
+    let rate = config.bandwidth?.ceiling?.rate;
+    Some(u32::try_from(rate.mbps_ceil()).unwrap_or(u32::MAX)).filter(|mbps| *mbps > 0)
+}
+
+/// `err` of [`apply`] for `config`, naming `bandwidth.limit` (with the rate asked) instead of
+/// `sriov.maxTxRateMbps` when the maximum rate came from the ceiling: the user wrote the
+/// limit, not the VF field.
+#[must_use]
+pub fn name_ceiling(err: VfError, config: &ResolvedNetworkConfig) -> VfError {
+    let Some(mbps) = ceiling_mbps(config) else { return err };
+    let rate = config.bandwidth.and_then(|b| b.ceiling).map(|c| c.rate);
+    let named = |field: &mut &'static str, value: &mut String| {
+        if *field == VfField::MaxTxRate.path()
+            && let Some(rate) = rate
+        {
+            *field = "bandwidth.limit";
+            *value = format!("{rate} (the VF's max_tx_rate {mbps} Mb/s)");
+        }
+    };
+    let mut err = err;
+    match &mut err {
+        VfError::Unsupported { field, value, .. }
+        | VfError::Refused { field, value, .. }
+        | VfError::NotReported { field, value, .. } => named(field, value),
+        _ => {}
+    }
+    err
 }
 
 /// Applies `wanted` to `vf` field by field and returns the values found before, which

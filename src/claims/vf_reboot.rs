@@ -94,7 +94,9 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 Err(source) => return Err(vf_error(VfError::Locate { what: what(), source })),
             };
             let wanted = vf::wanted(&before, &device.config);
-            vf::apply(port, &now, &netdev, &wanted).await.map_err(vf_error)?;
+            vf::apply(port, &now, &netdev, &wanted)
+                .await
+                .map_err(|err| vf_error(vf::name_ceiling(err, &device.config)))?;
             Ok(())
         })
         .await

@@ -103,7 +103,7 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         let outcome = vf::apply(port, &vf, &device.if_name, &wanted)
             .await
             .map(|_| record.clone())
-            .map_err(ApplyError::Vf);
+            .map_err(|err| ApplyError::Vf(vf::name_ceiling(err, &device.config)));
         (Some(record), outcome)
     }
 

@@ -1,6 +1,7 @@
 //! VF settings against a fake PF that behaves like igb: MAC, VLAN with `QoS`, spoof checking,
 //! trust and a maximum rate are set; link state answers `EOPNOTSUPP`, a minimum rate
-//! `EINVAL`, 802.1ad `EPROTONOSUPPORT`.
+//! `EINVAL`, 802.1ad `EPROTONOSUPPORT`, a maximum rate above the PF's link speed `EINVAL`
+//! (`igb_ndo_set_vf_bw`).
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
@@ -63,6 +64,8 @@ impl VfPort for FakePf {
                 VfChange::SpoofCheck(on) => state.spoof_check = Some(on),
                 VfChange::Trust(on) => state.trust = Some(on),
                 VfChange::Rate { min_mbps, .. } if min_mbps != 0 => return Err(refused(22)),
+                // igb: a maximum above the PF's link speed (1000 Mb/s here) is EINVAL.
+                VfChange::Rate { max_mbps, .. } if max_mbps > 1000 => return Err(refused(22)),
                 VfChange::Rate { max_mbps, .. } => state.max_tx_rate_mbps = max_mbps,
                 VfChange::LinkState(_) => return Err(refused(EOPNOTSUPP)),
             }
@@ -109,6 +112,8 @@ pub(crate) struct FakeHost {
     netdevs: Mutex<Vec<(PciAddress, String)>>,
     /// Each MAC written to a netdev, with the name it went to.
     pub(crate) netdev_macs: Mutex<Vec<(String, MacAddr)>>,
+    /// A `set` this matches is refused with `EINVAL` (after being recorded in `sent`).
+    pub(crate) refuse: Mutex<Option<fn(&VfChange) -> bool>>,
 }
 
 struct HostState {
@@ -130,6 +135,7 @@ impl FakeHost {
             sent: Mutex::new(Vec::new()),
             netdevs: Mutex::new(Vec::new()),
             netdev_macs: Mutex::new(Vec::new()),
+            refuse: Mutex::new(None),
         }
     }
 
@@ -183,6 +189,9 @@ impl VfPort for FakeHost {
     ) -> BoxFuture<'a, Result<(), VfPortError>> {
         async move {
             self.sent.lock().unwrap().push((vf.clone(), change));
+            if self.refuse.lock().unwrap().is_some_and(|refuse| refuse(&change)) {
+                return Err(refused(22));
+            }
             let mut host = self.state.lock().unwrap();
             let state = &mut host.vfs.iter_mut().find(|(_, v, _)| v == vf).ok_or(refused(19))?.2;
             match change {
@@ -385,4 +394,71 @@ fn a_restore_that_fails_names_the_field_and_still_tries_the_others() {
     let err = run(restore(&pf, &vf(), &found)).unwrap_err();
     assert!(matches!(err, VfError::Restore { field: "sriov.linkState", .. }), "{err}");
     assert_eq!(pf.state().trust, Some(true));
+}
+
+fn limited(sriov: Option<SriovSettings>, limit: &str) -> ResolvedNetworkConfig {
+    use crate::model::bandwidth::{BitsPerSecond, IngressPolicy, ResolvedBandwidth};
+    let rate = BitsPerSecond::parse(limit).unwrap();
+    ResolvedNetworkConfig {
+        sriov,
+        bandwidth: Some(ResolvedBandwidth::from_limit(Some(rate), IngressPolicy::None)),
+        ..config(None, Some(5), defaults())
+    }
+}
+
+#[test]
+fn a_bandwidth_limit_is_the_vfs_max_tx_rate_and_is_set_back_as_found() {
+    // An administrator's rate before the claim: restore gives it back, not 0.
+    let found = VfState { max_tx_rate_mbps: 100, ..fresh() };
+    for sriov in [None, Some(defaults())] {
+        let cfg = limited(sriov, "300M");
+        assert_eq!(ceiling_mbps(&cfg), Some(300));
+        let want = wanted(&found, &cfg);
+        assert_eq!((want.max_tx_rate_mbps, want.min_tx_rate_mbps), (300, 0));
+        let pf = FakePf::new(found);
+        run(apply(&pf, &vf(), "enp1s0v1", &want)).unwrap();
+        assert_eq!(pf.state().max_tx_rate_mbps, 300);
+        assert!(pf.sent.lock().unwrap().contains(&VfChange::Rate { min_mbps: 0, max_mbps: 300 }));
+        run(restore(&pf, &vf(), &found)).unwrap();
+        assert_eq!(pf.state(), found);
+    }
+    // Without a ceiling the rate is the config's (0: none), whatever was found.
+    assert_eq!(ceiling_mbps(&config(None, None, defaults())), None);
+    assert_eq!(wanted(&found, &config(None, None, defaults())).max_tx_rate_mbps, 0);
+    // `sriov.maxTxRateMbps` sets the rate itself (validation refuses both together).
+    let both = limited(Some(SriovSettings { max_tx_rate_mbps: 50, ..defaults() }), "300M");
+    assert_eq!((ceiling_mbps(&both), wanted(&found, &both).max_tx_rate_mbps), (None, 50));
+}
+
+#[test]
+fn a_rate_the_pf_refuses_names_bandwidth_limit_and_the_fields_before_it_are_set_back() {
+    // Above the PF's 1000 Mb/s link: igb answers EINVAL. VLAN 5 went first and is set back.
+    let cfg = limited(None, "2G");
+    let pf = FakePf::new(fresh());
+    let err = run(apply(&pf, &vf(), "enp1s0v1", &wanted(&fresh(), &cfg))).unwrap_err();
+    assert!(matches!(err, VfError::Refused { field: "sriov.maxTxRateMbps", .. }), "{err}");
+    let err = name_ceiling(err, &cfg).to_string();
+    assert!(
+        err.starts_with(
+            "bandwidth.limit: 2G (the VF's max_tx_rate 2000 Mb/s): the PF refused it (VF 1 of enp1s0: "
+        ),
+        "{err}"
+    );
+    assert_eq!(pf.state(), fresh(), "VLAN 5 set back");
+    // Another field's error, or a rate of sriov.maxTxRateMbps, keeps its own name.
+    let link = VfError::Unsupported {
+        field: "sriov.linkState",
+        value: "enable".into(),
+        vf: vf(),
+        source: refused(EOPNOTSUPP),
+    };
+    assert_eq!(name_ceiling(link.clone(), &cfg), link);
+    let own = VfError::Refused {
+        field: "sriov.maxTxRateMbps",
+        value: "2000".into(),
+        vf: vf(),
+        source: refused(22),
+    };
+    let set = config(None, None, SriovSettings { max_tx_rate_mbps: 2000, ..defaults() });
+    assert_eq!(name_ceiling(own.clone(), &set), own);
 }
