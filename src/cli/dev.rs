@@ -146,6 +146,8 @@ fn nodes_options(args: &DevArgs, count: u16) -> Result<NodesOptions, DevCommandE
         SharingModeArg::Slots => "slots",
     };
     sharing_mode.clone_into(&mut selection.sharing_mode);
+    // Whatever the interfaces: the default selection's `uplink0` takes it too.
+    selection.parent_bandwidth.clone_from(&flags.parent_bandwidth);
     Ok(NodesOptions {
         count: usize::from(count),
         base_name: args.node_name.clone().unwrap_or_else(|| FALLBACK_NODE_NAME.to_owned()),
@@ -335,5 +337,21 @@ mod tests {
         assert_eq!(node_name(None, Some("Build-Box-7\n")), "build-box-7");
         assert_eq!(node_name(None, Some("under_score")), FALLBACK_NODE_NAME);
         assert_eq!(node_name(None, None), FALLBACK_NODE_NAME);
+    }
+
+    #[test]
+    fn parent_bandwidth_reaches_every_node_daemon_of_dev_nodes() {
+        let parsed = crate::cli::parse(
+            ["netclaim", "dev", "--nodes", "2", "--parent-bandwidth", "uplink0=1G"]
+                .map(str::to_owned),
+        );
+        let crate::cli::Parsed::Run(cli) = parsed else { panic!("{parsed:?}") };
+        let crate::cli::Command::Dev(args) = cli.command else { panic!("not dev") };
+        let options = nodes_options(&args, 2).unwrap();
+        let flags: Vec<String> =
+            options.selection.parent_bandwidth.iter().map(ToString::to_string).collect();
+        assert_eq!(flags, ["uplink0=1G"]);
+        // The default selection (each node's uplink, shared) is kept beside it.
+        assert_eq!(options.selection.shared_parents, ["uplink0"]);
     }
 }

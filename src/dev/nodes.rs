@@ -115,6 +115,8 @@ pub struct DaemonSelection {
     pub shared_parents: Vec<String>,
     /// `--sharing-mode` (`auto`, `capacity`, `slots`).
     pub sharing_mode: String,
+    /// `--parent-bandwidth` (each node's daemon publishes its parents' bandwidth from them).
+    pub parent_bandwidth: Vec<crate::inventory::bandwidth::ParentBandwidth>,
 }
 
 impl Default for DaemonSelection {
@@ -125,6 +127,7 @@ impl Default for DaemonSelection {
             exclude_interfaces: Vec::new(),
             shared_parents: vec![dev_nodes::UPLINK.to_owned()],
             sharing_mode: "auto".to_owned(),
+            parent_bandwidth: Vec::new(),
         }
     }
 }
@@ -626,6 +629,9 @@ fn daemon_command(
     list("--include-interfaces", &options.selection.include_interfaces, &mut command);
     list("--exclude-interfaces", &options.selection.exclude_interfaces, &mut command);
     list("--shared-parents", &options.selection.shared_parents, &mut command);
+    let bandwidth: Vec<String> =
+        options.selection.parent_bandwidth.iter().map(ToString::to_string).collect();
+    list("--parent-bandwidth", &bandwidth, &mut command);
     match stats {
         Some(stats) => {
             command.arg("--bpffs").arg(&stats.bpffs);
@@ -761,8 +767,11 @@ mod tests {
             kubelet: None,
             api_forwarder: None,
         };
+        let mut options = options(2);
+        options.selection.parent_bandwidth =
+            vec!["uplink0=1G".parse().unwrap(), "0000:03:00.0=2500M".parse().unwrap()];
         let command = daemon_command(
-            &options(2),
+            &options,
             &node,
             Path::new("/run/x/n2/nri.sock"),
             Path::new("/run/x/n2/plugin"),
@@ -781,6 +790,7 @@ mod tests {
             "--nri-socket /run/x/n2/nri.sock",
             "--include-interfaces=uplink0",
             "--shared-parents=uplink0",
+            "--parent-bandwidth=uplink0=1G,0000:03:00.0=2500M",
             "--bpffs=",
         ] {
             assert!(text.contains(expected), "{expected:?} missing from {text}");
@@ -791,6 +801,7 @@ mod tests {
             crate::cli::parse(std::iter::once("netclaim".to_owned()).chain(args.iter().cloned()));
         let crate::cli::Parsed::Run(cli) = parsed else { panic!("{parsed:?}") };
         let crate::cli::Command::Node(node_args) = cli.command else { panic!("not node") };
+        assert_eq!(node_args.selection.parent_bandwidth, options.selection.parent_bandwidth);
         let config = crate::cli::node::config(&node_args).unwrap();
         assert_eq!(config.node_name, "dev-node-2");
         assert!(config.stats.is_none());

@@ -34,16 +34,21 @@ const PODS: usize = 4;
 const CLUSTER_LINK_NAMES: &[&str] = &["uplink0", "br0", "port1", "port2"];
 
 /// `netclaim dev --nodes 2` with its stderr collected; killed on drop if still running.
-struct DevCluster {
+pub(crate) struct DevCluster {
     child: Child,
     stderr: Arc<Mutex<Vec<String>>>,
     run_parent: tempfile::TempDir,
-    kubeconfig: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
     _kubeconfig_dir: tempfile::TempDir,
 }
 
 impl DevCluster {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// `netclaim dev --nodes 2` with the flags `extra` too.
+    pub(crate) fn start_with(extra: &[&str]) -> Self {
         let run_parent = tempfile::Builder::new().prefix("ncnodes").tempdir_in("/tmp").unwrap();
         let kubeconfig_dir = tempfile::tempdir().unwrap();
         let kubeconfig = kubeconfig_dir.path().join("kubeconfig");
@@ -52,6 +57,7 @@ impl DevCluster {
             .arg(run_parent.path())
             .arg("--kubeconfig-out")
             .arg(&kubeconfig)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -83,12 +89,12 @@ impl DevCluster {
         cluster
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
     }
 
     /// Node name → daemon pid, from the ready lines (`node <name>: ... daemon pid <pid>`).
-    fn daemon_pids(&self) -> BTreeMap<String, i32> {
+    pub(crate) fn daemon_pids(&self) -> BTreeMap<String, i32> {
         self.stderr
             .lock()
             .unwrap()
@@ -207,7 +213,7 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
     found
 }
 
-async fn client(kubeconfig: &Path) -> Client {
+pub(crate) async fn client(kubeconfig: &Path) -> Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
     let config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
@@ -218,7 +224,7 @@ async fn client(kubeconfig: &Path) -> Client {
     Client::try_from(config).unwrap()
 }
 
-async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+pub(crate) async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

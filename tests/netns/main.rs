@@ -10,6 +10,7 @@ mod bandwidth_qdisc;
 mod dev_demo;
 mod dev_kubelet;
 mod dev_nodes;
+mod dev_nodes_bandwidth;
 mod dev_scheduling;
 mod ethtool_netns;
 mod example_attach_macvlan;
