@@ -28,6 +28,7 @@ use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
 mod bandwidth;
 mod ethtool;
+mod vf_bandwidth;
 
 /// [`LinkPort`] over a shared fake kernel (the service owns its ops).
 /// The fake kernel behind the world's failure plan (which fails nothing unless a test sets
