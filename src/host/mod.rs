@@ -13,6 +13,7 @@ pub mod fd_limit;
 pub mod kernel_probe;
 pub mod link_events;
 pub mod netlink;
+pub mod netlink_batch;
 pub mod netns;
 pub mod parent_death;
 pub mod pod_links;

@@ -23,10 +23,11 @@ use rtnetlink::{
     RouteMessageBuilder,
 };
 
+use super::netlink_batch::BatchSocket;
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
 use crate::podnet::plan::ChildKind;
 use crate::podnet::ports::{
-    ENODEV, LinkOpError, LinkPort, LinkState, NetnsRefusal, PodLinkConfig, Side,
+    ENODEV, LinkOpError, LinkPort, LinkState, NetnsRefusal, PodLinkConfig, PodRequest, Side,
 };
 
 /// `ENOENT`: the netns path does not exist (the sandbox is gone).
@@ -180,6 +181,17 @@ pub(super) fn same_namespace(a: &File, b: &File) -> Result<bool, nix::Error> {
 /// Opens `path` and creates a NETLINK_ROUTE socket inside that netns on a fresh OS thread; the
 /// socket's connection task then runs on the caller's tokio runtime.
 pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
+    let (handle, (), netns) = open_in_netns_with(path, || Ok(())).await?;
+    Ok((handle, netns))
+}
+
+/// [`open_in_netns`], with `extra` also run on the thread in the netns (with the caller's
+/// runtime entered): more sockets of that netns at the price of one thread
+/// (`super::netlink_batch`).
+pub(crate) async fn open_in_netns_with<T: Send + 'static>(
+    path: &Path,
+    extra: fn() -> std::io::Result<T>,
+) -> Result<(Handle, T, File), LinkOpError> {
     let runtime = tokio::runtime::Handle::current();
     let (sender, receiver) = tokio::sync::oneshot::channel();
     let netns_error = |source| LinkOpError::Netns { path: path.display().to_string(), source };
@@ -193,7 +205,8 @@ pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
                 // The socket registers with the runtime's reactor, which needs a context here.
                 let _entered = runtime.enter();
                 let (connection, handle, _) = rtnetlink::new_connection()?;
-                Ok((connection, handle, netns))
+                let extra = extra()?;
+                Ok((connection, handle, extra, netns))
             })();
             // The receiver only goes away when the caller was cancelled; nothing to report to.
             let _ignored = sender.send(result);
@@ -203,7 +216,7 @@ pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
     let result = receiver.await.map_err(|_| {
         netns_error(std::io::Error::other("the netns thread ended without an answer"))
     })?;
-    let (connection, handle, netns) =
+    let (connection, handle, extra, netns) =
         result.map_err(|source: std::io::Error| match source.raw_os_error() {
             Some(ENOENT) => LinkOpError::NetnsGone { path: path.display().to_string() },
             Some(nix::libc::EINVAL) => LinkOpError::NotPodNetns {
@@ -213,13 +226,17 @@ pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
             _ => netns_error(source),
         })?;
     tokio::spawn(connection);
-    Ok((handle, netns))
+    Ok((handle, extra, netns))
 }
 
-/// [`open_in_netns`] for a pod: also refuses the daemon's own netns (a runtime bug or a
-/// forged event would otherwise put the pod's addresses and routes on the host).
-async fn open_pod_netns(host: &HostNetlink, path: &Path) -> Result<(Handle, File), LinkOpError> {
-    let (handle, netns) = open_in_netns(path).await?;
+/// A pod netns' sockets: rtnetlink's, and the one pipelined batches go through.
+type PodSockets = (Handle, BatchSocket, File);
+
+/// [`open_in_netns`] for a pod, with the batch socket: also refuses the daemon's own netns (a
+/// runtime bug or a forged event would otherwise put the pod's addresses and routes on the
+/// host).
+async fn open_pod_netns(host: &HostNetlink, path: &Path) -> Result<PodSockets, LinkOpError> {
+    let (handle, batch, netns) = open_in_netns_with(path, BatchSocket::new).await?;
     let own = same_namespace(&netns, &host.netns).map_err(|errno| LinkOpError::Netns {
         path: path.display().to_string(),
         source: errno.into(),
@@ -230,22 +247,29 @@ async fn open_pod_netns(host: &HostNetlink, path: &Path) -> Result<(Handle, File
             reason: NetnsRefusal::DaemonOwn,
         });
     }
-    Ok((handle, netns))
+    Ok((handle, batch, netns))
 }
 
-/// [`LinkPort`] for one pod: the host socket plus a socket in the pod's netns.
+/// [`LinkPort`] for one pod: the host socket plus two sockets in the pod's netns (rtnetlink's,
+/// and the one of pipelined batches).
 #[derive(Debug)]
 pub struct NetlinkOps {
     host: HostNetlink,
     pod: Option<(Handle, File)>,
+    batch: Option<BatchSocket>,
     pod_path: PathBuf,
 }
 
 impl NetlinkOps {
     /// For an attach: the pod netns must exist.
     pub async fn open(host: &HostNetlink, pod_netns: &Path) -> Result<Self, LinkOpError> {
-        let pod = open_pod_netns(host, pod_netns).await?;
-        Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
+        let (handle, batch, netns) = open_pod_netns(host, pod_netns).await?;
+        Ok(Self {
+            host: host.clone(),
+            pod: Some((handle, netns)),
+            batch: Some(batch),
+            pod_path: pod_netns.to_owned(),
+        })
     }
 
     /// For a detach: a pod netns that is already gone is fine (pod-side operations then
@@ -255,15 +279,23 @@ impl NetlinkOps {
         pod_netns: &Path,
     ) -> Result<Self, LinkOpError> {
         match open_pod_netns(host, pod_netns).await {
-            Ok(pod) => {
-                Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
-            }
+            Ok((handle, batch, netns)) => Ok(Self {
+                host: host.clone(),
+                pod: Some((handle, netns)),
+                batch: Some(batch),
+                pod_path: pod_netns.to_owned(),
+            }),
             // A path that no longer holds a namespace mount (the runtime unmounted it and
             // left the file) is a netns that is gone as far as this pod is concerned.
             Err(
                 LinkOpError::NetnsGone { .. }
                 | LinkOpError::NotPodNetns { reason: NetnsRefusal::NotNsfs, .. },
-            ) => Ok(Self { host: host.clone(), pod: None, pod_path: pod_netns.to_owned() }),
+            ) => Ok(Self {
+                host: host.clone(),
+                pod: None,
+                batch: None,
+                pod_path: pod_netns.to_owned(),
+            }),
             Err(err) => Err(err),
         }
     }
@@ -272,7 +304,7 @@ impl NetlinkOps {
     /// [`LinkOpError::NetnsGone`].
     #[must_use]
     pub fn host_only(host: &HostNetlink) -> Self {
-        Self { host: host.clone(), pod: None, pod_path: PathBuf::new() }
+        Self { host: host.clone(), pod: None, batch: None, pod_path: PathBuf::new() }
     }
 
     pub(super) fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {
@@ -282,6 +314,13 @@ impl NetlinkOps {
                 LinkOpError::NetnsGone { path: self.pod_path.display().to_string() }
             }),
         }
+    }
+
+    /// The pod netns' batch socket (`super::netlink_batch`).
+    pub(super) fn batch_socket(&self) -> Result<&BatchSocket, LinkOpError> {
+        self.batch
+            .as_ref()
+            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
     }
 
     /// The netns file of `side` (for the RDMA socket of `super::rdma_move`).
@@ -780,5 +819,9 @@ impl LinkPort for NetlinkOps {
         };
         super::rdma_move::move_device(self.netns_file(from)?, from, index, self.netns_file(to)?)
             .await
+    }
+
+    async fn apply_batch(&self, requests: &[PodRequest<'_>]) -> Vec<Result<(), LinkOpError>> {
+        self.send_pod_batch(requests).await
     }
 }

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use futures::TryStreamExt;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::link::{
-    AfSpecInet, AfSpecUnspec, InfoData, InfoVrf, LinkAttribute, LinkInfo,
+    AfSpecInet, AfSpecUnspec, InfoData, InfoVrf, LinkAttribute, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{RouteAttribute, RouteHeader};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
@@ -44,7 +44,7 @@ use crate::podnet::ports::{LinkOpError, RoutingPort, Side, VrfState};
 /// `IFLA_INET_CONF` inside the `AF_INET` part of `IFLA_AF_SPEC`.
 const IFLA_INET_CONF: u16 = 1;
 
-fn rule_message(rule: &SourceRule) -> RuleMessage {
+pub(super) fn rule_message(rule: &SourceRule) -> RuleMessage {
     let mut message = RuleMessage::default();
     message.header.family = match rule.from {
         IpAddr::V4(_) => AddressFamily::Inet,
@@ -61,7 +61,7 @@ fn rule_message(rule: &SourceRule) -> RuleMessage {
     message
 }
 
-fn table_route_message(
+pub(super) fn table_route_message(
     index: u32,
     route: &TableRoute,
 ) -> netlink_packet_route::route::RouteMessage {
@@ -98,8 +98,32 @@ fn inet_conf(settings: &[(u16, u32)]) -> LinkAttribute {
     LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![AfSpecInet::Other(conf)])])
 }
 
+/// The two parts of setting `sysctls` on pod link `index` named `if_name`: the
+/// `IFLA_INET_CONF` message (with its op name for errors), if any setting takes that path, and
+/// the `/proc/sys` writes (path, key, value) of the others, in order.
+pub(super) fn sysctl_parts(
+    index: u32,
+    if_name: &str,
+    sysctls: &[Sysctl],
+) -> (Option<(LinkMessage, String)>, Vec<(PathBuf, String, String)>) {
+    let devconf: Vec<(u16, u32)> = sysctls.iter().filter_map(Sysctl::inet_devconf).collect();
+    let inet = (!devconf.is_empty()).then(|| {
+        let mut message = LinkUnspec::new_with_index(index).build();
+        message.attributes.push(inet_conf(&devconf));
+        let keys: Vec<String> =
+            sysctls.iter().filter(|s| s.inet_devconf().is_some()).map(|s| s.key(if_name)).collect();
+        (message, format!("RTM_NEWLINK IFLA_INET_CONF {}", keys.join(", ")))
+    });
+    let writes = sysctls
+        .iter()
+        .filter(|s| s.inet_devconf().is_none())
+        .map(|s| (proc_path(s, if_name), s.key(if_name), s.value.clone()))
+        .collect();
+    (inet, writes)
+}
+
 /// Writes `writes` (path, key, value) on a thread that entered `netns` first.
-async fn write_proc(
+pub(super) async fn write_proc(
     netns: &File,
     writes: Vec<(PathBuf, String, String)>,
 ) -> Result<(), LinkOpError> {
@@ -245,24 +269,15 @@ impl RoutingPort for NetlinkOps {
         if_name: &str,
         sysctls: &[Sysctl],
     ) -> Result<(), LinkOpError> {
-        let devconf: Vec<(u16, u32)> = sysctls.iter().filter_map(Sysctl::inet_devconf).collect();
-        if !devconf.is_empty() {
-            let mut message = LinkUnspec::new_with_index(index).build();
-            message.attributes.push(inet_conf(&devconf));
-            let keys: Vec<String> = sysctls
-                .iter()
-                .filter(|s| s.inet_devconf().is_some())
-                .map(|s| s.key(if_name))
-                .collect();
-            self.handle(Side::Pod)?.link().set(message).execute().await.map_err(|err| {
-                op_error(format!("RTM_NEWLINK IFLA_INET_CONF {}", keys.join(", ")), Side::Pod, err)
-            })?;
+        let (inet, writes) = sysctl_parts(index, if_name, sysctls);
+        if let Some((message, op)) = inet {
+            self.handle(Side::Pod)?
+                .link()
+                .set(message)
+                .execute()
+                .await
+                .map_err(|err| op_error(op, Side::Pod, err))?;
         }
-        let writes: Vec<(PathBuf, String, String)> = sysctls
-            .iter()
-            .filter(|s| s.inet_devconf().is_none())
-            .map(|s| (proc_path(s, if_name), s.key(if_name), s.value.clone()))
-            .collect();
         if writes.is_empty() {
             return Ok(());
         }

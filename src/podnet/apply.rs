@@ -14,9 +14,12 @@ use super::plan::{
 };
 use super::ports::{
     EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkPort, LinkState,
-    PodLinkConfig, Side,
+    PodLinkConfig, PodRequest, Side,
 };
 
+mod batch;
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod rdma_tests;
 mod routing;
@@ -363,30 +366,50 @@ async fn delete_tolerant<O: LinkPort>(
     }
 }
 
-/// Attaches one pod interface: executes `plan`'s steps in order; on a failure, undoes every
-/// completed step in reverse order and returns the failure (with any undo that failed too).
+/// Attaches one pod interface: executes `plan`'s steps in order, those after the interface's
+/// arrival that need no answer from each other as one pipelined batch ([`batch`]); on a
+/// failure, undoes every step that succeeded (in a batch, those after the failed one too) in
+/// reverse order and returns the first failure in plan order (with any undo that failed too).
 pub async fn attach<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
     plan: &AttachPlan,
 ) -> Result<AttachedInterface, AttachError> {
     let mut pod_link: Option<LinkState> = None;
-    for (index, step) in plan.steps.iter().enumerate() {
+    // The undo log: plan indices of the steps that succeeded, in plan order.
+    let mut done: Vec<usize> = Vec::with_capacity(plan.steps.len());
+    let mut index = 0;
+    while index < plan.steps.len() {
         let mut undo_failures = Vec::new();
-        if let Err(cause) =
-            run_step(ops, vlans, plan, step, &mut pod_link, &mut undo_failures).await
-        {
-            undo_failures
-                .extend(rollback(ops, vlans, plan, &plan.steps[..index], pod_link.as_ref()).await);
+        let run = pod_link.as_ref().map(|link| (link.index, batch::run_end(&plan.steps, index)));
+        let (failure, next) = match run {
+            Some((link, end)) if end > index => {
+                (batch::attach_run(ops, plan, index..end, link, &mut done).await, end)
+            }
+            _ => {
+                let step = &plan.steps[index];
+                match run_step(ops, vlans, plan, step, &mut pod_link, &mut undo_failures).await {
+                    Ok(()) => {
+                        done.push(index);
+                        crate::failpoint!("podnet.attach.after_step");
+                        (None, index + 1)
+                    }
+                    Err(cause) => (Some((index, cause)), index + 1),
+                }
+            }
+        };
+        if let Some((failed, cause)) = failure {
+            let succeeded: Vec<&Step> = done.iter().map(|at| &plan.steps[*at]).collect();
+            undo_failures.extend(rollback(ops, vlans, plan, &succeeded, pod_link.as_ref()).await);
             return Err(AttachError {
                 interface: plan.interface_name.clone(),
-                index,
-                step: step.clone(),
+                index: failed,
+                step: plan.steps[failed].clone(),
                 cause,
                 undo_failures,
             });
         }
-        crate::failpoint!("podnet.attach.after_step");
+        index = next;
     }
     let Some(link) = pod_link else {
         // A plan always creates or moves the interface; one that does not is a bug upstream,
@@ -453,15 +476,10 @@ async fn run_step<O: LinkPort>(
             *pod_link = Some(require_link(ops, Side::Pod, pod_name).await?);
             Ok(())
         }
-        Step::AddAddress { address, nodad } => {
-            ops.add_address(pod_index()?, *address, *nodad).await.map_err(|source| {
-                if source.errno() == Some(EEXIST) {
-                    StepError::DuplicateAddress { address: *address, source }
-                } else {
-                    StepError::Op(source)
-                }
-            })
-        }
+        Step::AddAddress { address, nodad } => ops
+            .add_address(pod_index()?, *address, *nodad)
+            .await
+            .map_err(|source| address_error(*address, source)),
         Step::EnsureVrf { vrf } => routing::ensure_vrf(ops, vrf).await,
         Step::JoinVrf { vrf } => routing::join_vrf(ops, pod_index()?, vrf).await,
         Step::SetSysctls { sysctls } => {
@@ -471,17 +489,7 @@ async fn run_step<O: LinkPort>(
         Step::AddRule { rule } => Ok(ops.add_rule(rule).await?),
         Step::SetUp => Ok(ops.set_up(pod_index()?, true).await?),
         Step::AddRoute { route } => {
-            ops.add_route(pod_index()?, route).await.map_err(|source| match source.errno() {
-                Some(EEXIST) => StepError::DuplicateRoute {
-                    destination: route.destination,
-                    metric: route.metric,
-                    source,
-                },
-                Some(ENETUNREACH) => {
-                    StepError::GatewayUnreachable { route: RouteDisplay(route).to_string(), source }
-                }
-                _ => StepError::Op(source),
-            })
+            ops.add_route(pod_index()?, route).await.map_err(|source| route_error(route, source))
         }
         Step::MoveRdmaIntoPod { device } => {
             let index = ops.rdma_device(Side::Host, device).await?.ok_or_else(|| {
@@ -522,6 +530,30 @@ async fn recover_partial_move<O: LinkPort>(
     }
 }
 
+/// An address's error: `EEXIST` is a duplicate.
+fn address_error(address: IpNetwork, source: LinkOpError) -> StepError {
+    if source.errno() == Some(EEXIST) {
+        StepError::DuplicateAddress { address, source }
+    } else {
+        StepError::Op(source)
+    }
+}
+
+/// A route's error, named as the kernel's errno says.
+fn route_error(route: &Route, source: LinkOpError) -> StepError {
+    match source.errno() {
+        Some(EEXIST) => StepError::DuplicateRoute {
+            destination: route.destination,
+            metric: route.metric,
+            source,
+        },
+        Some(ENETUNREACH) => {
+            StepError::GatewayUnreachable { route: RouteDisplay(route).to_string(), source }
+        }
+        _ => StepError::Op(source),
+    }
+}
+
 fn name_taken(name: &str, source: LinkOpError) -> StepError {
     if source.errno() == Some(EEXIST) {
         StepError::NameTaken { name: name.to_owned(), source }
@@ -530,34 +562,34 @@ fn name_taken(name: &str, source: LinkOpError) -> StepError {
     }
 }
 
-/// Undoes `done` in reverse order; returns the undo steps that failed.
+/// Undoes `done` (the steps that succeeded, in plan order) in reverse order, the runs on the
+/// pod link as one batch each ([`batch::undo_run`]); returns the undo steps that failed.
 async fn rollback<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
     plan: &AttachPlan,
-    done: &[Step],
+    done: &[&Step],
     pod_link: Option<&LinkState>,
 ) -> Vec<UndoFailure> {
+    let undos: Vec<UndoStep> = done.iter().rev().map(|step| step.undo(plan)).collect();
     let mut failures = Vec::new();
-    for step in done.iter().rev() {
-        let undo = step.undo(plan);
-        let result = match (&undo, pod_link) {
-            (UndoStep::DeleteAddress { address }, Some(link)) => {
-                ignore_missing(ops.delete_address(link.index, *address).await)
+    let mut at = 0;
+    while at < undos.len() {
+        if let Some(link) = pod_link {
+            let end = batch::undo_run_end(&undos, at);
+            if end > at {
+                let failed = batch::undo_run(ops, &undos[at..end], link.index).await;
+                failures
+                    .extend(failed.into_iter().map(|(step, error)| UndoFailure { step, error }));
+                at = end;
+                continue;
             }
-            (UndoStep::DeleteTableRoute { route }, Some(link)) => {
-                ignore_missing(ops.delete_table_route(link.index, route).await)
-            }
-            (UndoStep::LeaveVrf { .. }, Some(link)) => ops.set_master(link.index, 0).await,
-            (UndoStep::SetDown, Some(link)) => ops.set_up(link.index, false).await,
-            (UndoStep::DeleteRoute { route }, Some(link)) => {
-                ignore_missing(ops.delete_route(link.index, route).await)
-            }
-            _ => run_undo(ops, vlans, plan, &undo).await.map(|_| ()),
-        };
-        if let Err(error) = result {
-            failures.push(UndoFailure { step: undo, error });
         }
+        let undo = &undos[at];
+        if let Err(error) = run_undo(ops, vlans, plan, undo).await {
+            failures.push(UndoFailure { step: undo.clone(), error });
+        }
+        at += 1;
     }
     failures
 }
@@ -570,7 +602,7 @@ fn ignore_missing(result: Result<(), LinkOpError>) -> Result<(), LinkOpError> {
 }
 
 /// Takes a child interface's addresses away, so it stops answering for them at once: one
-/// `RTM_DELADDR` each, no RCU grace period. Deleting the link itself waits for one
+/// `RTM_DELADDR` each (one pipelined batch), no RCU grace period. Deleting the link itself waits for one
 /// (`synchronize_net` in `unregister_netdevice`, ~20 ms), so it can follow off the sandbox's
 /// response path. A plan that moves a device is left alone (it goes back to the host whole,
 /// before its netns is destroyed); so is an interface that is already gone.
@@ -584,10 +616,12 @@ pub async fn quiesce<O: LinkPort>(ops: &O, plan: &AttachPlan) -> Result<(), Link
     let Some(link) = ops.link(Side::Pod, &plan.interface_name).await? else {
         return Ok(());
     };
-    for address in plan.addresses() {
-        ignore_missing(ops.delete_address(link.index, address).await)?;
-    }
-    Ok(())
+    let addresses = plan.addresses();
+    let requests: Vec<PodRequest<'_>> = addresses
+        .iter()
+        .map(|address| PodRequest::DeleteAddress { index: link.index, address: *address })
+        .collect();
+    ops.apply_batch(&requests).await.into_iter().try_for_each(ignore_missing)
 }
 
 /// Executes one link-level undo step, looking links up by name.
@@ -707,16 +741,30 @@ pub fn completed_attach(
 }
 
 /// Detaches one pod interface (StopPodSandbox): runs [`AttachPlan::teardown`] and never fails;
-/// every step is attempted and reported. Works when the pod netns is already gone.
+/// every step is attempted and reported. The rules' removal and the child's deletion after
+/// them go as one pipelined batch ([`batch::detach_run`]). Works when the pod netns is already
+/// gone.
 pub async fn detach<O: LinkPort>(ops: &O, vlans: &VlanUsers, plan: &AttachPlan) -> DetachReport {
+    let teardown = plan.teardown();
     let mut report = DetachReport::default();
-    for undo in plan.teardown() {
-        let outcome = match run_undo(ops, vlans, plan, &undo).await {
-            Ok(outcome) => outcome,
-            Err(err) => UndoOutcome::Failed(err),
+    let mut at = 0;
+    while at < teardown.len() {
+        let end = batch::detach_run_end(&teardown, at);
+        let outcomes = if end > at {
+            batch::detach_run(ops, &teardown[at..end]).await
+        } else {
+            let outcome = match run_undo(ops, vlans, plan, &teardown[at]).await {
+                Ok(outcome) => outcome,
+                Err(err) => UndoOutcome::Failed(err),
+            };
+            vec![outcome]
         };
-        report.steps.push((undo, outcome));
-        crate::failpoint!("podnet.detach.after_step");
+        let next = at + outcomes.len();
+        for (undo, outcome) in teardown[at..next].iter().zip(outcomes) {
+            report.steps.push((undo.clone(), outcome));
+            crate::failpoint!("podnet.detach.after_step");
+        }
+        at = next;
     }
     report
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use ipnetwork::IpNetwork;
 
 use super::plan::ChildKind;
-use super::ports::{LinkOpError, LinkPort, LinkState, PodLinkConfig, Side};
+use super::ports::{LinkOpError, LinkPort, LinkState, PodLinkConfig, PodRequest, Side};
 use crate::model::network_config::{MacAddr, Route};
 
 mod routing;
@@ -180,5 +180,37 @@ impl<O: LinkPort + Send> LinkPort for FailingOps<O> {
     async fn move_rdma(&self, from: Side, index: u32) -> Result<(), LinkOpError> {
         self.gate("move rdma", from)?;
         self.inner.move_rdma(from, index).await
+    }
+
+    /// Each request counts as one mutating call, as its single call does: the one to fail is
+    /// answered here, and the others still go to the inner port, as one batch (pipelined on
+    /// the real kernel), so a failure can sit in the middle of a batch whose later requests
+    /// succeed.
+    async fn apply_batch(&self, requests: &[PodRequest<'_>]) -> Vec<Result<(), LinkOpError>> {
+        let mut failed: Vec<Option<LinkOpError>> = Vec::with_capacity(requests.len());
+        let mut passed = Vec::with_capacity(requests.len());
+        for request in requests {
+            match self.gate(request.name(), Side::Pod) {
+                Ok(()) => {
+                    passed.push(*request);
+                    failed.push(None);
+                }
+                Err(err) => failed.push(Some(err)),
+            }
+        }
+        let mut answers = self.inner.apply_batch(&passed).await.into_iter();
+        failed
+            .into_iter()
+            .map(|injected| match injected {
+                Some(err) => Err(err),
+                None => answers.next().unwrap_or_else(|| {
+                    Err(LinkOpError::Protocol {
+                        op: "batch".to_owned(),
+                        side: Side::Pod,
+                        message: "the inner port answered fewer requests".to_owned(),
+                    })
+                }),
+            })
+            .collect()
     }
 }

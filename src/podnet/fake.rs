@@ -20,7 +20,7 @@ use crate::model::network_config::{MacAddr, Route};
 use super::plan::{ChildKind, RouteDisplay};
 use super::ports::{
     EADDRNOTAVAIL, EEXIST, ENETUNREACH, ENODEV, ESRCH, LinkOpError, LinkPort, LinkState,
-    PodLinkConfig, Side,
+    PodLinkConfig, PodRequest, Side, apply_sequentially,
 };
 
 mod routing;
@@ -42,6 +42,8 @@ struct Kernel {
     routing: routing::State,
     /// RDMA devices by name: where each is and its (netns-independent) index.
     rdma: BTreeMap<String, (SideKey, u32)>,
+    /// The size of each batch handed to `apply_batch`, in order.
+    batches: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -149,6 +151,12 @@ impl FakeKernel {
         for (side, _) in k.rdma.values_mut() {
             *side = SideKey::Host;
         }
+    }
+
+    /// The size of each batch of pod requests so far (each request is also logged as its
+    /// single call), in order.
+    pub fn batches(&self) -> Vec<usize> {
+        self.inner.lock().unwrap().batches.clone()
     }
 
     /// The mutating calls so far.
@@ -468,5 +476,10 @@ impl LinkPort for FakeKernel {
             Side::Pod => SideKey::Host,
         };
         Ok(())
+    }
+
+    async fn apply_batch(&self, requests: &[PodRequest<'_>]) -> Vec<Result<(), LinkOpError>> {
+        self.inner.lock().unwrap().batches.push(requests.len());
+        apply_sequentially(self, requests).await
     }
 }

@@ -11,8 +11,10 @@ use crate::model::network_config::{MacAddr, Route};
 
 use super::plan::ChildKind;
 
+mod batch;
 mod routing;
 
+pub use batch::{PodRequest, apply_sequentially};
 pub use routing::{ENOENT, RoutingPort, VrfState};
 
 /// Which network namespace an operation addresses.
@@ -291,6 +293,17 @@ pub trait LinkPort: RoutingPort + Sync {
         from: Side,
         index: u32,
     ) -> impl Future<Output = Result<(), LinkOpError>> + Send;
+
+    /// Runs pod-side `requests` in order, every one attempted whatever the others' results
+    /// (issue 36: one result per request, the caller undoes the successes). The real port
+    /// pipelines them (sent back to back, acks read after); the default awaits each single
+    /// call in turn ([`apply_sequentially`]).
+    fn apply_batch(
+        &self,
+        requests: &[PodRequest<'_>],
+    ) -> impl Future<Output = Vec<Result<(), LinkOpError>>> + Send {
+        apply_sequentially(self, requests)
+    }
 }
 
 /// A shared kernel handle is one too (the attach service hands out one per pod netns).
@@ -390,5 +403,9 @@ impl<T: LinkPort + Send> LinkPort for Arc<T> {
 
     async fn move_rdma(&self, from: Side, index: u32) -> Result<(), LinkOpError> {
         (**self).move_rdma(from, index).await
+    }
+
+    async fn apply_batch(&self, requests: &[PodRequest<'_>]) -> Vec<Result<(), LinkOpError>> {
+        (**self).apply_batch(requests).await
     }
 }

@@ -25,24 +25,27 @@ pub(super) async fn ensure_vrf<O: LinkPort>(ops: &O, vrf: &Vrf) -> Result<(), St
     }
 }
 
+/// The index of the pod's VRF `name` (enslaving needs it).
+pub(super) async fn vrf_index<O: LinkPort>(ops: &O, name: &str) -> Result<u32, StepError> {
+    let vrf = ops
+        .link(Side::Pod, name)
+        .await?
+        .ok_or_else(|| LinkOpError::NoSuchLink { side: Side::Pod, name: name.to_owned() })?;
+    Ok(vrf.index)
+}
+
 pub(super) async fn join_vrf<O: LinkPort>(
     ops: &O,
     index: u32,
     name: &str,
 ) -> Result<(), StepError> {
-    let vrf = ops
-        .link(Side::Pod, name)
-        .await?
-        .ok_or_else(|| LinkOpError::NoSuchLink { side: Side::Pod, name: name.to_owned() })?;
-    Ok(ops.set_master(index, vrf.index).await?)
+    let master = vrf_index(ops, name).await?;
+    Ok(ops.set_master(index, master).await?)
 }
 
-pub(super) async fn add_table_route<O: LinkPort>(
-    ops: &O,
-    index: u32,
-    route: &TableRoute,
-) -> Result<(), StepError> {
-    ops.add_table_route(index, route).await.map_err(|source| match source.errno() {
+/// A table route's error, named as the kernel's errno says.
+pub(super) fn table_route_error(route: &TableRoute, source: LinkOpError) -> StepError {
+    match source.errno() {
         Some(EEXIST) => StepError::DuplicateRoute {
             destination: route.route.destination,
             metric: route.route.metric,
@@ -53,7 +56,15 @@ pub(super) async fn add_table_route<O: LinkPort>(
             source,
         },
         _ => StepError::Op(source),
-    })
+    }
+}
+
+pub(super) async fn add_table_route<O: LinkPort>(
+    ops: &O,
+    index: u32,
+    route: &TableRoute,
+) -> Result<(), StepError> {
+    ops.add_table_route(index, route).await.map_err(|source| table_route_error(route, source))
 }
 
 /// Deletes the VRF when no link is enslaved to it any more and it is the VRF the plan
