@@ -16,6 +16,8 @@
 //! packet its `skb->len` (one set of headers per GSO packet), so goodput sits closer to the
 //! ceiling than with tbf, which counts every segment's headers. Figures: `vm-bandwidth` lines.
 
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
+
 use std::time::Duration;
 
 use netclaim::attach::bandwidth::{CeilingMechanism, CeilingSupport, mechanism};
@@ -98,7 +100,7 @@ async fn edt_fq_holds_tcp_to_the_ceiling_on_the_igb_parent() {
         row(&asked.to_string(), picked.as_str(), &measured, Some(asked));
         assert!(fq.throttled > throttled_before, "fq held no packet back: {fq:?}");
         let of = ratio(measured.transfer.bps, asked);
-        assert!(BAND.contains(&of), "ceiling {asked}: achieved {:.3} of it", of);
+        assert!(BAND.contains(&of), "ceiling {asked}: achieved {of:.3} of it");
         node.no_ceiling(0).await;
     }
 }
