@@ -180,6 +180,15 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         self
     }
 
+    /// Refuses `bandwidth.ingress: police` at prepare with `why` (the node's eBPF programs
+    /// are not available; `host::qdisc_ceiling::node_ceilings`). After
+    /// [`Self::with_kernel_support`], which starts the refusals afresh.
+    #[must_use]
+    pub fn with_police_refused(mut self, why: impl Into<String>) -> Self {
+        self.support = Arc::new((*self.support).clone().refuse_police(why));
+        self
+    }
+
     /// Applies the `ethtool` settings of exclusive devices through `port` (`host::ethtool`).
     #[must_use]
     pub fn with_ethtool_port(mut self, port: Arc<dyn super::ethtool::EthtoolPort>) -> Self {

@@ -84,44 +84,49 @@ pub fn root_qdisc(mechanism: CeilingMechanism, rate: BitsPerSecond) -> Option<Ro
     }
 }
 
-/// How this node enforces ceilings, decided once at start: the counting programs pace egress
-/// (EDT, where `fq` is true: the kernel probe created an `fq` qdisc) and police ingress when
-/// `pins` is given (a BPF file system is mounted where the counters go) and the kernel takes
-/// the programs ([`crate::host::bpf::programs_load`]); the same pins as the stats service,
-/// so one program per direction counts and enforces. Otherwise `tbf` and no policing, said
-/// once in the log. Blocking (a verifier pass).
+/// How this node enforces ceilings, decided once at start ([`node_ceilings`]).
+#[derive(Debug)]
+pub struct NodeCeilings {
+    /// The gate's port.
+    pub port: HostCeilings<CounterPins>,
+    /// What it offers.
+    pub support: CeilingSupport,
+    /// Why ingress cannot be policed here (the programs are not available), for prepare's
+    /// refusal of `bandwidth.ingress: police`; `None` when it can.
+    pub no_police: Option<String>,
+}
+
+/// How this node enforces ceilings: the counting programs pace egress (EDT, where `fq` is
+/// true: the kernel probe created an `fq` qdisc) and police ingress when `pins` is given (a
+/// BPF file system is mounted where the counters go) and the kernel takes the programs
+/// ([`crate::host::bpf::programs_load`]); the same pins as the stats service, so one program
+/// per direction counts and enforces. Otherwise `tbf` and no policing, said once in the log.
+/// Blocking (a verifier pass).
 #[must_use]
-pub fn node_ceilings(
-    pins: Option<CounterPins>,
-    fq: bool,
-) -> (HostCeilings<CounterPins>, CeilingSupport) {
-    let pins = match pins {
-        None => {
-            tracing::info!(
-                "bandwidth ceilings by tbf, no ingress policing: no BPF file system for the \
-                 programs (--bpffs)"
-            );
-            None
-        }
+pub fn node_ceilings(pins: Option<CounterPins>, fq: bool) -> NodeCeilings {
+    let (pins, no_police) = match pins {
+        None => (None, Some("no BPF file system for its eBPF programs (--bpffs)".to_owned())),
         Some(pins) => match crate::host::bpf::programs_load() {
-            Ok(()) => Some(pins),
-            Err(err) => {
-                tracing::warn!(err = %crate::model::cause::chain(&err),
-                    "bandwidth ceilings by tbf, no ingress policing: the kernel refused the \
-                     eBPF programs");
-                None
-            }
+            Ok(()) => (Some(pins), None),
+            Err(err) => (
+                None,
+                Some(format!(
+                    "the kernel refused its eBPF programs ({})",
+                    crate::model::cause::chain(&err)
+                )),
+            ),
         },
     };
     let support = CeilingSupport { fq, pacing: pins.is_some() };
-    if support.pacing {
-        let mechanism = crate::attach::bandwidth::mechanism(
-            crate::model::network_config::Mode::Macvlan,
-            support,
-        );
-        tracing::info!(%mechanism, "bandwidth ceilings; ingress policing available");
+    let mechanism =
+        crate::attach::bandwidth::mechanism(crate::model::network_config::Mode::Macvlan, support);
+    match &no_police {
+        None => tracing::info!(%mechanism, "bandwidth ceilings; ingress policing by the programs"),
+        Some(why) => tracing::warn!(%mechanism, why = %why,
+            "bandwidth ceilings without the eBPF programs: no edt-fq, bandwidth.ingress police \
+             refused at prepare"),
     }
-    (HostCeilings::new(pins.map(Arc::new)), support)
+    NodeCeilings { port: HostCeilings::new(pins.map(Arc::new)), support, no_police }
 }
 
 /// Why one interface's ceiling failed.

@@ -85,6 +85,7 @@ pub struct NodeSupport {
     refused_modes: BTreeMap<&'static str, String>,
     refused_vlan: Option<String>,
     no_vrf: Option<String>,
+    no_police: Option<String>,
 }
 
 impl NodeSupport {
@@ -127,6 +128,20 @@ impl NodeSupport {
     #[must_use]
     pub fn vrf_refusal(&self) -> Option<&str> {
         self.no_vrf.as_deref()
+    }
+
+    /// Refuses `bandwidth.ingress: police` with `why` (the node's eBPF programs, which police,
+    /// are not available).
+    #[must_use]
+    pub fn refuse_police(mut self, why: impl Into<String>) -> Self {
+        self.no_police.get_or_insert_with(|| why.into());
+        self
+    }
+
+    /// Why ingress cannot be policed on this node, or `None` when it can.
+    #[must_use]
+    pub fn police_refusal(&self) -> Option<&str> {
+        self.no_police.as_deref()
     }
 
     /// Why a VLAN sub-interface cannot be created on this node, or `None` when it can.

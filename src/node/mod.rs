@@ -458,6 +458,11 @@ async fn load_state(
         // Once at start (DESIGN §2): prepare refuses a mode the kernel lacks, so no claim is
         // accepted that would fail every pod at sandbox time.
         let kernel = crate::host::kernel_probe::probe();
+        // Bandwidth ceilings (DESIGN §3): edt-fq where the kernel has sch_fq and the programs
+        // load, else tbf; ingress policing wherever the programs load, refused at prepare
+        // elsewhere.
+        let fq = kernel.fq == crate::model::support::Probe::Available;
+        let ceilings = crate::host::qdisc_ceiling::node_ceilings(pins, fq);
         let mut service = ClaimService::load(identity, reader, devices, Arc::clone(&store))
             .map_err(NodeError::Claims)?
             .with_kernel_support(&kernel)
@@ -473,10 +478,9 @@ async fn load_state(
         if let Some(metadata) = claim_metadata {
             service = service.with_metadata(metadata).map_err(NodeError::Claims)?;
         }
-        // Bandwidth ceilings (DESIGN §3): edt-fq where the kernel has sch_fq and the programs
-        // load, else tbf; ingress policing wherever the programs load.
-        let fq = kernel.fq == crate::model::support::Probe::Available;
-        let ceilings = crate::host::qdisc_ceiling::node_ceilings(pins, fq);
+        if let Some(why) = &ceilings.no_police {
+            service = service.with_police_refused(why);
+        }
         Ok::<_, NodeError>((service, store, ceilings))
     })
     .await
@@ -526,7 +530,7 @@ async fn load_state(
     .await
     .map_err(NodeError::StateTask)??
     // Bandwidth ceilings at the CreateContainer gate (DESIGN §3).
-    .with_ceilings(Arc::new(ceilings.0), ceilings.1);
+    .with_ceilings(Arc::new(ceilings.port), ceilings.support);
     Ok((Arc::new(attach_service), claims, store))
 }
 

@@ -458,3 +458,47 @@ pub fn daemon_gate_holds_a_pod_to_its_ceiling(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The daemon without its programs (no bpffs: `--bpffs=`, as the root tests' daemons run):
+/// a claim asking `bandwidth.ingress: police` is refused at prepare naming the field and why,
+/// and a plain ceiling is still held by tbf at the gate.
+pub fn daemon_without_programs_refuses_police_and_uses_tbf() {
+    use super::daemon::{Node, pod};
+    use super::netns::Netns;
+
+    let node = Node::start();
+    let _daemon = node.start_daemon("node.log");
+    let pod_netns = Netns::new();
+    let sandbox = pod(&pod_netns, "capped");
+    let parent = node.parent.clone();
+    let policed = serde_json::json!({"mode": "macvlan", "ipam": {"pool": {"subnet": "10.77.0.0/24"}},
+        "bandwidth": {"limit": "100M", "ingress": "police"}});
+    let uid = node.allocated_claim_on("policed-net", &sandbox, &parent, policed);
+    let refused = node.prepare("policed-net", &uid);
+    assert!(
+        refused.error.contains("bandwidth.ingress: police: this node cannot police ingress")
+            && refused.error.contains("no BPF file system"),
+        "{}",
+        refused.error
+    );
+    let capped = serde_json::json!({"mode": "macvlan", "ipam": {"pool": {"subnet": "10.77.1.0/24"}},
+        "bandwidth": {"limit": "100M"}});
+    let uid = node.allocated_claim_on("capped-net", &sandbox, &parent, capped);
+    assert_eq!(node.prepare("capped-net", &uid).error, "", "{}", node.log("node.log"));
+    let ran = node.runtime.block_on(node.nri().run_pod_sandbox(&sandbox));
+    assert!(ran.is_ok(), "{ran:?}\n{}", node.log("node.log"));
+    let claim = node.wait_for_status("capped-net", "True", "NetworkReady", "node.log");
+    let entry = &claim.status.as_ref().unwrap().devices.as_ref().unwrap()[0];
+    assert_eq!(entry.data.as_ref().unwrap().0["bandwidth"]["mechanism"], "tbf");
+    let container = nri_rs::Container {
+        id: "c1".into(),
+        pod_sandbox_id: sandbox.id.clone(),
+        name: "app".into(),
+    };
+    let created = node.runtime.block_on(node.nri().create_container(&sandbox, &container));
+    assert!(created.is_ok(), "{created:?}\n{}", node.log("node.log"));
+    let out = pod_netns.exec("tc", &["-j", "qdisc", "show", "dev", "net1"]);
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = all.as_array().unwrap().iter().find(|q| q["root"] == true).unwrap();
+    assert_eq!((root["kind"].as_str(), root["handle"].as_str()), (Some("tbf"), Some("4e43:")));
+}

@@ -28,3 +28,12 @@ async fn a_flood_through_tbf_shows_qdisc_drops_in_the_stats() {
     require_root("a_flood_through_tbf_shows_qdisc_drops_in_the_stats");
     crate::kit::ceilings::tbf_drops_and_overlimits_reach_the_stats(HookKind::Clsact).await;
 }
+
+/// Without its programs (no bpffs) the daemon refuses `ingress: police` at prepare and
+/// holds ceilings by tbf.
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn the_daemon_without_programs_refuses_police_at_prepare_and_uses_tbf() {
+    require_root("the_daemon_without_programs_refuses_police_at_prepare_and_uses_tbf");
+    crate::kit::ceilings::daemon_without_programs_refuses_police_and_uses_tbf();
+}

@@ -5,8 +5,9 @@
 use super::validate::{invalid, quoted};
 use super::{ConfigError, DeviceFacts, Mode, NetworkConfig, ResolvedMode, Sharing};
 use crate::model::bandwidth::{
-    BANDWIDTH_STEP, BandwidthParseError, BitsPerSecond, ResolvedBandwidth,
+    BANDWIDTH_STEP, BandwidthParseError, BitsPerSecond, IngressPolicy, ResolvedBandwidth,
 };
+use crate::model::support::NodeSupport;
 
 /// Why a `bandwidth` value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +48,9 @@ pub enum BandwidthRule {
         "police needs a ceiling: set bandwidth.limit or request capacity netclaim.dev/bandwidth"
     )]
     PoliceWithoutCeiling,
+    /// This node cannot police (its eBPF programs are not available).
+    #[error("this node cannot police ingress: {0}; leave bandwidth.ingress out")]
+    PoliceUnavailable(String),
 }
 
 /// Resolves the `bandwidth` section of `cfg` for `mode` on `device`; `None` when the config
@@ -55,6 +59,7 @@ pub(super) fn resolve(
     cfg: &NetworkConfig,
     mode: ResolvedMode,
     device: &DeviceFacts,
+    support: &NodeSupport,
 ) -> Result<Option<ResolvedBandwidth>, ConfigError> {
     let Some(section) = &cfg.bandwidth else { return Ok(None) };
     let refuse = |path: &str, value: String, rule: BandwidthRule| {
@@ -69,6 +74,14 @@ pub(super) fn resolve(
             mode.mode().to_string(),
             BandwidthRule::ModeCannotEnforce(mode.mode()),
         ));
+    }
+    // The programs police on the pod's interface (a VF's rate is the PF's, no program).
+    if section.ingress == Some(IngressPolicy::Police)
+        && mode != ResolvedMode::SriovVf
+        && let Some(why) = support.police_refusal()
+    {
+        let rule = BandwidthRule::PoliceUnavailable(why.to_owned());
+        return Err(refuse("bandwidth.ingress", "police".to_owned(), rule));
     }
     let limit = match &section.limit {
         None => None,
@@ -114,13 +127,33 @@ mod tests {
         config: serde_json::Value,
         device: &DeviceFacts,
     ) -> Result<Option<ResolvedBandwidth>, String> {
+        check_on(config, device, &NodeSupport::default())
+    }
+
+    fn check_on(
+        config: serde_json::Value,
+        device: &DeviceFacts,
+        support: &NodeSupport,
+    ) -> Result<Option<ResolvedBandwidth>, String> {
         let mut params = json!({"apiVersion": "netclaim.dev/v1alpha1", "kind": "NetworkConfig"});
         let serde_json::Value::Object(fields) = config else { panic!("an object") };
         params.as_object_mut().unwrap().extend(fields);
         let cfg = decode(0, &params).map_err(|e| e.to_string())?;
-        cfg.validate(device, &NodeSupport::default())
-            .map(|r| r.bandwidth)
-            .map_err(|e| e.to_string())
+        cfg.validate(device, support).map(|r| r.bandwidth).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn police_on_a_node_without_the_programs_is_refused_naming_the_field() {
+        let shared = physical_nic("eth2").shared();
+        let police = json!({"bandwidth": {"limit": "100M", "ingress": "police"}});
+        let without = NodeSupport::default().refuse_police("no BPF file system");
+        let err = check_on(police.clone(), &shared, &without).unwrap_err();
+        assert!(
+            err.contains("bandwidth.ingress: police: this node cannot police ingress: no BPF"),
+            "{err}"
+        );
+        assert!(check_on(json!({"bandwidth": {"limit": "100M"}}), &shared, &without).is_ok());
+        assert!(check(police, &shared).is_ok(), "a node with the programs polices");
     }
 
     #[test]

@@ -133,7 +133,7 @@ pub(super) fn validate(
         }
         _ => None,
     };
-    let bandwidth = super::bandwidth::resolve(cfg, mode, device)?;
+    let bandwidth = super::bandwidth::resolve(cfg, mode, device, support)?;
     let moves = matches!(mode, ResolvedMode::HostDevice | ResolvedMode::SriovVf);
     // A function bound to vfio-pci leaves its RDMA driver too: there is no RDMA device to
     // move or share (an explicit `rdma` is refused by the vfio rules, naming it).
