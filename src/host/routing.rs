@@ -98,6 +98,9 @@ fn inet_conf(settings: &[(u16, u32)]) -> LinkAttribute {
     LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![AfSpecInet::Other(conf)])])
 }
 
+/// A `/proc/sys` write: path, key (for errors), value.
+pub(super) type ProcWrite = (PathBuf, String, String);
+
 /// The two parts of setting `sysctls` on pod link `index` named `if_name`: the
 /// `IFLA_INET_CONF` message (with its op name for errors), if any setting takes that path, and
 /// the `/proc/sys` writes (path, key, value) of the others, in order.
@@ -105,7 +108,7 @@ pub(super) fn sysctl_parts(
     index: u32,
     if_name: &str,
     sysctls: &[Sysctl],
-) -> (Option<(LinkMessage, String)>, Vec<(PathBuf, String, String)>) {
+) -> (Option<(LinkMessage, String)>, Vec<ProcWrite>) {
     let devconf: Vec<(u16, u32)> = sysctls.iter().filter_map(Sysctl::inet_devconf).collect();
     let inet = (!devconf.is_empty()).then(|| {
         let mut message = LinkUnspec::new_with_index(index).build();
