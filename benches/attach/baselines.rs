@@ -1,6 +1,7 @@
-//! The two sequences the whole path is compared with: the bare rtnetlink floor (the least a
-//! program must send to the kernel for the same interface) and CNI macvlan + host-local run
-//! as a runtime runs it.
+//! The sequences the whole path is compared with: the bare rtnetlink floors (the least a
+//! program must send to the kernel for the same interface: one request at a time, each
+//! awaiting its ack, or pipelined, the requests after the create in one datagram and their
+//! acks read after) and CNI macvlan + host-local run as a runtime runs it.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
@@ -10,9 +11,12 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use netclaim::host::netlink::open_in_netns;
+use netclaim::host::netlink_batch::{BatchSocket, open_batched_in_netns};
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use netlink_packet_route::link::MacVlanMode;
-use rtnetlink::{LinkMacVlan, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage};
+use rtnetlink::{AddressMessageBuilder, LinkMacVlan, LinkUnspec, RouteMessageBuilder};
 
 /// The pod-side name every sequence gives the interface.
 pub(crate) const POD_IF: &str = "net1";
@@ -77,6 +81,73 @@ pub(crate) async fn bare_macvlan(
             .expect("v6 route");
     }
     (pod, index)
+}
+
+/// A request to create or set (`NLM_F_EXCL | NLM_F_CREATE`, as rtnetlink's single requests).
+fn create(message: RouteNetlinkMessage) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut request = NetlinkMessage::from(message);
+    request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
+    request
+}
+
+/// The pipelined floor of the same attach: the pod's sockets opened on one thread (rtnetlink's
+/// for the lookup, and a batch socket), create and lookup as in [`bare_macvlan`], then the
+/// addresses, up and the routes sent back to back in one datagram, their acks read after.
+/// Returns the pod's batch socket and the link's index.
+pub(crate) async fn bare_macvlan_pipelined(
+    host: &rtnetlink::Handle,
+    pod_path: &Path,
+    parent_index: u32,
+    dual_stack: bool,
+) -> (BatchSocket, u32) {
+    let (pod, batch, pod_ns) = open_batched_in_netns(pod_path).await.expect("pod netns sockets");
+    host.link()
+        .add(
+            LinkMacVlan::new(POD_IF, parent_index, MacVlanMode::Bridge)
+                .mtu(1400)
+                .setns_by_fd(pod_ns.as_raw_fd())
+                .build(),
+        )
+        .execute()
+        .await
+        .expect("macvlan create");
+    let index = link_index(&pod, POD_IF).await.expect("the link just created");
+    let mut messages = vec![create(RouteNetlinkMessage::NewAddress(
+        AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(Ipv4Addr::new(10, 77, 0, 2), 24)
+            .build(),
+    ))];
+    if dual_stack {
+        let mut v6 = AddressMessageBuilder::<Ipv6Addr>::new()
+            .index(index)
+            .address("fd00:77::2".parse().expect("literal"), 64)
+            .build();
+        v6.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        messages.push(create(RouteNetlinkMessage::NewAddress(v6)));
+    }
+    messages
+        .push(create(RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build())));
+    messages.push(create(RouteNetlinkMessage::NewRoute(
+        RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(Ipv4Addr::new(10, 88, 0, 0), 16)
+            .gateway(Ipv4Addr::new(10, 77, 0, 1))
+            .output_interface(index)
+            .priority(50)
+            .build(),
+    )));
+    if dual_stack {
+        messages.push(create(RouteNetlinkMessage::NewRoute(
+            RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix("fd00:88::".parse().expect("literal"), 64)
+                .gateway("fd00:77::1".parse().expect("literal"))
+                .output_interface(index)
+                .build(),
+        )));
+    }
+    let acks = batch.send(messages).await;
+    assert!(acks.iter().all(Result::is_ok), "pipelined requests refused: {acks:?}");
+    (batch, index)
 }
 
 /// The bare floor of a detach: pod socket, delete the link (the kernel removes its

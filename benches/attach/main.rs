@@ -1,9 +1,10 @@
 //! What a pod waits for at sandbox creation (DESIGN §10, decision 0010), root only. The whole
 //! path: `RunPodSandbox` from our NRI runtime side through the plugin into the real attach
 //! service, with the store on disk, device metadata and claim statuses, until answered. Against
-//! it: the bare rtnetlink floor (parent index cached, one lookup of the new link, nothing
-//! else), CNI macvlan + host-local run as a runtime runs it, and `podnet::apply` alone (the
-//! kernel part of the whole path). IPv4 and dual stack, DAD off on every side. The `stop`
+//! it: the bare rtnetlink floors (parent index cached, one lookup of the new link, nothing
+//! else; the requests one at a time, each awaiting its ack, or pipelined: the ones after the
+//! lookup in one datagram, acks read after), CNI macvlan + host-local run as a runtime runs
+//! it, and `podnet::apply` alone (the kernel part of the whole path). IPv4 and dual stack, DAD off on every side. The `stop`
 //! group times `StopPodSandbox` answered against the bare link deletion, and podnet's
 //! detaches. Topology: throwaway host, pod and peer netns with veth devices.
 //!
@@ -12,6 +13,10 @@
 //! targets are about. Without `--bench` (`cargo test --benches`, as `make test` runs it) each
 //! benchmark runs once and the rounds shrink to three; under CI, missing root or CNI plugins
 //! fail it instead of skipping.
+//!
+//! Syscalls per attach: with `NETCLAIM_BENCH_MARK=1` every timed span of the rounds is framed
+//! by two marker syscalls (a `stat` of a path that does not exist, naming the sequence), which
+//! `benches/attach/syscalls.sh` finds in an `strace -f` of a run and counts between.
 
 #![allow(missing_docs, reason = "a bench binary has no public API")]
 #![allow(clippy::unwrap_used, reason = "a failed benchmark step should stop the run")]
@@ -26,7 +31,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use baselines::{POD_IF, bare_delete, bare_macvlan, cni_config, cni_path, link_index, run_cni};
+use baselines::{
+    POD_IF, bare_delete, bare_macvlan, bare_macvlan_pipelined, cni_config, cni_path, link_index,
+    run_cni,
+};
 use criterion::{Criterion, SamplingMode};
 use netclaim::host::netlink::{HostNetlink, NetlinkOps, open_in_netns};
 use netclaim::model::network_config::{
@@ -43,6 +51,19 @@ fn is_root() -> bool {
         .unwrap_or_default()
         .lines()
         .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(2) == Some("0"))
+}
+
+/// With `NETCLAIM_BENCH_MARK` set, a syscall `strace` shows with `label` in it (a `stat` of a
+/// path that cannot exist): the frame `benches/attach/syscalls.sh` counts syscalls in.
+pub(crate) fn mark(label: &str) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("NETCLAIM_BENCH_MARK").is_some()) {
+        let _absent = std::fs::metadata(format!("/netclaim-bench-mark/{label}"));
+    }
+}
+
+fn family(dual_stack: bool) -> &'static str {
+    if dual_stack { "dual" } else { "v4" }
 }
 
 fn ip(args: &[&str]) {
@@ -223,7 +244,7 @@ impl Bench {
     /// `StopPodSandbox` answered (timed) and the rest of the teardown (untimed).
     async fn whole_path(&self, dual_stack: bool) -> (Duration, Duration) {
         let pod = self.node().prepared_pod(dual_stack, &self.pod_path).await;
-        let attached = self.node().run(&pod).await;
+        let attached = self.node().run(&pod, &format!("whole-path-{}", family(dual_stack))).await;
         self.expect_pod_interface(true).await;
         let stopped = self.node().stop(pod).await;
         self.expect_pod_interface(false).await;
@@ -232,10 +253,12 @@ impl Bench {
 
     /// One bare sequence: attach and delete, both timed.
     async fn bare(&self, dual_stack: bool) -> (Duration, Duration) {
+        mark(&format!("bare-sequential-{}/start", family(dual_stack)));
         let started = Instant::now();
         let (_pod, index) =
             bare_macvlan(self.host.handle(), &self.pod_path, self.parent_index, dual_stack).await;
         let attached = started.elapsed();
+        mark(&format!("bare-sequential-{}/end", family(dual_stack)));
         self.expect_pod_interface(true).await;
         let started = Instant::now();
         bare_delete(&self.pod_path, index).await;
@@ -244,12 +267,34 @@ impl Bench {
         (attached, deleted)
     }
 
+    /// One bare pipelined attach, timed; the delete untimed.
+    async fn bare_pipelined(&self, dual_stack: bool) -> Duration {
+        mark(&format!("bare-pipelined-{}/start", family(dual_stack)));
+        let started = Instant::now();
+        let (_batch, index) = bare_macvlan_pipelined(
+            self.host.handle(),
+            &self.pod_path,
+            self.parent_index,
+            dual_stack,
+        )
+        .await;
+        let attached = started.elapsed();
+        mark(&format!("bare-pipelined-{}/end", family(dual_stack)));
+        self.expect_pod_interface(true).await;
+        bare_delete(&self.pod_path, index).await;
+        self.expect_pod_interface(false).await;
+        attached
+    }
+
     /// One `podnet` apply (pod socket included), timed; the detach untimed.
     async fn podnet(&self, plan: &AttachPlan) -> Duration {
+        // The plan's step count tells the plans apart (dual stack, IPv4, routed).
+        mark(&format!("podnet-{}-steps/start", plan.steps.len()));
         let started = Instant::now();
         let ops = NetlinkOps::open(&self.host, &self.pod_path).await.expect("pod socket");
         attach(&ops, &self.vlans, plan).await.expect("attach");
         let attached = started.elapsed();
+        mark(&format!("podnet-{}-steps/end", plan.steps.len()));
         assert!(detach(&ops, &self.vlans, plan).await.is_clean());
         attached
     }
@@ -258,7 +303,9 @@ impl Bench {
     fn cni(&self, cni_dir: &Path, dual_stack: bool) -> Duration {
         let config = cni_config(PARENT, &self.data_dir, dual_stack);
         let host_path = path(&self.host_ns);
+        mark(&format!("cni-{}/start", family(dual_stack)));
         let added = run_cni(&host_path, cni_dir, "macvlan", "ADD", &self.pod_path, &config);
+        mark(&format!("cni-{}/end", family(dual_stack)));
         self.runtime.block_on(self.expect_pod_interface(true));
         run_cni(&host_path, cni_dir, "macvlan", "DEL", &self.pod_path, &config);
         self.runtime.block_on(self.expect_pod_interface(false));
@@ -295,8 +342,8 @@ impl Bench {
     fn rounds(&self, plan: &AttachPlan, dual_stack: bool, rounds: usize) -> Rounds {
         let mut result = Rounds::default();
         for round in 0..rounds {
-            for turn in 0..4 {
-                match (round + turn) % 4 {
+            for turn in 0..5 {
+                match (round + turn) % 5 {
                     0 => {
                         let (attached, stopped) =
                             self.runtime.block_on(self.whole_path(dual_stack));
@@ -309,6 +356,9 @@ impl Bench {
                         result.bare_delete.push(deleted);
                     }
                     2 => result.podnet.push(self.runtime.block_on(self.podnet(plan))),
+                    3 => result
+                        .bare_pipelined
+                        .push(self.runtime.block_on(self.bare_pipelined(dual_stack))),
                     _ => {
                         if let Some(cni_dir) = &self.cni_dir {
                             result.cni.push(self.cni(cni_dir, dual_stack));
@@ -328,6 +378,7 @@ struct Rounds {
     whole_stop: Vec<Duration>,
     podnet: Vec<Duration>,
     bare: Vec<Duration>,
+    bare_pipelined: Vec<Duration>,
     bare_delete: Vec<Duration>,
     cni: Vec<Duration>,
 }
@@ -337,22 +388,31 @@ impl Rounds {
         let count = self.whole.len();
         println!("rounds {label} ({count} rounds, order rotating):");
         println!(
-            "  attach medians: whole path {:?}, podnet {:?}, bare rtnetlink {:?}, cni {}",
+            "  attach medians: whole path {:?}, podnet {:?}, bare sequential {:?}, bare pipelined \
+             {:?}, cni {}",
             median(&self.whole),
             median(&self.podnet),
             median(&self.bare),
+            median(&self.bare_pipelined),
             if self.cni.is_empty() { "-".to_owned() } else { format!("{:?}", median(&self.cni)) },
         );
         println!(
-            "  per-round ratio medians: whole/bare {:.2} (target <= 1.25), whole/podnet {:.2}, \
-             podnet/bare {:.2}{}",
+            "  per-round ratio medians: whole/bare-sequential {:.2} (target <= 1.0), \
+             whole/bare-pipelined {:.2} (target <= 1.15), whole/podnet {:.2}, \
+             podnet/bare-pipelined {:.2}, bare-sequential/bare-pipelined {:.2}{}",
             ratio_median(&self.whole, &self.bare),
+            ratio_median(&self.whole, &self.bare_pipelined),
             ratio_median(&self.whole, &self.podnet),
-            ratio_median(&self.podnet, &self.bare),
+            ratio_median(&self.podnet, &self.bare_pipelined),
+            ratio_median(&self.bare, &self.bare_pipelined),
             if self.cni.is_empty() {
                 String::new()
             } else {
-                format!(", cni/whole {:.1} (target >= 10)", ratio_median(&self.cni, &self.whole))
+                format!(
+                    ", cni/whole {:.1} (goal >= 15), cni/podnet {:.1}",
+                    ratio_median(&self.cni, &self.whole),
+                    ratio_median(&self.cni, &self.podnet)
+                )
             },
         );
         println!(
@@ -440,6 +500,11 @@ fn main() {
         group.bench_function(format!("macvlan-{family}/bare-rtnetlink"), |b| {
             b.iter_custom(|iters| {
                 Bench::repeat(iters, || bench.runtime.block_on(bench.bare(dual_stack)).0)
+            });
+        });
+        group.bench_function(format!("macvlan-{family}/bare-pipelined"), |b| {
+            b.iter_custom(|iters| {
+                Bench::repeat(iters, || bench.runtime.block_on(bench.bare_pipelined(dual_stack)))
             });
         });
         if let Some(cni_dir) = &cni_dir {

@@ -149,10 +149,14 @@ impl Node {
         }
     }
 
-    /// Timed: `RunPodSandbox` until the plugin answered (the interface is attached).
-    pub(crate) async fn run(&self, pod: &Running) -> Duration {
+    /// Timed: `RunPodSandbox` until the plugin answered (the interface is attached); framed by
+    /// `label`'s markers ([`crate::mark`]).
+    pub(crate) async fn run(&self, pod: &Running, label: &str) -> Duration {
         self.idle().await;
-        self.runtime.call(Call::Run(pod.sandbox.clone())).await
+        crate::mark(&format!("{label}/start"));
+        let attached = self.runtime.call(Call::Run(pod.sandbox.clone())).await;
+        crate::mark(&format!("{label}/end"));
+        attached
     }
 
     /// `StopPodSandbox` timed until answered; then, untimed, `RemovePodSandbox`, the
