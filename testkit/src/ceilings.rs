@@ -388,8 +388,8 @@ pub async fn tbf_drops_and_overlimits_reach_the_stats(kind: HookKind) {
     // Drops happen at enqueue only, all during the flood: tc reads the same number.
     assert_eq!(root["drops"].as_u64(), Some(qdisc.dropped), "tc: {root}");
     assert!(root["overlimits"].as_u64().unwrap() >= qdisc.overlimits, "tc: {root}");
-    let status = serde_json::to_value(stats.to_status("now".to_owned())).unwrap();
-    assert_eq!(status["ceiling"]["qdisc"]["dropped"].as_u64(), Some(qdisc.dropped));
+    let in_status = serde_json::to_value(stats.to_status("now".to_owned())).unwrap();
+    assert_eq!(in_status["ceiling"]["qdisc"]["dropped"].as_u64(), Some(qdisc.dropped));
     pins.unhook(Some(&pair.pod_path()), "pod-uid", &pair.pod_if).await.unwrap();
 }
 
