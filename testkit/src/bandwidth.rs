@@ -109,7 +109,12 @@ impl Node {
         let carrier = format!("/sys/class/net/{nic}/carrier");
         let started = std::time::Instant::now();
         while std::fs::read_to_string(&carrier).map(|c| c.trim() == "1").ok() != Some(true) {
-            assert!(started.elapsed() < Duration::from_secs(10), "{nic} has no carrier");
+            if started.elapsed() > Duration::from_secs(10) {
+                if was_up == 0 {
+                    run("ip", &["link", "set", nic, "down"]);
+                }
+                panic!("{nic} has no carrier after 10 s");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         let pods = (0..pods).map(|i| Self::pod(None, nic, i)).collect();
