@@ -12,7 +12,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
-use super::tests::{World, claim, class, exact, request, shared};
+use super::allocate::Usage;
+use super::tests::{World, allocated, claim, class, exact, request, shared};
 
 const BANDWIDTH: &str = "netclaim.dev/bandwidth";
 
@@ -208,4 +209,21 @@ fn max_and_valid_values_bound_a_request() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("above every valid value"), "{err}");
+}
+
+#[test]
+fn a_usage_kept_through_a_pass_holds_each_allocation_added_to_it() {
+    // Room for two sub-interfaces; the first is recorded, the second only added to the
+    // pass's usage (as the allocator does after writing it).
+    let mut world = world(vec![parent("eth1", "2", "10G")]);
+    world.commit(claim("c1", vec![request("nic", exact("net"))])).unwrap();
+    let mut usage = Usage::from_claims(&world.claims, None);
+    let second = claim("c2", vec![request("nic", exact("net"))]);
+    let result = world.allocate_against(&second, usage.clone()).unwrap();
+    usage.add_claim(&allocated(second, result));
+    let third = claim("c3", vec![request("nic", exact("net"))]);
+    let refused = world.allocate_against(&third, usage).unwrap_err();
+    assert!(refused.to_string().contains("eth1"), "{refused}");
+    // Rebuilt from the recorded claims alone (no second), the parent has room.
+    assert!(world.allocate_against(&third, Usage::from_claims(&world.claims, None)).is_ok());
 }

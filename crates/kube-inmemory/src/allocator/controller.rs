@@ -29,7 +29,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource as _};
 
-use super::allocate::{AllocationInput, allocate};
+use super::allocate::{AllocationInput, Usage, allocate_with_usage};
 use super::report::SchedulingReporter;
 use super::schedule::{self, NodeCandidate, PlacementError, SchedulingInput};
 
@@ -309,6 +309,8 @@ impl AllocatorController {
         });
         let mut summary = PassSummary::default();
         let mut reasons = BTreeMap::new();
+        // Pending claims hold nothing: one usage for the pass, each written allocation added.
+        let mut usage = Usage::from_claims(&world.claims, None);
         for claim in pending {
             let key = claim_key(&claim);
             let node = match self.target_node(&claim, &world.pods) {
@@ -325,21 +327,22 @@ impl AllocatorController {
                 classes: &world.classes,
                 claims: &world.claims,
             };
-            let allocation =
-                match allocate(&input, &claim, &mut || uuid::Uuid::new_v4().to_string()) {
-                    Ok(allocation) => allocation,
-                    Err(error) => {
-                        let reason = error.to_string();
-                        let previous = self.reasons.lock().ok().and_then(|r| r.get(&key).cloned());
-                        if previous.as_deref() != Some(reason.as_str()) {
-                            tracing::warn!(claim = %key, %reason, "claim cannot be allocated");
-                            self.record_failure(&claim, &reason).await;
-                        }
-                        reasons.insert(key, reason);
-                        summary.pending += 1;
-                        continue;
+            let allocation = match allocate_with_usage(&input, &claim, usage.clone(), &mut || {
+                uuid::Uuid::new_v4().to_string()
+            }) {
+                Ok(allocation) => allocation,
+                Err(error) => {
+                    let reason = error.to_string();
+                    let previous = self.reasons.lock().ok().and_then(|r| r.get(&key).cloned());
+                    if previous.as_deref() != Some(reason.as_str()) {
+                        tracing::warn!(claim = %key, %reason, "claim cannot be allocated");
+                        self.record_failure(&claim, &reason).await;
                     }
-                };
+                    reasons.insert(key, reason);
+                    summary.pending += 1;
+                    continue;
+                }
+            };
             let mut updated = claim.clone();
             updated.status.get_or_insert_with(ResourceClaimStatus::default).allocation =
                 Some(allocation);
@@ -351,6 +354,7 @@ impl AllocatorController {
             match api.replace_status(&name, &PostParams::default(), &updated).await {
                 Ok(written) => {
                     tracing::info!(claim = %key, devices = ?device_names(&written), "claim allocated");
+                    usage.add_claim(&written);
                     if let Some(slot) =
                         world.claims.iter_mut().find(|c| c.metadata.uid == written.metadata.uid)
                     {
@@ -396,7 +400,7 @@ impl AllocatorController {
         });
         let mut pods = world.pods.clone();
         let mut new_share_id = || uuid::Uuid::new_v4().to_string();
-        let mut assumed = {
+        let assumed = {
             let input = SchedulingInput {
                 nodes: &world.candidates,
                 slices: &world.slices,
@@ -407,6 +411,10 @@ impl AllocatorController {
             };
             schedule::assumed_claims(&input, &mut new_share_id)
         };
+        let mut usage = Usage::from_claims(&world.claims, None);
+        for claim in &assumed {
+            usage.add_claim(claim);
+        }
         let (mut bound, mut waiting) = (0, 0);
         let mut reasons = BTreeMap::new();
         for pod in unbound {
@@ -419,7 +427,8 @@ impl AllocatorController {
                 templates: &world.templates,
                 pods: &pods,
             };
-            let placement = match schedule::place(&input, pod, &assumed, &mut new_share_id) {
+            let placement = match schedule::place_with_usage(&input, pod, &usage, &mut new_share_id)
+            {
                 Ok(placement) => placement,
                 Err(error) => {
                     let reason = error.to_string();
@@ -446,7 +455,9 @@ impl AllocatorController {
                         slot.spec.get_or_insert_with(Default::default).node_name =
                             Some(placement.node.clone());
                     }
-                    assumed.extend(placement.assumed);
+                    for claim in &placement.assumed {
+                        usage.add_claim(claim);
+                    }
                     bound += 1;
                 }
                 Err(error) => {

@@ -29,7 +29,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::allocate::{AllocationInput, allocate};
+use super::allocate::{AllocationInput, Usage, allocate_with_usage};
 
 /// Annotation on a claim generated from a template naming the Pod's `spec.resourceClaims`
 /// entry (set by the resourceclaim controller, or by whoever stands in for it).
@@ -381,12 +381,14 @@ fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str
 /// fit.
 fn fit(
     input: &SchedulingInput<'_>,
-    claims_now: &[ResourceClaim],
+    usage_now: &Usage,
     pod_claims: &[PodClaim<'_>],
     node: &NodeCandidate,
     new_share_id: &mut dyn FnMut() -> String,
 ) -> Result<Vec<ResourceClaim>, (&'static str, String)> {
-    let mut world: Vec<ResourceClaim> = claims_now.to_vec();
+    // What the claims and earlier tentative allocations hold, plus this pod's own claims as
+    // they are allocated here (a pod's two claims must not get the same exclusive device).
+    let mut usage = usage_now.clone();
     let mut assumed = Vec::new();
     for claim in pod_claims {
         let claim = match claim {
@@ -415,16 +417,22 @@ fn fit(
             node: &node.name,
             slices: input.slices,
             classes: input.classes,
-            claims: &world,
+            claims: input.claims,
         };
-        let allocation = allocate(&allocation_input, &claim, new_share_id).map_err(|e| {
+        let allocation = allocate_with_usage(
+            &allocation_input,
+            &claim,
+            usage.clone(),
+            new_share_id,
+        )
+        .map_err(|e| {
             (
                 CANNOT_ALLOCATE,
                 format!("claim {}: {e}", claim.metadata.name.as_deref().unwrap_or_default()),
             )
         })?;
         let allocated = with_allocation(claim, allocation);
-        world.push(allocated.clone());
+        usage.add_claim(&allocated);
         assumed.push(allocated);
     }
     Ok(assumed)
@@ -484,12 +492,27 @@ pub fn place(
     assumed: &[ResourceClaim],
     new_share_id: &mut dyn FnMut() -> String,
 ) -> Result<Placement, PlacementError> {
+    let mut usage = Usage::from_claims(input.claims, None);
+    for claim in assumed {
+        usage.add_claim(claim);
+    }
+    place_with_usage(input, pod, &usage, new_share_id)
+}
+
+/// [`place`] against `usage`: what the claims of `input` and the tentative allocations made
+/// earlier in the pass hold. A pass placing many pods keeps one and adds each placement's
+/// tentative allocations, instead of copying every claim for each pod and node (a pass over
+/// N unbound pods copied N × (claims + assumed) claim objects).
+pub fn place_with_usage(
+    input: &SchedulingInput<'_>,
+    pod: &Pod,
+    usage: &Usage,
+    new_share_id: &mut dyn FnMut() -> String,
+) -> Result<Placement, PlacementError> {
     let pod_claims = pod_claims(pod, input.claims, input.templates)?;
     if let Some(error) = missing_class(input, &pod_claims) {
         return Err(error);
     }
-    let mut claims_now: Vec<ResourceClaim> = input.claims.to_vec();
-    claims_now.extend(assumed.iter().cloned());
     let loads = loads(input.nodes, input.pods);
     let mut order: Vec<(usize, usize, &NodeCandidate)> = input
         .nodes
@@ -500,7 +523,7 @@ pub fn place(
     order.sort_by_key(|&(load, index, _)| (load, index));
     let mut reasons = Vec::new();
     for (_, _, node) in order {
-        match fit(input, &claims_now, &pod_claims, node, new_share_id) {
+        match fit(input, usage, &pod_claims, node, new_share_id) {
             Ok(assumed) => return Ok(Placement { node: node.name.clone(), assumed }),
             Err((reason, detail)) => {
                 reasons.push(NodeRejection { node: node.name.clone(), reason, detail });
@@ -520,6 +543,7 @@ pub fn assumed_claims(
     new_share_id: &mut dyn FnMut() -> String,
 ) -> Vec<ResourceClaim> {
     let mut assumed: Vec<ResourceClaim> = Vec::new();
+    let mut usage = Usage::from_claims(input.claims, None);
     for pod in
         input.pods.iter().filter(|p| !is_terminal(p) && p.metadata.deletion_timestamp.is_none())
     {
@@ -529,16 +553,18 @@ pub fn assumed_claims(
         let Ok(claims) = pod_claims(pod, input.claims, input.templates) else { continue };
         for claim in claims {
             let PodClaim::FromTemplate(claim, _) = claim else { continue };
-            let mut world: Vec<ResourceClaim> = input.claims.to_vec();
-            world.extend(assumed.iter().cloned());
             let allocation_input = AllocationInput {
                 node: &node.name,
                 slices: input.slices,
                 classes: input.classes,
-                claims: &world,
+                claims: input.claims,
             };
-            match allocate(&allocation_input, &claim, new_share_id) {
-                Ok(allocation) => assumed.push(with_allocation(*claim, allocation)),
+            match allocate_with_usage(&allocation_input, &claim, usage.clone(), new_share_id) {
+                Ok(allocation) => {
+                    let allocated = with_allocation(*claim, allocation);
+                    usage.add_claim(&allocated);
+                    assumed.push(allocated);
+                }
                 Err(error) => tracing::debug!(
                     pod = %pod_key(pod),
                     %error,

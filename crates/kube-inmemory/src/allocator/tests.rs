@@ -14,7 +14,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
-use super::allocate::{AllocationError, AllocationInput, allocate, complete_pools};
+use super::allocate::{
+    AllocationError, AllocationInput, Usage, allocate, allocate_with_usage, complete_pools,
+};
 
 const NODE: &str = "node-a";
 const DRIVER: &str = "netclaim.dev";
@@ -108,7 +110,7 @@ pub(super) fn claim(uid: &str, requests: Vec<DeviceRequest>) -> ResourceClaim {
     }
 }
 
-fn allocated(mut claim: ResourceClaim, allocation: AllocationResult) -> ResourceClaim {
+pub(super) fn allocated(mut claim: ResourceClaim, allocation: AllocationResult) -> ResourceClaim {
     claim.status = Some(ResourceClaimStatus {
         allocation: Some(allocation),
         ..ResourceClaimStatus::default()
@@ -150,6 +152,21 @@ impl World {
         });
         self.next_share = counter;
         result
+    }
+
+    /// [`allocate_with_usage`] against `usage` rather than the recorded claims.
+    pub(super) fn allocate_against(
+        &self,
+        claim: &ResourceClaim,
+        usage: Usage,
+    ) -> Result<AllocationResult, AllocationError> {
+        let input = AllocationInput {
+            node: NODE,
+            slices: &self.slices,
+            classes: &self.classes,
+            claims: &[],
+        };
+        allocate_with_usage(&input, claim, usage, &mut || "share".to_owned())
     }
 
     /// Allocates and records the claim as allocated.
