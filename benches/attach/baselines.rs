@@ -90,9 +90,10 @@ fn create(message: RouteNetlinkMessage) -> NetlinkMessage<RouteNetlinkMessage> {
     request
 }
 
-/// The pipelined floor of the same attach: the pod's sockets opened on one thread (rtnetlink's
-/// for the lookup, and a batch socket), create and lookup as in [`bare_macvlan`], then the
-/// addresses, up and the routes sent back to back in one datagram, their acks read after.
+/// The pipelined floor of the same attach: the pod's sockets opened on one thread (rtnetlink's,
+/// unused, as the attach path opens it, and a batch socket), create as in [`bare_macvlan`], the
+/// lookup on the batch socket (its answer read at once), then the addresses, up and the routes
+/// sent back to back in one datagram, their acks read after.
 /// Returns the pod's batch socket and the link's index.
 pub(crate) async fn bare_macvlan_pipelined(
     host: &rtnetlink::Handle,
@@ -100,7 +101,7 @@ pub(crate) async fn bare_macvlan_pipelined(
     parent_index: u32,
     dual_stack: bool,
 ) -> (BatchSocket, u32) {
-    let (pod, batch, pod_ns) = open_batched_in_netns(pod_path).await.expect("pod netns sockets");
+    let (_pod, batch, pod_ns) = open_batched_in_netns(pod_path).await.expect("pod netns sockets");
     host.link()
         .add(
             LinkMacVlan::new(POD_IF, parent_index, MacVlanMode::Bridge)
@@ -111,7 +112,13 @@ pub(crate) async fn bare_macvlan_pipelined(
         .execute()
         .await
         .expect("macvlan create");
-    let index = link_index(&pod, POD_IF).await.expect("the link just created");
+    let index = batch
+        .link(POD_IF)
+        .await
+        .expect("looking the link up")
+        .expect("the link just created")
+        .header
+        .index;
     let mut messages = vec![create(RouteNetlinkMessage::NewAddress(
         AddressMessageBuilder::<Ipv4Addr>::new()
             .index(index)

@@ -46,6 +46,8 @@ const RESTORE_NAME_PAUSE: std::time::Duration = std::time::Duration::from_millis
 pub struct HostNetlink {
     handle: Handle,
     netns: Arc<File>,
+    /// Link lookups without a connection task (`super::netlink_batch`).
+    batch: Arc<BatchSocket>,
 }
 
 impl HostNetlink {
@@ -57,15 +59,17 @@ impl HostNetlink {
             .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
         let (connection, handle, _) = rtnetlink::new_connection()
             .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
+        let batch = BatchSocket::new()
+            .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
         tokio::spawn(connection);
-        Ok(Self { handle, netns: Arc::new(netns) })
+        Ok(Self { handle, netns: Arc::new(netns), batch: Arc::new(batch) })
     }
 
     /// Another netns standing in for the host (tests and benchmarks build the node's
     /// topology in a throwaway netns).
     pub async fn in_netns(path: &Path) -> Result<Self, LinkOpError> {
-        let (handle, netns) = open_in_netns(path).await?;
-        Ok(Self { handle, netns: Arc::new(netns) })
+        let (handle, batch, netns) = open_in_netns_with(path, BatchSocket::new).await?;
+        Ok(Self { handle, netns: Arc::new(netns), batch: Arc::new(batch) })
     }
 
     /// The rtnetlink handle on the host netns.
@@ -316,6 +320,11 @@ impl NetlinkOps {
         }
     }
 
+    /// The host netns' batch socket (`super::netlink_batch`).
+    pub(super) fn host_batch_socket(&self) -> &BatchSocket {
+        &self.host.batch
+    }
+
     /// The pod netns' batch socket (`super::netlink_batch`).
     pub(super) fn batch_socket(&self) -> Result<&BatchSocket, LinkOpError> {
         self.batch
@@ -365,7 +374,7 @@ pub(super) fn op_error(op: impl Into<String>, side: Side, err: rtnetlink::Error)
     }
 }
 
-fn link_state(message: &LinkMessage) -> LinkState {
+pub(super) fn link_state(message: &LinkMessage) -> LinkState {
     let mut state = LinkState {
         index: message.header.index,
         name: String::new(),
@@ -494,6 +503,11 @@ pub(super) fn route_message(index: u32, route: &Route) -> RouteMessage {
 
 impl LinkPort for NetlinkOps {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        match side {
+            Side::Pod if self.batch.is_some() => return self.pod_link(name).await,
+            Side::Host => return self.host_link(name).await,
+            Side::Pod => {}
+        }
         let handle = self.handle(side)?;
         match link_by_name(handle, name, &[]).await {
             Ok(Some(message)) => Ok(Some(link_state(&message))),

@@ -24,17 +24,17 @@ use std::time::Duration;
 
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
-use netlink_packet_route::link::LinkMessage;
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_core::{
     ErrorBuffer, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NLMSG_ERROR, NetlinkBuffer,
-    NetlinkMessage,
+    NetlinkMessage, NetlinkPayload,
 };
 use rtnetlink::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkUnspec};
 
-use super::netlink::{NetlinkOps, open_in_netns_with, route_message};
+use super::netlink::{NetlinkOps, link_state, open_in_netns_with, route_message};
 use super::routing::{rule_message, sysctl_parts, table_route_message, write_proc};
-use crate::podnet::ports::{LinkOpError, PodRequest, Side};
+use crate::podnet::ports::{LinkOpError, LinkState, PodRequest, Side};
 
 /// Most messages in one datagram (a larger batch is sent in several, in order): their acks,
 /// ~100 bytes of buffer each with `NETLINK_CAP_ACK`, stay far below the receive buffer.
@@ -44,6 +44,10 @@ pub const MAX_BATCH: usize = 64;
 const ACK_WAIT: Duration = Duration::from_secs(2);
 /// A read buffer: an ack is 36 bytes with `NETLINK_CAP_ACK`, a few hundred without.
 const READ_BUFFER: usize = 8192;
+/// The read buffer of a link's answer (~1.5 KiB for a macvlan, more with statistics).
+const QUERY_BUFFER: usize = 32 * 1024;
+/// `ENODEV`: no link of that name.
+const ENODEV: i32 = 19;
 
 /// Why one request of a batch has no success.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +90,22 @@ impl BatchSocket {
         Ok(Self { socket: tokio::sync::Mutex::new(Inner { socket, next_sequence: 1 }) })
     }
 
+    /// The link named `name` in the socket's netns: one `RTM_GETLINK` by name, its answer read
+    /// at once (the kernel answers inside `sendmsg`); `Ok(None)` when there is none (`ENODEV`).
+    ///
+    /// # Errors
+    /// The kernel's refusal, or no answer.
+    pub async fn link(&self, name: &str) -> Result<Option<LinkMessage>, BatchFailure> {
+        let mut message = LinkMessage::default();
+        message.attributes.push(LinkAttribute::IfName(name.to_owned()));
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetLink(message));
+        request.header.flags = NLM_F_REQUEST;
+        match self.socket.lock().await.query(request).await {
+            Err(BatchFailure::Kernel(ENODEV)) => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
     /// Sends `messages` (requests with `NLM_F_ACK`) back to back, in order, in datagrams of
     /// at most [`MAX_BATCH`], and returns one outcome per message, in their order.
     pub async fn send(
@@ -104,6 +124,65 @@ impl BatchSocket {
 }
 
 impl Inner {
+    /// Reads one datagram into `buffer`: at once when one is queued, else waiting at most
+    /// [`ACK_WAIT`] for one.
+    async fn read(&self, buffer: &mut Vec<u8>) -> io::Result<()> {
+        buffer.clear();
+        match self.socket.socket_ref().recv(buffer, nix::libc::MSG_DONTWAIT) {
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                let wait = poll_fn(|cx| self.socket.poll_recv(cx, buffer));
+                match tokio::time::timeout(ACK_WAIT, wait).await {
+                    Ok(read) => read,
+                    Err(_elapsed) => Err(io::Error::from(io::ErrorKind::TimedOut)),
+                }
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Sends `request` (a `RTM_GET*` without `NLM_F_DUMP`) and returns its one answer.
+    async fn query(
+        &mut self,
+        mut request: NetlinkMessage<RouteNetlinkMessage>,
+    ) -> Result<LinkMessage, BatchFailure> {
+        let sequence = self.next_sequence;
+        self.next_sequence = sequence.wrapping_add(1);
+        request.header.sequence_number = sequence;
+        request.finalize();
+        let mut datagram = vec![0; request.buffer_len()];
+        request.serialize(&mut datagram);
+        if let Err(err) = self.socket.socket_ref().send_to(&datagram, &SocketAddr::new(0, 0), 0) {
+            return Err(BatchFailure::NoAck(format!("sendto: {err}")));
+        }
+        let mut buffer = Vec::with_capacity(QUERY_BUFFER);
+        loop {
+            self.read(&mut buffer)
+                .await
+                .map_err(|err| BatchFailure::NoAck(format!("reading the answer: {err}")))?;
+            let Ok(answer) = NetlinkBuffer::new_checked(buffer.as_slice()) else { continue };
+            if answer.sequence_number() != sequence {
+                // An earlier batch's late ack: not ours.
+                continue;
+            }
+            if answer.message_type() == NLMSG_ERROR {
+                let code = ErrorBuffer::new_checked(answer.payload()).ok().and_then(|e| e.code());
+                return Err(code.map_or_else(
+                    || BatchFailure::NoAck("an ack instead of the answer".to_owned()),
+                    |code| BatchFailure::Kernel(-code.get()),
+                ));
+            }
+            let length = answer.length() as usize;
+            return match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buffer[..length]) {
+                Ok(NetlinkMessage {
+                    payload: NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)),
+                    ..
+                }) => Ok(link),
+                Ok(other) => Err(BatchFailure::NoAck(format!("unexpected answer {other:?}"))),
+                Err(err) => Err(BatchFailure::NoAck(format!("decoding the answer: {err}"))),
+            };
+        }
+    }
+
     async fn exchange(
         &mut self,
         messages: Vec<NetlinkMessage<RouteNetlinkMessage>>,
@@ -131,18 +210,7 @@ impl Inner {
         let mut missing = count;
         let mut buffer = Vec::with_capacity(READ_BUFFER);
         while missing > 0 {
-            buffer.clear();
-            let read = match self.socket.socket_ref().recv(&mut buffer, nix::libc::MSG_DONTWAIT) {
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    let wait = poll_fn(|cx| self.socket.poll_recv(cx, &mut buffer));
-                    match tokio::time::timeout(ACK_WAIT, wait).await {
-                        Ok(read) => read,
-                        Err(_elapsed) => Err(io::Error::from(io::ErrorKind::TimedOut)),
-                    }
-                }
-                other => other.map(|_| ()),
-            };
-            if let Err(err) = read {
+            if let Err(err) = self.read(&mut buffer).await {
                 let why = format!("reading the acks: {err}");
                 for result in results.iter_mut().filter(|r| r.is_none()) {
                     *result = Some(Err(BatchFailure::NoAck(why.clone())));
@@ -293,18 +361,44 @@ fn message_of(
 }
 
 fn failure(op: String, failure: BatchFailure) -> LinkOpError {
+    failure_on(op, Side::Pod, failure)
+}
+
+fn failure_on(op: String, side: Side, failure: BatchFailure) -> LinkOpError {
     match failure {
         BatchFailure::Kernel(errno) => LinkOpError::Kernel {
             op,
-            side: Side::Pod,
+            side,
             errno,
             message: io::Error::from_raw_os_error(errno).to_string(),
         },
-        BatchFailure::NoAck(message) => LinkOpError::Protocol { op, side: Side::Pod, message },
+        BatchFailure::NoAck(message) => LinkOpError::Protocol { op, side, message },
+    }
+}
+
+async fn lookup(
+    socket: &BatchSocket,
+    name: &str,
+    side: Side,
+) -> Result<Option<LinkState>, LinkOpError> {
+    match socket.link(name).await {
+        Ok(link) => Ok(link.as_ref().map(link_state)),
+        Err(why) => Err(failure_on(format!("RTM_GETLINK {name}"), side, why)),
     }
 }
 
 impl NetlinkOps {
+    /// [`crate::podnet::ports::LinkPort::link`] on the pod side, through the batch socket: no
+    /// connection task between the request and its answer.
+    pub(super) async fn pod_link(&self, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        lookup(self.batch_socket()?, name, Side::Pod).await
+    }
+
+    /// [`crate::podnet::ports::LinkPort::link`] on the host side, likewise.
+    pub(super) async fn host_link(&self, name: &str) -> Result<Option<LinkState>, LinkOpError> {
+        lookup(self.host_batch_socket(), name, Side::Host).await
+    }
+
     /// [`crate::podnet::ports::LinkPort::apply_batch`]: the `/proc/sys` writes of any
     /// [`PodRequest::SetSysctls`] first (in order, on a thread in the pod netns; a failed one
     /// fails its request, whose netlink part is then not sent), then every netlink message in
