@@ -206,7 +206,14 @@ impl DevKubelet {
     /// Runs until `shutdown` completes, then tears every pod down before returning.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let pods: Api<Pod> = Api::all(self.context.client.clone());
-        let stream = watcher(pods, watcher::Config::default()).default_backoff();
+        let mut config = watcher::Config::default();
+        if !self.context.config.bind_unbound_pods {
+            // Only this node's pods, as kubelet watches (`spec.nodeName=<node>`): with N
+            // nodes every kubelet watching every pod made each pod write cost N decodes, a
+            // pod is seen once bound, and unbinding is not a thing.
+            config = config.fields(&format!("spec.nodeName={}", self.context.config.node_name));
+        }
+        let stream = watcher(pods, config).default_backoff();
         tokio::pin!(stream);
         tokio::pin!(shutdown);
         let mut workers: HashMap<String, (watch::Sender<Desired>, tokio::task::JoinHandle<()>)> =

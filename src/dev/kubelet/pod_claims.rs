@@ -21,6 +21,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 /// Annotation on a generated claim naming the Pod's `spec.resourceClaims` entry.
 pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+/// Label on a claim generated here: the Pod's UID (a dev-only addition to upstream's
+/// metadata). Upstream's controller finds the claims it made in an informer cache; the dev
+/// kubelet has none and asks the API, by this label: listing every claim of the namespace
+/// for each new pod made a burst of N pods cost N² claims decoded.
+pub const GENERATED_FOR_POD_LABEL: &str = "netclaim.dev/generated-for-pod";
 /// Annotation (`"true"`) on the implicit claim of a pod's extended resources (KEP-5004).
 pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
     "resource.kubernetes.io/extended-resource-claim";
@@ -173,6 +178,8 @@ pub fn claim_from_template(
         template.spec.as_ref().and_then(|spec| spec.metadata.clone()).unwrap_or_default();
     let mut annotations: BTreeMap<String, String> = template_meta.annotations.unwrap_or_default();
     annotations.insert(POD_CLAIM_NAME_ANNOTATION.to_owned(), entry.to_owned());
+    let mut labels: BTreeMap<String, String> = template_meta.labels.unwrap_or_default();
+    labels.insert(GENERATED_FOR_POD_LABEL.to_owned(), pod.metadata.uid.clone().unwrap_or_default());
     ResourceClaim {
         metadata: ObjectMeta {
             generate_name: Some(generate_name(
@@ -180,7 +187,7 @@ pub fn claim_from_template(
                 entry,
             )),
             namespace: pod.metadata.namespace.clone(),
-            labels: template_meta.labels,
+            labels: Some(labels),
             annotations: Some(annotations),
             owner_references: Some(vec![pod_owner_reference(pod)]),
             ..ObjectMeta::default()
@@ -438,6 +445,7 @@ mod tests {
         assert_eq!(annotations[POD_CLAIM_NAME_ANNOTATION], "net");
         assert_eq!(annotations["note"], "x");
         assert_eq!(claim.metadata.labels.as_ref().unwrap()["app"], "web");
+        assert_eq!(claim.metadata.labels.as_ref().unwrap()[GENERATED_FOR_POD_LABEL], "pod-uid-1");
         assert_eq!(claim.spec, template().spec.unwrap().spec);
         assert!(is_generated_for(&claim, &pod, "net"));
         assert!(!is_generated_for(&claim, &pod, "shared"));

@@ -453,8 +453,11 @@ impl Context {
         {
             return Ok(claim);
         }
+        // Only the claims generated for this pod (by label): not every claim of the namespace.
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let mine = format!("{}={uid}", super::pod_claims::GENERATED_FOR_POD_LABEL);
         let existing = api
-            .list(&ListParams::default())
+            .list(&ListParams::default().labels(&mine))
             .await
             .map_err(api_failure(Step::Claims, "listing claims"))?;
         if let Some(claim) =
