@@ -198,7 +198,8 @@ fn print_table(
     let highs: Vec<f64> = pair.iter().map(|p| p.0).collect();
     let lows: Vec<f64> = pair.iter().map(|p| p.1).collect();
     println!(
-        "| 300M + 100M at once | {picked} | {:.1} + {:.1} | ratio {:.2}:1 ({low:.2}-{high:.2}) | - | - |",
+        "| 300M + 100M at once | {picked} | {:.1} + {:.1} | ratio {:.2}:1 ({low:.2}-{high:.2}) \
+         | - | - |",
         median(&highs) / 1e6,
         median(&lows) / 1e6,
         median(&ratios)

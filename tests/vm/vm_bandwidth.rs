@@ -9,12 +9,13 @@
 //! The parent is the first igb PF (`kit::bandwidth::Node::on_nic`): traffic between two
 //! macvlan bridge children is switched by the macvlan driver and never reaches QEMU's NIC, so
 //! the emulated NIC's speed does not bound it; the guest's TCG CPU does. Hence the ceilings
-//! (20M, 100M; 60M + 20M for the ratio) sit well under what the pair carries without one,
-//! which each test measures and prints first (a ceiling not under it is reported, not
-//! checked). The bands are wide for TCG below (a starved guest sends less) and tight above:
-//! no ceiling may let TCP through faster than 1.10 × the rate asked. The program charges a
-//! packet its `skb->len` (one set of headers per GSO packet), so goodput sits closer to the
-//! ceiling than with tbf, which counts every segment's headers. Figures: `vm-bandwidth` lines.
+//! (20M, 100M; 60M + 20M or less for the ratio) sit well under what the pair carries
+//! without one, which each test measures and prints first (a single ceiling not under half of
+//! it is reported, not checked; 20M must be). The bands are wide for TCG below (a starved
+//! guest sends less) and tight above: no ceiling may let TCP through faster than 1.10 × the
+//! rate asked. The program charges a packet its `skb->len` (one set of headers per GSO
+//! packet), so goodput sits closer to the ceiling than with tbf, which counts every segment's
+//! headers. Figures: `vm-bandwidth` lines.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking, with the location")]
 
@@ -105,15 +106,27 @@ async fn edt_fq_holds_tcp_to_the_ceiling_on_the_igb_parent() {
     }
 }
 
-/// Two pods on the igb parent with 60M and 20M `edt-fq` ceilings sending at once to a third:
-/// 3:1 ± 15 %, neither above 1.10 × its ceiling.
+/// Two pods on the igb parent with 3:1 `edt-fq` ceilings sending at once to a third: 3:1 ±
+/// 15 %, neither above 1.10 × its ceiling. The pair is 60M + 20M where the guest carries at
+/// least three times their sum without a ceiling (measured first), else 30M + 10M or
+/// 15M + 5M: two senders and their receiver share the guest's two TCG vCPUs, and a sender
+/// starved of CPU falls under its ceiling (6.1 under a loaded host: 122 Mbit/s unshaped,
+/// 60M + 20M shared 36.6 + 17.4).
 #[tokio::test]
 #[ignore = "needs the VM: run `make vmtest`"]
 async fn two_pods_at_3_to_1_edt_ceilings_share_3_to_1() {
     require_vm("two_pods_at_3_to_1_edt_ceilings_share_3_to_1");
     let picked = gates_mechanism().await;
     let node = Node::on_nic(&first_igb(), 3).with_pacing();
-    let (high, low) = (BitsPerSecond::from_mbps(60), BitsPerSecond::from_mbps(20));
+    let unshaped = node.measure(0, 2, RUN).await;
+    row("none", "-", &unshaped, None);
+    let fits = |(high, low): &(u64, u64)| {
+        ratio(unshaped.transfer.bps, BitsPerSecond::from_mbps(high + low)) >= 3.0
+    };
+    let (high, low) = [(60, 20), (30, 10), (15, 5)].into_iter().find(fits).unwrap_or_else(|| {
+        panic!("the guest carries {:.1} Mbit/s unshaped", unshaped.transfer.bps / 1e6)
+    });
+    let (high, low) = (BitsPerSecond::from_mbps(high), BitsPerSecond::from_mbps(low));
     node.ceiling(0, high, picked).await;
     node.ceiling(1, low, picked).await;
     let transfers = node.transfers(&[(0, 2), (1, 2)], RUN);
