@@ -9,7 +9,9 @@
 //!
 //! igb sets MAC, 802.1Q VLAN + `QoS`, spoof checking, trust and a maximum rate; it has no
 //! `ndo_set_vf_link_state` (`EOPNOTSUPP`), refuses any minimum rate (`EINVAL`) and any VLAN
-//! protocol but 802.1Q (`EPROTONOSUPPORT`): those are the named errors checked here.
+//! protocol but 802.1Q (`EPROTONOSUPPORT`): those are the named errors checked here. A
+//! `bandwidth.limit` (issue 35) is the VF's maximum rate, read back from the PF (QEMU's igb
+//! does not limit with it).
 //!
 //! Runs only inside the VM (`NETCLAIM_VM=1`); nextest leaves the binary out.
 
@@ -393,6 +395,40 @@ fn each_setting_igb_supports_is_applied_on_the_pf_and_read_back() {
         assert_eq!(after["rate"]["max_tx"], 50);
         unprepare(&service, &claim).await;
         assert_eq!(vfs.settings(1), before, "set back as found");
+
+        // Issue 35: a VF's egress ceiling (`bandwidth.limit`) is its hardware `max_tx_rate`,
+        // set through the PF. QEMU's igb keeps the rate register but does not limit with it:
+        // the rate is read back from the PF (iproute2's dump), the traffic is not measured.
+        let before = vfs.settings(0);
+        println!("VF 0 before: {before}");
+        assert_eq!(before["rate"]["max_tx"], 0, "a new VF has no rate: {before}");
+        let claim = put_claim(
+            &claims,
+            "limited",
+            &vfs.device(0),
+            json!({"bandwidth": {"limit": "300M"}}),
+            &no_pod(),
+        );
+        prepare(&service, &claim).await.unwrap();
+        let during = vfs.settings(0);
+        println!("VF 0 prepared: {during}");
+        assert_eq!(
+            (&during["rate"]["max_tx"], &during["rate"]["min_tx"]),
+            (&json!(300), &json!(0))
+        );
+        let device = service.prepared(&claim.uid).unwrap().devices[0].clone();
+        let support = netclaim::attach::bandwidth::CeilingSupport { fq: true, pacing: true };
+        let data = netclaim::attach::bandwidth::bandwidth_data(&device.config, support).unwrap();
+        assert_eq!(
+            serde_json::to_value(&data).unwrap(),
+            json!({"ceiling": "300M", "source": "bandwidth.limit",
+                "mechanism": "vf-max-tx-rate", "ingress": "none"}),
+            "data.bandwidth of the claim status"
+        );
+        unprepare(&service, &claim).await;
+        let after = vfs.settings(0);
+        assert_eq!(after["rate"]["max_tx"], 0, "{after}");
+        assert_eq!(after, before, "set back as found");
     });
 }
 
