@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use rtnetlink::{
     RouteMessageBuilder,
 };
 
-use super::netlink_batch::BatchSocket;
+use super::netlink_batch::{BatchSocket, open_in_netns_with};
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
 use crate::podnet::plan::ChildKind;
 use crate::podnet::ports::{
@@ -187,50 +187,6 @@ pub(super) fn same_namespace(a: &File, b: &File) -> Result<bool, nix::Error> {
 pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
     let (handle, (), netns) = open_in_netns_with(path, || Ok(())).await?;
     Ok((handle, netns))
-}
-
-/// [`open_in_netns`], with `extra` also run on the thread in the netns (with the caller's
-/// runtime entered): more sockets of that netns at the price of one thread
-/// (`super::netlink_batch`).
-pub(crate) async fn open_in_netns_with<T: Send + 'static>(
-    path: &Path,
-    extra: fn() -> std::io::Result<T>,
-) -> Result<(Handle, T, File), LinkOpError> {
-    let runtime = tokio::runtime::Handle::current();
-    let (sender, receiver) = tokio::sync::oneshot::channel();
-    let netns_error = |source| LinkOpError::Netns { path: path.display().to_string(), source };
-    let netns = open_netns_file(path)?;
-    std::thread::Builder::new()
-        .name("netns-socket".to_owned())
-        .spawn(move || {
-            let result = (|| {
-                nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(std::io::Error::from)?;
-                // The socket registers with the runtime's reactor, which needs a context here.
-                let _entered = runtime.enter();
-                let (connection, handle, _) = rtnetlink::new_connection()?;
-                let extra = extra()?;
-                Ok((connection, handle, extra, netns))
-            })();
-            // The receiver only goes away when the caller was cancelled; nothing to report to.
-            let _ignored = sender.send(result);
-            // The thread ends here, with its netns: it never runs anything else.
-        })
-        .map_err(netns_error)?;
-    let result = receiver.await.map_err(|_| {
-        netns_error(std::io::Error::other("the netns thread ended without an answer"))
-    })?;
-    let (connection, handle, extra, netns) =
-        result.map_err(|source: std::io::Error| match source.raw_os_error() {
-            Some(ENOENT) => LinkOpError::NetnsGone { path: path.display().to_string() },
-            Some(nix::libc::EINVAL) => LinkOpError::NotPodNetns {
-                path: path.display().to_string(),
-                reason: NetnsRefusal::NotNetwork,
-            },
-            _ => netns_error(source),
-        })?;
-    tokio::spawn(connection);
-    Ok((handle, extra, netns))
 }
 
 /// A pod netns' sockets: rtnetlink's, and the one pipelined batches go through.

@@ -19,6 +19,7 @@
 use std::future::poll_fn;
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,9 +33,9 @@ use rtnetlink::packet_core::{
 use rtnetlink::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkUnspec};
 
-use super::netlink::{NetlinkOps, link_state, open_in_netns_with, route_message};
+use super::netlink::{NetlinkOps, link_state, open_netns_file, route_message};
 use super::routing::{rule_message, sysctl_parts, table_route_message, write_proc};
-use crate::podnet::ports::{LinkOpError, LinkState, PodRequest, Side};
+use crate::podnet::ports::{LinkOpError, LinkState, NetnsRefusal, PodRequest, Side};
 
 /// Most messages in one datagram (a larger batch is sent in several, in order): their acks,
 /// ~100 bytes of buffer each with `NETLINK_CAP_ACK`, stay far below the receive buffer.
@@ -258,6 +259,50 @@ fn record_acks(
         offset += length.next_multiple_of(4);
     }
     recorded
+}
+
+/// [`super::netlink::open_in_netns`], with `extra` also run on the thread in the netns (with the caller's
+/// runtime entered): more sockets of that netns at the price of one thread
+/// (`super::netlink_batch`).
+pub(super) async fn open_in_netns_with<T: Send + 'static>(
+    path: &Path,
+    extra: fn() -> std::io::Result<T>,
+) -> Result<(rtnetlink::Handle, T, std::fs::File), LinkOpError> {
+    let runtime = tokio::runtime::Handle::current();
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let netns_error = |source| LinkOpError::Netns { path: path.display().to_string(), source };
+    let netns = open_netns_file(path)?;
+    std::thread::Builder::new()
+        .name("netns-socket".to_owned())
+        .spawn(move || {
+            let result = (|| {
+                nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)?;
+                // The socket registers with the runtime's reactor, which needs a context here.
+                let _entered = runtime.enter();
+                let (connection, handle, _) = rtnetlink::new_connection()?;
+                let extra = extra()?;
+                Ok((connection, handle, extra, netns))
+            })();
+            // The receiver only goes away when the caller was cancelled; nothing to report to.
+            let _ignored = sender.send(result);
+            // The thread ends here, with its netns: it never runs anything else.
+        })
+        .map_err(netns_error)?;
+    let result = receiver.await.map_err(|_| {
+        netns_error(std::io::Error::other("the netns thread ended without an answer"))
+    })?;
+    let (connection, handle, extra, netns) =
+        result.map_err(|source: std::io::Error| match source.raw_os_error() {
+            Some(nix::libc::ENOENT) => LinkOpError::NetnsGone { path: path.display().to_string() },
+            Some(nix::libc::EINVAL) => LinkOpError::NotPodNetns {
+                path: path.display().to_string(),
+                reason: NetnsRefusal::NotNetwork,
+            },
+            _ => netns_error(source),
+        })?;
+    tokio::spawn(connection);
+    Ok((handle, extra, netns))
 }
 
 /// Opens `path` with rtnetlink's socket and a [`BatchSocket`], both made on one thread that
