@@ -92,10 +92,10 @@ fn secs(d: Option<Duration>) -> String {
     d.map_or_else(|| "never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+/// The `permille`-th per-mille value of `sorted` (nearest rank).
+fn percentile(sorted: &[Duration], permille: usize) -> Option<Duration> {
     let last = sorted.len().checked_sub(1)?;
-    let index = ((last as f64) * p).round() as usize;
-    sorted.get(index).copied()
+    sorted.get((last * permille + 500) / 1000).copied()
 }
 
 fn print(label: &str, addressing: &Addressing, config: &ScaleConfig, r: &ScaleReport) {
@@ -118,9 +118,9 @@ fn print(label: &str, addressing: &Addressing, config: &ScaleConfig, r: &ScaleRe
     println!("  all Ready                   {}", secs(r.all_ready));
     println!(
         "  per pod to Ready            p50 {} p90 {} p99 {}",
-        secs(percentile(&r.ready_at, 0.5)),
-        secs(percentile(&r.ready_at, 0.9)),
-        secs(percentile(&r.ready_at, 0.99))
+        secs(percentile(&r.ready_at, 500)),
+        secs(percentile(&r.ready_at, 900)),
+        secs(percentile(&r.ready_at, 990))
     );
     println!("  Ready / Failed / of         {} / {} / {}", r.ready, r.failed, r.pods);
     if !r.not_ready_reasons.is_empty() {
@@ -143,7 +143,8 @@ fn print(label: &str, addressing: &Addressing, config: &ScaleConfig, r: &ScaleRe
     let total: usize = r.requests.values().sum();
     println!("  API requests per pod        {:.2} in all", total as f64 / pods);
     for caller in ["daemons", "dev", "bench"] {
-        let mut by_verb: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut by_verb: std::collections::BTreeMap<&str, usize> =
+            std::collections::BTreeMap::new();
         for (key, count) in r.requests.iter().filter(|(k, _)| k.caller == caller) {
             *by_verb.entry(key.verb.as_str()).or_default() += count;
         }
