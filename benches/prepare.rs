@@ -5,6 +5,9 @@
 //! same rounds: one durable append (write + fdatasync of a journal-sized line in the state
 //! dir), a call without claims (the gRPC round trip) and the API reads the prepare cannot
 //! avoid (the claim and its pod; for 100 claims as many at a time as the service reads them).
+//! A burst of 100 single-claim calls sent at once (kubelet prepares each pod in its own call,
+//! its pod workers concurrently) is timed next to the same 100 claims' reads, all at once,
+//! with the `fdatasync`s it cost (the store's own count).
 //! Without `--bench` every benchmark runs once and the rounds shrink.
 
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
@@ -106,6 +109,27 @@ async fn reads(reader: &KubeClaims, claims: &[ResourceClaim]) -> Duration {
     started.elapsed()
 }
 
+/// A burst: one single-claim NodePrepareResources call per claim, all sent at once on the one
+/// connection (as kubelet's pod workers do). The wall time of the whole burst and each call's.
+async fn burst(client: &DraClient, claims: &[ResourceClaim]) -> (Duration, Vec<Duration>) {
+    let started = Instant::now();
+    let calls = claims.iter().map(|claim| prepare(client, std::slice::from_ref(claim)));
+    let each = futures::future::join_all(calls).await;
+    (started.elapsed(), each)
+}
+
+/// The floor of [`burst`]: the reads of its claims (claim, then pod), all at once.
+async fn burst_reads(reader: &KubeClaims, claims: &[ResourceClaim]) -> Duration {
+    let started = Instant::now();
+    let reads = claims.iter().map(|claim| async move {
+        let read = reader.get("default", claim.metadata.name.as_deref().unwrap()).await;
+        let pod = &read.unwrap().status.unwrap().reserved_for.unwrap()[0].name;
+        reader.pod_claim_names("default", pod).await.unwrap();
+    });
+    futures::future::join_all(reads).await;
+    started.elapsed()
+}
+
 /// The floor of a durable write: one journal-sized line appended to a file in the state dir
 /// and fdatasync'ed.
 fn durable_append(file: &mut std::fs::File) -> Duration {
@@ -195,12 +219,13 @@ fn prepare_benches(c: &mut Criterion) {
     group.finish();
 
     // Interleaved rounds: each sequence next to its floor, the order rotating.
+    // Smoke: three rounds, so the burst runs once too.
     let rounds = if smoke() {
-        2
+        3
     } else {
         std::env::var("NETCLAIM_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(60)
     };
-    let sides = Sides { kubelet: &kubelet, client, claims, reader: &reader };
+    let sides = Sides { kubelet: &kubelet, client, claims, reader: &reader, store: &plugin.store };
     report(state_dir.as_path(), &sides.rounds(rounds, repeated, &state_dir));
     rt.block_on(plugin.stop());
 }
@@ -214,6 +239,8 @@ struct Sides<'a> {
     client: &'a DraClient,
     claims: &'a Claims,
     reader: &'a KubeClaims,
+    /// The plugin's store, whose sync count says what a burst cost.
+    store: &'a netclaim::store::Store,
 }
 
 impl Sides<'_> {
@@ -227,6 +254,7 @@ impl Sides<'_> {
         let (mut fsync, mut read, mut new, mut repeat) = (vec![], vec![], vec![], vec![]);
         let mut empty = vec![];
         let (mut read100, mut new100) = (vec![], vec![]);
+        let mut bursts = Bursts::default();
         for round in 0..rounds {
             // The repeated prepare and the call without claims each take a turn of their
             // own: a call right after another finds the runtimes' threads awake, one after
@@ -242,13 +270,15 @@ impl Sides<'_> {
                     }
                     2 => repeat.push(self.kubelet.block_on(prepare(self.client, repeated))),
                     3 => empty.push(self.kubelet.block_on(prepare(self.client, &[]))),
-                    // A 100-claim call every fourth round: each allocates 200 API objects.
+                    // A 100-claim call every fourth round and a burst of 100 calls two rounds
+                    // later: each allocates 200 API objects.
                     _ if round % 4 == 0 => {
                         let batch = self.kubelet.block_on(self.claims.allocate(100));
                         read100.push(self.kubelet.block_on(reads(self.reader, &batch)));
                         new100.push(self.kubelet.block_on(prepare(self.client, &batch)));
                         self.kubelet.block_on(release(self.client, self.claims, &batch));
                     }
+                    _ if round % 4 == 2 => self.burst_round(round, &mut bursts),
                     _ => {}
                 }
             }
@@ -261,9 +291,45 @@ impl Sides<'_> {
             empty: median(&empty),
             read100: median(&read100),
             new100: median(&new100),
+            bursts,
             rounds,
         }
     }
+
+    /// One burst of 100 single-claim calls and its floor, the reads of the same claims, in
+    /// an order alternating from one burst to the next.
+    fn burst_round(&self, round: usize, bursts: &mut Bursts) {
+        let batch = self.kubelet.block_on(self.claims.allocate(100));
+        let reads_first = round % 8 == 2;
+        let mut read = Duration::ZERO;
+        if reads_first {
+            read = self.kubelet.block_on(burst_reads(self.reader, &batch));
+        }
+        let syncs = self.store.syncs();
+        let (wall, each) = self.kubelet.block_on(burst(self.client, &batch));
+        let syncs = self.store.syncs() - syncs;
+        if !reads_first {
+            read = self.kubelet.block_on(burst_reads(self.reader, &batch));
+        }
+        self.kubelet.block_on(release(self.client, self.claims, &batch));
+        bursts.ratios.push(wall.as_secs_f64() / read.as_secs_f64());
+        bursts.walls.push(wall);
+        bursts.reads.push(read);
+        bursts.syncs.push(syncs);
+        bursts.calls.extend(each);
+    }
+}
+
+/// What the bursts of 100 single-claim calls measured, one entry per burst (`calls`: every
+/// call of every burst).
+#[derive(Default)]
+struct Bursts {
+    walls: Vec<Duration>,
+    reads: Vec<Duration>,
+    /// Per burst: its wall time over its reads' (timed next to each other).
+    ratios: Vec<f64>,
+    syncs: Vec<u64>,
+    calls: Vec<Duration>,
 }
 
 /// Medians of the interleaved rounds.
@@ -276,6 +342,7 @@ struct Medians {
     empty: Duration,
     read100: Duration,
     new100: Duration,
+    bursts: Bursts,
     rounds: usize,
 }
 
@@ -304,6 +371,35 @@ fn report(state_dir: &Path, m: &Medians) {
         ms(m.new100),
         ms(m.new100) - ms(m.read100),
         (ms(m.new100) - ms(m.read100)) / ms(m.fsync)
+    );
+    let b = &m.bursts;
+    if b.walls.is_empty() {
+        return;
+    }
+    let mut ratios = b.ratios.clone();
+    ratios.sort_unstable_by(f64::total_cmp);
+    let mut syncs = b.syncs.clone();
+    syncs.sort_unstable();
+    let mut calls = b.calls.clone();
+    calls.sort_unstable();
+    let p99 = calls[(calls.len() * 99 / 100).min(calls.len() - 1)];
+    println!(
+        "  burst of 100 single-claim calls ({} bursts): wall {:.3} ms, its reads alone {:.3} ms, \
+         wall/reads per burst median {:.2} (min {:.2}, max {:.2}; target <= 1.2); fdatasyncs \
+         per burst median {} (min {}, max {}; target <= 10); a call's p50 {:.3} ms, p99 {:.3} \
+         ms (a lone new claim {:.3} ms)",
+        b.walls.len(),
+        ms(median(&b.walls)),
+        ms(median(&b.reads)),
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
+        syncs[syncs.len() / 2],
+        syncs[0],
+        syncs[syncs.len() - 1],
+        ms(median(&calls)),
+        ms(p99),
+        ms(m.new),
     );
 }
 

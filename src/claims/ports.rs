@@ -207,7 +207,17 @@ pub trait ClaimStore:
     fn remove_prepared(&self, uid: &str, ipam: &IpamCommit) -> Result<(), Self::Error>;
     /// Commits IPAM changes alone (blocks adopted or released, records pruned).
     fn commit_ipam(&self, ipam: &IpamCommit) -> Result<(), Self::Error>;
+    /// Announces a durable commit the caller will make soon (a prepare call, from its
+    /// start), so that a commit ready earlier may wait a moment and share one `fdatasync`
+    /// with it (group commit); dropping the notice withdraws the announcement. The default
+    /// announces nothing.
+    fn announce_commit(&self) -> CommitNotice {
+        Box::new(())
+    }
 }
+
+/// An announced commit ([`ClaimStore::announce_commit`]), withdrawn when dropped.
+pub type CommitNotice = Box<dyn Send>;
 
 /// Reads and sets VF settings on the PF (`host::sriov` over rtnetlink; a fake in tests).
 pub trait VfPort: Send + Sync + 'static {

@@ -314,6 +314,10 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
         // the other waits for.
         let mut unique = unique;
         unique.sort_unstable_by(|a, b| a.uid.cmp(&b.uid));
+        // This call commits once, after its reads: announced now, a commit of another call
+        // ready earlier waits for it a moment and they share one fdatasync (a burst of
+        // kubelet's one-pod calls); withdrawn once committed.
+        let notice = self.store.announce_commit();
         let mut held = Vec::with_capacity(unique.len());
         for claim in &unique {
             held.push((claim.uid.clone(), self.lock_uid(&claim.uid).await));
@@ -335,13 +339,17 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
                 Ok(Staged::Ready(staged)) => ready.push(*staged),
             }
         }
-        if !ready.is_empty() {
+        if ready.is_empty() {
+            drop(notice);
+        } else {
             let to_commit: Vec<ReadyClaim> = ready.iter_mut().map(StagedClaim::ready).collect();
             let state = Arc::clone(&self.state);
             let store = self.store.clone();
             let metadata = self.metadata.clone();
             let committed = tokio::task::spawn_blocking(move || {
-                commit_prepares(&state, &store, metadata.as_deref(), to_commit)
+                let outcomes = commit_prepares(&state, &store, metadata.as_deref(), to_commit);
+                drop(notice);
+                outcomes
             })
             .await;
             let outcomes: Vec<Result<Vec<PreparedDevice>, ClaimError>> = match committed {

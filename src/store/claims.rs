@@ -74,10 +74,14 @@ impl ClaimStore for Arc<Store> {
     fn commit_ipam(&self, ipam: &IpamCommit) -> Result<(), StoreError> {
         self.as_ref().commit_ipam(ipam)
     }
+
+    fn announce_commit(&self) -> crate::claims::ports::CommitNotice {
+        Box::new(Store::announce_commit(self))
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::{HashMap, HashSet};
     use std::io::Write;
     use std::net::IpAddr;
@@ -96,7 +100,7 @@ mod tests {
     use crate::testing::facts::{FactsBuilder as _, physical_nic};
 
     /// Every claim is allocated `eth2` (a shared parent) with a pool; its UID is its name.
-    fn any_claim(namespace: &str, name: &str) -> ResourceClaim {
+    pub(in crate::store) fn any_claim(namespace: &str, name: &str) -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"namespace": namespace, "name": name, "uid": name},
             "spec": {},
@@ -112,7 +116,7 @@ mod tests {
     }
 
     /// Whatever the device, `eth2`: a shared parent.
-    fn eth2() -> FixedDevices {
+    pub(in crate::store) fn eth2() -> FixedDevices {
         FixedDevices::any(physical_nic("eth2").shared(), if_name_attribute("eth2"))
     }
 

@@ -14,6 +14,7 @@ use super::format::{
     Entry, FORMAT_NAME, FORMAT_VERSION, Header, Op, Stored, checksum, decode_record, encode_entry,
     encode_line, encoded_size, snapshot_text,
 };
+use super::group::{COLLECT_WINDOW, CommitNotice, GROUP_SIZE, Group};
 use super::record::check_key;
 use super::{Batch, Record, StoreError};
 
@@ -54,6 +55,8 @@ struct Journal {
     generation: u64,
     /// Sequence number of the last append known durable.
     durable_seq: Arc<AtomicU64>,
+    /// `fdatasync`/`fsync` calls made (shared with the store).
+    syncs: Arc<AtomicU64>,
 }
 
 /// How far a commit must have gone when it returns.
@@ -81,12 +84,15 @@ pub struct Store {
     /// Held (flock) for the life of the store; released by the kernel even on `kill -9`.
     _lock: Box<dyn Any + Send + Sync>,
     journal: Mutex<Journal>,
-    /// Held by the one caller running `fdatasync` (never while waiting for the journal lock
-    /// is held by others for I/O other than a compaction).
+    /// The handle the leader of a group commit syncs on.
     syncer: Mutex<Syncer>,
+    /// Which commit syncs, and when (group commit: `super::group`).
+    group: Arc<Group>,
     /// Sequence number of the last append known durable (shared with the journal, whose
     /// compaction makes everything durable).
     durable_seq: Arc<AtomicU64>,
+    /// `fdatasync`/`fsync` calls made since the store was opened ([`Store::syncs`]).
+    syncs: Arc<AtomicU64>,
 }
 
 impl Store {
@@ -133,13 +139,23 @@ impl Store {
             journal.compact()?;
         }
         let durable_seq = Arc::clone(&journal.durable_seq);
+        let syncs = Arc::clone(&journal.syncs);
         Ok(Store {
             root,
             _lock: lock,
             journal: Mutex::new(journal),
             syncer: Mutex::new(Syncer::default()),
+            group: Arc::default(),
             durable_seq,
+            syncs,
         })
+    }
+
+    /// `fdatasync` and `fsync` calls this store made since it was opened (journal group
+    /// commits, compactions), failed ones included: what a burst of commits costs the disk.
+    #[must_use]
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 
     /// The state dir.
@@ -165,7 +181,9 @@ impl Store {
     ///
     /// Group commit: the line is appended under the journal lock, the `fdatasync` runs
     /// outside it, and one `fdatasync` covers every line appended before it started, so
-    /// concurrent commits share it and a buffered commit never waits for one.
+    /// concurrent commits share it and a buffered commit never waits for one. Before it
+    /// syncs, the commit that runs it waits a moment for commits announced with
+    /// [`Store::announce_commit`] (see `group`).
     pub fn commit(&self, batch: Batch) -> Result<(), StoreError> {
         self.commit_with(batch, Durability::Synced)
     }
@@ -197,13 +215,38 @@ impl Store {
         Ok(())
     }
 
-    /// Makes every append up to `seq` durable. One caller at a time syncs, for everything
-    /// appended before it read the journal's sequence; the others find their line durable.
+    /// Announces a synced commit this caller will make soon (a prepare, from its start: its
+    /// API reads come first), so that a commit ready earlier waits for it, a moment at most,
+    /// and both share one `fdatasync`. Drop the notice once committed, or when there is
+    /// nothing to commit after all.
+    pub fn announce_commit(&self) -> CommitNotice {
+        Group::announce(&self.group)
+    }
+
+    /// Makes every append up to `seq` durable. One caller at a time leads: it collects the
+    /// announced commits (`group`), then syncs everything appended so far; the others wait
+    /// and find their line durable, or lead the next sync. After a failed `fdatasync` the
+    /// store is poisoned, so every commit it carried, and every later one, fails.
     fn sync_through(&self, seq: u64) -> Result<(), StoreError> {
-        let mut syncer = self.syncer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.durable_seq.load(Ordering::Acquire) >= seq {
+        let durable = || self.durable_seq.load(Ordering::Acquire) >= seq;
+        let Some(leader) = self.group.wait_or_lead(durable) else {
             return Ok(());
+        };
+        {
+            let journal = self.lock_journal();
+            if journal.poisoned {
+                return Err(StoreError::Poisoned { path: journal.path.clone() });
+            }
         }
+        leader.collect(GROUP_SIZE, COLLECT_WINDOW);
+        let result = self.sync_appended();
+        drop(leader);
+        result
+    }
+
+    /// Syncs every line appended so far (the leader of a group commit).
+    fn sync_appended(&self) -> Result<(), StoreError> {
+        let mut syncer = self.syncer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (target, path) = {
             let mut journal = self.lock_journal();
             if journal.poisoned {
@@ -234,6 +277,7 @@ impl Store {
             return Err(StoreError::Poisoned { path });
         };
         // fdatasync: the appended bytes and the new size, not the timestamps.
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         if let Err(source) = handle.sync_data() {
             // After a failed fdatasync the kernel may have dropped the dirty pages and a
             // retry can report success for bytes that never reached the disk; lines of other
@@ -368,11 +412,14 @@ impl Journal {
     /// never go to the old, unlinked file (they would be acknowledged and then lost).
     fn compact(&mut self) -> Result<(), StoreError> {
         let text = snapshot_text(&self.records)?;
+        // The temp file's fsync.
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         replace_journal(&*self.disk, &self.root, &text)?;
         crate::failpoint!("store.compact.after_rename");
         self.file = None;
         self.len = text.len() as u64;
         self.rewrite_pending = true;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         self.disk.sync_dir(&self.root).map_err(io_err("fsync", &self.root))?;
         self.rewrite_pending = false;
         // The synced snapshot holds every append so far, under a durable name.
@@ -495,6 +542,7 @@ fn load_journal(
         seq: 0,
         generation: 0,
         durable_seq: Arc::new(AtomicU64::new(0)),
+        syncs: Arc::new(AtomicU64::new(0)),
     };
     Ok((journal, header.version))
 }

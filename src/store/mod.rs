@@ -8,7 +8,8 @@
 //! (`kind`, `key`, record `version`, `data`) and `remove` (`kind`, `key`) operations.
 //!
 //! A commit appends one line and `fdatasync`s before returning (group commit: one
-//! `fdatasync` outside the journal lock serves every line appended before it), so an
+//! `fdatasync` outside the journal lock serves every line appended before it, and the commit
+//! that runs it first waits a moment for commits announced ahead, `group`), so an
 //! acknowledged record survives `kill -9` and power loss; a buffered commit
 //! ([`Durability::Buffered`]) only appends, and survives `kill -9` but not power loss. A
 //! batch is all or nothing: a `kill -9` in the middle of an append leaves a last line
@@ -27,12 +28,15 @@ mod disk;
 mod error;
 mod ethtool_snapshots;
 mod format;
+mod group;
 mod journal;
 mod leases;
 mod record;
 mod vf_snapshots;
 mod vfio_bindings;
 
+#[cfg(test)]
+mod burst_tests;
 #[cfg(test)]
 mod fault_tests;
 // Also under `testkit`: `testing::sim_store` runs whole claim services on it (the IPAM
@@ -52,5 +56,6 @@ mod tests;
 
 pub use error::StoreError;
 pub use format::FORMAT_VERSION;
+pub use group::CommitNotice;
 pub use journal::{Durability, Store};
 pub use record::{Batch, Record};

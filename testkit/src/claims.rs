@@ -156,17 +156,19 @@ pub fn claim_service(
 pub struct Plugin {
     pub handle: KubeletPluginHandle,
     pub service: Arc<Service>,
+    /// The service's store (its `syncs` count what a burst cost the disk).
+    pub store: Arc<Store>,
 }
 
 impl Plugin {
     pub async fn start(api: &DevApi, state_dir: &Path, sockets: &Path) -> Self {
-        let (service, _store) = claim_service(api, state_dir, None);
+        let (service, store) = claim_service(api, state_dir, None);
         let config =
             KubeletPluginConfig::new(DRIVER, sockets.join("registry"), sockets.join("plugin"));
         let handle = KubeletPlugin::start(config, Arc::clone(&service), std::future::pending())
             .await
             .unwrap();
-        Self { handle, service }
+        Self { handle, service, store }
     }
 
     pub fn dra_socket(&self) -> PathBuf {
