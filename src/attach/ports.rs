@@ -34,6 +34,12 @@ pub trait PodClaimSource: Send + Sync + 'static {
     fn claims_of_pod(&self, pod_uid: &str) -> Vec<PreparedClaim>;
     /// Every prepared claim.
     fn all_claims(&self) -> Vec<PreparedClaim>;
+    /// The prepared claim with `uid`, if any. The default walks [`Self::all_claims`]; a
+    /// source with an index answers in one lookup (the attach completion asks once per
+    /// claim: a walk made the burst quadratic in the node's claims).
+    fn claim(&self, uid: &str) -> Option<PreparedClaim> {
+        self.all_claims().into_iter().find(|c| c.uid == uid)
+    }
     /// Whether `claim` still exists in the API.
     fn presence(&self, claim: &PreparedClaim) -> impl Future<Output = ClaimPresence> + Send;
     /// Releases `claim` as an unprepare would (addresses freed, record forgotten).
@@ -148,6 +154,10 @@ where
 
     fn all_claims(&self) -> Vec<PreparedClaim> {
         self.all_prepared()
+    }
+
+    fn claim(&self, uid: &str) -> Option<PreparedClaim> {
+        self.prepared(uid)
     }
 
     async fn presence(&self, claim: &PreparedClaim) -> ClaimPresence {

@@ -554,12 +554,7 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
         for (claim, outcomes) in by_claim {
             // observedGeneration: the generation seen at prepare, when the claim is still
             // prepared.
-            let generation = self
-                .claims
-                .all_claims()
-                .into_iter()
-                .find(|c| c.uid == claim.uid)
-                .and_then(|c| c.generation);
+            let generation = self.claims.claim(&claim.uid).and_then(|c| c.generation);
             self.submit(&AttachedClaim { generation, ..claim }, &outcomes);
         }
     }

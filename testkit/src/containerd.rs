@@ -176,9 +176,9 @@ impl Containerd {
             fs::create_dir_all(self.path(d)).unwrap();
         }
         let p = |rel: &str| self.path(rel).display().to_string();
-        // Subnet from the PID as well, so two runs at once do not collide; a /23, so the
-        // 250-pod scale test fits.
-        let subnet = format!("10.251.{}.0/23", (std::process::id() % 125) * 2);
+        // Subnet from the PID as well, so two runs at once do not collide; a /22, so the
+        // 1,000-pod scale bench fits.
+        let subnet = format!("10.251.{}.0/22", (std::process::id() % 64) * 4);
         let config = format!(
             r#"version = 2
 root = "{root}"

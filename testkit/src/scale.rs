@@ -373,6 +373,7 @@ impl Drop for FdSampler {
 }
 
 /// The scenario (see the module's doc); the daemon binary is `cluster.node_binary`.
+#[allow(clippy::too_many_lines, reason = "one scenario told step by step, as the e2e tests are")]
 pub async fn run(cluster: &mut Cluster, params: Params) -> Report {
     let Params { pods: count, in_flight, parents, stats } = params;
     assert!(parents > 0 && count > 0 && in_flight > 0, "{params:?}");
