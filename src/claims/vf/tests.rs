@@ -113,8 +113,11 @@ pub(crate) struct FakeHost {
     /// Each MAC written to a netdev, with the name it went to.
     pub(crate) netdev_macs: Mutex<Vec<(String, MacAddr)>>,
     /// A `set` this matches is refused with `EINVAL` (after being recorded in `sent`).
-    pub(crate) refuse: Mutex<Option<fn(&VfChange) -> bool>>,
+    pub(crate) refuse: Mutex<Option<RefuseWhen>>,
 }
+
+/// Which VF changes the fake host refuses.
+pub(crate) type RefuseWhen = fn(&VfChange) -> bool;
 
 struct HostState {
     boot: u32,
