@@ -78,7 +78,7 @@ image:
 comma := ,
 VM_KERNEL ?= 6.1
 VM_GUESTS := vm_sriov,vm_reboot vm_kernel,vm_ipvlan,vm_stats vm_daemon,vm_vlan \
-  vm_attach_bench,vm_pf_move,vm_ethtool vm_rdma,vm_rdma_pod,vm_routing vm_vfio vm_vfio_acs
+  vm_attach_bench,vm_pf_move,vm_ethtool vm_rdma,vm_rdma_pod,vm_routing,vm_bandwidth vm_vfio vm_vfio_acs
 
 vmtest:
 	bash vmtests/install.sh

@@ -51,6 +51,12 @@ pub enum BandwidthRule {
     /// This node cannot police (its eBPF programs are not available).
     #[error("this node cannot police ingress: {0}; leave bandwidth.ingress out")]
     PoliceUnavailable(String),
+    /// A VF's ceiling is the PF's hardware rate; nothing on the node sees its ingress.
+    #[error(
+        "ingress policing is not available with mode sriov-vf (its ceiling is the VF's \
+         hardware max_tx_rate, set on the PF); leave bandwidth.ingress out"
+    )]
+    PoliceOnVf,
 }
 
 /// Resolves the `bandwidth` section of `cfg` for `mode` on `device`; `None` when the config
@@ -75,13 +81,21 @@ pub(super) fn resolve(
             BandwidthRule::ModeCannotEnforce(mode.mode()),
         ));
     }
-    // The programs police on the pod's interface (a VF's rate is the PF's, no program).
-    if section.ingress == Some(IngressPolicy::Police)
-        && mode != ResolvedMode::SriovVf
-        && let Some(why) = support.police_refusal()
-    {
-        let rule = BandwidthRule::PoliceUnavailable(why.to_owned());
-        return Err(refuse("bandwidth.ingress", "police".to_owned(), rule));
+    // The programs police on the pod's interface. A VF gets no program (its egress ceiling
+    // is the PF's `IFLA_VF_RATE`, and the CreateContainer gate hooks nothing on it), so a
+    // policer there would be accepted and never enforced: refused instead.
+    if section.ingress == Some(IngressPolicy::Police) {
+        if mode == ResolvedMode::SriovVf {
+            return Err(refuse(
+                "bandwidth.ingress",
+                "police".to_owned(),
+                BandwidthRule::PoliceOnVf,
+            ));
+        }
+        if let Some(why) = support.police_refusal() {
+            let rule = BandwidthRule::PoliceUnavailable(why.to_owned());
+            return Err(refuse("bandwidth.ingress", "police".to_owned(), rule));
+        }
     }
     let limit = match &section.limit {
         None => None,
@@ -172,6 +186,15 @@ mod tests {
         assert!(err.contains("sriov.maxTxRateMbps 100 sets the same VF rate"), "{err}");
         let zero_rate = json!({"bandwidth": {"limit": "1G"}, "sriov": {"maxTxRateMbps": 0}});
         assert!(check(zero_rate, &vf).is_ok(), "0 is no rate");
+        // Nothing polices a VF's ingress: accepted, it would never be enforced.
+        let err =
+            check(json!({"bandwidth": {"limit": "300M", "ingress": "police"}}), &vf).unwrap_err();
+        assert!(
+            err.contains(
+                "bandwidth.ingress: police: ingress policing is not available with mode sriov-vf"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
