@@ -94,10 +94,18 @@ pub async fn discover_with(
     handle: &Handle,
     sysfs: &Sysfs,
 ) -> Result<Vec<HostInterface>, DiscoveryError> {
-    let links: Vec<LinkMessage> = handle
+    // One host discovery at a time in the process (the inventory and device health each run
+    // one on every host link event): with a veth per pod on the host, a dump holds a parsed
+    // message per pod, and concurrent dumps multiplied the daemon's peak heap (issue 36).
+    let _one_dump = HOST_DUMPS.lock().await;
+    // Each link is reduced to what discovery keeps as it arrives: a parsed `LinkMessage` of a
+    // bridge-port veth (stats, IPv6 devconf and stats, bridge port info) is thousands of
+    // allocations; kept for the whole dump, they set the daemon's peak heap (issue 36).
+    let parsed: Vec<(HostInterface, Option<u32>)> = handle
         .link()
         .get()
         .execute()
+        .try_filter_map(|link| std::future::ready(Ok(parsed_link(&link))))
         .try_collect()
         .await
         .map_err(|source| DiscoveryError::Dump { what: "links", source })?;
@@ -124,7 +132,7 @@ pub async fn discover_with(
         .map_err(|source| DiscoveryError::Dump { what: "routes", source })?;
     routes.extend(v6_routes);
 
-    let mut interfaces = interfaces_from_messages(&links, &addresses, &routes);
+    let mut interfaces = interfaces_from_parsed(parsed, &addresses, &routes);
     let mut present = Vec::with_capacity(interfaces.len());
     for mut interface in interfaces.drain(..) {
         if let Some(hardware) = sysfs.hardware(&interface.name)? {
@@ -140,10 +148,31 @@ pub async fn discover_with(
     Ok(present)
 }
 
+/// Serialises host discoveries (see [`discover_with`]).
+static HOST_DUMPS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One link's interface and its controller's index; `None` for a message without a name.
+fn parsed_link(link: &LinkMessage) -> Option<(HostInterface, Option<u32>)> {
+    let controller = link.attributes.iter().find_map(|attribute| match attribute {
+        LinkAttribute::Controller(index) => Some(*index),
+        _ => None,
+    });
+    interface_from_link(link).map(|interface| (interface, controller))
+}
+
 /// Joins the three netlink dumps into interfaces (sysfs facts not filled in yet).
 #[must_use]
 pub fn interfaces_from_messages(
     links: &[LinkMessage],
+    addresses: &[AddressMessage],
+    routes: &[RouteMessage],
+) -> Vec<HostInterface> {
+    interfaces_from_parsed(links.iter().filter_map(parsed_link).collect(), addresses, routes)
+}
+
+/// [`interfaces_from_messages`] over links already reduced by [`parsed_link`].
+fn interfaces_from_parsed(
+    parsed: Vec<(HostInterface, Option<u32>)>,
     addresses: &[AddressMessage],
     routes: &[RouteMessage],
 ) -> Vec<HostInterface> {
@@ -171,16 +200,6 @@ pub fn interfaces_from_messages(
         }
     }
 
-    let parsed: Vec<(HostInterface, Option<u32>)> = links
-        .iter()
-        .filter_map(|link| {
-            let controller = link.attributes.iter().find_map(|attribute| match attribute {
-                LinkAttribute::Controller(index) => Some(*index),
-                _ => None,
-            });
-            interface_from_link(link).map(|interface| (interface, controller))
-        })
-        .collect();
     let by_index: HashMap<u32, (String, Option<LinkKind>)> = parsed
         .iter()
         .map(|(interface, _)| (interface.index, (interface.name.clone(), interface.kind.clone())))
