@@ -367,9 +367,10 @@ async fn delete_tolerant<O: LinkPort>(
 }
 
 /// Attaches one pod interface: executes `plan`'s steps in order, those after the interface's
-/// arrival that need no answer from each other as one pipelined batch ([`batch`]); on a
-/// failure, undoes every step that succeeded (in a batch, those after the failed one too) in
-/// reverse order and returns the first failure in plan order (with any undo that failed too).
+/// arrival that need no answer from each other as one pipelined batch
+/// (`LinkPort::apply_batch`); on a failure, undoes every step that succeeded (in a batch,
+/// those after the failed one too) in reverse order and returns the first failure in plan
+/// order (with any undo that failed too).
 pub async fn attach<O: LinkPort>(
     ops: &O,
     vlans: &VlanUsers,
@@ -742,8 +743,8 @@ pub fn completed_attach(
 
 /// Detaches one pod interface (StopPodSandbox): runs [`AttachPlan::teardown`] and never fails;
 /// every step is attempted and reported. The rules' removal and the child's deletion after
-/// them go as one pipelined batch ([`batch::detach_run`]). Works when the pod netns is already
-/// gone.
+/// them go as one pipelined batch (`LinkPort::apply_batch`). Works when the pod netns is
+/// already gone.
 pub async fn detach<O: LinkPort>(ops: &O, vlans: &VlanUsers, plan: &AttachPlan) -> DetachReport {
     let teardown = plan.teardown();
     let mut report = DetachReport::default();
