@@ -37,7 +37,8 @@ impl Drop for Bpffs {
     }
 }
 
-/// The pod end `pod_if` (10.78.0.2/24) in `pod`, its peer (10.78.0.1/24, MTU 1500) in `peer`.
+/// The pod end `pod_if` (10.78.0.2/24) in `pod`, its peer (10.78.0.1/24, MTU 1500) in `peer`;
+/// IPv4 only.
 pub struct Pair {
     pub pod: Netns,
     pub peer: Netns,
@@ -62,6 +63,15 @@ impl Pair {
             &peer_if,
         ]);
         pod.ip(&["link", "set", &peer_if, "netns", &peer.name]);
+        // No IPv6 on either end: at link-up the kernel sends its own router solicitations,
+        // MLD reports and DAD probes, which a test counting exact packets or a policer's
+        // exact burst would see as traffic (they spend the bucket the flood is measured by).
+        // IPv4 sends nothing by itself: the tests set permanent neighbour entries.
+        for (netns, interface) in [(&pod, &pod_if), (&peer, &peer_if)] {
+            let key = format!("net.ipv6.conf.{interface}.disable_ipv6=1");
+            let out = netns.exec("sysctl", &["-qw", &key]);
+            assert!(out.status.success(), "disabling IPv6 on {interface}: {out:?}");
+        }
         pod.ip(&["addr", "add", "10.78.0.2/24", "dev", &pod_if]);
         peer.ip(&["addr", "add", "10.78.0.1/24", "dev", &peer_if]);
         peer.ip(&["link", "set", &peer_if, "up"]);
