@@ -41,6 +41,13 @@ impl Default for Backoff {
     }
 }
 
+/// Status writes in flight at once, over all claims. Each claim has its own task, and after
+/// a restart every attached claim's status is submitted at once: unbounded, a node with
+/// 1,000 pods opened ~1,000 API connections at the same moment (kube's HTTP/1.1 client opens
+/// one per concurrent request), ~1 descriptor and ~70 KiB of buffers each (issue 36). Eight
+/// keep a node's writes within a few seconds on a local API server and its connections few.
+pub const WRITES_IN_FLIGHT: usize = 8;
+
 /// Claims with a writer task, and the status each one still has to write. The key's presence
 /// means a task runs for that claim; its value is the newest status not yet taken by it.
 type Pending = HashMap<ClaimRef, Option<Vec<AllocatedDeviceStatus>>>;
@@ -51,6 +58,8 @@ struct Inner {
     backoff: Backoff,
     pending: Mutex<Pending>,
     writes: Option<Family<ResultLabel, Counter>>,
+    /// [`WRITES_IN_FLIGHT`] permits: one is held for each API call, not across backoffs.
+    in_flight: tokio::sync::Semaphore,
 }
 
 /// Applies claim statuses in the background; cheap to clone.
@@ -91,6 +100,7 @@ impl StatusWriter {
                 backoff,
                 pending: Mutex::new(HashMap::new()),
                 writes,
+                in_flight: tokio::sync::Semaphore::new(WRITES_IN_FLIGHT),
             }),
         }
     }
@@ -139,6 +149,8 @@ impl Inner {
     }
 
     async fn apply(&self, claim: &ClaimRef, entries: &[AllocatedDeviceStatus]) -> Attempt {
+        // Never closed: the semaphore lives as long as `self`.
+        let _permit = self.in_flight.acquire().await.ok();
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
         // With the UID in the body the apply fails (409) if the claim was replaced by another
         // one of the same name, instead of writing this status into the new claim.

@@ -437,3 +437,76 @@ async fn entry_for_unallocated_device_is_rejected_not_retried() {
     assert_eq!((count(&metrics, "rejected"), count(&metrics, "error")), (1, 0));
     srv.shutdown().await.expect("shutdown");
 }
+
+/// After a restart every attached claim's status is submitted at once: the writer holds at
+/// most `WRITES_IN_FLIGHT` API calls at a time, so 100 statuses open a handful of connections
+/// (unbounded, one connection each: ~1 descriptor and ~70 KiB per claim at once), and every
+/// one lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_statuses_at_once_use_a_bounded_number_of_connections() {
+    use netclaim::k8s::claim_status::WRITES_IN_FLIGHT;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let srv = start("127.0.0.1:0".parse().expect("addr"), ServerOptions::default())
+        .await
+        .expect("server");
+    let direct = client_for(&srv.url());
+    let claims: Api<ResourceClaim> = Api::namespaced(direct.clone(), "default");
+    let mut allocated = Vec::new();
+    for n in 0..100 {
+        allocated.push(allocated_claim(&direct, &format!("burst-{n}")).await);
+    }
+    // A relay that counts the connections the writer opens.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("relay bind");
+    let port = listener.local_addr().expect("addr");
+    let opened = Arc::new(AtomicUsize::new(0));
+    let counter = opened.clone();
+    let target = srv.addr();
+    let relay = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    let metrics = Metrics::new();
+    let writer = StatusWriter::new(
+        client_for(&format!("http://{port}")),
+        DRIVER,
+        fast(),
+        Some(metrics.status_writes.clone()),
+    );
+    let [shared, _] = keys();
+    for (n, claim) in allocated.iter().enumerate() {
+        let address = format!("10.10.2.{}/24", n + 1);
+        let entries = build_entries(
+            &[(shared.clone(), ready("net1", Mode::Macvlan, "eth1", &address))],
+            &[],
+            claim.metadata.generation,
+            &now(),
+        )
+        .expect("entries");
+        writer.submit(claim_ref(claim), entries);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while writer.in_flight() != 0 {
+        assert!(Instant::now() < deadline, "writes did not finish: {} left", writer.in_flight());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(count(&metrics, "success"), 100);
+    for claim in &allocated {
+        let name = claim.metadata.name.as_deref().expect("name");
+        assert_eq!(devices(&claims.get(name).await.expect("get")).len(), 1, "{name}");
+    }
+    // hyper may finish dialling a connection whose request an idle one took meanwhile: at
+    // most one such per permit.
+    let opened = opened.load(Ordering::SeqCst);
+    println!("100 statuses at once: {opened} connections");
+    assert!(opened <= 2 * WRITES_IN_FLIGHT, "{opened} connections for 100 statuses");
+    relay.abort();
+    srv.shutdown().await.expect("shutdown");
+}
