@@ -90,6 +90,9 @@ pub struct StatsService<H> {
     hooked: BTreeMap<InterfaceKey, WatchedInterface>,
     /// What was last handed to the claim status, by key.
     submitted: BTreeMap<InterfaceKey, InterfaceStats>,
+    /// The attached interfaces of the last snapshot followed: the pins are listed for
+    /// leftover ceiling programs only once one of them is gone (see [`Self::follow`]).
+    attached: BTreeSet<InterfaceKey>,
 }
 
 impl<H: CounterPort> StatsService<H> {
@@ -100,6 +103,7 @@ impl<H: CounterPort> StatsService<H> {
             settings,
             hooked: BTreeMap::new(),
             submitted: BTreeMap::new(),
+            attached: BTreeSet::new(),
         }
     }
 
@@ -133,6 +137,9 @@ impl<H: CounterPort> StatsService<H> {
                     self.follow(&current).await;
                 }
                 _ = collect.tick() => {
+                    // A ceiling's programs hooked onto an interface that never showed up
+                    // attached (its attach failed after the gate) go at the latest here.
+                    self.unhook_ceilings_of_gone(&self.attached).await;
                     let samples = self.collect().await;
                     sink.collected(&samples);
                     if let (Some(due), Some(every)) = (status_due, self.settings.status_every)
@@ -161,9 +168,11 @@ impl<H: CounterPort> StatsService<H> {
                 return;
             }
         };
+        let by_key: BTreeMap<InterfaceKey, &WatchedInterface> =
+            interfaces.iter().map(|i| (i.key(), i)).collect();
         for (pod_uid, interface) in pinned {
             let key = (pod_uid, interface);
-            match interfaces.iter().find(|i| i.key() == key) {
+            match by_key.get(&key).copied() {
                 Some(watched) => {
                     if watched.stats {
                         self.hooked.insert(key, watched.clone());
@@ -181,8 +190,17 @@ impl<H: CounterPort> StatsService<H> {
 
     /// Hooks the new interfaces, unhooks the gone ones (and the programs a bandwidth ceiling
     /// hooked onto an interface without counters, once it is gone).
+    ///
+    /// Listing the pins is a directory read per pod: done on every change it made a burst of
+    /// attaches quadratic in system calls (issue 36), so only when an interface left the
+    /// attached set (and on the collection tick).
     async fn follow(&mut self, interfaces: &[WatchedInterface]) {
-        self.unhook_ceilings_of_gone(interfaces).await;
+        let attached: BTreeSet<InterfaceKey> =
+            interfaces.iter().map(WatchedInterface::key).collect();
+        if self.attached.is_empty() || !self.attached.is_subset(&attached) {
+            self.unhook_ceilings_of_gone(&attached).await;
+        }
+        self.attached = attached;
         let wanted: BTreeMap<InterfaceKey, &WatchedInterface> =
             interfaces.iter().filter(|i| i.stats).map(|i| (i.key(), i)).collect();
         let gone: Vec<InterfaceKey> = self
@@ -220,7 +238,7 @@ impl<H: CounterPort> StatsService<H> {
 
     /// Removes the pins of interfaces this service did not hook (the ceilings' port hooked
     /// them: `stats: false` with a bandwidth ceiling) once they are no longer attached.
-    async fn unhook_ceilings_of_gone(&self, interfaces: &[WatchedInterface]) {
+    async fn unhook_ceilings_of_gone(&self, attached: &BTreeSet<InterfaceKey>) {
         let pinned = match self.hooks.hooked() {
             Ok(pinned) => pinned,
             Err(err) => {
@@ -228,8 +246,6 @@ impl<H: CounterPort> StatsService<H> {
                 return;
             }
         };
-        let attached: BTreeSet<InterfaceKey> =
-            interfaces.iter().map(WatchedInterface::key).collect();
         for key in pinned {
             if self.hooked.contains_key(&key) || attached.contains(&key) {
                 continue;

@@ -14,6 +14,8 @@ struct FakeKernel {
     hooked: Mutex<BTreeMap<(String, String), u64>>,
     /// Every hook and unhook, in order.
     calls: Mutex<Vec<String>>,
+    /// How many times the pins were listed (`hooked`).
+    listings: Mutex<usize>,
 }
 
 impl FakeKernel {
@@ -73,6 +75,7 @@ impl CounterPort for Arc<FakeKernel> {
     }
 
     fn hooked(&self) -> Result<Vec<(String, String)>, FakeError> {
+        *self.listings.lock().unwrap() += 1;
         Ok(self.hooked.lock().unwrap().keys().cloned().collect())
     }
 }
@@ -235,6 +238,40 @@ async fn programs_hooked_for_a_ceiling_alone_stay_while_attached_and_go_with_the
     run.interfaces.send_replace(vec![interface("q", "net1", true)]);
     settle().await;
     assert_eq!(*run.kernel.calls.lock().unwrap(), ["hook q/net1", "unhook p/net1"]);
+    run.shutdown.send_replace(true);
+    run.task.await.unwrap();
+}
+
+/// A burst of attaches only grows the attached set: the pins (a directory read per pod) are
+/// not listed for it; an interface leaving lists them, and the collection removes the
+/// ceiling programs of an interface that never showed up attached.
+#[tokio::test(start_paused = true)]
+async fn pins_are_listed_when_an_interface_leaves_or_at_the_collection_not_per_attach() {
+    let run = start(Arc::default(), vec![interface("a", "net1", true)], EVERY_5S);
+    settle().await;
+    let listed = *run.kernel.listings.lock().unwrap();
+    let mut attached = vec![interface("a", "net1", true)];
+    for pod in ["b", "c", "d"] {
+        attached.push(interface(pod, "net1", pod != "c"));
+        run.interfaces.send_replace(attached.clone());
+        settle().await;
+    }
+    assert_eq!(*run.kernel.listings.lock().unwrap(), listed, "growing: no listing");
+    assert_eq!(*run.kernel.calls.lock().unwrap(), ["hook a/net1", "hook b/net1", "hook d/net1"]);
+
+    // The ceilings' port hooked an interface whose attach then failed: gone by the next
+    // collection (5 s).
+    run.kernel.hooked.lock().unwrap().insert(("z".to_owned(), "net1".to_owned()), 0);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(run.kernel.calls.lock().unwrap().last().unwrap(), "unhook z/net1");
+
+    let listed = *run.kernel.listings.lock().unwrap();
+    attached.retain(|i| i.pod_uid != "b");
+    run.interfaces.send_replace(attached);
+    settle().await;
+    assert_eq!(*run.kernel.listings.lock().unwrap(), listed + 1, "b left: listed");
+    assert_eq!(run.kernel.calls.lock().unwrap().last().unwrap(), "unhook b/net1");
     run.shutdown.send_replace(true);
     run.task.await.unwrap();
 }
