@@ -2,6 +2,7 @@
 //! pod namespaces ([`NetnsPort`]), durable pod records ([`AttachmentStore`]) and where claim
 //! statuses and Pod events go ([`StatusSink`]). Each speaks model types only.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -39,6 +40,22 @@ pub trait PodClaimSource: Send + Sync + 'static {
     /// claim: a walk made the burst quadratic in the node's claims).
     fn claim(&self, uid: &str) -> Option<PreparedClaim> {
         self.all_claims().into_iter().find(|c| c.uid == uid)
+    }
+    /// `(claim UID, request)` of every prepared device whose config turns its counters off
+    /// (`stats: false`). The default walks [`Self::all_claims`]; a source holding the claims
+    /// answers without copying them (the stats service asks on every change of the attached
+    /// interfaces: a copy of every claim each time made a burst quadratic, issue 36).
+    fn stats_off_devices(&self) -> BTreeSet<(String, String)> {
+        self.all_claims()
+            .into_iter()
+            .flat_map(|claim| {
+                claim
+                    .devices
+                    .into_iter()
+                    .filter(|d| !d.config.stats)
+                    .map(move |d| (claim.uid.clone(), d.request))
+            })
+            .collect()
     }
     /// Whether `claim` still exists in the API.
     fn presence(&self, claim: &PreparedClaim) -> impl Future<Output = ClaimPresence> + Send;
@@ -154,6 +171,10 @@ where
 
     fn all_claims(&self) -> Vec<PreparedClaim> {
         self.all_prepared()
+    }
+
+    fn stats_off_devices(&self) -> BTreeSet<(String, String)> {
+        ClaimService::stats_off_devices(self)
     }
 
     fn claim(&self, uid: &str) -> Option<PreparedClaim> {

@@ -180,7 +180,7 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
                     .then_some((d.plan.host_mtu, d.plan.host_mac_to_restore))
             });
         from_record.or_else(|| {
-            self.claims.all_claims().into_iter().filter(|c| c.uid == claim_uid).find_map(|c| {
+            self.claims.claim(claim_uid).and_then(|c| {
                 c.devices
                     .iter()
                     .find(|d| d.if_name == host_name && d.sharing == Some(Sharing::Exclusive))

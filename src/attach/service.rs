@@ -115,18 +115,7 @@ impl<C: PodClaimSource, N: NetnsPort, S: AttachmentStore, W: StatusSink> AttachS
     /// setting of its claim's config.
     #[must_use]
     pub fn attached_interfaces(&self) -> Vec<WatchedInterface> {
-        let stats_off: BTreeSet<(String, String)> = self
-            .claims
-            .all_claims()
-            .into_iter()
-            .flat_map(|claim| {
-                claim
-                    .devices
-                    .into_iter()
-                    .filter(|d| !d.config.stats)
-                    .map(move |d| (claim.uid.clone(), d.request))
-            })
-            .collect();
+        let stats_off = self.claims.stats_off_devices();
         let inner = lock(&self.inner);
         inner
             .pods

@@ -213,15 +213,41 @@ impl<R: ClaimSource, D: DeviceSource, S: ClaimStore> ClaimService<R, D, S> {
     /// attach order when the pod's `resourceClaims` order is unknown, DESIGN §3).
     #[must_use]
     pub fn prepared_for_pod(&self, pod_uid: &str) -> Vec<PreparedClaim> {
-        let mut claims: Vec<PreparedClaim> = lock(&self.state)
-            .prepared
-            .values()
-            .filter(|c| c.reserved_for.iter().any(|p| p.uid == pod_uid))
-            .cloned()
-            .collect();
+        let mut claims: Vec<PreparedClaim> =
+            lock(&self.state).prepared_for_pod(pod_uid).cloned().collect();
         claims
             .sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
         claims
+    }
+
+    /// `(claim UID, request)` of every prepared device with `stats: false`, read under the
+    /// state lock without copying the claims.
+    #[must_use]
+    pub fn stats_off_devices(&self) -> std::collections::BTreeSet<(String, String)> {
+        lock(&self.state)
+            .prepared
+            .values()
+            .flat_map(|claim| {
+                claim
+                    .devices
+                    .iter()
+                    .filter(|d| !d.config.stats)
+                    .map(|d| (claim.uid.clone(), d.request.clone()))
+            })
+            .collect()
+    }
+
+    /// The names of the devices of `pool` that prepared claims use, read under the state lock
+    /// without copying the claims (the slice publisher asks at each publication).
+    #[must_use]
+    pub fn prepared_devices_in_pool(&self, pool: &str) -> std::collections::BTreeSet<String> {
+        lock(&self.state)
+            .prepared
+            .values()
+            .flat_map(|claim| &claim.devices)
+            .filter(|device| device.pool == pool)
+            .map(|device| device.device.clone())
+            .collect()
     }
 
     /// Every prepared claim.

@@ -12,7 +12,7 @@ use crate::model::network_config::Addressing;
 pub(super) struct State<S: LeaseStore> {
     pub(super) ipam: Ipam<S>,
     /// Changed only through [`State::add_prepared`] and [`State::remove_prepared`] (they
-    /// keep `in_use` right).
+    /// keep `in_use` and `prepared_by_pod` right).
     pub(super) prepared: HashMap<String, PreparedClaim>,
     /// Claims whose commit is under way (their leases are held in memory): seen by the
     /// checks of other prepares, never reported as prepared. Changed only through
@@ -22,6 +22,10 @@ pub(super) struct State<S: LeaseStore> {
     /// and the pool users, not every claim of the node (a scan of all of them per prepare
     /// cost ~850 µs at 15k claims).
     pub(super) in_use: InUseIndex,
+    /// UIDs of the prepared claims reserved for each pod, by pod UID: the attach, the
+    /// CreateContainer gate and the restart's reconcile ask for one pod's claims, and a walk
+    /// of every prepared claim for each was quadratic over a burst (issue 36).
+    prepared_by_pod: HashMap<String, BTreeSet<String>>,
 }
 
 /// Claim UIDs of the claims in use (prepared or pending) by host interface and by pool use,
@@ -76,7 +80,42 @@ impl<S: LeaseStore> State<S> {
         for claim in prepared.values() {
             in_use.add(claim);
         }
-        Self { ipam, prepared, pending: HashMap::new(), in_use }
+        let mut prepared_by_pod: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for claim in prepared.values() {
+            for pod in &claim.reserved_for {
+                prepared_by_pod.entry(pod.uid.clone()).or_default().insert(claim.uid.clone());
+            }
+        }
+        Self { ipam, prepared, pending: HashMap::new(), in_use, prepared_by_pod }
+    }
+
+    /// The prepared claims reserved for `pod_uid`.
+    pub(super) fn prepared_for_pod<'a>(
+        &'a self,
+        pod_uid: &str,
+    ) -> impl Iterator<Item = &'a PreparedClaim> {
+        self.prepared_by_pod
+            .get(pod_uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| self.prepared.get(uid))
+    }
+
+    fn index_pods(&mut self, claim: &PreparedClaim) {
+        for pod in &claim.reserved_for {
+            self.prepared_by_pod.entry(pod.uid.clone()).or_default().insert(claim.uid.clone());
+        }
+    }
+
+    fn unindex_pods(&mut self, claim: &PreparedClaim) {
+        for pod in &claim.reserved_for {
+            if let Some(uids) = self.prepared_by_pod.get_mut(&pod.uid) {
+                uids.remove(&claim.uid);
+                if uids.is_empty() {
+                    self.prepared_by_pod.remove(&pod.uid);
+                }
+            }
+        }
     }
 
     /// Prepared claims and claims being committed: what a new claim must fit beside.
@@ -125,14 +164,19 @@ impl<S: LeaseStore> State<S> {
 
     pub(super) fn add_prepared(&mut self, claim: PreparedClaim) {
         self.in_use.add(&claim);
-        if let Some(old) = self.prepared.insert(claim.uid.clone(), claim) {
+        let uid = claim.uid.clone();
+        if let Some(old) = self.prepared.remove(&uid) {
             self.in_use.remove(&old);
+            self.unindex_pods(&old);
         }
+        self.index_pods(&claim);
+        self.prepared.insert(uid, claim);
     }
 
     pub(super) fn remove_prepared(&mut self, uid: &str) {
         if let Some(old) = self.prepared.remove(uid) {
             self.in_use.remove(&old);
+            self.unindex_pods(&old);
         }
     }
 }

@@ -695,6 +695,15 @@ async fn the_pod_of_reserved_for_is_recorded_and_finds_its_claims_after_a_restar
     assert_eq!(service.prepared_for_pod("uid-pod-2")[0].name, "other");
     assert!(service.prepared_for_pod("uid-nobody").is_empty());
     assert_eq!(service.leased_per_pool().values().sum::<usize>(), 2);
+    // The index by pod follows unprepare and a new prepare.
+    assert!(service.unprepare(vec![reference("a", "ua")]).await["ua"].is_ok());
+    let names: Vec<String> =
+        service.prepared_for_pod("uid-pod-1").into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["b"]);
+    assert!(service.unprepare(vec![reference("other", "uo")]).await["uo"].is_ok());
+    assert!(service.prepared_for_pod("uid-pod-2").is_empty());
+    prepare_one(&service, &reference("a", "ua")).await.unwrap();
+    assert_eq!(service.prepared_for_pod("uid-pod-1").len(), 2);
 }
 
 #[test]

@@ -604,13 +604,7 @@ impl std::fmt::Debug for PreparedOnNode {
 
 impl publish::PreparedDeviceSource for PreparedOnNode {
     fn prepared_devices(&self) -> std::collections::BTreeSet<String> {
-        self.claims
-            .all_prepared()
-            .into_iter()
-            .flat_map(|claim| claim.devices)
-            .filter(|device| device.pool == self.pool)
-            .map(|device| device.device)
-            .collect()
+        self.claims.prepared_devices_in_pool(&self.pool)
     }
 }
 
