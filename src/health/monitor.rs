@@ -77,6 +77,13 @@ pub struct MonitorSettings {
     /// Quiet time after a netlink notification before rediscovering (bounded: counted from
     /// the first notification of a burst).
     pub debounce: Duration,
+    /// Least time between the starts of two rediscoveries caused by notifications. Every
+    /// pod's host-side veth (the runtime's CNI) makes link notifications, so a burst of pod
+    /// starts is a continuous stream of them, and each rediscovery dumps and parses every
+    /// host link, address and route: at 1,000 pods, back-to-back rediscoveries were a
+    /// large part of the daemon's CPU during the burst (issue 36). A verdict change of a
+    /// published device is seen within this plus the debounce.
+    pub min_interval: Duration,
     /// How long a device whose interface disappeared (and was unpublished) is still
     /// reported Unhealthy, so a pod holding it sees why rather than just Unknown.
     pub removed_retention: Duration,
@@ -84,13 +91,15 @@ pub struct MonitorSettings {
 
 impl MonitorSettings {
     /// Production settings: refresh every 10 s (the resend interval kubelet gets), 50 ms
-    /// debounce, removed devices reported for 5 minutes.
+    /// debounce, at most one rediscovery a second (the inventory's own bound), removed
+    /// devices reported for 5 minutes.
     #[must_use]
     pub fn new(pool: impl Into<String>) -> Self {
         Self {
             pool: pool.into(),
             refresh: Duration::from_secs(10),
             debounce: Duration::from_millis(50),
+            min_interval: Duration::from_secs(1),
             removed_retention: Duration::from_mins(5),
         }
     }
@@ -130,6 +139,7 @@ pub async fn run<I: InterfaceSource, P: PodLinkSource>(
     let mut refresh = tokio::time::interval_at(Instant::now() + settings.refresh, settings.refresh);
     refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut discover_due: Option<Instant> = None;
+    let mut last_discovery = Instant::now();
     loop {
         let sleep_until = discover_due.unwrap_or_else(|| Instant::now() + Duration::from_hours(1));
         tokio::select! {
@@ -143,15 +153,19 @@ pub async fn run<I: InterfaceSource, P: PodLinkSource>(
                 state.watch_pods(&pods, moved, &dirty).await;
             }
             Some(()) = inputs.link_changes.recv() => {
-                discover_due.get_or_insert_with(|| Instant::now() + settings.debounce);
+                discover_due.get_or_insert_with(|| {
+                    (Instant::now() + settings.debounce).max(last_discovery + settings.min_interval)
+                });
                 continue;
             }
             Some(()) = wakeups.recv() => {}
             () = tokio::time::sleep_until(sleep_until), if discover_due.is_some() => {
                 discover_due = None;
+                last_discovery = Instant::now();
                 state.discover(&interfaces).await;
             }
             _ = refresh.tick() => {
+                last_discovery = Instant::now();
                 state.discover(&interfaces).await;
                 state.retry_pods(&pods, &dirty).await;
             }

@@ -151,6 +151,7 @@ struct FakeError(String);
 struct FakeHost {
     interfaces: Arc<Mutex<Vec<HostInterface>>>,
     failing: Arc<Mutex<Option<String>>>,
+    discoveries: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeHost {
@@ -173,6 +174,7 @@ impl crate::inventory::publish::InterfaceSource for FakeHost {
     type Error = FakeError;
 
     async fn discover(&self) -> Result<Vec<HostInterface>, FakeError> {
+        self.discoveries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(reason) = self.failing.lock().unwrap().clone() {
             return Err(FakeError(reason));
         }
@@ -317,6 +319,34 @@ async fn host_devices_follow_link_changes() {
     harness.host.set("eth2", true);
     harness.links.send(()).await.unwrap();
     harness.wait_for("eth2", HealthStatus::Healthy).await;
+    harness.stop().await;
+}
+
+/// A burst of pod starts is a stream of host link notifications (one veth each): the
+/// monitor rediscovers at most once a second through it, and still sees the last change.
+#[tokio::test(start_paused = true)]
+async fn a_stream_of_notifications_rediscovers_at_most_once_a_second() {
+    use std::sync::atomic::Ordering;
+    let host = FakeHost::default();
+    host.set("eth2", true);
+    let mut harness = Harness::start(host, vec![device("eth2", "eth2", DeviceKind::Physical)]);
+    harness.wait_for("eth2", HealthStatus::Healthy).await;
+    let before = harness.host.discoveries.load(Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    // 5 s of a notification every 20 ms (250 in all).
+    for _ in 0..250 {
+        harness.links.send(()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let during = harness.host.discoveries.load(Ordering::SeqCst) - before;
+    assert!((4..=6).contains(&during), "{during} rediscoveries in 5 s of notifications");
+    // The last notification of the stream carries a change: seen within the bound.
+    harness.host.set("eth2", false);
+    harness.links.send(()).await.unwrap();
+    let changed = tokio::time::Instant::now();
+    harness.wait_for("eth2", HealthStatus::Unhealthy).await;
+    assert!(changed.elapsed() <= Duration::from_millis(1050), "{:?}", changed.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(7));
     harness.stop().await;
 }
 
