@@ -8,15 +8,15 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
-use futures::TryStreamExt;
-use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
 use netlink_packet_route::link::{
     InfoKind, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo, LinkMessage, State,
 };
 use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteType};
-use rtnetlink::{Handle, RouteMessageBuilder};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::RouteMessageBuilder;
 
+use super::netlink_dump::{DumpError, DumpSocket};
 use super::sysfs::{Sysfs, SysfsError};
 use crate::inventory::Selection;
 use crate::inventory::device_lookup::DiscoveredDevices;
@@ -38,9 +38,9 @@ pub enum DiscoveryError {
     Dump {
         /// `links`, `addresses` or `routes`.
         what: &'static str,
-        /// The netlink error (carries the errno).
+        /// The netlink error (the kernel's errno, or what could not be read).
         #[source]
-        source: rtnetlink::Error,
+        source: DumpError,
     },
     /// Reading sysfs failed.
     #[error(transparent)]
@@ -81,60 +81,60 @@ impl InterfaceSource for HostInterfaces {
 
 /// Discovers the interfaces of the calling thread's network namespace.
 ///
-/// Must run inside a tokio runtime (the netlink connection is driven by a spawned task).
+/// Must run inside a tokio runtime (the socket is registered with it). Each dump is read a
+/// datagram at a time and reduced as it arrives ([`DumpSocket`]): with a veth per pod on the
+/// host, a dump decoded whole was the largest part of the daemon's peak heap (issue 36).
+///
+/// # Errors
+/// [`DiscoveryError`] naming the step that failed.
 pub async fn discover(sysfs: &Sysfs) -> Result<Vec<HostInterface>, DiscoveryError> {
-    let (connection, handle, _) = rtnetlink::new_connection().map_err(DiscoveryError::Socket)?;
-    let driver = tokio::spawn(connection);
-    let result = discover_with(&handle, sysfs).await;
-    driver.abort();
-    result
-}
-
-/// Discovery over an existing netlink handle.
-pub async fn discover_with(
-    handle: &Handle,
-    sysfs: &Sysfs,
-) -> Result<Vec<HostInterface>, DiscoveryError> {
     // One host discovery at a time in the process (the inventory and device health each run
-    // one on every host link event): with a veth per pod on the host, a dump holds a parsed
-    // message per pod, and concurrent dumps multiplied the daemon's peak heap (issue 36).
+    // one on host link events): concurrent dumps would add their peaks.
     let _one_dump = HOST_DUMPS.lock().await;
-    // Each link is reduced to what discovery keeps as it arrives: a parsed `LinkMessage` of a
-    // bridge-port veth (stats, IPv6 devconf and stats, bridge port info) is thousands of
-    // allocations; kept for the whole dump, they set the daemon's peak heap (issue 36).
-    // Without the link's and IPv6's statistics (RTEXT_FILTER_SKIP_STATS; a kernel without
-    // the flag ignores the bit), which discovery does not read: most of each message's parse.
-    let parsed: Vec<(HostInterface, Option<u32>)> = handle
-        .link()
-        .get()
-        .set_filter_mask(AddressFamily::Unspec, vec![LinkExtentMask::SkipStats])
-        .execute()
-        .try_filter_map(|link| std::future::ready(Ok(parsed_link(&link))))
-        .try_collect()
+    let mut socket = DumpSocket::new().map_err(DiscoveryError::Socket)?;
+    // Without the link's and IPv6's statistics (RTEXT_FILTER_SKIP_STATS; a kernel without the
+    // flag ignores the bit), which discovery does not read: most of each message's decoding.
+    let mut links = LinkMessage::default();
+    links.header.interface_family = AddressFamily::Unspec;
+    links.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+    let parsed: Vec<(HostInterface, Option<u32>)> = socket
+        .dump(RouteNetlinkMessage::GetLink(links), |message| match message {
+            RouteNetlinkMessage::NewLink(link) => parsed_link(&link),
+            _ => None,
+        })
         .await
         .map_err(|source| DiscoveryError::Dump { what: "links", source })?;
-    let addresses: Vec<AddressMessage> = handle
-        .address()
-        .get()
-        .execute()
-        .try_collect()
+    // Only what the join reads is kept: universe-scope addresses, main-table default routes.
+    let addresses: Vec<AddressMessage> = socket
+        .dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()), |message| match message {
+            RouteNetlinkMessage::NewAddress(address)
+                if address.header.scope == AddressScope::Universe =>
+            {
+                Some(address)
+            }
+            _ => None,
+        })
         .await
         .map_err(|source| DiscoveryError::Dump { what: "addresses", source })?;
-    let mut routes: Vec<RouteMessage> = handle
-        .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|source| DiscoveryError::Dump { what: "routes", source })?;
-    let v6_routes: Vec<RouteMessage> = handle
-        .route()
-        .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|source| DiscoveryError::Dump { what: "routes", source })?;
-    routes.extend(v6_routes);
+    let mut routes = Vec::new();
+    for request in [
+        RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    ] {
+        let defaults = socket
+            .dump(RouteNetlinkMessage::GetRoute(request), |message| match message {
+                RouteNetlinkMessage::NewRoute(route)
+                    if route.header.destination_prefix_length == 0 && is_main_unicast(&route) =>
+                {
+                    Some(route)
+                }
+                _ => None,
+            })
+            .await
+            .map_err(|source| DiscoveryError::Dump { what: "routes", source })?;
+        routes.extend(defaults);
+    }
+    drop(socket);
 
     let mut interfaces = interfaces_from_parsed(parsed, &addresses, &routes);
     let mut present = Vec::with_capacity(interfaces.len());
@@ -152,7 +152,7 @@ pub async fn discover_with(
     Ok(present)
 }
 
-/// Serialises host discoveries (see [`discover_with`]).
+/// Serialises host discoveries (see [`discover`]).
 static HOST_DUMPS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One link's interface and its controller's index; `None` for a message without a name.

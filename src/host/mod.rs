@@ -14,6 +14,7 @@ pub mod kernel_probe;
 pub mod link_events;
 pub mod netlink;
 pub mod netlink_batch;
+pub mod netlink_dump;
 pub mod netns;
 pub mod parent_death;
 pub mod pod_links;

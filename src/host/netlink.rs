@@ -11,19 +11,20 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
-use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     IpVlanFlags as NlIpVlanFlags, IpVlanMode as NlIpVlanMode, LinkAttribute, LinkExtentMask,
     LinkFlags, LinkMessage, MacVlanMode as NlMacVlanMode,
 };
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{
     AddressMessageBuilder, Handle, LinkIpVlan, LinkMacVlan, LinkUnspec, LinkVlan,
     RouteMessageBuilder,
 };
 
 use super::netlink_batch::{BatchSocket, open_in_netns_with};
+use super::netlink_dump::{DumpError, DumpSocket};
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
 use crate::podnet::plan::ChildKind;
 use crate::podnet::ports::{
@@ -48,6 +49,8 @@ pub struct HostNetlink {
     netns: Arc<File>,
     /// Link lookups without a connection task (`super::netlink_batch`).
     batch: Arc<BatchSocket>,
+    /// The reconcile's link dump, read a datagram at a time (`super::netlink_dump`).
+    dumps: Arc<tokio::sync::Mutex<DumpSocket>>,
 }
 
 impl HostNetlink {
@@ -59,17 +62,27 @@ impl HostNetlink {
             .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
         let (connection, handle, _) = rtnetlink::new_connection()
             .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
-        let batch = BatchSocket::new()
+        let (batch, dumps) = batch_and_dump_sockets()
             .map_err(|source| LinkOpError::Netns { path: path.display().to_string(), source })?;
         tokio::spawn(connection);
-        Ok(Self { handle, netns: Arc::new(netns), batch: Arc::new(batch) })
+        Ok(Self::from_parts(handle, netns, batch, dumps))
+    }
+
+    fn from_parts(handle: Handle, netns: File, batch: BatchSocket, dumps: DumpSocket) -> Self {
+        Self {
+            handle,
+            netns: Arc::new(netns),
+            batch: Arc::new(batch),
+            dumps: Arc::new(tokio::sync::Mutex::new(dumps)),
+        }
     }
 
     /// Another netns standing in for the host (tests and benchmarks build the node's
     /// topology in a throwaway netns).
     pub async fn in_netns(path: &Path) -> Result<Self, LinkOpError> {
-        let (handle, batch, netns) = open_in_netns_with(path, BatchSocket::new).await?;
-        Ok(Self { handle, netns: Arc::new(netns), batch: Arc::new(batch) })
+        let (handle, (batch, dumps), netns) =
+            open_in_netns_with(path, batch_and_dump_sockets).await?;
+        Ok(Self::from_parts(handle, netns, batch, dumps))
     }
 
     /// The rtnetlink handle on the host netns.
@@ -81,17 +94,38 @@ impl HostNetlink {
     /// Every link of the host netns (name, index, MTU, MAC, alias).
     pub async fn links(&self) -> Result<Vec<LinkState>, LinkOpError> {
         // Statistics left out (RTEXT_FILTER_SKIP_STATS): `link_state` reads none, and with a
-        // host veth per pod they were most of each message's parse (issue 36).
-        self.handle
-            .link()
-            .get()
-            .set_filter_mask(AddressFamily::Unspec, vec![LinkExtentMask::SkipStats])
-            .execute()
-            .map_ok(|message| link_state(&message))
-            .try_collect()
+        // host veth per pod they were most of each message's decoding; each message reduced
+        // as it is read (issue 36).
+        let mut request = LinkMessage::default();
+        request.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        let op = "RTM_GETLINK dump";
+        self.dumps
+            .lock()
             .await
-            .map_err(|err| op_error("RTM_GETLINK dump", Side::Host, err))
+            .dump(RouteNetlinkMessage::GetLink(request), |message| match message {
+                RouteNetlinkMessage::NewLink(link) => Some(link_state(&link)),
+                _ => None,
+            })
+            .await
+            .map_err(|err| match err {
+                DumpError::Kernel(errno) => LinkOpError::Kernel {
+                    op: op.to_owned(),
+                    side: Side::Host,
+                    errno,
+                    message: std::io::Error::from_raw_os_error(errno).to_string(),
+                },
+                other => LinkOpError::Protocol {
+                    op: op.to_owned(),
+                    side: Side::Host,
+                    message: other.to_string(),
+                },
+            })
     }
+}
+
+/// The pipelined-batch and dump sockets of the calling thread's netns.
+fn batch_and_dump_sockets() -> std::io::Result<(BatchSocket, DumpSocket)> {
+    Ok((BatchSocket::new()?, DumpSocket::new()?))
 }
 
 /// The link named `name` in `handle`'s netns: one `RTM_GETLINK` by name (`IFLA_IFNAME`), its

@@ -210,3 +210,42 @@ fn slot_mode_and_environment_variables() {
     }
     assert!(slices[0]["spec"]["devices"][0].get("allowMultipleAllocations").is_none());
 }
+
+/// A host with hundreds of links (a veth per pod): the dumps span many datagrams, each read
+/// and reduced as it arrives (`host::netlink_dump`); every link is found, and the one with
+/// the default route is still recognised as the node's uplink.
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn three_hundred_links_are_all_discovered_and_the_uplink_recognised() {
+    if !require_root("three_hundred_links_are_all_discovered_and_the_uplink_recognised") {
+        return;
+    }
+    let netns = Netns::new();
+    let mut names = Vec::new();
+    for n in 0..150 {
+        let (a, b) = (netns.ifname(&format!("a{n}")), netns.ifname(&format!("b{n}")));
+        netns.ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+        names.push(a);
+        names.push(b);
+    }
+    let uplink = names[0].clone();
+    netns.ip(&["link", "set", &uplink, "up"]);
+    netns.ip(&["link", "set", &names[1], "up"]);
+    netns.ip(&["addr", "add", "10.99.0.2/24", "dev", &uplink]);
+    netns.ip(&["route", "add", "default", "via", "10.99.0.1"]);
+    let pattern = format!("{}*", netns.ifname(""));
+    let list = inventory_json(&netns, &["--include-interfaces", &pattern]);
+    let mut published: Vec<String> = devices(&list)
+        .iter()
+        .map(|d| d["attributes"]["ifName"]["string"].as_str().unwrap().to_owned())
+        .collect();
+    published.sort();
+    let mut expected: Vec<String> = names.iter().filter(|n| **n != uplink).cloned().collect();
+    expected.sort();
+    assert_eq!(published, expected, "every link but the uplink, once");
+    let table = inventory_table(&netns, &["--include-interfaces", &pattern]);
+    assert!(
+        table.lines().any(|l| l.starts_with(&uplink) && l.contains("default route")),
+        "{table}"
+    );
+}

@@ -541,3 +541,46 @@ async fn a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name() {
     let gone = dir.path().join("regular");
     assert!(NetlinkOps::open_for_detach(&host, &gone).await.is_ok());
 }
+
+/// The host link dump the restart's reconcile reads, on a netns with hundreds of links (a
+/// veth per pod): many datagrams, each reduced as it is read; every link once, with its MTU
+/// and MAC as `ip` reports them.
+#[tokio::test]
+#[ignore = "needs root: run `make test` as root"]
+async fn the_host_link_dump_lists_every_one_of_hundreds_of_links() {
+    if !require_root("the_host_link_dump_lists_every_one_of_hundreds_of_links") {
+        return;
+    }
+    let netns = Netns::new();
+    for n in 0..150 {
+        let (a, b) = (netns.ifname(&format!("a{n}")), netns.ifname(&format!("b{n}")));
+        let mtu = (1300 + n).to_string();
+        netns.ip(&["link", "add", &a, "mtu", &mtu, "type", "veth", "peer", "name", &b]);
+    }
+    let host = HostNetlink::in_netns(&Topology::path(&netns)).await.unwrap();
+    let mut dumped: Vec<(String, u32, String)> = host
+        .links()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.name != "lo")
+        .map(|l| (l.name, l.mtu, l.mac.map(|m| m.to_string()).unwrap_or_default()))
+        .collect();
+    dumped.sort();
+    let mut expected: Vec<(String, u32, String)> = ip_json(&netns, &["link", "show"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["ifname"] != "lo")
+        .map(|l| {
+            (
+                l["ifname"].as_str().unwrap().to_owned(),
+                u32::try_from(l["mtu"].as_u64().unwrap()).unwrap(),
+                l["address"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(dumped.len(), 300);
+    assert_eq!(dumped, expected);
+}
