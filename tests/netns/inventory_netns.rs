@@ -249,3 +249,51 @@ fn three_hundred_links_are_all_discovered_and_the_uplink_recognised() {
         "{table}"
     );
 }
+
+/// The notifications that keep the inventory live, on a real kernel: nothing while the
+/// namespace is quiet; a link added, an address added, the link set up and a route added each
+/// wake the
+/// subscriber (their content is never decoded).
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn link_address_and_route_changes_each_wake_the_subscriber() {
+    use std::time::Duration;
+    if !require_root("link_address_and_route_changes_each_wake_the_subscriber") {
+        return;
+    }
+    let netns = Netns::new();
+    let (a, b) = (netns.ifname("a0"), netns.ifname("b0"));
+    let steps: Vec<Vec<String>> = vec![
+        vec![
+            "link".into(),
+            "add".into(),
+            a.clone(),
+            "type".into(),
+            "veth".into(),
+            "peer".into(),
+            "name".into(),
+            b.clone(),
+        ],
+        vec!["addr".into(), "add".into(), "10.98.0.2/24".into(), "dev".into(), a.clone()],
+        vec!["link".into(), "set".into(), a.clone(), "up".into()],
+        vec!["route".into(), "add".into(), "10.97.0.0/24".into(), "dev".into(), a.clone()],
+    ];
+    let name = netns.name.clone();
+    netns.block_on(move || async move {
+        let mut changes = netclaim::host::link_events::subscribe().unwrap();
+        // Quiet namespace: nothing arrives.
+        let quiet = tokio::time::timeout(Duration::from_millis(200), changes.recv()).await;
+        assert!(quiet.is_err(), "a notification without a change");
+        for step in steps {
+            let mut args = vec!["-n".to_owned(), name.clone()];
+            args.extend(step.iter().cloned());
+            let out = std::process::Command::new("ip").args(&args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+            let woke = tokio::time::timeout(Duration::from_secs(5), changes.recv()).await;
+            assert_eq!(woke, Ok(Some(())), "no notification after ip {step:?}");
+            // Drain what the same change sent more (several messages per change).
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            while changes.try_recv().is_ok() {}
+        }
+    });
+}
