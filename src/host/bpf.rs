@@ -658,7 +658,7 @@ fn run_in_netns<T: Send + 'static>(
     path: &Path,
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BpfError> {
-    let netns = super::netlink::open_netns_file(path).map_err(BpfError::OpenNetns)?;
+    let netns = super::netns_file::open_netns_file(path).map_err(BpfError::OpenNetns)?;
     let owned = path.to_owned();
     std::thread::Builder::new()
         .name("netns-bpf".to_owned())

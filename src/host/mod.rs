@@ -16,6 +16,7 @@ pub mod netlink;
 pub mod netlink_batch;
 pub mod netlink_dump;
 pub mod netns;
+mod netns_file;
 pub mod parent_death;
 pub mod pod_links;
 pub mod pod_netns;

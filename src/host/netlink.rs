@@ -5,7 +5,6 @@
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,14 +24,13 @@ use rtnetlink::{
 
 use super::netlink_batch::{BatchSocket, open_in_netns_with};
 use super::netlink_dump::{DumpError, DumpSocket};
+use super::netns_file::same_namespace;
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
 use crate::podnet::plan::ChildKind;
 use crate::podnet::ports::{
     ENODEV, LinkOpError, LinkPort, LinkState, NetnsRefusal, PodLinkConfig, PodRequest, Side,
 };
 
-/// `ENOENT`: the netns path does not exist (the sandbox is gone).
-const ENOENT: i32 = 2;
 /// `EEXIST`: a link (or an altname) already has the name.
 const EEXIST: i32 = 17;
 /// Renames a NIC returning to the host tries again after dropping its own altname, while
@@ -183,40 +181,6 @@ pub async fn loopback_up(path: &Path) -> Result<(), LinkOpError> {
         .execute()
         .await
         .map_err(|err| op_error("RTM_NEWLINK lo up", Side::Pod, err))
-}
-
-/// Opens a network namespace file named by someone else (the runtime's netns path):
-/// `O_NONBLOCK` so a FIFO cannot hang the thread, `O_NOFOLLOW` so a symlink planted at the
-/// path is not followed, and only a file of the namespace file system (`nsfs`) is accepted.
-/// That it is a *network* namespace is checked by `setns(CLONE_NEWNET)`, which the kernel
-/// refuses with `EINVAL` for any other kind (the same check as `NS_GET_NSTYPE`, without an
-/// unsafe ioctl).
-pub(super) fn open_netns_file(path: &Path) -> Result<File, LinkOpError> {
-    let display = || path.display().to_string();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|source| match source.raw_os_error() {
-            Some(ENOENT) => LinkOpError::NetnsGone { path: display() },
-            Some(nix::libc::ELOOP) => {
-                LinkOpError::NotPodNetns { path: display(), reason: NetnsRefusal::Symlink }
-            }
-            _ => LinkOpError::Netns { path: display(), source },
-        })?;
-    let fs = nix::sys::statfs::fstatfs(&file)
-        .map_err(|errno| LinkOpError::Netns { path: display(), source: errno.into() })?;
-    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
-        return Err(LinkOpError::NotPodNetns { path: display(), reason: NetnsRefusal::NotNsfs });
-    }
-    Ok(file)
-}
-
-/// Whether two open files are the same namespace (same device and inode, as `ip netns
-/// identify` compares them).
-pub(super) fn same_namespace(a: &File, b: &File) -> Result<bool, nix::Error> {
-    let (a, b) = (nix::sys::stat::fstat(a)?, nix::sys::stat::fstat(b)?);
-    Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
 }
 
 /// Opens `path` and creates a NETLINK_ROUTE socket inside that netns on a fresh OS thread; the

@@ -33,7 +33,8 @@ use rtnetlink::packet_core::{
 use rtnetlink::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkUnspec};
 
-use super::netlink::{NetlinkOps, link_state, open_netns_file, route_message};
+use super::netlink::{NetlinkOps, link_state, route_message};
+use super::netns_file::open_netns_file;
 use super::routing::{rule_message, sysctl_parts, table_route_message, write_proc};
 use crate::podnet::ports::{LinkOpError, LinkState, NetnsRefusal, PodRequest, Side};
 

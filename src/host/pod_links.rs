@@ -16,7 +16,7 @@ use netlink_packet_route::link::LinkMessage;
 use rtnetlink::{Handle, MulticastGroup};
 
 use super::discovery::interface_from_link;
-use super::netlink::{open_netns_file, same_namespace};
+use super::netns_file::{open_netns_file, same_namespace};
 use crate::health::{LinkFacts, LinkObservation, LinkReporter, MovedNic, PodLinkSource};
 use crate::podnet::LinkOpError;
 
