@@ -2,6 +2,8 @@
 //! replaces the condition and leaves other drivers' entries alone, a write survives an API
 //! outage, a deleted claim stops retries.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
@@ -264,14 +266,17 @@ async fn warning_event_on_pod() {
     srv.shutdown().await.expect("shutdown");
 }
 
-/// A TCP relay to the API server that can be down (nothing listening) or up.
+/// A TCP relay to the API server that can be down (nothing listening) or up; `opened`
+/// counts the connections it accepted.
 async fn relay(
     listen: std::net::SocketAddr,
     target: std::net::SocketAddr,
+    opened: Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.expect("relay bind");
     tokio::spawn(async move {
         while let Ok((mut inbound, _)) = listener.accept().await {
+            opened.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
@@ -317,7 +322,7 @@ async fn write_lands_after_outage() {
     assert!(devices(&claims.get("c2").await.expect("get")).is_empty());
     assert_eq!(writer.in_flight(), 1);
 
-    let relay = relay(port, srv.addr()).await;
+    let relay = relay(port, srv.addr(), Arc::default()).await;
     let landed = wait_for(&claims, "c2", |d| d.iter().any(|e| e.device == "eth1")).await;
     assert_eq!(landed.len(), 1);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -445,8 +450,6 @@ async fn entry_for_unallocated_device_is_rejected_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_statuses_at_once_use_a_bounded_number_of_connections() {
     use netclaim::k8s::claim_status::WRITES_IN_FLIGHT;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     let srv = start("127.0.0.1:0".parse().expect("addr"), ServerOptions::default())
         .await
@@ -458,21 +461,10 @@ async fn a_hundred_statuses_at_once_use_a_bounded_number_of_connections() {
         allocated.push(allocated_claim(&direct, &format!("burst-{n}")).await);
     }
     // A relay that counts the connections the writer opens.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("relay bind");
-    let port = listener.local_addr().expect("addr");
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr");
     let opened = Arc::new(AtomicUsize::new(0));
-    let counter = opened.clone();
-    let target = srv.addr();
-    let relay = tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
+    let relay = relay(port, srv.addr(), opened.clone()).await;
     let metrics = Metrics::new();
     let writer = StatusWriter::new(
         client_for(&format!("http://{port}")),
