@@ -138,8 +138,13 @@ impl<H: CounterPort> StatsService<H> {
                 }
                 _ = collect.tick() => {
                     // A ceiling's programs hooked onto an interface that never showed up
-                    // attached (its attach failed after the gate) go at the latest here.
-                    self.unhook_ceilings_of_gone(&self.attached).await;
+                    // attached (its attach failed after the gate) go at the latest here. From
+                    // a fresh snapshot: the gate hooks an interface once it is attached,
+                    // perhaps before that change reached this loop, and `self.attached`
+                    // would not have it yet.
+                    let attached: BTreeSet<InterfaceKey> =
+                        source.snapshot().iter().map(WatchedInterface::key).collect();
+                    self.unhook_ceilings_of_gone(&attached).await;
                     let samples = self.collect().await;
                     sink.collected(&samples);
                     if let (Some(due), Some(every)) = (status_due, self.settings.status_every)
