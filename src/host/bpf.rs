@@ -367,7 +367,10 @@ impl CounterPins {
     /// CreateContainer gate) are kept, counts and ceilings with them; any others of the same
     /// pod interface (left from a netns that is gone, or an earlier interface of that name)
     /// are replaced, the counts starting again from zero. Blocking: a thread enters the
-    /// netns for the `clsact` netlink calls and for aya's name lookup.
+    /// netns for the `clsact` netlink calls and for aya's name lookup. That thread runs at
+    /// [`BACKGROUND_NICE`]: counting is off every pod's path, and loading the programs (the
+    /// verifier) is the most CPU a pod costs the daemon, so under a burst of sandboxes it
+    /// yields to the attaches (issue 36).
     ///
     /// # Errors
     /// A [`BpfError`] naming the step; what this call attached or pinned is removed again.
@@ -376,7 +379,7 @@ impl CounterPins {
         if self.attached_here(netns, pod_uid, interface)? {
             return Ok(());
         }
-        self.attach_replacing(netns, pod_uid, interface)
+        self.attach_replacing(netns, pod_uid, interface, Priority::Background)
     }
 
     /// [`Self::attach`] without the check, the caller holding the lock.
@@ -385,6 +388,7 @@ impl CounterPins {
         netns: &Path,
         pod_uid: &str,
         interface: &str,
+        priority: Priority,
     ) -> Result<(), BpfError> {
         self.detach_unlocked(Some(netns), pod_uid, interface)?;
         let dir = self.dir(pod_uid, interface);
@@ -395,7 +399,7 @@ impl CounterPins {
             .map_err(|source| BpfError::Netns { path: netns.to_owned(), source })?;
         let (netns_owned, dir_owned, interface_owned) =
             (netns.to_owned(), dir.clone(), interface.to_owned());
-        let attached = run_in_netns(netns, move || {
+        let attached = run_in_netns_at(netns, priority, move || {
             attach_in_netns(kind, &dir_owned, &interface_owned, netns_inode)
         })
         .and_then(|result| result);
@@ -658,11 +662,41 @@ fn run_in_netns<T: Send + 'static>(
     path: &Path,
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BpfError> {
+    run_in_netns_at(path, Priority::Normal, job)
+}
+
+/// The CPU priority of a netns job's thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Priority {
+    /// The daemon's own (a ceiling a container waits for at the CreateContainer gate).
+    Normal,
+    /// [`BACKGROUND_NICE`]: work no pod waits for.
+    Background,
+}
+
+/// The nice value of background jobs' threads: the kernel's fair scheduler weighs a thread
+/// at nice 10 about a tenth of one at 0, so a runnable attach gets the CPU first, while the
+/// job still runs on an idle CPU at full speed. Raising nice needs no privilege.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// [`run_in_netns`] at `priority`. Linux keeps the nice value per thread, and this thread
+/// ends with the job, so nothing else ever runs at its priority.
+pub(super) fn run_in_netns_at<T: Send + 'static>(
+    path: &Path,
+    priority: Priority,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BpfError> {
     let netns = super::netns_file::open_netns_file(path).map_err(BpfError::OpenNetns)?;
     let owned = path.to_owned();
     std::thread::Builder::new()
         .name("netns-bpf".to_owned())
         .spawn(move || -> Result<T, BpfError> {
+            if priority == Priority::Background
+                && let Err(err) = rustix::process::setpriority_process(None, BACKGROUND_NICE)
+            {
+                // Only slower to yield; the job itself is unaffected.
+                tracing::debug!(%err, "lowering a background netns job's priority");
+            }
             nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|errno| BpfError::Netns { path: owned, source: errno.into() })?;
             Ok(job())
@@ -728,6 +762,30 @@ mod tests {
             counters.ceiling,
             CeilingCounters { tx_delayed: 40, tx_dropped: 2, rx_dropped: 7, ..Default::default() }
         );
+    }
+
+    /// The job's own thread runs at the background nice value and the caller's is unchanged
+    /// (Linux keeps nice per thread). Making and entering a namespace needs root.
+    #[test]
+    fn a_background_netns_job_runs_at_nice_10_and_leaves_the_caller_alone() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: making a netns needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let netns = crate::host::netns::create(dir.path(), "nice").unwrap();
+        let caller = rustix::process::getpriority_process(None).unwrap();
+        let nice = |priority| {
+            run_in_netns_at(&netns, priority, || {
+                rustix::process::getpriority_process(None).unwrap()
+            })
+            .unwrap()
+        };
+        let (background, normal) = (nice(Priority::Background), nice(Priority::Normal));
+        crate::host::netns::remove(&netns).unwrap();
+        assert_eq!(background, BACKGROUND_NICE);
+        assert_eq!(normal, caller);
+        assert_eq!(rustix::process::getpriority_process(None).unwrap(), caller);
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub enum DiscoveryError {
     /// Reading sysfs failed.
     #[error(transparent)]
     Sysfs(#[from] SysfsError),
+    /// The blocking task reading sysfs did not finish (panicked or cancelled).
+    #[error("reading sysfs: {0}")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// [`InterfaceSource`] over this host's netlink and sysfs (a fresh dump per call).
@@ -97,9 +100,16 @@ pub async fn discover(sysfs: &Sysfs) -> Result<Vec<HostInterface>, DiscoveryErro
     let mut links = LinkMessage::default();
     links.header.interface_family = AddressFamily::Unspec;
     links.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+    let mut pods_veths = HashSet::new();
     let parsed: Vec<(HostInterface, Option<u32>)> = socket
         .dump(RouteNetlinkMessage::GetLink(links), |message| match message {
-            RouteNetlinkMessage::NewLink(link) => parsed_link(&link),
+            RouteNetlinkMessage::NewLink(link) => {
+                let parsed = parsed_link(&link)?;
+                if peer_in_other_netns(&link, &parsed.0) {
+                    pods_veths.insert(parsed.0.index);
+                }
+                Some(parsed)
+            }
             _ => None,
         })
         .await
@@ -136,10 +146,28 @@ pub async fn discover(sysfs: &Sysfs) -> Result<Vec<HostInterface>, DiscoveryErro
     }
     drop(socket);
 
-    let mut interfaces = interfaces_from_parsed(parsed, &addresses, &routes);
+    let interfaces = interfaces_from_parsed(parsed, &addresses, &routes);
+    // Sysfs reads block (a link's `speed` waits for the RTNL lock, which a burst of sandbox
+    // set-ups holds often): on a blocking thread, so the runtime's workers go on attaching.
+    let sysfs = sysfs.clone();
+    tokio::task::spawn_blocking(move || with_sysfs_facts(&sysfs, interfaces, &pods_veths))
+        .await
+        .map_err(DiscoveryError::Task)?
+}
+
+/// `interfaces` with their sysfs facts, without those gone since the dump. A pod's veth
+/// (`pods_veths`) is kept without reading sysfs: a veth has no bus device, and reading its
+/// `speed` takes the RTNL lock, once per pod on a node running hundreds (issue 36).
+fn with_sysfs_facts(
+    sysfs: &Sysfs,
+    mut interfaces: Vec<HostInterface>,
+    pods_veths: &HashSet<u32>,
+) -> Result<Vec<HostInterface>, DiscoveryError> {
     let mut present = Vec::with_capacity(interfaces.len());
     for mut interface in interfaces.drain(..) {
-        if let Some(hardware) = sysfs.hardware(&interface.name)? {
+        if pods_veths.contains(&interface.index) {
+            present.push(interface);
+        } else if let Some(hardware) = sysfs.hardware(&interface.name)? {
             interface.hardware = hardware;
             present.push(interface);
         } else {
@@ -150,6 +178,13 @@ pub async fn discover(sysfs: &Sysfs) -> Result<Vec<HostInterface>, DiscoveryErro
     // RDMA facts are optional: annotate logs what it cannot read and never fails discovery.
     super::rdma::annotate(sysfs.root(), &mut present);
     Ok(present)
+}
+
+/// A veth whose peer lives in another network namespace (`IFLA_LINK_NETNSID`, which the
+/// kernel adds only then): a pod's or container's link, never one of the node's NICs.
+fn peer_in_other_netns(link: &LinkMessage, interface: &HostInterface) -> bool {
+    interface.kind == Some(LinkKind::Veth)
+        && link.attributes.iter().any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)))
 }
 
 /// Serialises host discoveries (see [`discover`]).

@@ -297,3 +297,29 @@ fn link_address_and_route_changes_each_wake_the_subscriber() {
         }
     });
 }
+
+/// A pod's veth (its peer in another namespace) is discovered without reading sysfs, where
+/// each `speed` read waits for the RTNL lock; a veth pair with both ends here is still read.
+/// The sysfs root is an empty directory, so a link whose facts were read is dropped as "gone
+/// since the dump" and the pod's veth is the only one kept.
+#[test]
+#[ignore = "needs root: run `make test` as root"]
+fn a_pods_veth_is_discovered_without_reading_sysfs() {
+    if !require_root("a_pods_veth_is_discovered_without_reading_sysfs") {
+        return;
+    }
+    let (node, pod) = (Netns::new(), Netns::new());
+    let (host_end, pod_end) = (node.ifname("h0"), node.ifname("c0"));
+    let (local_a, local_b) = (node.ifname("a0"), node.ifname("b0"));
+    node.ip(&["link", "add", &host_end, "type", "veth", "peer", "name", &pod_end]);
+    node.ip(&["link", "set", &pod_end, "netns", &pod.name]);
+    node.ip(&["link", "add", &local_a, "type", "veth", "peer", "name", &local_b]);
+    let empty_sysfs = tempfile::tempdir().unwrap();
+    let root = empty_sysfs.path().to_owned();
+    let found = node.block_on(move || async move {
+        netclaim::host::discovery::discover(&netclaim::host::sysfs::Sysfs::new(root)).await.unwrap()
+    });
+    let names: Vec<&str> = found.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, vec![host_end.as_str()], "only the pod's veth skips sysfs");
+    assert!(!found[0].hardware.has_device);
+}

@@ -247,7 +247,8 @@ impl CounterPins {
             return Ok(());
         }
         if !self.attached_here(netns, pod_uid, interface)? {
-            self.attach_replacing(netns, pod_uid, interface)?;
+            // A ceiling the CreateContainer gate waits for: at the daemon's own priority.
+            self.attach_replacing(netns, pod_uid, interface, super::Priority::Normal)?;
         }
         let mut array = open(&dir)?.ok_or(BpfError::NoMap)?;
         let write_error = |source| BpfError::Write { source: Box::new(source) };
