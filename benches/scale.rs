@@ -13,7 +13,12 @@
 //! `target/release/netclaim` built with `cargo build --release --no-default-features --bin
 //! netclaim`). `NETCLAIM_SCALE_PODS`, `NETCLAIM_SCALE_PARENTS` and `NETCLAIM_SCALE_IN_FLIGHT`
 //! change the size (250, 500 and 1,000 compared show what does not scale linearly);
-//! `NETCLAIM_SCALE_STATS=0` turns the counters off. Without `--bench` (`cargo test --benches`,
+//! `NETCLAIM_SCALE_STATS=0` turns the counters off. `NETCLAIM_SCALE_PLACEMENT=node` places
+//! the processes as a node does (`kit::cgroup`): the daemon in a CPU cgroup of its own (its
+//! DaemonSet pod's) beside one holding containerd, its shims, runc, the CNI plugins, the API
+//! server and this process (kubelet's side), with equal weights; by default (`shared`) all of
+//! them share one, so each of a burst's runc and CNI processes weighs as much as the daemon.
+//! Without `--bench` (`cargo test --benches`,
 //! as `make test` runs it) it runs 10 pods on two parents with the test build of the daemon
 //! (unless `NETCLAIM_RELEASE_BIN` is set): the smoke mode, seconds; outside CI it skips when
 //! root or containerd 2.1 is missing, under CI (`CI` set) it fails naming what is missing.
@@ -60,19 +65,42 @@ fn main() {
         PathBuf::from(kit::netclaim_bin())
     };
     eprintln!("scale: daemon {}; load {}", binary.display(), load());
+    let placement = std::env::var("NETCLAIM_SCALE_PLACEMENT").unwrap_or_else(|_| "shared".into());
+    let groups = match placement.as_str() {
+        "shared" => None,
+        "node" => Some(node_placement()),
+        other => panic!("NETCLAIM_SCALE_PLACEMENT={other:?}: expected shared or node"),
+    };
+    eprintln!("scale: placement {placement}");
+    let node_group = groups.as_ref().map(|(_, pod)| Arc::clone(pod));
     let report: Arc<Mutex<Option<Report>>> = Arc::default();
     let out = Arc::clone(&report);
     kit::e2e::run_e2e(Runtime::Containerd21, move |cluster| {
         Box::pin(async move {
             cluster.node_binary = binary;
+            cluster.node_cgroup = node_group;
             let report = kit::scale::run(cluster, params).await;
             *out.lock().unwrap() = Some(report);
         })
     });
+    // Back to the root and removed, now that the daemon and containerd are gone.
+    drop(groups);
     let report = report.lock().unwrap().take().expect("the scenario returned its report");
+    println!("placement: {placement}");
     println!("{report}");
     println!("load after the run: {}", load());
     print_targets(&report);
+}
+
+/// Two sibling CPU cgroups, as a node has them: the runtime's (this process moves in, so
+/// containerd, the API server and everything they start are born there) and the daemon
+/// pod's (each start of the daemon moves in).
+fn node_placement() -> (kit::cgroup::CpuGroup, Arc<kit::cgroup::CpuGroup>) {
+    let name = format!("netclaim-bench-{}", std::process::id());
+    let runtime = kit::cgroup::CpuGroup::create(&format!("{name}-runtime")).unwrap();
+    let pod = kit::cgroup::CpuGroup::create(&format!("{name}-pod")).unwrap();
+    runtime.add(std::process::id()).unwrap();
+    (runtime, Arc::new(pod))
 }
 
 /// The load averages (`/proc/loadavg`): the machine is shared, every figure goes with them.

@@ -29,6 +29,7 @@ pub use netclaim::testing;
 pub mod api_server;
 pub mod bandwidth;
 pub mod ceilings;
+pub mod cgroup;
 pub mod claims;
 pub mod cluster_scale;
 pub mod containerd;

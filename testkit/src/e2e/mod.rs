@@ -98,6 +98,9 @@ pub struct Cluster {
     /// A bpffs of the test's own when the scenario turns traffic counters on (otherwise the
     /// daemon runs with `--bpffs=` and hooks nothing).
     pub bpffs: Option<PrivateBpffs>,
+    /// The CPU cgroup every start of the daemon is moved into (a DaemonSet pod's own cgroup,
+    /// [`kit::cgroup`]); `None`: the daemon stays in the test's.
+    pub node_cgroup: Option<std::sync::Arc<kit::cgroup::CpuGroup>>,
 }
 
 /// A bpffs mounted in the test's dir, unmounted on drop.
@@ -135,6 +138,7 @@ impl Cluster {
             node_binary: PathBuf::from(crate::netclaim_bin()),
             node_kubeconfig: None,
             bpffs: None,
+            node_cgroup: None,
         }
     }
 
@@ -246,6 +250,9 @@ impl Cluster {
             .stderr(log)
             .spawn()
             .expect("starting netclaim node");
+        if let Some(group) = &self.node_cgroup {
+            group.add(child.id()).expect("moving the daemon into its CPU cgroup");
+        }
         *node = Some(child);
     }
 
