@@ -238,6 +238,19 @@ fn slice_name(slice: &ResourceSlice) -> String {
     slice.metadata.name.clone().unwrap_or_default()
 }
 
+/// The NICs to keep published for a discovery that ran while the moved set went from
+/// `before` to `after`: both. The attach service marks a NIC as moved before the kernel moves
+/// it, so a discovery that missed it finds it in `after`; it clears the mark only once the NIC
+/// is back on the host, so a discovery that ran while the NIC was still in the pod finds it in
+/// `before` (reading only `after` dropped a returning NIC from the slices for one round).
+pub(super) fn moved_across(
+    mut before: BTreeSet<String>,
+    after: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    before.extend(after.iter().cloned());
+    before
+}
+
 /// One publication: discover, keep moved NICs, write, report.
 async fn publish_round<A: SliceApi, I: InterfaceSource, W: WarningSink, P: PublishSink>(
     publisher: &mut Publisher<A>,
@@ -247,10 +260,9 @@ async fn publish_round<A: SliceApi, I: InterfaceSource, W: WarningSink, P: Publi
     warnings: &W,
     moved: &watch::Receiver<BTreeSet<String>>,
 ) -> Result<(), RoundError<I::Error>> {
+    let moved_before = moved.borrow().clone();
     let found = interfaces.discover().await.map_err(RoundError::Discovery)?;
-    // Read after discovery: the attach service marks a NIC as moved before it moves it, so
-    // a discovery that no longer sees it always finds it here.
-    publisher.retain_moved(&moved.borrow());
+    publisher.retain_moved(&moved_across(moved_before, &moved.borrow()));
     let report = publisher.sync(&found, force).await?;
     events.round_published(&report);
     if report.applied > 0 || report.deleted > 0 {

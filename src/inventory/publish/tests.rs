@@ -222,6 +222,31 @@ async fn devices_moved_into_pods_stay_published() {
     assert_eq!(api.device_count(), 3);
 }
 
+/// A NIC coming back from a pod while a round's discovery runs: the discovery did not see
+/// it (it was still in the pod), and the moved set was cleared before the round read it
+/// again. The set read before the discovery keeps it published.
+#[tokio::test]
+async fn a_nic_returning_during_a_discovery_stays_published() {
+    let api = FakeApi::default();
+    let mut publisher = publisher(&api, &[], RequestedSharing::Auto);
+    let all = nics(3);
+    let in_pod = BTreeSet::from([all[0].name.clone()]);
+    publisher.sync(&all, false).await.unwrap();
+    publisher.retain_moved(&in_pod);
+    publisher.sync(&all[1..], false).await.unwrap();
+    assert_eq!(api.device_count(), 3, "kept while in the pod");
+
+    // This round's discovery ran before the NIC came back; the mark was cleared after.
+    publisher.retain_moved(&run::moved_across(in_pod, &BTreeSet::new()));
+    publisher.sync(&all[1..], false).await.unwrap();
+    assert_eq!(api.device_count(), 3, "dropped for a round while returning");
+
+    // The next round sees it on the host.
+    publisher.retain_moved(&run::moved_across(BTreeSet::new(), &BTreeSet::new()));
+    publisher.sync(&all, false).await.unwrap();
+    assert_eq!(api.device_count(), 3);
+}
+
 #[tokio::test]
 async fn a_nic_inside_a_pod_stays_published_across_a_daemon_restart() {
     let api = FakeApi::default();
