@@ -20,6 +20,7 @@ mod netns_file;
 pub mod parent_death;
 pub mod pod_links;
 pub mod pod_netns;
+mod pod_sockets;
 pub mod qdisc;
 pub mod qdisc_ceiling;
 pub mod rdma;

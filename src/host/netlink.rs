@@ -24,11 +24,11 @@ use rtnetlink::{
 
 use super::netlink_batch::{BatchSocket, open_in_netns_with};
 use super::netlink_dump::{DumpError, DumpSocket};
-use super::netns_file::same_namespace;
+use super::pod_sockets::PodSockets;
 use crate::model::network_config::{IpvlanFlag, IpvlanMode, MacAddr, MacvlanMode, Route};
 use crate::podnet::plan::ChildKind;
 use crate::podnet::ports::{
-    ENODEV, LinkOpError, LinkPort, LinkState, NetnsRefusal, PodLinkConfig, PodRequest, Side,
+    LinkOpError, LinkPort, LinkState, NetnsRefusal, PodLinkConfig, PodRequest, Side,
 };
 
 /// `EEXIST`: a link (or an altname) already has the name.
@@ -190,91 +190,69 @@ pub async fn open_in_netns(path: &Path) -> Result<(Handle, File), LinkOpError> {
     Ok((handle, netns))
 }
 
-/// A pod netns' sockets: rtnetlink's, and the one pipelined batches go through.
-type PodSockets = (Handle, BatchSocket, File);
-
-/// [`open_in_netns`] for a pod, with the batch socket: also refuses the daemon's own netns (a
-/// runtime bug or a forged event would otherwise put the pod's addresses and routes on the
-/// host).
-async fn open_pod_netns(host: &HostNetlink, path: &Path) -> Result<PodSockets, LinkOpError> {
-    let (handle, batch, netns) = open_in_netns_with(path, BatchSocket::new).await?;
-    let own = same_namespace(&netns, &host.netns).map_err(|errno| LinkOpError::Netns {
-        path: path.display().to_string(),
-        source: errno.into(),
-    })?;
-    if own {
-        return Err(LinkOpError::NotPodNetns {
-            path: path.display().to_string(),
-            reason: NetnsRefusal::DaemonOwn,
-        });
-    }
-    Ok((handle, batch, netns))
-}
-
 /// [`LinkPort`] for one pod: the host socket plus two sockets in the pod's netns (rtnetlink's,
-/// and the one of pipelined batches).
+/// and the one of pipelined batches), made while the host-side work goes on
+/// (`super::pod_sockets`).
 #[derive(Debug)]
 pub struct NetlinkOps {
     host: HostNetlink,
-    pod: Option<(Handle, File)>,
-    batch: Option<BatchSocket>,
+    pod: Option<PodSockets>,
     pod_path: PathBuf,
 }
 
 impl NetlinkOps {
-    /// For an attach: the pod netns must exist.
+    /// For an attach: the pod netns must exist, and be a netns other than the daemon's.
+    #[allow(
+        clippy::unused_async,
+        reason = "async so that it runs inside the runtime its sockets register with"
+    )]
     pub async fn open(host: &HostNetlink, pod_netns: &Path) -> Result<Self, LinkOpError> {
-        let (handle, batch, netns) = open_pod_netns(host, pod_netns).await?;
-        Ok(Self {
-            host: host.clone(),
-            pod: Some((handle, netns)),
-            batch: Some(batch),
-            pod_path: pod_netns.to_owned(),
-        })
+        let pod = PodSockets::open(pod_netns, &host.netns)?;
+        Ok(Self { host: host.clone(), pod: Some(pod), pod_path: pod_netns.to_owned() })
     }
 
     /// For a detach: a pod netns that is already gone is fine (pod-side operations then
     /// report [`LinkOpError::NetnsGone`], which detach treats as "the kernel cleaned up").
+    #[allow(
+        clippy::unused_async,
+        reason = "async so that it runs inside the runtime its sockets register with"
+    )]
     pub async fn open_for_detach(
         host: &HostNetlink,
         pod_netns: &Path,
     ) -> Result<Self, LinkOpError> {
-        match open_pod_netns(host, pod_netns).await {
-            Ok((handle, batch, netns)) => Ok(Self {
-                host: host.clone(),
-                pod: Some((handle, netns)),
-                batch: Some(batch),
-                pod_path: pod_netns.to_owned(),
-            }),
+        let pod = match PodSockets::open(pod_netns, &host.netns) {
+            Ok(pod) => Some(pod),
             // A path that no longer holds a namespace mount (the runtime unmounted it and
             // left the file) is a netns that is gone as far as this pod is concerned.
             Err(
                 LinkOpError::NetnsGone { .. }
                 | LinkOpError::NotPodNetns { reason: NetnsRefusal::NotNsfs, .. },
-            ) => Ok(Self {
-                host: host.clone(),
-                pod: None,
-                batch: None,
-                pod_path: pod_netns.to_owned(),
-            }),
-            Err(err) => Err(err),
-        }
+            ) => None,
+            Err(err) => return Err(err),
+        };
+        Ok(Self { host: host.clone(), pod, pod_path: pod_netns.to_owned() })
     }
 
     /// For host-side work only (restoring a returned device): pod-side operations report
     /// [`LinkOpError::NetnsGone`].
     #[must_use]
     pub fn host_only(host: &HostNetlink) -> Self {
-        Self { host: host.clone(), pod: None, batch: None, pod_path: PathBuf::new() }
+        Self { host: host.clone(), pod: None, pod_path: PathBuf::new() }
     }
 
-    pub(super) fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {
+    pub(super) async fn handle(&self, side: Side) -> Result<&Handle, LinkOpError> {
         match side {
             Side::Host => Ok(&self.host.handle),
-            Side::Pod => self.pod.as_ref().map(|(handle, _)| handle).ok_or_else(|| {
-                LinkOpError::NetnsGone { path: self.pod_path.display().to_string() }
-            }),
+            Side::Pod => self.pod()?.handle().await,
         }
+    }
+
+    /// The pod's sockets, or [`LinkOpError::NetnsGone`] when its netns was gone at the open.
+    fn pod(&self) -> Result<&PodSockets, LinkOpError> {
+        self.pod
+            .as_ref()
+            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
     }
 
     /// The host netns' batch socket (`super::netlink_batch`).
@@ -283,35 +261,38 @@ impl NetlinkOps {
     }
 
     /// The pod netns' batch socket (`super::netlink_batch`).
-    pub(super) fn batch_socket(&self) -> Result<&BatchSocket, LinkOpError> {
-        self.batch
-            .as_ref()
-            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
+    pub(super) async fn batch_socket(&self) -> Result<&BatchSocket, LinkOpError> {
+        self.pod()?.batch().await
     }
 
     /// The netns file of `side` (for the RDMA socket of `super::rdma_move`).
     fn netns_file(&self, side: Side) -> Result<&File, LinkOpError> {
         match side {
             Side::Host => Ok(&self.host.netns),
-            Side::Pod => self.pod.as_ref().map(|(_, file)| file).ok_or_else(|| {
-                LinkOpError::NetnsGone { path: self.pod_path.display().to_string() }
-            }),
+            Side::Pod => self.pod_netns(),
         }
     }
 
     /// The pod netns (for threads that must enter it: `host::routing`).
     pub(super) fn pod_netns(&self) -> Result<&File, LinkOpError> {
-        self.pod
-            .as_ref()
-            .map(|(_, file)| file)
-            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
+        Ok(self.pod()?.netns())
     }
 
     fn pod_fd(&self) -> Result<i32, LinkOpError> {
-        self.pod
-            .as_ref()
-            .map(|(_, file)| file.as_raw_fd())
-            .ok_or_else(|| LinkOpError::NetnsGone { path: self.pod_path.display().to_string() })
+        Ok(self.pod_netns()?.as_raw_fd())
+    }
+
+    /// `err` of a host-side request that handed the pod netns to the kernel by descriptor:
+    /// when the kernel's `EINVAL` is the netns itself (not a network namespace, which the
+    /// pod's socket thread finds: `super::pod_sockets`), that refusal by name instead.
+    async fn pod_refusal_or(&self, err: LinkOpError) -> LinkOpError {
+        if let LinkOpError::Kernel { errno: nix::libc::EINVAL, .. } = err
+            && let Some(pod) = &self.pod
+            && let Some(refused) = pod.refusal().await
+        {
+            return refused;
+        }
+        err
     }
 }
 
@@ -461,23 +442,13 @@ pub(super) fn route_message(index: u32, route: &Route) -> RouteMessage {
 impl LinkPort for NetlinkOps {
     async fn link(&self, side: Side, name: &str) -> Result<Option<LinkState>, LinkOpError> {
         match side {
-            Side::Pod if self.batch.is_some() => return self.pod_link(name).await,
-            Side::Host => return self.host_link(name).await,
-            Side::Pod => {}
-        }
-        let handle = self.handle(side)?;
-        match link_by_name(handle, name, &[]).await {
-            Ok(Some(message)) => Ok(Some(link_state(&message))),
-            Ok(None) => Ok(None),
-            Err(err) => match op_error(format!("RTM_GETLINK {name}"), side, err) {
-                LinkOpError::Kernel { errno: ENODEV, .. } => Ok(None),
-                other => Err(other),
-            },
+            Side::Pod => self.pod_link(name).await,
+            Side::Host => self.host_link(name).await,
         }
     }
 
     async fn pod_config(&self, index: u32) -> Result<PodLinkConfig, LinkOpError> {
-        let handle = self.handle(Side::Pod)?;
+        let handle = self.handle(Side::Pod).await?;
         let op = |what: &str| format!("{what} of link {index}");
         let link = handle
             .link()
@@ -546,13 +517,13 @@ impl LinkPort for NetlinkOps {
             }
         };
         // Sent on the host socket: IFLA_LINK resolves in the sender's netns.
-        self.host
-            .handle
-            .link()
-            .add(message)
-            .execute()
-            .await
-            .map_err(|err| op_error(format!("RTM_NEWLINK {kind} {name}"), Side::Host, err))
+        let created = self.host.handle.link().add(message).execute().await;
+        match created {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self
+                .pod_refusal_or(op_error(format!("RTM_NEWLINK {kind} {name}"), Side::Host, err))
+                .await),
+        }
     }
 
     async fn create_vlan(
@@ -602,13 +573,17 @@ impl LinkPort for NetlinkOps {
         if let Some(mac) = mac {
             builder = builder.address(mac.0.to_vec());
         }
-        self.host
-            .handle
-            .link()
-            .set(builder.build())
-            .execute()
-            .await
-            .map_err(|err| op_error(format!("RTM_NEWLINK move {index} as {name}"), Side::Host, err))
+        let moved = self.host.handle.link().set(builder.build()).execute().await;
+        match moved {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self
+                .pod_refusal_or(op_error(
+                    format!("RTM_NEWLINK move {index} as {name}"),
+                    Side::Host,
+                    err,
+                ))
+                .await),
+        }
     }
 
     async fn move_to_host(
@@ -628,7 +603,7 @@ impl LinkPort for NetlinkOps {
         if let Some(mac) = mac {
             builder = builder.address(mac.0.to_vec());
         }
-        self.handle(Side::Pod)?.link().set(builder.build()).execute().await.map_err(|err| {
+        self.handle(Side::Pod).await?.link().set(builder.build()).execute().await.map_err(|err| {
             op_error(format!("RTM_NEWLINK move {index} back as {name}"), Side::Pod, err)
         })
     }
@@ -706,7 +681,8 @@ impl LinkPort for NetlinkOps {
     }
 
     async fn delete_link(&self, side: Side, index: u32) -> Result<(), LinkOpError> {
-        self.handle(side)?
+        self.handle(side)
+            .await?
             .link()
             .del(index)
             .execute()
@@ -721,7 +697,7 @@ impl LinkPort for NetlinkOps {
         nodad: bool,
     ) -> Result<(), LinkOpError> {
         let mut request =
-            self.handle(Side::Pod)?.address().add(index, address.ip(), address.prefix());
+            self.handle(Side::Pod).await?.address().add(index, address.ip(), address.prefix());
         if nodad {
             request.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
         }
@@ -742,7 +718,8 @@ impl LinkPort for NetlinkOps {
                 .address(ip, address.prefix())
                 .build(),
         };
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .address()
             .del(message)
             .execute()
@@ -753,7 +730,8 @@ impl LinkPort for NetlinkOps {
     async fn set_up(&self, index: u32, up: bool) -> Result<(), LinkOpError> {
         let builder = LinkUnspec::new_with_index(index);
         let message = if up { builder.up() } else { builder.down() }.build();
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .link()
             .set(message)
             .execute()
@@ -762,7 +740,8 @@ impl LinkPort for NetlinkOps {
     }
 
     async fn add_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .route()
             .add(route_message(index, route))
             .execute()
@@ -771,7 +750,8 @@ impl LinkPort for NetlinkOps {
     }
 
     async fn delete_route(&self, index: u32, route: &Route) -> Result<(), LinkOpError> {
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .route()
             .del(route_message(index, route))
             .execute()

@@ -437,7 +437,7 @@ impl NetlinkOps {
     /// [`crate::podnet::ports::LinkPort::link`] on the pod side, through the batch socket: no
     /// connection task between the request and its answer.
     pub(super) async fn pod_link(&self, name: &str) -> Result<Option<LinkState>, LinkOpError> {
-        lookup(self.batch_socket()?, name, Side::Pod).await
+        lookup(self.batch_socket().await?, name, Side::Pod).await
     }
 
     /// [`crate::podnet::ports::LinkPort::link`] on the host side, likewise.
@@ -453,17 +453,19 @@ impl NetlinkOps {
         &self,
         requests: &[PodRequest<'_>],
     ) -> Vec<Result<(), LinkOpError>> {
-        let socket = match self.batch_socket() {
+        if requests.is_empty() {
+            return Vec::new();
+        }
+        let socket = match self.batch_socket().await {
             Ok(socket) => socket,
-            Err(gone) => {
-                let path = match gone {
-                    LinkOpError::NetnsGone { path } => path,
-                    other => other.to_string(),
-                };
-                return requests
-                    .iter()
-                    .map(|_| Err(LinkOpError::NetnsGone { path: path.clone() }))
-                    .collect();
+            Err(unusable) => {
+                // Every request fails alike (the netns gone, or its sockets not made): the
+                // error is asked for again for each, as it is kept, not found again.
+                let mut failed = vec![Err(unusable)];
+                while failed.len() < requests.len() {
+                    failed.push(self.batch_socket().await.map(|_| ()));
+                }
+                return failed;
             }
         };
         let mut results: Vec<Option<Result<(), LinkOpError>>> =

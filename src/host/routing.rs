@@ -174,7 +174,7 @@ pub(super) async fn write_proc(
 
 impl RoutingPort for NetlinkOps {
     async fn add_rule(&self, rule: &SourceRule) -> Result<(), LinkOpError> {
-        let mut request = self.handle(Side::Pod)?.rule().add();
+        let mut request = self.handle(Side::Pod).await?.rule().add();
         *request.message_mut() = rule_message(rule);
         request
             .execute()
@@ -183,7 +183,8 @@ impl RoutingPort for NetlinkOps {
     }
 
     async fn delete_rule(&self, rule: &SourceRule) -> Result<(), LinkOpError> {
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .rule()
             .del(rule_message(rule))
             .execute()
@@ -192,7 +193,8 @@ impl RoutingPort for NetlinkOps {
     }
 
     async fn add_table_route(&self, index: u32, route: &TableRoute) -> Result<(), LinkOpError> {
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .route()
             .add(table_route_message(index, route))
             .execute()
@@ -201,7 +203,8 @@ impl RoutingPort for NetlinkOps {
     }
 
     async fn delete_table_route(&self, index: u32, route: &TableRoute) -> Result<(), LinkOpError> {
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .route()
             .del(table_route_message(index, route))
             .execute()
@@ -210,7 +213,7 @@ impl RoutingPort for NetlinkOps {
     }
 
     async fn vrf(&self, name: &str) -> Result<Option<VrfState>, LinkOpError> {
-        let handle = self.handle(Side::Pod)?;
+        let handle = self.handle(Side::Pod).await?;
         let links: Vec<_> = handle
             .link()
             .get()
@@ -246,7 +249,8 @@ impl RoutingPort for NetlinkOps {
     }
 
     async fn create_vrf(&self, name: &str, table: u32) -> Result<(), LinkOpError> {
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .link()
             .add(LinkVrf::new(name, table).up().build())
             .execute()
@@ -258,7 +262,8 @@ impl RoutingPort for NetlinkOps {
 
     async fn set_master(&self, index: u32, master: u32) -> Result<(), LinkOpError> {
         let message = LinkUnspec::new_with_index(index).controller(master).build();
-        self.handle(Side::Pod)?
+        self.handle(Side::Pod)
+            .await?
             .link()
             .set(message)
             .execute()
@@ -274,7 +279,8 @@ impl RoutingPort for NetlinkOps {
     ) -> Result<(), LinkOpError> {
         let (inet, writes) = sysctl_parts(index, if_name, sysctls);
         if let Some((message, op)) = inet {
-            self.handle(Side::Pod)?
+            self.handle(Side::Pod)
+                .await?
                 .link()
                 .set(message)
                 .execute()

@@ -521,7 +521,6 @@ async fn a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name() {
         (fifo, NetnsRefusal::NotNsfs),
         (regular, NetnsRefusal::NotNsfs),
         (link, NetnsRefusal::Symlink),
-        (uts, NetnsRefusal::NotNetwork),
     ];
     for (path, expected) in cases {
         let opened =
@@ -535,6 +534,19 @@ async fn a_netns_path_that_is_not_a_pod_network_namespace_is_refused_by_name() {
             other => panic!("{}: {other:?}", path.display()),
         }
     }
+    // A namespace of another kind is refused by its socket thread's `setns`, which the open
+    // does not wait for: by every pod-side request, and by the creation that hands it to the
+    // kernel (which refuses it too: nothing is created).
+    let ops = NetlinkOps::open(&host, &uts).await.unwrap();
+    let not_network = |result: Result<_, LinkOpError>, what: &str| match result {
+        Err(LinkOpError::NotPodNetns { reason: NetnsRefusal::NotNetwork, .. }) => {}
+        other => panic!("{what} in a uts namespace: {other:?}"),
+    };
+    not_network(ops.link(Side::Pod, "lo").await.map(|_| ()), "lookup");
+    let parent = ops.link(Side::Host, &topo.parent).await.unwrap().unwrap().index;
+    let macvlan = netclaim::podnet::plan::ChildKind::Macvlan { mode: MacvlanMode::Bridge };
+    not_network(ops.create_child(macvlan, parent, "net9", 1400, None).await, "macvlan creation");
+    assert!(ops.link(Side::Host, "net9").await.unwrap().is_none(), "nothing created on the host");
     // The real pod netns opens.
     NetlinkOps::open(&host, &Topology::path(&topo.pod)).await.unwrap();
     // At detach, a path whose mount is gone (a plain file left behind) counts as gone.
