@@ -4,9 +4,11 @@
 //! it: the bare rtnetlink floors (parent index cached, one lookup of the new link, nothing
 //! else; the requests one at a time, each awaiting its ack, or pipelined: the ones after the
 //! lookup in one datagram, acks read after), CNI macvlan + host-local run as a runtime runs
-//! it, and `podnet::apply` alone (the kernel part of the whole path). IPv4 and dual stack, DAD off on every side. The `stop`
-//! group times `StopPodSandbox` answered against the bare link deletion, and podnet's
-//! detaches. Topology: throwaway host, pod and peer netns with veth devices.
+//! it, `podnet::apply` alone (the kernel part of the whole path), and the NRI crossing alone (a
+//! host-network pod without claims, answered without work). IPv4 and dual stack, DAD off on
+//! every side. The `stop` group times `StopPodSandbox` answered against the bare link
+//! deletion, and podnet's detaches. Topology: throwaway host, pod and peer netns with veth
+//! devices.
 //!
 //! After criterion's groups, every sequence runs again in interleaved rounds (the order
 //! rotating each round) whose medians and per-round ratios are printed: the figures the
@@ -342,8 +344,8 @@ impl Bench {
     fn rounds(&self, plan: &AttachPlan, dual_stack: bool, rounds: usize) -> Rounds {
         let mut result = Rounds::default();
         for round in 0..rounds {
-            for turn in 0..5 {
-                match (round + turn) % 5 {
+            for turn in 0..6 {
+                match (round + turn) % 6 {
                     0 => {
                         let (attached, stopped) =
                             self.runtime.block_on(self.whole_path(dual_stack));
@@ -359,6 +361,7 @@ impl Bench {
                     3 => result
                         .bare_pipelined
                         .push(self.runtime.block_on(self.bare_pipelined(dual_stack))),
+                    4 => result.crossing.push(self.runtime.block_on(self.node().crossing())),
                     _ => {
                         if let Some(cni_dir) = &self.cni_dir {
                             result.cni.push(self.cni(cni_dir, dual_stack));
@@ -381,6 +384,8 @@ struct Rounds {
     bare_pipelined: Vec<Duration>,
     bare_delete: Vec<Duration>,
     cni: Vec<Duration>,
+    /// The NRI crossing alone ([`node::Node::crossing`]).
+    crossing: Vec<Duration>,
 }
 
 impl Rounds {
@@ -414,6 +419,30 @@ impl Rounds {
                     ratio_median(&self.cni, &self.podnet)
                 )
             },
+        );
+        // What the whole path spends beyond its kernel part and the crossing: the attach
+        // service's own work (claims, gate, plan, pod record) and whatever the two cost more
+        // together than apart (wake-ups).
+        let apart: Vec<Duration> = self
+            .podnet
+            .iter()
+            .zip(&self.crossing)
+            .map(|(podnet, crossing)| *podnet + *crossing)
+            .collect();
+        let mut rest: Vec<f64> = self
+            .whole
+            .iter()
+            .zip(&apart)
+            .map(|(whole, apart)| whole.as_secs_f64() - apart.as_secs_f64())
+            .collect();
+        rest.sort_by(f64::total_cmp);
+        println!(
+            "  NRI crossing (a host-network pod without claims, answered without work) median \
+             {:?}; per-round medians: whole - (podnet + crossing) {:.0} µs, whole/(podnet + \
+             crossing) {:.2}",
+            median(&self.crossing),
+            rest[rest.len() / 2] * 1e6,
+            ratio_median(&self.whole, &apart),
         );
         println!(
             "  stop: StopPodSandbox answered median {:?}, bare link delete median {:?}, \

@@ -159,6 +159,29 @@ impl Node {
         attached
     }
 
+    /// Timed: `RunPodSandbox` of a pod on the host network without claims, which the plugin
+    /// answers without work: the NRI crossing alone (runtime side, socket, plugin and back),
+    /// the part of [`Self::run`] that is neither the kernel's nor the attach's. Its stop and
+    /// removal follow, untimed.
+    pub(crate) async fn crossing(&self) -> Duration {
+        self.idle().await;
+        let n = self.pods.fetch_add(1, Ordering::Relaxed);
+        let sandbox = PodSandbox {
+            id: format!("sandbox-hostnet{n}"),
+            uid: format!("pod-uid-hostnet{n}"),
+            name: format!("pod-hostnet{n}"),
+            namespace: "default".to_owned(),
+            netns_path: None,
+            ..PodSandbox::default()
+        };
+        crate::mark("nri-crossing/start");
+        let crossed = self.runtime.call(Call::Run(sandbox.clone())).await;
+        crate::mark("nri-crossing/end");
+        self.runtime.call(Call::Stop(sandbox.clone())).await;
+        self.runtime.call(Call::Remove(sandbox)).await;
+        crossed
+    }
+
     /// `StopPodSandbox` timed until answered; then, untimed, `RemovePodSandbox`, the
     /// unprepare (which waits until the link is gone) and the claim's deletion.
     pub(crate) async fn stop(&self, pod: Running) -> Duration {
