@@ -132,3 +132,91 @@ impl Drop for Leader<'_> {
         self.group.led.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A window no test waits for: a collection that depended on it would hang the test.
+    const FOREVER: Duration = Duration::from_hours(1);
+
+    fn lead(group: &Group) -> Leader<'_> {
+        group.wait_or_lead(|| false).expect("nobody else leads")
+    }
+
+    #[test]
+    fn a_lone_commit_with_nothing_announced_syncs_at_once() {
+        let group = Arc::new(Group::default());
+        let leader = lead(&group);
+        leader.collect(GROUP_SIZE, FOREVER);
+    }
+
+    #[test]
+    fn the_leader_waits_for_an_announced_commit_and_goes_once_it_appended() {
+        let group = Arc::new(Group::default());
+        let synced = AtomicBool::new(false);
+        let notices = [Group::announce(&group), Group::announce(&group)];
+        let leader = lead(&group);
+        std::thread::scope(|scope| {
+            // The other commit appends, then waits for the leader's sync to cover it.
+            let other = scope.spawn(|| group.wait_or_lead(|| synced.load(Ordering::Acquire)));
+            leader.collect(GROUP_SIZE, FOREVER);
+            assert_eq!(group.lock().waiting, 2, "the leader went before the other appended");
+            synced.store(true, Ordering::Release);
+            drop(leader);
+            let led = other.join().expect("the other commit does not panic");
+            assert!(led.is_none(), "the other commit synced again");
+        });
+        drop(notices);
+    }
+
+    #[test]
+    fn a_withdrawn_announcement_ends_the_collection() {
+        let group = Arc::new(Group::default());
+        let own = Group::announce(&group);
+        let never = Group::announce(&group);
+        let leader = lead(&group);
+        std::thread::scope(|scope| {
+            scope.spawn(move || drop(never));
+            leader.collect(GROUP_SIZE, FOREVER);
+        });
+        assert_eq!(group.lock().announced, 1);
+        drop(own);
+    }
+
+    #[test]
+    fn an_announced_commit_that_never_comes_holds_the_leader_for_the_window_only() {
+        let group = Arc::new(Group::default());
+        let _own = Group::announce(&group);
+        let _slow = Group::announce(&group);
+        let leader = lead(&group);
+        // Returns (after the window) although only one of the two announced commits waits.
+        leader.collect(GROUP_SIZE, Duration::from_millis(10));
+        assert_eq!(group.lock().waiting, 1);
+    }
+
+    #[test]
+    fn a_full_group_ends_the_collection_before_every_announced_commit_came() {
+        let group = Arc::new(Group::default());
+        let synced = AtomicBool::new(false);
+        let notices: Vec<CommitNotice> = (0..5).map(|_| Group::announce(&group)).collect();
+        let leader = lead(&group);
+        std::thread::scope(|scope| {
+            let followers: Vec<_> = (0..2)
+                .map(|_| scope.spawn(|| group.wait_or_lead(|| synced.load(Ordering::Acquire))))
+                .collect();
+            // Three of the five announced commits wait: a group of three is full.
+            leader.collect(3, FOREVER);
+            assert_eq!(group.lock().waiting, 3);
+            synced.store(true, Ordering::Release);
+            drop(leader);
+            for follower in followers {
+                let led = follower.join().expect("a follower does not panic");
+                assert!(led.is_none(), "a follower synced again");
+            }
+        });
+        drop(notices);
+    }
+}
