@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 
 use super::endpoint::{MetricsRegistry, encode};
 use super::standard::{self, declare};
+use super::store_syncs::StoreSyncs;
 use crate::inventory::publish::{PublishSink, SyncReport};
 use crate::model::stats::{Direction, InterfaceStats, PROTOCOLS};
 
@@ -92,6 +93,8 @@ pub struct Metrics {
     pub status_writes: Family<ResultLabel, Counter>,
     /// `netclaim_slice_syncs_total{result}`: publication rounds.
     pub slice_syncs: Family<ResultLabel, Counter>,
+    /// `netclaim_store_syncs_total`: the state dir's `fdatasync`/`fsync` calls.
+    pub store_syncs: Arc<StoreSyncs>,
     /// `netclaim_consumable_capacity_dropped`: 1 once the API server dropped consumable
     /// capacity from our shared devices.
     pub capacity_dropped: Gauge,
@@ -239,6 +242,8 @@ impl Metrics {
         );
         let interface_traffic = Arc::new(InterfaceTraffic::new(pod_labels));
         registry.register_collector(Box::new(Arc::clone(&interface_traffic)));
+        let store_syncs = Arc::new(StoreSyncs::default());
+        registry.register_collector(Box::new(Arc::clone(&store_syncs)));
         let metrics = Self {
             registry: root,
             devices_published,
@@ -246,6 +251,7 @@ impl Metrics {
             slice_writes,
             status_writes,
             slice_syncs,
+            store_syncs,
             capacity_dropped,
             prepare_duration,
             unprepare_duration,

@@ -1,5 +1,6 @@
-//! The metrics adapter: the node daemon's Prometheus families (`families`) and the one
-//! operations endpoint, `/metrics`, `/healthz` and `/readyz`, that `netclaim node` and
+//! The metrics adapter: the node daemon's Prometheus families (`families`, with the state
+//! dir's sync count read at each scrape: [`StoreSyncs`]) and the one operations endpoint,
+//! `/metrics`, `/healthz` and `/readyz`, that `netclaim node` and
 //! `netclaim controller` both serve ([`endpoint`]; the controller's families live in
 //! `controller::metrics`), plain on loopback or over HTTPS for the scrapers the API server
 //! allows ([`access`], [`tls`]), in the exposition format the scraper asks for
@@ -12,6 +13,7 @@ pub mod exposition;
 mod families;
 pub mod process;
 pub mod standard;
+mod store_syncs;
 pub mod tls;
 
 pub use endpoint::{
@@ -23,3 +25,4 @@ pub use families::{
     ModeLabel, NriEventLabels, PodNetworkLabel, ResultLabel,
 };
 pub use standard::Declared;
+pub use store_syncs::StoreSyncs;

@@ -486,6 +486,8 @@ async fn load_state(
     .await
     .map_err(NodeError::StateTask)??;
     tracing::info!(claims = service.prepared_uids().len(), "loaded prepared claims");
+    let synced = Arc::clone(&store);
+    metrics.store_syncs.read_from(move || synced.syncs());
     // A prepare killed between changing a VF and recording its claim (DESIGN §6): the VF goes
     // back as it was before kubelet, which asks again, is served.
     let vfs_restored = service.restore_unrecorded_vfs().await.map_err(NodeError::VfSnapshots)?;

@@ -234,6 +234,8 @@ fn a_host_device_moves_into_the_pod_stays_published_and_comes_back_with_its_mtu(
         "ipam": {"addresses": ["192.0.2.10/24"]}});
     let uid = node.allocated_claim_on("nic-net", &sandbox, &nic, config);
     assert_eq!(node.prepare("nic-net", &uid).error, "", "{}", node.log("node.log"));
+    // The prepare's durable record cost the state dir at least one fdatasync.
+    assert!(node.metric("netclaim_store_syncs_total ") >= 1.0, "no store sync counted");
 
     let syncs = |node: &Node| node.metric(r#"netclaim_slice_syncs_total{result="success"}"#);
     let before = syncs(&node);
