@@ -238,9 +238,12 @@ impl std::fmt::Debug for NetworkPorts {
     }
 }
 
-/// Blocks tried at most per claim of a block after the network's list (each lost race is a
-/// create and a get): more means the network is full or contended, and kubelet retries.
+/// Races lost at most after one list of the network's blocks before it is listed again (each
+/// lost race is a create and a get; a list learns every block created since at once).
 const MAX_RACES: usize = 16;
+/// Lists of the network's blocks at most per claim of a block: more means the network is
+/// contended beyond reason, and kubelet retries.
+const MAX_LISTS: usize = 4;
 /// Candidates looked at locally at most per claim (a huge IPv6 subnet is never walked).
 const MAX_CANDIDATES: usize = 1 << 20;
 /// Times a prepare claims a new block at most before it gives up (other claims can fill a

@@ -32,6 +32,9 @@ pub(super) struct FakeBlocks {
     pub(super) lost_delete_answers: AtomicBool,
     /// Creates create, but the answer is lost (a timeout or a 503 after the server acted).
     pub(super) lost_create_answers: AtomicBool,
+    /// The next this many creates find their block just created by another node (`node-z`):
+    /// races lost to nodes that claimed after this one listed.
+    pub(super) raced_by_others: AtomicUsize,
 }
 
 fn api_failure(op: &'static str) -> BlockApiError {
@@ -86,7 +89,15 @@ impl IpBlockApi for FakeBlocks {
     fn create(&self, block: IpBlock) -> BoxFuture<'_, Result<Created, BlockApiError>> {
         self.creates.fetch_add(1, Ordering::SeqCst);
         let name = block.metadata.name.clone().unwrap();
-        let existing = self.objects.lock().unwrap().get(&name).cloned();
+        let mut existing = self.objects.lock().unwrap().get(&name).cloned();
+        let raced = |n: usize| n.checked_sub(1);
+        if existing.is_none()
+            && self.raced_by_others.fetch_update(Ordering::SeqCst, Ordering::SeqCst, raced).is_ok()
+        {
+            let mut theirs = block.clone();
+            theirs.spec.node_name = "node-z".into();
+            existing = Some(self.insert(theirs));
+        }
         let answer = match existing {
             Some(existing) => Created::Exists(existing),
             None => Created::Created(self.insert(block)),
@@ -1069,5 +1080,34 @@ async fn a_block_whose_create_answer_was_lost_is_adopted_by_the_next_upkeep_and_
     let upkeep = node.service.release_idle_blocks().await;
     assert_eq!(upkeep.released, created, "released after the grace");
     assert!(world.blocks.all().is_empty(), "no block left in the API");
+    assert!(node.service.owned_blocks().is_empty());
+}
+
+#[tokio::test]
+async fn a_node_that_loses_more_races_than_one_list_allows_lists_again_and_gets_a_block() {
+    let world = World::new();
+    // 20 blocks claimed by another node between this node's list and its creates: more
+    // than one list's 16 lost races.
+    world.blocks.raced_by_others.store(20, Ordering::SeqCst);
+    let node = world.node("node-a");
+    let addresses = world.prepare(&node, "node-a", "a", json!({})).await.unwrap();
+    assert_eq!(addresses.len(), 2, "{addresses:?}");
+    let theirs = world.blocks.all().iter().filter(|b| b.spec.node_name == "node-z").count();
+    assert_eq!(theirs, 20);
+    assert!(world.blocks.lists.load(Ordering::SeqCst) >= 2, "listed again");
+    leases_in_owned_blocks(&node).unwrap();
+}
+
+#[tokio::test]
+async fn a_claim_that_keeps_losing_races_fails_naming_the_contention_not_a_full_network() {
+    let world = World::new();
+    world.blocks.raced_by_others.store(usize::MAX, Ordering::SeqCst);
+    let node = world.node("node-a");
+    let lists_before = world.blocks.lists.load(Ordering::SeqCst);
+    let refused = world.prepare(&node, "node-a", "a", json!({})).await.unwrap_err();
+    // Four lists, each followed by 17 lost races.
+    assert!(refused.contains("no free IPv4 /26 block"), "{refused}");
+    assert!(refused.contains("(68 candidate blocks taken by other nodes"), "{refused}");
+    assert_eq!(world.blocks.lists.load(Ordering::SeqCst) - lists_before, 4);
     assert!(node.service.owned_blocks().is_empty());
 }
